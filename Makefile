@@ -1,0 +1,25 @@
+# Two commands on a fresh machine:  `make demo` (set up + run the demo workflow)  and  `make test`.
+VENV ?= .venv
+CORES ?= 2
+SHELL := /bin/bash
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup setup-test demo test bench clean-demo
+
+setup:
+	@bash scripts/setup.sh
+
+setup-test:
+	@bash scripts/setup.sh --slurm
+
+demo: setup
+	snakemake --cores $(CORES)
+
+test: setup-test
+	python -m pytest
+
+bench: setup
+	python bench/bench_tokenize.py
+
+clean-demo:
+	rm -rf results/demo logs/demo benchmarks/demo resources/sources .snakemake

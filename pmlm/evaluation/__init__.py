@@ -1,0 +1,2 @@
+"""Evaluation: exact metric definitions (``metrics``) and contact scores without
+fine-tuning (``unsupervised``)."""

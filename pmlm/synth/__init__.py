@@ -1,0 +1,41 @@
+"""Synthetic protein families with known couplings, to test that the pair head learns co-evolution."""
+
+from pmlm.synth.potts import (
+    Family,
+    PottsConfig,
+    PottsModel,
+    SampleStats,
+    average_product_correction,
+    chance_precision,
+    family_rng,
+    generate_family,
+    gibbs_sample,
+    mi_apc_scores,
+    mutual_information,
+    pair_frequencies,
+    plant_edges,
+    random_potts_model,
+    read_contacts,
+    site_frequencies,
+    top_k_precision,
+)
+
+__all__ = [
+    "Family",
+    "PottsConfig",
+    "PottsModel",
+    "SampleStats",
+    "average_product_correction",
+    "chance_precision",
+    "family_rng",
+    "generate_family",
+    "gibbs_sample",
+    "mi_apc_scores",
+    "mutual_information",
+    "pair_frequencies",
+    "plant_edges",
+    "random_potts_model",
+    "read_contacts",
+    "site_frequencies",
+    "top_k_precision",
+]

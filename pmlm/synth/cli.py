@@ -1,0 +1,256 @@
+"""``pmlm synth``: sample synthetic protein families from Potts models and write their sequences,
+planted contacts and parameters, each file replaced atomically."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pmlm import __version__
+from pmlm.alphabet import RESIDUES
+from pmlm.errors import ConfigError, InputError
+from pmlm.synth.potts import (
+    BACKGROUND,
+    Family,
+    PottsConfig,
+    chance_precision,
+    family_rng,
+    generate_family,
+    mi_apc_scores,
+    top_k_precision,
+)
+
+FASTA_NAME = "families.fasta"
+CONTACTS_DIR = "contacts"
+PARAMS_NAME = "params.json"
+LONG_SEPARATION = 24  # the design's long range |i-j| >= 24, for the edge counts in params.json
+_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
+_RESIDUE_LETTERS = np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)  # class -> ASCII byte
+
+
+@dataclass
+class SynthConfig:
+    """A set of synthetic families: how many, their seed and naming, and the model of each."""
+
+    families: int = 8  # number of families, each from its own Potts model
+    seed: int = 0  # master seed; family k uses SeedSequence(seed, spawn_key=(k,))
+    prefix: str = "synth"  # family names are prefix + zero-padded index
+    validation_min_separation: int = 6  # |i-j| range of the MI+APC check written to params.json
+    validation_pseudocount: float = 0.01  # pseudocount of that check
+    potts: PottsConfig = field(default_factory=PottsConfig)
+
+    def __post_init__(self) -> None:
+        if self.families < 1:
+            raise ConfigError(f"families (--families) must be >= 1 (got {self.families})")
+        if self.seed < 0:
+            raise ConfigError(f"seed (--seed) must be >= 0 (got {self.seed})")
+        if self.validation_min_separation < 1:
+            raise ConfigError(f"validation_min_separation must be >= 1 (got {self.validation_min_separation})")
+        if not 0.0 <= self.validation_pseudocount <= 1.0:
+            raise ConfigError(f"validation_pseudocount must be in [0, 1] (got {self.validation_pseudocount})")
+        if not _NAME_PATTERN.match(self.prefix):
+            raise ConfigError(
+                "prefix (--prefix) must start with a letter and hold only letters, digits and '-' "
+                f"(got {self.prefix!r})"
+            )
+
+    def family_names(self) -> list[str]:
+        width = max(3, len(str(self.families - 1)))
+        return [f"{self.prefix}{k:0{width}d}" for k in range(self.families)]
+
+
+# CLI flag -> PottsConfig field; flags left out keep the dataclass default
+_POTTS_FLAGS = {
+    "length": ("length", int, "residues per sequence"),
+    "sequences": ("num_sequences", int, "sequences per family"),
+    "edges": ("edges", int, "planted couplings per family (default: one per residue)"),
+    "coupling_strength": ("coupling_strength", float, "J bonus in nats of each favoured residue pair"),
+    "compatible_pairs": ("compatible_pairs", int, "residue pairs each coupling favours"),
+    "coupling_noise": ("coupling_noise", float, "std of Gaussian noise on every J entry"),
+    "short_range_fraction": ("short_range_fraction", float, "share of edges with 6 <= |i-j| < 12"),
+    "max_degree": ("max_degree", int, "most couplings at one site"),
+    "field_concentration": ("field_concentration", float, "Dirichlet concentration of site profiles"),
+    "chains": ("chains", int, "independent Gibbs chains"),
+    "burn_in": ("burn_in", int, "sweeps discarded per chain"),
+    "thinning": ("thinning", int, "sweeps between kept samples"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = PottsConfig()
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    parser.add_argument(
+        "--families", type=int, default=SynthConfig.families, metavar="INT",
+        help=f"number of families (default: {SynthConfig.families})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=SynthConfig.seed, metavar="INT",
+        help=f"master random seed (default: {SynthConfig.seed})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefix", default=SynthConfig.prefix, metavar="STR",
+        help=f"family name prefix (default: {SynthConfig.prefix})",
+    )  # fmt: skip
+    for flag, (name, kind, help_text) in _POTTS_FLAGS.items():
+        default = getattr(defaults, name) if name != "edges" else None
+        suffix = f" (default: {default})" if default is not None else ""
+        parser.add_argument(
+            f"--{flag.replace('_', '-')}",
+            dest=flag,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=help_text + suffix,
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> SynthConfig:
+    given = {name: getattr(args, flag) for flag, (name, _, _) in _POTTS_FLAGS.items()}
+    given = {name: value for name, value in given.items() if value is not None}
+    return SynthConfig(families=args.families, seed=args.seed, prefix=args.prefix, potts=PottsConfig(**given))
+
+
+def generate(config: SynthConfig) -> list[Family]:
+    names = config.family_names()
+    return [generate_family(name, config.potts, family_rng(config.seed, k)) for k, name in enumerate(names)]
+
+
+def validation_summary(family: Family, config: SynthConfig) -> dict:
+    """MI+APC top-(#edges) precision of the family against its planted edges, and chance."""
+    contacts = family.model.contact_map()
+    k = len(family.model.edges)
+    if k == 0:
+        return {"mi_apc_precision": None, "chance_precision": 0.0, "top_k": 0}
+    scores = mi_apc_scores(family.sequences, config.validation_pseudocount)
+    sep = config.validation_min_separation
+    return {
+        "mi_apc_precision": top_k_precision(scores, contacts, k, sep),
+        "chance_precision": chance_precision(contacts, sep),
+        "top_k": k,
+    }
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write to a temporary name beside ``path``, then rename over it, so readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        # mkstemp creates 0600; give the file the permissions an ordinary open() would
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def fasta_text(families: list[Family]) -> str:
+    lines = []
+    for fam in families:
+        for k, seq in enumerate(fam.sequences):
+            lines.append(f">{fam.name}_{k} family={fam.name}")
+            lines.append(_RESIDUE_LETTERS[seq].tobytes().decode("ascii"))
+    return "\n".join(lines) + "\n"
+
+
+def contacts_text(family: Family) -> str:
+    """0-based ``i<TAB>j<TAB>strength`` rows, strength = zero-sum-gauge Frobenius norm of J_ij."""
+    rows = ["i\tj\tstrength"]
+    for (i, j), norm in zip(family.model.edges, family.model.coupling_norms()):
+        rows.append(f"{i}\t{j}\t{norm:.6g}")
+    return "\n".join(rows) + "\n"
+
+
+def params_document(config: SynthConfig, families: list[Family]) -> dict:
+    potts = config.potts
+    per_family = []
+    for k, fam in enumerate(families):
+        sep = np.diff(fam.model.edges, axis=1).ravel()
+        per_family.append(
+            {
+                "name": fam.name,
+                "seed_spawn_key": [k],
+                "sequences": int(len(fam.sequences)),
+                "edges": int(len(fam.model.edges)),
+                "edges_short": int((sep < potts.medium_separation).sum()),
+                "edges_medium": int(((sep >= potts.medium_separation) & (sep < LONG_SEPARATION)).sum()),
+                "edges_long": int((sep >= LONG_SEPARATION).sum()),
+                # NaN (one chain or one round) is not JSON: written as null
+                "sampler": {k: (None if np.isnan(v) else v) for k, v in dataclasses.asdict(fam.stats).items()},
+                "validation": validation_summary(fam, config),
+            }
+        )
+    return {
+        "pmlm_version": __version__,
+        "seed": config.seed,
+        "config": dataclasses.asdict(config),
+        "model": "P(x) ~ exp(sum_i h_i(x_i) + sum_(i,j) J_ij(x_i, x_j)), residue classes in the order of RESIDUES",
+        "residues": RESIDUES,
+        "background_composition": [round(float(b), 6) for b in BACKGROUND],
+        "contacts_format": (
+            "TSV with header i, j (0-based positions, i < j), strength (zero-sum-gauge Frobenius norm of J_ij)"
+        ),
+        "validation_method": "MI with APC, top-(#edges) pairs with |i-j| >= validation_min_separation",
+        "files": {"fasta": FASTA_NAME, "contacts": f"{CONTACTS_DIR}/{{family}}.tsv"},
+        "families": per_family,
+    }
+
+
+def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> None:
+    """Write contacts (as a whole folder swapped in), then FASTA, then params.json last."""
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=f".{CONTACTS_DIR}.", suffix=".tmp"))
+    try:
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp creates 0700
+        for fam in families:
+            (staging / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8")
+        final = out / CONTACTS_DIR
+        # a rerun with fewer families must not leave stale edge lists behind
+        if final.exists():
+            retired = Path(tempfile.mkdtemp(dir=out, prefix=f".{CONTACTS_DIR}.", suffix=".old"))
+            os.replace(final, retired / CONTACTS_DIR)
+            shutil.rmtree(retired)
+        os.replace(staging, final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    _atomic_write(out / FASTA_NAME, fasta_text(families))
+    _atomic_write(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(out, "--out exists and is not a folder")
+    start = time.perf_counter()
+    families = generate(config)
+    elapsed = time.perf_counter() - start
+    try:
+        write_outputs(out, config, families)
+    except OSError as exc:
+        raise InputError(exc.filename or out, f"cannot write output: {exc.strerror or exc}") from None
+    total = sum(len(f.sequences) for f in families)
+    print(
+        f"pmlm synth: {len(families)} {'family' if len(families) == 1 else 'families'}, {total} sequences "
+        f"of length {config.potts.length} sampled in {elapsed:.1f} s -> {out}",
+        file=sys.stderr,
+    )
+    return 0

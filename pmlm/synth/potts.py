@@ -1,0 +1,457 @@
+"""Synthetic protein families from Potts models with planted couplings, plus the MSA statistics
+(frequencies, MI with APC, top-k precision) that check the planted couplings are recoverable.
+
+Sequences are arrays of residue classes 0..19 (``token_id - FIRST_RESIDUE_ID`` of
+:mod:`pmlm.alphabet`); positions and edges are 0-based. The model is
+``P(x) ∝ exp(sum_i h_i(x_i) + sum_(i,j) in E J_ij(x_i, x_j))`` over a sparse edge set E.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pmlm.alphabet import NUM_RESIDUES, RESIDUES
+from pmlm.errors import ConfigError, InputError
+
+# UniProtKB/Swiss-Prot amino-acid composition (percent), the background the per-site
+# fields are drawn around so that columns look like protein columns, not uniform noise.
+SWISSPROT_COMPOSITION_PERCENT = {
+    "A": 8.25, "C": 1.37, "D": 5.45, "E": 6.75, "F": 3.86, "G": 7.07, "H": 2.27,
+    "I": 5.96, "K": 5.84, "L": 9.66, "M": 2.42, "N": 4.06, "P": 4.70, "Q": 3.93,
+    "R": 5.53, "S": 6.56, "T": 5.34, "V": 6.87, "W": 1.08, "Y": 2.92,
+}  # fmt: skip
+BACKGROUND = np.array([SWISSPROT_COMPOSITION_PERCENT[a] for a in RESIDUES], dtype=np.float64)
+BACKGROUND /= BACKGROUND.sum()  # (20,) in the order of RESIDUES
+
+
+@dataclass
+class PottsConfig:
+    """Everything that defines one synthetic family except its random seed."""
+
+    length: int = 96  # residues per sequence
+    num_sequences: int = 2000  # sequences sampled per family
+    edges: int | None = None  # planted couplings per family; None -> one per residue (= length)
+    short_range_fraction: float = 0.15  # share of edges with min_separation <= |i-j| < medium_separation
+    min_separation: int = 6  # no edge closer than this (contact metrics ignore |i-j| < 6)
+    medium_separation: int = 12  # start of the medium/long range (the design's 12)
+    max_degree: int = 4  # most couplings at one site, as a residue has few contacts
+    coupling_strength: float = 2.0  # J bonus (nats) of each compatible residue pair of an edge
+    compatible_pairs: int = 4  # residue pairs (a, b) an edge favours, drawn from the sites' likely residues
+    coupling_noise: float = 0.1  # std (nats) of Gaussian noise on all 400 entries of J_ij
+    field_concentration: float = 4.0  # total Dirichlet concentration of site profiles; lower -> more conserved
+    background_mix: float = 0.05  # share of the background composition mixed into every site profile
+    chains: int = 64  # independent Gibbs chains, run in parallel
+    burn_in: int = 200  # sweeps discarded before the first sample of every chain
+    thinning: int = 10  # sweeps between two kept samples of a chain
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message)
+
+        need(self.min_separation >= 1, f"min_separation must be >= 1 (got {self.min_separation})")
+        need(
+            self.medium_separation > self.min_separation,
+            f"medium_separation must exceed min_separation={self.min_separation} (got {self.medium_separation})",
+        )
+        need(
+            self.length > self.medium_separation,
+            f"length (--length) must be > {self.medium_separation} so medium/long-range pairs exist "
+            f"(got {self.length})",
+        )
+        need(self.num_sequences >= 1, f"num_sequences (--sequences) must be >= 1 (got {self.num_sequences})")
+        if self.edges is None:
+            self.edges = self.length
+        need(self.edges >= 0, f"edges (--edges) must be >= 0 (got {self.edges})")
+        need(
+            0.0 <= self.short_range_fraction <= 1.0,
+            f"short_range_fraction must be in [0, 1] (got {self.short_range_fraction})",
+        )
+        need(self.max_degree >= 1, f"max_degree must be >= 1 (got {self.max_degree})")
+        need(
+            self.edges <= self.length * self.max_degree // 2,
+            f"edges (--edges) = {self.edges} exceeds what length {self.length} and max_degree "
+            f"{self.max_degree} allow ({self.length * self.max_degree // 2}); lower --edges or raise --max-degree",
+        )
+        need(
+            math.isfinite(self.coupling_strength) and self.coupling_strength >= 0,
+            f"coupling_strength (--coupling-strength) must be a finite number >= 0 (got {self.coupling_strength})",
+        )
+        need(
+            1 <= self.compatible_pairs <= NUM_RESIDUES,
+            f"compatible_pairs must be in [1, {NUM_RESIDUES}] (got {self.compatible_pairs})",
+        )
+        need(
+            math.isfinite(self.coupling_noise) and self.coupling_noise >= 0,
+            f"coupling_noise must be a finite number >= 0 (got {self.coupling_noise})",
+        )
+        need(
+            math.isfinite(self.field_concentration) and self.field_concentration > 0,
+            f"field_concentration must be > 0 (got {self.field_concentration})",
+        )
+        need(0.0 < self.background_mix <= 1.0, f"background_mix must be in (0, 1] (got {self.background_mix})")
+        need(self.chains >= 1, f"chains (--chains) must be >= 1 (got {self.chains})")
+        need(self.burn_in >= 0, f"burn_in (--burn-in) must be >= 0 (got {self.burn_in})")
+        need(self.thinning >= 1, f"thinning (--thinning) must be >= 1 (got {self.thinning})")
+
+    @property
+    def num_short_edges(self) -> int:
+        return int(round(self.short_range_fraction * self.edges))
+
+
+@dataclass(frozen=True)
+class PottsModel:
+    """Fields and sparse couplings; ``couplings[e, a, b]`` is J for x_i = a, x_j = b of edge (i, j)."""
+
+    fields: np.ndarray  # (L, 20)
+    edges: np.ndarray  # (E, 2) int64, i < j
+    couplings: np.ndarray  # (E, 20, 20)
+
+    @property
+    def length(self) -> int:
+        return int(self.fields.shape[0])
+
+    def contact_map(self) -> np.ndarray:
+        """Planted edges as a symmetric (L, L) bool map."""
+        out = np.zeros((self.length, self.length), dtype=bool)
+        out[self.edges[:, 0], self.edges[:, 1]] = True
+        out[self.edges[:, 1], self.edges[:, 0]] = True
+        return out
+
+    def coupling_norms(self) -> np.ndarray:
+        """Frobenius norm of each J_ij in the zero-sum gauge (the usual DCA coupling strength), (E,)."""
+        j = self.couplings
+        centred = j - j.mean(axis=1, keepdims=True) - j.mean(axis=2, keepdims=True)
+        centred = centred + j.mean(axis=(1, 2), keepdims=True)
+        return np.sqrt((centred**2).sum(axis=(1, 2)))
+
+    def log_weight(self, sequences: np.ndarray) -> np.ndarray:
+        """Unnormalised log-probability sum h + sum J of each sequence, (N,)."""
+        x = np.asarray(sequences, dtype=np.int64)  # (N, L)
+        out = self.fields[np.arange(self.length), x].sum(axis=1)
+        if len(self.edges):
+            e = np.arange(len(self.edges))
+            out = out + self.couplings[e, x[:, self.edges[:, 0]], x[:, self.edges[:, 1]]].sum(axis=1)
+        return out
+
+
+@dataclass(frozen=True)
+class SampleStats:
+    """Mixing diagnostics of one Gibbs run: thinning is adequate when consecutive samples of a
+    chain are hardly more alike than samples of different chains."""
+
+    identity_consecutive: float  # mean fraction of identical residues, sample t vs t+1 of a chain
+    identity_between_chains: float  # same, between different chains at the same step
+    mean_log_weight: float  # of the kept samples
+
+
+def plant_edges(config: PottsConfig, rng: np.random.Generator) -> np.ndarray:
+    """Contact-like edge set (E, 2), i < j, sorted.
+
+    Edges are drawn uniformly among pairs of each separation class (short:
+    ``min_separation <= |i-j| < medium_separation``, else medium/long), ``num_short_edges`` from
+    the first class and the rest from the second, skipping pairs whose sites already carry
+    ``max_degree`` edges.
+    """
+    length = config.length
+    i, j = np.triu_indices(length, k=config.min_separation)
+    sep = j - i
+    degree = np.zeros(length, dtype=np.int64)
+    chosen: list[tuple[int, int]] = []
+    for in_class, want in (
+        (sep < config.medium_separation, config.num_short_edges),
+        (sep >= config.medium_separation, config.edges - config.num_short_edges),
+    ):
+        candidates = np.flatnonzero(in_class)
+        placed = 0
+        for c in rng.permutation(candidates):
+            if placed == want:
+                break
+            a, b = int(i[c]), int(j[c])
+            if degree[a] < config.max_degree and degree[b] < config.max_degree:
+                degree[a] += 1
+                degree[b] += 1
+                chosen.append((a, b))
+                placed += 1
+        if placed < want:
+            raise ConfigError(
+                f"could place only {placed} of {want} edges in a separation class at length {length}; "
+                "lower --edges, change --short-range-fraction or raise --max-degree"
+            )
+    edges = np.array(sorted(chosen), dtype=np.int64).reshape(-1, 2)
+    return edges
+
+
+def random_potts_model(config: PottsConfig, rng: np.random.Generator) -> PottsModel:
+    """Draw site profiles, a contact-like edge set and couplings favouring a few residue pairs."""
+    length = config.length
+    # site profiles around the background composition; the mix keeps every residue possible
+    profiles = rng.dirichlet(config.field_concentration * BACKGROUND, size=length)  # (L, 20)
+    profiles = (1.0 - config.background_mix) * profiles + config.background_mix * BACKGROUND
+    fields = np.log(profiles)
+    edges = plant_edges(config, rng)
+    couplings = config.coupling_noise * rng.standard_normal((len(edges), NUM_RESIDUES, NUM_RESIDUES))  # (E, 20, 20)
+    for e, (i, j) in enumerate(edges):
+        # compatible pairs among residues the two sites actually show, so the coupling is visible
+        a = rng.choice(NUM_RESIDUES, size=config.compatible_pairs, replace=False, p=profiles[i])
+        b = rng.choice(NUM_RESIDUES, size=config.compatible_pairs, replace=False, p=profiles[j])
+        couplings[e, a, b] += config.coupling_strength
+    return PottsModel(fields=fields, edges=edges, couplings=couplings)
+
+
+def _colour_groups(length: int, edges: np.ndarray) -> list[np.ndarray]:
+    """Greedy graph colouring: sites of one colour share no edge, so Gibbs updates them at once."""
+    neighbours: list[set[int]] = [set() for _ in range(length)]
+    for i, j in edges:
+        neighbours[int(i)].add(int(j))
+        neighbours[int(j)].add(int(i))
+    colour = np.full(length, -1, dtype=np.int64)
+    for site in sorted(range(length), key=lambda s: -len(neighbours[s])):
+        used = {int(colour[n]) for n in neighbours[site]}
+        colour[site] = next(c for c in range(length) if c not in used)
+    return [np.flatnonzero(colour == c) for c in range(int(colour.max()) + 1)]
+
+
+class _GroupUpdate:
+    """Precomputed tables for the Gibbs update of one colour group of sites.
+
+    Each site's couplings are padded to the group's largest degree K with all-zero tables, so
+    the conditional logits are one gather and one sum over K.
+    """
+
+    def __init__(self, model: PottsModel, sites: np.ndarray):
+        self.sites = sites  # (S,)
+        local = {int(s): k for k, s in enumerate(sites)}
+        per_site: list[list[tuple[np.ndarray, int]]] = [[] for _ in sites]
+        for e, (i, j) in enumerate(model.edges):
+            if int(i) in local:  # table[x_j, a] = J(a, x_j)
+                per_site[local[int(i)]].append((model.couplings[e].T, int(j)))
+            if int(j) in local:  # table[x_i, b] = J(x_i, b)
+                per_site[local[int(j)]].append((model.couplings[e], int(i)))
+        degree = max((len(p) for p in per_site), default=0)
+        self.fields = model.fields[sites]  # (S, 20)
+        tables = np.zeros((degree, len(sites), NUM_RESIDUES, NUM_RESIDUES))  # (K, S, 20 other, 20 own)
+        others = np.zeros((degree, len(sites)), dtype=np.int64)  # (K, S); padding points at site 0
+        for s, entries in enumerate(per_site):
+            for k, (table, other) in enumerate(entries):
+                tables[k, s] = table
+                others[k, s] = other
+        self.others = others
+        # row (k, s, x_other) of the flattened tables is found at base + x_other
+        self.rows = tables.reshape(-1, NUM_RESIDUES)  # (K * S * 20, 20)
+        self.base = np.arange(degree * len(sites)).reshape(degree, len(sites)) * NUM_RESIDUES  # (K, S)
+
+    def __call__(self, state: np.ndarray, rng: np.random.Generator) -> None:
+        logits = self.fields  # (S, 20), broadcast against chains below
+        if len(self.others):
+            contrib = np.take(self.rows, self.base + state[:, self.others], axis=0)  # (C, K, S, 20)
+            logits = logits + contrib.sum(axis=1)  # (C, S, 20)
+        else:
+            logits = np.broadcast_to(logits, (state.shape[0], *logits.shape))
+        state[:, self.sites] = _sample_categorical(logits, rng)
+
+
+_UPPER_ONES = np.triu(np.ones((NUM_RESIDUES, NUM_RESIDUES)))  # (20, 20)
+
+
+def _sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One draw per row of (..., 20) logits by inverse CDF (one uniform per draw)."""
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    cdf = weights @ _UPPER_ONES  # running sum over the last axis; a BLAS product beats np.cumsum on rows of 20
+    u = rng.random(logits.shape[:-1] + (1,)) * cdf[..., -1:]
+    return np.minimum((cdf < u).sum(axis=-1), logits.shape[-1] - 1)
+
+
+def gibbs_sample(
+    model: PottsModel,
+    num_sequences: int,
+    rng: np.random.Generator,
+    *,
+    chains: int,
+    burn_in: int,
+    thinning: int,
+) -> tuple[np.ndarray, SampleStats]:
+    """``num_sequences`` sequences (N, L) uint8 from ``chains`` independent Gibbs chains.
+
+    Each chain starts from the independent-site distribution exp(h), runs ``burn_in`` sweeps,
+    then keeps one sample every ``thinning`` sweeps; a sweep updates every site once, colour
+    group by colour group. Output order is round-major (all chains' first samples first).
+    """
+    if num_sequences < 1 or chains < 1 or burn_in < 0 or thinning < 1:
+        raise ConfigError(
+            f"need num_sequences >= 1, chains >= 1, burn_in >= 0, thinning >= 1 "
+            f"(got {num_sequences}, {chains}, {burn_in}, {thinning})"
+        )
+    updates = [_GroupUpdate(model, g) for g in _colour_groups(model.length, model.edges)]
+    rounds = -(-num_sequences // chains)
+    init = np.broadcast_to(model.fields, (chains, *model.fields.shape))
+    state = _sample_categorical(init, rng).astype(np.int64)  # (C, L)
+
+    def sweep(count: int) -> None:
+        for _ in range(count):
+            for update in updates:
+                update(state, rng)
+
+    sweep(burn_in)
+    kept = np.empty((rounds, chains, model.length), dtype=np.uint8)  # (R, C, L)
+    for r in range(rounds):
+        sweep(thinning if r else 0)
+        kept[r] = state
+    sequences = kept.reshape(-1, model.length)[:num_sequences]
+    stats = SampleStats(
+        identity_consecutive=float((kept[1:] == kept[:-1]).mean()) if rounds > 1 else float("nan"),
+        identity_between_chains=float((kept[:, 1:] == kept[:, :-1]).mean()) if chains > 1 else float("nan"),
+        mean_log_weight=float(model.log_weight(sequences).mean()),
+    )
+    return sequences, stats
+
+
+@dataclass(frozen=True)
+class Family:
+    """One synthetic family: its true model, its sampled sequences and the sampler's diagnostics."""
+
+    name: str
+    model: PottsModel
+    sequences: np.ndarray  # (N, L) uint8 residue classes
+    stats: SampleStats
+
+
+def family_rng(seed: int, index: int) -> np.random.Generator:
+    """The generator of family ``index``: a spawned child of ``seed``, so a family does not
+    change when more families are requested."""
+    if seed < 0 or index < 0:
+        raise ConfigError(f"seed (--seed) and family index must be >= 0 (got seed={seed}, index={index})")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(index,))))
+
+
+def generate_family(name: str, config: PottsConfig, rng: np.random.Generator) -> Family:
+    """Draw a Potts model and sample ``config.num_sequences`` sequences from it."""
+    model = random_potts_model(config, rng)
+    sequences, stats = gibbs_sample(
+        model, config.num_sequences, rng, chains=config.chains, burn_in=config.burn_in, thinning=config.thinning
+    )
+    return Family(name=name, model=model, sequences=sequences, stats=stats)
+
+
+# ----------------------------------------------------------------------------------------------
+# MSA statistics
+
+
+def _one_hot(sequences: np.ndarray) -> np.ndarray:
+    x = np.asarray(sequences, dtype=np.int64)  # (N, L)
+    if x.ndim != 2 or x.size == 0:
+        raise ValueError(f"sequences must be a non-empty (N, L) array of residue classes, got shape {x.shape}")
+    if x.min() < 0 or x.max() >= NUM_RESIDUES:
+        raise ValueError(f"residue classes must be in [0, {NUM_RESIDUES}), got [{x.min()}, {x.max()}]")
+    # float32 keeps co-occurrence counts exact (below 2**24 sequences) at twice the matmul speed
+    out = np.zeros((*x.shape, NUM_RESIDUES), dtype=np.float32)
+    np.put_along_axis(out, x[..., None], 1.0, axis=-1)
+    return out  # (N, L, 20)
+
+
+def site_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
+    """(L, 20) residue frequencies, mixed with the uniform distribution at weight ``pseudocount``."""
+    if not 0.0 <= pseudocount <= 1.0:
+        raise ValueError(f"pseudocount must be in [0, 1], got {pseudocount}")
+    f = _one_hot(sequences).sum(axis=0, dtype=np.float64) / len(sequences)
+    return (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES
+
+
+def pair_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
+    """(L, L, 20, 20) pair frequencies f_ij(a, b), mixed with uniform at weight ``pseudocount``.
+
+    The diagonal blocks are diag(f_i), consistent with :func:`site_frequencies`.
+    """
+    oh = _one_hot(sequences)  # (N, L, 20)
+    n, length, _ = oh.shape
+    flat = oh.reshape(n, -1)
+    f = (flat.T @ flat).astype(np.float64) / n
+    f = f.reshape(length, NUM_RESIDUES, length, NUM_RESIDUES).transpose(0, 2, 1, 3)
+    f = (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES**2
+    fi = site_frequencies(sequences, pseudocount)
+    f[np.arange(length), np.arange(length)] = fi[:, :, None] * np.eye(NUM_RESIDUES)
+    return f
+
+
+def mutual_information(sequences: np.ndarray, pseudocount: float = 0.01, block: int = 32) -> np.ndarray:
+    """(L, L) mutual information between columns (nats), diagonal 0; computed ``block`` rows at a
+    time so memory stays O(block * L * 400) for long families."""
+    oh = _one_hot(sequences)  # (N, L, 20)
+    n, length, _ = oh.shape
+    flat = oh.reshape(n, -1)
+    fi = site_frequencies(sequences, pseudocount)  # (L, 20)
+    mi = np.zeros((length, length))
+    for start in range(0, length, block):
+        stop = min(start + block, length)
+        fij = (flat[:, start * NUM_RESIDUES : stop * NUM_RESIDUES].T @ flat).astype(np.float64) / n
+        fij = fij.reshape(stop - start, NUM_RESIDUES, length, NUM_RESIDUES).transpose(0, 2, 1, 3)
+        fij = (1.0 - pseudocount) * fij + pseudocount / NUM_RESIDUES**2  # (b, L, 20, 20)
+        indep = fi[start:stop, None, :, None] * fi[None, :, None, :]
+        # 0 log 0 = 0: without a pseudocount unseen pairs contribute nothing
+        ratio = np.divide(fij, indep, out=np.ones_like(fij), where=fij > 0)
+        mi[start:stop] = (fij * np.log(ratio)).sum(axis=(2, 3))
+    np.fill_diagonal(mi, 0.0)
+    return mi
+
+
+def average_product_correction(scores: np.ndarray) -> np.ndarray:
+    """S_ij - S_i. S_.j / S_.. with means over off-diagonal entries; diagonal 0."""
+    s = np.array(scores, dtype=np.float64)
+    length = s.shape[0]
+    np.fill_diagonal(s, 0.0)
+    row_mean = s.sum(axis=1) / (length - 1)
+    overall = s.sum() / (length * (length - 1))
+    out = s - np.outer(row_mean, row_mean) / overall if overall > 0 else s
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def mi_apc_scores(sequences: np.ndarray, pseudocount: float = 0.01) -> np.ndarray:
+    """The MSA baseline: mutual information with average-product correction, (L, L)."""
+    return average_product_correction(mutual_information(sequences, pseudocount))
+
+
+def top_k_precision(scores: np.ndarray, contacts: np.ndarray, k: int, min_separation: int = 6) -> float:
+    """Fraction of true contacts among the k highest-scoring pairs with |i-j| >= min_separation."""
+    i, j = np.triu_indices(scores.shape[0], k=min_separation)
+    if k < 1 or k > len(i):
+        raise ValueError(f"k must be in [1, {len(i)}] for length {scores.shape[0]}, got {k}")
+    order = np.argsort(-scores[i, j], kind="stable")[:k]
+    return float(contacts[i[order], j[order]].mean())
+
+
+def chance_precision(contacts: np.ndarray, min_separation: int = 6) -> float:
+    """Expected precision of random scores: contacts / pairs with |i-j| >= min_separation."""
+    i, j = np.triu_indices(contacts.shape[0], k=min_separation)
+    return float(contacts[i, j].mean())
+
+
+def read_contacts(path, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Read a ``i<TAB>j<TAB>strength`` edge list (header line, 0-based positions).
+
+    Returns edges (E, 2) int64 and strengths (E,); raises InputError naming the line of any
+    malformed row, a position outside [0, length), or i >= j.
+    """
+    edges, strengths = [], []
+    with open(path, encoding="utf-8") as handle:
+        header = handle.readline().rstrip("\n")
+        if header.split("\t") != ["i", "j", "strength"]:
+            raise InputError(path, f"expected header 'i<TAB>j<TAB>strength', got {header!r}", line=1)
+        for line_no, line in enumerate(handle, start=2):
+            fields = line.rstrip("\n").split("\t")
+            try:
+                if len(fields) != 3:
+                    raise ValueError
+                i, j, s = int(fields[0]), int(fields[1]), float(fields[2])
+            except ValueError:
+                message = f"expected 'i<TAB>j<TAB>strength', got {line.rstrip()!r}"
+                raise InputError(path, message, line=line_no) from None
+            if not 0 <= i < j or (length is not None and j >= length):
+                bound = f" < {length}" if length is not None else ""
+                raise InputError(path, f"need 0 <= i < j{bound}, got i={i} j={j}", line=line_no)
+            edges.append((i, j))
+            strengths.append(s)
+    return np.array(edges, dtype=np.int64).reshape(-1, 2), np.array(strengths, dtype=np.float64)

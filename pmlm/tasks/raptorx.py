@@ -1,0 +1,221 @@
+"""Reader for RaptorX / ESM-style contact test sets: per-protein sequence plus C-beta
+coordinates, a C-beta distance matrix or a contact map, in a small documented format.
+
+The real RaptorX-Contact test set (Wang et al. 2017) is distributed by its authors as
+per-target PDB and FASTA files; ESM evaluates it (and its SCOPe structural split) from
+per-domain pickles holding ``seq``, ``ssp``, ``dist`` (C-beta distances, NaN where a C-beta
+is missing) and ``coords``. Convert such sources to one of these inputs (contacts always
+from C-beta, virtual C-beta for glycine, distance <= 8 A):
+
+- a directory of ``<id>.npz`` files, or one ``.npz``: ``seq`` (0-d string array) and one
+  of ``cb`` (L, 3) float with NaN rows for unresolved residues, ``distances`` (L, L) float
+  with NaN where unknown, ``contacts`` (L, L) int with -1 where unknown; optional ``id``.
+  Loaded with ``allow_pickle=False``.
+- ``.pkl`` files in ESM's layout (``seq`` plus ``dist``), decoded with an allow-list
+  unpickler so no code runs on load.
+- a JSONL file (plain or gzip), one object a line: ``id``, ``seq`` and ``cb`` (a list of
+  [x, y, z] or null per residue).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pmlm.alphabet import RESIDUES, UNKNOWN_RESIDUE
+from pmlm.errors import InputError
+from pmlm.tasks.structures import (
+    CONTACT_THRESHOLD, ON_ERROR_CHOICES, ReadCounts, RecordError, contact_map, open_text, parse_coords,
+)
+from pmlm.tasks.tape import safe_unpickle
+
+_SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
+PER_PROTEIN_SUFFIXES = (".npz", ".pkl")
+
+
+@dataclass
+class ContactRecord:
+    id: str
+    seq: str
+    contacts: np.ndarray  # (L, L) bool, C-beta distance <= threshold and both resolved
+    valid: np.ndarray  # (L, L) bool, both residues resolved / distance known
+
+
+def _check_seq(seq) -> str:
+    if isinstance(seq, np.ndarray):
+        seq = seq.item() if seq.shape == () else None
+    if isinstance(seq, bytes):
+        seq = seq.decode("ascii", "replace")
+    if not isinstance(seq, str) or not seq:
+        raise RecordError("'seq' must be a non-empty amino-acid string", "bad sequence")
+    bad = next((i for i, c in enumerate(seq) if c not in _SEQ_LETTERS), None)
+    if bad is not None:
+        raise RecordError(f"'seq' has non-residue letter {seq[bad]!r} at position {bad + 1}", "bad sequence")
+    return seq
+
+
+def _square(value, length: int, key: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise RecordError(f"'{key}' must be a numeric (L, L) matrix", "bad field") from None
+    if arr.shape != (length, length):
+        raise RecordError(f"'{key}' has shape {arr.shape}, expected ({length}, {length}) to match 'seq'",
+                          "length mismatch")
+    return arr
+
+
+# Which field defines the contacts when several are present, first wins. ESM's pickles hold
+# both ``dist`` and ``coords``; the distance matrix is the one its evaluation reads.
+_CONTACT_SOURCES = ("cb", "distances", "dist", "coords", "contacts")
+
+
+def _from_coords(value, length: int, key: str, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(value, np.ndarray):
+        coords = value.astype(np.float64)
+        if coords.shape != (length, 3):
+            raise RecordError(f"'{key}' has shape {coords.shape}, expected ({length}, 3) to match 'seq'",
+                              "length mismatch")
+    else:
+        coords = parse_coords(value, length, key)
+    return contact_map(coords, threshold)
+
+
+def _from_distances(value, length: int, key: str, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    dist = _square(value, length, key)
+    valid = np.isfinite(dist)
+    with np.errstate(invalid="ignore"):
+        return (dist <= threshold) & valid, valid
+
+
+def _from_labels(value, length: int, key: str, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    labels = _square(value, length, key)
+    if not np.isin(labels, (-1, 0, 1)).all():
+        raise RecordError(f"'{key}' values must be 1 (contact), 0 (none) or -1 (unknown)", "bad field")
+    return labels == 1, labels >= 0
+
+
+_BUILDERS = {"cb": _from_coords, "coords": _from_coords, "distances": _from_distances, "dist": _from_distances,
+             "contacts": _from_labels}
+
+
+def record_from_fields(fields: dict, default_id: str, threshold: float = CONTACT_THRESHOLD) -> ContactRecord:
+    """Build a ContactRecord from ``seq`` plus the first present of ``cb``, ``distances``,
+    ``dist``, ``coords`` (C-beta) or ``contacts``."""
+    seq = _check_seq(fields.get("seq"))
+    raw_id = fields.get("id", default_id)
+    if isinstance(raw_id, np.ndarray):
+        raw_id = raw_id.item()
+    rec_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+    for key in _CONTACT_SOURCES:
+        if fields.get(key) is not None:
+            contacts, valid = _BUILDERS[key](fields[key], len(seq), key, threshold)
+            return ContactRecord(rec_id, seq, contacts, valid)
+    raise RecordError(f"needs one of {', '.join(repr(k) for k in _CONTACT_SOURCES)}", "missing key")
+
+
+def _load_per_protein(path: Path) -> dict:
+    if path.suffix == ".pkl":
+        try:
+            obj = safe_unpickle(path.read_bytes())
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+            raise RecordError(f"cannot decode pickle: {exc}", "unreadable") from None
+        if not isinstance(obj, dict):
+            raise RecordError(f"expected a dict, got {type(obj).__name__}", "not an object")
+        return obj
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise RecordError(f"cannot read NPZ: {exc}", "unreadable") from None
+
+
+def _per_protein_records(
+    paths: list[Path], threshold: float, on_error: str, counts: ReadCounts
+) -> Iterator[ContactRecord]:
+    for path in paths:
+        try:
+            record = record_from_fields(_load_per_protein(path), path.stem, threshold)
+        except RecordError as exc:
+            error = InputError(path, str(exc))
+            if on_error == "raise":
+                raise error from None
+            counts.skip(error, exc.reason)
+            continue
+        counts.read += 1
+        yield record
+
+
+def _jsonl_records(path: Path, threshold: float, on_error: str, counts: ReadCounts) -> Iterator[ContactRecord]:
+    line_no = 0
+    try:
+        with open_text(path) as fh:
+            for line_no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise RecordError(f"bad JSON: {exc.msg} (column {exc.colno})", "bad JSON") from None
+                    if not isinstance(obj, dict):
+                        raise RecordError(f"expected a JSON object, got {type(obj).__name__}", "not an object")
+                    record = record_from_fields(obj, f"{path.name}:{line_no}", threshold)
+                except RecordError as exc:
+                    error = InputError(path, str(exc), line=line_no)
+                    if on_error == "raise":
+                        raise error from None
+                    counts.skip(error, exc.reason)
+                    continue
+                counts.read += 1
+                yield record
+    except (EOFError, OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"unreadable after line {line_no}: {exc}", line=line_no + 1) from None
+
+
+def read_contact_set(
+    path: str | os.PathLike, *, threshold: float = CONTACT_THRESHOLD, on_error: str = "raise",
+    counts: ReadCounts | None = None,
+) -> Iterator[ContactRecord]:
+    """Yield ContactRecords from a directory of .npz/.pkl files (sorted by name), one such
+    file, or a JSONL file. Bad records raise InputError naming file (and line), or with
+    on_error="skip" are counted by reason in ``counts``."""
+    if on_error not in ON_ERROR_CHOICES:
+        raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
+    path = Path(path)
+    counts = ReadCounts() if counts is None else counts
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in PER_PROTEIN_SUFFIXES)
+        if not files:
+            raise InputError(path, f"directory holds no {' or '.join(PER_PROTEIN_SUFFIXES)} files")
+        return _per_protein_records(files, threshold, on_error, counts)
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    if path.suffix in PER_PROTEIN_SUFFIXES:
+        return _per_protein_records([path], threshold, on_error, counts)
+    return _jsonl_records(path, threshold, on_error, counts)
+
+
+def write_contact_npz(path: str | os.PathLike, rec_id: str, seq: str, cb) -> None:
+    """Write one protein in the NPZ layout above (atomically: temp file, then rename)."""
+    seq = _check_seq(seq)
+    cb = np.asarray(cb, dtype=np.float64)
+    if cb.shape != (len(seq), 3):
+        raise ValueError(f"cb must have shape ({len(seq)}, 3), got {cb.shape}")
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez_compressed(fh, id=np.array(rec_id), seq=np.array(seq), cb=cb)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

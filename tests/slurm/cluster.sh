@@ -1,0 +1,371 @@
+#!/usr/bin/env bash
+# Start, stop or query a real one-node SLURM cluster on this machine (munged, slurmctld, slurmd,
+# all state under one directory in /tmp) for the workflow's SLURM integration tests.
+#
+# Usage: tests/slurm/cluster.sh start|stop|status
+#
+# Exit status: 0 success (status: cluster up); 1 failure (the reason is printed, with log tails);
+# 2 this machine cannot host the cluster (not root, or SLURM missing and no apt-get): callers skip;
+# 3 (status only) cluster not running.
+#
+# Environment (all optional):
+#   PMLM_SLURM_DIR              state, configs, logs, pid files    [/tmp/pmlm-slurm]
+#   PMLM_SLURM_CTLD_PORT        slurmctld port                     [6817]
+#   PMLM_SLURM_SLURMD_PORT      slurmd port                        [6818]
+#   PMLM_SLURM_MIN_JOB_AGE      seconds a finished job stays visible to squeue [300]
+#   PMLM_SLURM_DEF_MEM_PER_CPU  MB given to a job that requests no memory      [1024]
+#   PMLM_SLURM_START_TIMEOUT    seconds to wait for the node to become idle    [60]
+#   PMLM_SLURM_SYSTEM_CONF      default config path, linked to ours while up [/etc/slurm/slurm.conf]
+#   PMLM_SLURM_NO_INSTALL=1     never call apt-get; fail with exit 2 if SLURM is missing
+set -euo pipefail
+# the daemons live in sbin, which non-login root shells often lack
+export PATH=$PATH:/usr/sbin:/sbin
+
+STATE_DIR=${PMLM_SLURM_DIR:-/tmp/pmlm-slurm}
+CTLD_PORT=${PMLM_SLURM_CTLD_PORT:-6817}
+SLURMD_PORT=${PMLM_SLURM_SLURMD_PORT:-6818}
+MIN_JOB_AGE=${PMLM_SLURM_MIN_JOB_AGE:-300}
+DEF_MEM_PER_CPU=${PMLM_SLURM_DEF_MEM_PER_CPU:-1024}
+START_TIMEOUT=${PMLM_SLURM_START_TIMEOUT:-60}
+NO_INSTALL=${PMLM_SLURM_NO_INSTALL:-0}
+
+TEMPLATE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/templates
+ETC_DIR=$STATE_DIR/etc
+RUN_DIR=$STATE_DIR/run
+LOG_DIR=$STATE_DIR/log
+MUNGE_DIR=$STATE_DIR/munge
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket.2
+SLURM_CONF_FILE=$ETC_DIR/slurm.conf
+# Commands inside jobs find the cluster through the default config path only: the
+# executor's job step strips every SLURM_* variable (SLURM_CONF included) before its srun.
+SYSTEM_CONF=${PMLM_SLURM_SYSTEM_CONF:-/etc/slurm/slurm.conf}
+# The node is addressed on loopback so that no name resolution is needed.
+NODE_ADDR=127.0.0.1
+# Daemons are stopped with SIGTERM, then SIGKILL after this many seconds in all.
+STOP_GRACE_SECONDS=10
+# Keep this much of the machine's memory out of RealMemory: slurmd drains a node whose
+# configured memory exceeds what it measures.
+MEMORY_HEADROOM_PERCENT=5
+
+DEBIAN_PACKAGES=(munge slurm-wlm slurm-client)
+REQUIRED_COMMANDS=(munged slurmctld slurmd sinfo sbatch squeue scontrol srun)
+# in start order
+DAEMONS=(munged slurmctld slurmd)
+
+say() { printf 'pmlm-slurm: %s\n' "$*"; }
+fail() { printf 'pmlm-slurm: error: %s\n' "$*" >&2; exit 1; }
+unsupported() { printf 'pmlm-slurm: cannot run here: %s\n' "$*" >&2; exit 2; }
+
+pid_file() {
+    case $1 in
+        munged) echo "$RUN_DIR/munged.pid" ;;
+        slurmctld) echo "$RUN_DIR/slurmctld.pid" ;;
+        slurmd) echo "$RUN_DIR/slurmd.pid" ;;
+    esac
+}
+
+# Print the pid of a daemon if its pid file names a live process, else nothing.
+live_pid() {
+    local file pid
+    file=$(pid_file "$1")
+    [[ -s $file ]] || return 0
+    pid=$(tr -dc '0-9' <"$file")
+    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+        echo "$pid"
+    fi
+}
+
+missing_commands() {
+    local cmd missing=()
+    for cmd in "${REQUIRED_COMMANDS[@]}"; do
+        command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+    done
+    echo "${missing[*]}"
+}
+
+ensure_installed() {
+    local missing
+    missing=$(missing_commands)
+    [[ -z $missing ]] && return 0
+    if [[ $NO_INSTALL == 1 ]]; then
+        unsupported "missing $missing and PMLM_SLURM_NO_INSTALL=1"
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        unsupported "missing $missing and no apt-get to install ${DEBIAN_PACKAGES[*]} (Debian/Ubuntu only)"
+    fi
+    say "installing ${DEBIAN_PACKAGES[*]} (missing: $missing)"
+    # policy-rc.d-less images would start the packaged services; we start our own daemons
+    # below, so the packaged ones must not grab the default ports first.
+    local policy=/usr/sbin/policy-rc.d created_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 0755 "$policy"
+        created_policy=1
+    fi
+    local rc=0
+    {
+        apt-get -o DPkg::Lock::Timeout=120 update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends \
+                "${DEBIAN_PACKAGES[@]}"
+    } >"/tmp/pmlm-slurm-apt.log" 2>&1 || rc=$?
+    [[ $created_policy == 1 ]] && rm -f "$policy"
+    if [[ $rc != 0 ]]; then
+        tail -n 20 /tmp/pmlm-slurm-apt.log >&2 || true
+        fail "apt-get install ${DEBIAN_PACKAGES[*]} failed (exit $rc); full log: /tmp/pmlm-slurm-apt.log"
+    fi
+    missing=$(missing_commands)
+    [[ -z $missing ]] || fail "still missing after install: $missing"
+}
+
+# Node facts read from the machine: CPUs usable by this process, memory minus headroom.
+detect_node() {
+    NODE_NAME=$(hostname -s)
+    [[ -n $NODE_NAME ]] || fail "hostname -s printed nothing; cannot name the node"
+    CPUS=$(nproc)
+    local mem_kb
+    mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
+    [[ -n $mem_kb ]] || fail "cannot read MemTotal from /proc/meminfo"
+    REAL_MEMORY=$((mem_kb * (100 - MEMORY_HEADROOM_PERCENT) / 100 / 1024))
+    local per_cpu=$((REAL_MEMORY / CPUS))
+    if ((DEF_MEM_PER_CPU > per_cpu)); then
+        DEF_MEM_PER_CPU=$per_cpu
+    fi
+}
+
+render() {
+    local template=$1 target=$2
+    [[ -r $template ]] || fail "template $template not found"
+    sed -e "s|@STATE_DIR@|$STATE_DIR|g" \
+        -e "s|@NODE_NAME@|$NODE_NAME|g" \
+        -e "s|@NODE_ADDR@|$NODE_ADDR|g" \
+        -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
+        -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
+        -e "s|@MUNGE_SOCKET@|$MUNGE_SOCKET|g" \
+        -e "s|@CPUS@|$CPUS|g" \
+        -e "s|@REAL_MEMORY@|$REAL_MEMORY|g" \
+        -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g" \
+        -e "s|@MIN_JOB_AGE@|$MIN_JOB_AGE|g" \
+        "$template" >"$target.tmp"
+    if grep -q '@[A-Z_]*@' "$target.tmp"; then
+        fail "unreplaced placeholder in $target: $(grep -o '@[A-Z_]*@' "$target.tmp" | head -n 1)"
+    fi
+    mv "$target.tmp" "$target"
+}
+
+# Refuse to touch a machine that already has its own SLURM configuration.
+check_system_conf() {
+    if [[ -e $SYSTEM_CONF || -L $SYSTEM_CONF ]] && [[ $(readlink "$SYSTEM_CONF" || true) != "$SLURM_CONF_FILE" ]]; then
+        unsupported "$SYSTEM_CONF already exists (a real SLURM setup?); the test cluster links its own config there"
+    fi
+}
+
+link_system_conf() {
+    mkdir -p "$(dirname "$SYSTEM_CONF")"
+    ln -sfn "$SLURM_CONF_FILE" "$SYSTEM_CONF"
+}
+
+unlink_system_conf() {
+    if [[ -L $SYSTEM_CONF && $(readlink "$SYSTEM_CONF") == "$SLURM_CONF_FILE" ]]; then
+        rm -f "$SYSTEM_CONF"
+    fi
+}
+
+log_tails() {
+    local f
+    for f in "$LOG_DIR"/munged.log "$LOG_DIR"/slurmctld.log "$LOG_DIR"/slurmd.log; do
+        [[ -s $f ]] || continue
+        printf -- '--- last lines of %s ---\n' "$f" >&2
+        tail -n 15 "$f" >&2
+    done
+}
+
+start_daemon() {
+    local name=$1
+    shift
+    local rc=0
+    "$@" >>"$LOG_DIR/$name.stdout" 2>&1 || rc=$?
+    if [[ $rc != 0 ]]; then
+        log_tails
+        cat "$LOG_DIR/$name.stdout" >&2 || true
+        fail "$name exited with status $rc at start"
+    fi
+    # the daemons fork and write their pid file a moment later
+    local waited=0
+    until [[ -n $(live_pid "$name") ]]; do
+        if ((waited >= 100)); then
+            log_tails
+            fail "$name did not write a live pid to $(pid_file "$name") within 10 s"
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+}
+
+# slurmd registers once at start and retries only after ~10 s, so the controller must be
+# answering before slurmd starts.
+wait_for_controller() {
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until SLURM_CONF=$SLURM_CONF_FILE scontrol ping 2>/dev/null | grep -q 'is UP'; do
+        if ((SECONDS >= deadline)) || [[ -z $(live_pid slurmctld) ]]; then
+            log_tails
+            fail "slurmctld not answering after ${START_TIMEOUT}s"
+        fi
+        sleep 0.2
+    done
+}
+
+node_state() {
+    SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE_NAME" -o '%T' 2>/dev/null | head -n 1
+}
+
+wait_for_idle() {
+    local deadline=$((SECONDS + START_TIMEOUT)) state=""
+    while ((SECONDS < deadline)); do
+        state=$(node_state || true)
+        case $state in
+            idle | mixed | allocated) return 0 ;;
+            drain* | down* | inval* | fail*)
+                log_tails
+                SLURM_CONF=$SLURM_CONF_FILE scontrol show node "$NODE_NAME" >&2 || true
+                fail "node $NODE_NAME is $state"
+                ;;
+        esac
+        # slurmd may hold an 'unknown' state until it registers
+        for name in "${DAEMONS[@]}"; do
+            if [[ -z $(live_pid "$name") ]]; then
+                log_tails
+                fail "$name died during start-up"
+            fi
+        done
+        sleep 0.5
+    done
+    log_tails
+    fail "node $NODE_NAME not idle after ${START_TIMEOUT}s (state: ${state:-none})"
+}
+
+all_running() {
+    local name
+    for name in "${DAEMONS[@]}"; do
+        [[ -n $(live_pid "$name") ]] || return 1
+    done
+    return 0
+}
+
+# Cancel leftover jobs (e.g. of an interrupted test) so that no job steps outlive the daemons.
+cancel_jobs() {
+    [[ -n $(live_pid slurmctld) && -r $SLURM_CONF_FILE ]] || return 0
+    export SLURM_CONF=$SLURM_CONF_FILE
+    local active=()
+    mapfile -t active < <(squeue -h -o %i 2>/dev/null || true)
+    ((${#active[@]} > 0)) || return 0
+    say "cancelling jobs: ${active[*]}"
+    scancel "${active[@]}" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_GRACE_SECONDS))
+    while [[ -n $(squeue -h -t RUNNING,COMPLETING -o %i 2>/dev/null || true) ]] && ((SECONDS < deadline)); do
+        sleep 0.2
+    done
+}
+
+do_stop() {
+    local quiet=${1:-0} name pid pids=() waited=0
+    cancel_jobs
+    # all at once: each daemon takes a second or two to exit, and nothing is left to protect
+    for name in "${DAEMONS[@]}"; do
+        pid=$(live_pid "$name")
+        [[ -n $pid ]] || continue
+        [[ $quiet == 1 ]] || say "stopping $name (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        pids+=("$pid")
+    done
+    for pid in "${pids[@]}"; do
+        while kill -0 "$pid" 2>/dev/null && ((waited < STOP_GRACE_SECONDS * 10)); do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "pid $pid ignored SIGTERM for ${STOP_GRACE_SECONDS}s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    unlink_system_conf
+    # refuse to delete anything but our own state directory
+    if [[ -d $STATE_DIR && -e $STATE_DIR/.pmlm-slurm ]]; then
+        rm -rf "$STATE_DIR"
+    fi
+}
+
+do_start() {
+    [[ $EUID -eq 0 ]] || unsupported "must run as root (it starts munged, slurmctld and slurmd)"
+    ensure_installed
+    check_system_conf
+    detect_node
+    if all_running && [[ -n $(node_state || true) ]]; then
+        say "already running (node $NODE_NAME: $(node_state)); config: $SLURM_CONF_FILE"
+        return 0
+    fi
+    if [[ -e $STATE_DIR && ! -e $STATE_DIR/.pmlm-slurm ]]; then
+        fail "$STATE_DIR exists but was not made by this script; remove it or set PMLM_SLURM_DIR"
+    fi
+    # a half-started or crashed cluster: clear it and start afresh
+    do_stop 1
+
+    mkdir -p "$ETC_DIR" "$RUN_DIR" "$LOG_DIR" "$MUNGE_DIR" "$STATE_DIR/ctld" "$STATE_DIR/slurmd"
+    touch "$STATE_DIR/.pmlm-slurm"
+    # munged refuses directories that others can write to, and clients must be able to
+    # reach its socket; the key itself is readable by root only
+    chmod 0755 "$STATE_DIR" "$ETC_DIR" "$RUN_DIR" "$LOG_DIR" "$MUNGE_DIR"
+
+    dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
+    chmod 0400 "$MUNGE_DIR/munge.key"
+
+    render "$TEMPLATE_DIR/slurm.conf" "$SLURM_CONF_FILE"
+    render "$TEMPLATE_DIR/gres.conf" "$ETC_DIR/gres.conf"
+    link_system_conf
+    export SLURM_CONF=$SLURM_CONF_FILE
+
+    say "starting munged, slurmctld, slurmd for node $NODE_NAME ($CPUS CPUs, ${REAL_MEMORY} MB, 1 fake gpu)"
+    start_daemon munged munged --force \
+        --key-file="$MUNGE_DIR/munge.key" \
+        --socket="$MUNGE_SOCKET" \
+        --pid-file="$(pid_file munged)" \
+        --log-file="$LOG_DIR/munged.log" \
+        --seed-file="$MUNGE_DIR/munged.seed"
+    start_daemon slurmctld slurmctld -f "$SLURM_CONF_FILE"
+    wait_for_controller
+    start_daemon slurmd slurmd -f "$SLURM_CONF_FILE" -N "$NODE_NAME"
+    wait_for_idle
+    say "up: node $NODE_NAME $(node_state), partition debug"
+    say "config: $SLURM_CONF_FILE (linked from $SYSTEM_CONF); logs: $LOG_DIR"
+}
+
+do_status() {
+    local name pid up=1
+    for name in "${DAEMONS[@]}"; do
+        pid=$(live_pid "$name")
+        if [[ -n $pid ]]; then
+            say "$name running (pid $pid)"
+        else
+            say "$name not running"
+            up=0
+        fi
+    done
+    if [[ $up == 1 ]]; then
+        SLURM_CONF=$SLURM_CONF_FILE sinfo -N -o '%N %P %T %c %m %G' || up=0
+        say "config: $SLURM_CONF_FILE (linked from $SYSTEM_CONF); logs: $LOG_DIR"
+    fi
+    [[ $up == 1 ]] && return 0
+    return 3
+}
+
+case ${1:-} in
+    start) do_start ;;
+    stop)
+        do_stop 0
+        say "stopped"
+        ;;
+    status) do_status ;;
+    *)
+        echo "usage: $0 start|stop|status" >&2
+        exit 64
+        ;;
+esac

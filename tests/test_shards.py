@@ -1,0 +1,101 @@
+"""Parquet shards: schema, cluster-to-shard assignment, manifest checksums, determinism, bad input."""
+
+import json
+import os
+import random
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from pmlm import alphabet
+from pmlm.cli import main
+from pmlm.data.shards import load_manifest, shard_of, tokenize
+from pmlm.errors import InputError
+from pmlm.utils import file_digest
+
+
+def make_split_fasta(path, n, seed, clusters=20):
+    rng = random.Random(seed)
+    with open(path, "w") as fh:
+        for i in range(n):
+            seq = "".join(rng.choice(alphabet.RESIDUES + "X") for _ in range(rng.randint(5, 300)))
+            fh.write(f">seq{seed}_{i} cluster=c{i % clusters}\n{seq}\n")
+    return str(path)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    train = make_split_fasta(tmp_path / "train.fasta", 500, seed=1)
+    valid = make_split_fasta(tmp_path / "valid.fasta", 40, seed=2, clusters=3)
+    out = tmp_path / "shards"
+    manifest = tokenize({"train": [train], "valid": [valid]}, str(out), num_shards=4, row_group_size=64)
+    return out, manifest, train
+
+
+def test_layout_schema_and_pandas(shards):
+    out, manifest, train = shards
+    assert sorted(os.listdir(out / "train")) == [f"part-{i:05d}-of-00004.parquet" for i in range(4)]
+    df = pd.read_parquet(out / "train")
+    assert list(df.columns) == ["id", "cluster_id", "length", "tokens"]
+    assert len(df) == 500 == manifest["splits"]["train"]["rows"]
+    first = df.set_index("id").loc["seq1_0"]
+    with open(train) as fh:
+        fh.readline()
+        seq = fh.readline().strip()
+    assert first["length"] == len(seq)
+    assert alphabet.decode(first["tokens"]) == seq
+    assert pq.ParquetFile(out / "train" / "part-00000-of-00004.parquet").schema_arrow.field("tokens").type == "binary"
+    assert np.frombuffer(first["tokens"], np.uint8).tolist() == alphabet.encode(seq).tolist()
+
+
+def test_cluster_members_share_a_shard(shards):
+    out, manifest, _ = shards
+    for i in range(4):
+        df = pd.read_parquet(out / "train" / f"part-{i:05d}-of-00004.parquet")
+        assert all(shard_of(c, 4) == i for c in df["cluster_id"])
+    assert manifest["splits"]["train"]["clusters"] == 20 and manifest["splits"]["train"]["clusters_from_header"] == 500
+
+
+def test_row_groups_and_manifest(shards):
+    out, manifest, _ = shards
+    total_groups = 0
+    for entry in manifest["splits"]["train"]["files"]:
+        path = out / entry["path"]
+        assert file_digest(path) == entry["sha256"]
+        meta = pq.ParquetFile(path).metadata
+        assert meta.num_rows == entry["rows"]
+        assert all(meta.row_group(g).num_rows <= 64 for g in range(meta.num_row_groups))
+        total_groups += meta.num_row_groups
+    assert total_groups >= 500 // 64
+    assert sum(manifest["splits"]["train"]["length_histogram"]) == 500
+    counted = sum(manifest["splits"]["train"]["residue_counts"].values())
+    assert counted == manifest["splits"]["train"]["residues"]
+    assert load_manifest(out)["num_shards"] == 4
+
+
+def test_rerun_is_byte_identical(shards, tmp_path):
+    out, manifest, train = shards
+    again = tokenize({"train": [train]}, str(tmp_path / "again"), num_shards=4, row_group_size=64)
+    assert [f["sha256"] for f in again["splits"]["train"]["files"]] == [f["sha256"] for f in manifest["splits"]["train"]["files"]]
+
+
+def test_unnormalised_input_fails_cleanly(tmp_path, capsys):
+    src = tmp_path / "bad.fasta"
+    src.write_text(">a cluster=c\nMKV\n>b cluster=c\nMKbV\n")
+    with pytest.raises(InputError, match=r"bad\.fasta:3: record 'b': character 'b' at residue 3"):
+        tokenize({"train": [str(src)]}, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    assert [p for p in os.listdir(tmp_path) if p != "bad.fasta"] == []
+    rc = main(["tokenize", "--input", f"train={src}", "--out-dir", str(tmp_path / "out")])
+    assert rc == 2 and "bad.fasta:3" in capsys.readouterr().err
+
+
+def test_headers_without_cluster_use_the_id(tmp_path):
+    src = tmp_path / "plain.fasta"
+    src.write_text(">a\nMKV\n>b\nWW\n")
+    manifest = tokenize({"train": [str(src)]}, str(tmp_path / "out"), num_shards=2)
+    df = pd.read_parquet(tmp_path / "out" / "train")
+    assert sorted(df["cluster_id"]) == ["a", "b"] and manifest["splits"]["train"]["clusters_from_header"] == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["format"] == "pmlm-shards/2"

@@ -1,0 +1,111 @@
+# Data stage: download -> ingest (normalise) -> MMseqs2 cluster + decontaminate + split -> Parquet shards.
+
+
+rule fetch_source:
+    output:
+        "resources/sources/{source}/{filename}",
+    params:
+        url=lambda wildcards: source_url(wildcards.source),
+        checksums=checksum_args,
+    log:
+        "logs/fetch/{source}/{filename}.log",
+    wildcard_constraints:
+        filename=r"[^/]+",
+    retries: 2
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm fetch {params.url:q} -o {output:q} {params.checksums} 2> {log:q}"
+
+
+rule extract_member:
+    input:
+        lambda wildcards: downloaded(wildcards.source),
+    output:
+        "resources/sources/{source}/members/{member}",
+    log:
+        "logs/extract/{source}/{member}.log",
+    wildcard_constraints:
+        member=r"[^/]+",
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm extract {input:q} {wildcards.member:q} -o {output:q} 2> {log:q}"
+
+
+rule ingest_sequences:
+    input:
+        dataset_sources,
+    output:
+        fasta=f"{RESULTS}/data/{{dataset}}/clean.fasta",
+        stats=f"{RESULTS}/data/{{dataset}}/ingest_stats.json",
+    params:
+        policy=ingest_args,
+    log:
+        f"{LOGS}/ingest/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/ingest/{{dataset}}.tsv"
+    resources:
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
+        runtime=lambda wildcards, attempt: 240 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm ingest {input:q} -o {output.fasta:q} --stats {output.stats:q} {params.policy} 2> {log:q}"
+
+
+rule split_clusters:
+    input:
+        fasta=rules.ingest_sequences.output.fasta,
+        references=decontamination_sources,
+    output:
+        train=temp(f"{RESULTS}/data/{{dataset}}/split/train.fasta"),
+        valid=temp(f"{RESULTS}/data/{{dataset}}/split/valid.fasta"),
+        stats=f"{RESULTS}/data/{{dataset}}/split/split_stats.json",
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output.stats),
+        options=split_args,
+        references=lambda wildcards, input: ("--decontaminate " + " ".join(map(shlex.quote, input.references))) if input.references else "",
+    log:
+        f"{LOGS}/split/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/split/{{dataset}}.tsv"
+    threads: 8
+    resources:
+        mem_mb=lambda wildcards, attempt: 8000 * attempt,
+        runtime=lambda wildcards, attempt: 720 * attempt,
+    conda:
+        "../../envs/mmseqs2.yaml"
+    shell:
+        "python -m pmlm split {input.fasta:q} --out-dir {params.out_dir:q} {params.options} {params.references} "
+        "--threads {threads} 2> {log:q}"
+
+
+rule tokenize_shards:
+    input:
+        train=rules.split_clusters.output.train,
+        valid=rules.split_clusters.output.valid,
+    output:
+        directory(f"{RESULTS}/data/{{dataset}}/shards"),
+    params:
+        num_shards=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("num_shards", 8),
+        row_group_size=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("row_group_size", 2048),
+        level=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("compression_level", 3),
+    log:
+        f"{LOGS}/tokenize/{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/tokenize/{{dataset}}.tsv"
+    resources:
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
+        runtime=lambda wildcards, attempt: 240 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm tokenize --input train={input.train:q} --input valid={input.valid:q} --out-dir {output:q} "
+        "--num-shards {params.num_shards} --row-group-size {params.row_group_size} "
+        "--compression-level {params.level} 2> {log:q}"
+
+
+rule data:
+    input:
+        data_targets(),
