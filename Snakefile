@@ -13,6 +13,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/pretrain.smk"
 
 
 localrules:
@@ -20,9 +21,12 @@ localrules:
     data,
     fetch_source,
     extract_member,
+    pretraining,
+    tabulate_pretrain_scores,
 
 
 rule all:
     input:
         data_targets(),
+        pretraining_targets(),
     default_target: True

@@ -20,17 +20,27 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("pmlm.data.ingest", "normalise FASTA / FASTA.gz into clean FASTA plus a stats JSON"),
     "split": ("pmlm.data.split", "cluster with MMseqs2, decontaminate, split train/valid by cluster"),
     "tokenize": ("pmlm.data.shards", "write tokenized Parquet shards and a manifest"),
+    "pretrain": ("pmlm.train.cli", "pre-train an MLM or PMLM encoder from Parquet shards"),
+    "kl": ("pmlm.evaluation.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),
+    "tables": ("pmlm.reports.cli", "assemble result tables (CSV, Markdown, LaTeX) with the paper's rows"),
     "synth": ("pmlm.synth.cli", "sample synthetic protein families from Potts models with planted couplings"),
 }
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage errors as one line (``pmlm split: error: ...``) instead of a usage block; --help still shows usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="pmlm",
         description="Pairwise Masked Language Model: data preparation, pre-training and evaluation.",
     )
     parser.add_argument("--version", action="version", version=f"pmlm {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=_OneLineErrors)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)

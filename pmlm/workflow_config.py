@@ -42,3 +42,16 @@ def check_config(config: dict, schema_path: str | Path) -> None:
                         f"config.datasets.{name}.{key}[{i}]: unknown source {ref!r}; defined sources: "
                         f"{', '.join(sorted(sources))}"
                     )
+    pretrain = config.get("pretrain") or {}
+    recipes = pretrain.get("recipes") or {}
+    seen = set()
+    for i, model in enumerate(pretrain.get("models") or []):
+        where = f"config.pretrain.models[{i}]"
+        if model["dataset"] not in config["datasets"]:
+            raise ConfigError(f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(config['datasets']))}")
+        if model["preset"] not in recipes:
+            raise ConfigError(f"{where}.preset: no recipe for {model['preset']!r} in config.pretrain.recipes")
+        key = (model["dataset"], model["objective"], model["preset"])
+        if key in seen:
+            raise ConfigError(f"{where}: duplicate model {'/'.join(key)}")
+        seen.add(key)

@@ -48,6 +48,9 @@ def test_paper_config_shows_the_full_data_dag():
     assert counts["extract_member"] == 1  # uniref50.fasta.gz out of the release tarball
     for rule in ("ingest_sequences", "split_clusters", "tokenize_shards"):
         assert counts[rule] == 2, (rule, counts)
+    assert counts["pretrain"] == 6  # MLM/PMLM-base on Pfam and UR50, PMLM-large and PMLM-xl on UR50
+    assert counts["tabulate_pretrain_scores"] == 1 and counts["plot_kl_histogram"] == 1
+    assert "results/paper/pretrain/uniref50/pmlm_pair_only-xl/model.safetensors" in proc.stdout
     for dataset in ("uniref50", "pfam"):
         assert f"results/paper/data/{dataset}/shards" in proc.stdout
     assert "results/demo" not in proc.stdout  # the demo config is replaced, not merged
@@ -70,10 +73,13 @@ def test_broken_config_names_the_key(tmp_path, text, expected):
     assert expected in proc.stdout + proc.stderr
 
 
-def test_demo_data_stage(tmp_path):
-    """Runs the demo DAG up to the Parquet shards, exactly as `snakemake --cores 2` does."""
-    args = ("data", "--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-            "--configfile", str(REPO / "config" / "config.yaml"))
+def test_demo_workflow(tmp_path):
+    """The demo DAG end to end as `snakemake --cores 2` runs it, with pre-training shortened."""
+    short = tmp_path / "short.yaml"
+    short.write_text("pretrain:\n  set: {optim.total_steps: 30, optim.warmup_steps: 5, eval_every: 15, "
+                     "save_every: 15, eval_batches: 4}\n  kl: {sequences: 8, pairs: 4}\n")
+    args = ("--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+            "--configfile", str(REPO / "config" / "config.yaml"), str(short))
     proc = snakemake(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = tmp_path / "results" / "demo" / "data" / "demo"
@@ -90,6 +96,21 @@ def test_demo_data_stage(tmp_path):
     valid = pd.read_parquet(data / "shards" / "valid")
     assert set(train["cluster_id"]).isdisjoint(valid["cluster_id"])
     assert not (data / "split" / "train.fasta").exists()  # temp() intermediate removed
+
+    results = tmp_path / "results" / "demo"
+    for objective in ("mlm", "pmlm"):
+        weights = results / "pretrain" / "demo" / f"{objective}-tiny" / "model.safetensors"
+        assert weights.is_file() and weights.stat().st_mode & 0o222 == 0  # protected(): read-only
+        scores = json.loads((weights.parent / "final_scores.json").read_text())
+        assert scores["step"] == 30 and scores["objective"] == objective
+        run_dir = results / "pretrain_runs" / "demo" / f"{objective}-tiny"
+        assert (run_dir / "checkpoints").is_dir() and (run_dir / "metrics.csv").is_file()
+    table = (results / "tables" / "pretrain_scores.md").read_text()
+    assert "| ours | MLM-tiny | demo |" in table and "| ours | PMLM-tiny | demo |" in table
+    assert "| paper | PMLM-base | UR50 |" in table
+    kl = json.loads((results / "figures" / "kl_histogram.json").read_text())
+    assert kl["PMLM-tiny/demo"]["all"]["pairs"] == 32
+    assert (results / "figures" / "kl_histogram.png").stat().st_size > 10_000
     # a second run has nothing to do: outputs are complete and up to date
     again = snakemake(*args, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

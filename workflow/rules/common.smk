@@ -95,3 +95,77 @@ def shards_dir(dataset):
 
 def data_targets():
     return [shards_dir(d) for d in DATASETS]
+
+
+# --- pre-training -------------------------------------------------------------------------------
+
+PRETRAIN = config.get("pretrain") or {}
+PRETRAIN_MODELS = PRETRAIN.get("models") or []
+OBJECTIVE_LABEL = {"mlm": "MLM", "pmlm": "PMLM", "pmlm_pair_only": "PMLM-pair"}
+
+
+def model_dir(dataset, objective, preset):
+    return f"{RESULTS}/pretrain/{dataset}/{objective}-{preset}"
+
+
+def pretrained_weights(m):
+    return f"{model_dir(m['dataset'], m['objective'], m['preset'])}/model.safetensors"
+
+
+def recipe_file(wildcards):
+    """Recipes ship with the workflow: a relative path is resolved against the workflow directory."""
+    path = PRETRAIN["recipes"][wildcards.preset]
+    return path if os.path.isabs(path) else os.path.join(workflow.basedir, path)
+
+
+def pretrain_overrides(wildcards):
+    sets = [f"objective.name={wildcards.objective}"]
+    sets += [f"{k}={v}" for k, v in (PRETRAIN.get("set") or {}).items()]
+    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
+
+
+def pretrain_launcher(wildcards, resources):
+    """One process per GPU through torchrun when a job holds several GPUs; a plain process otherwise."""
+    gpus = int(resources.get("gpu", 0) or 0)
+    if gpus > 1:
+        return f"python -m torch.distributed.run --standalone --nproc_per_node {gpus}"
+    return "python"
+
+
+def pretrained_targets():
+    return [pretrained_weights(m) for m in PRETRAIN_MODELS]
+
+
+def pretrain_table_args(wildcards, input):
+    models = []
+    for m, weights in zip(PRETRAIN_MODELS, input.weights):
+        label = f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}"
+        spec = f"{label}:{m['dataset']}:{weights}"
+        models.append(f"--model {shlex.quote(spec)}")
+    return " ".join(models)
+
+
+def kl_models():
+    return [m for m in PRETRAIN_MODELS if m["objective"] != "mlm"]
+
+
+def kl_args(wildcards, input):
+    args = []
+    for m in kl_models():
+        name = f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}/{m['dataset']}"
+        weights, shards = f"{name}={pretrained_weights(m)}", f"{name}={shards_dir(m['dataset'])}"
+        args.append(f"--model {shlex.quote(weights)} --shards {shlex.quote(shards)}")
+    kl = PRETRAIN.get("kl") or {}
+    for key in ("sequences", "pairs", "seed"):
+        if key in kl:
+            args.append(f"--{key} {kl[key]}")
+    return " ".join(args)
+
+
+def pretraining_targets():
+    if not PRETRAIN_MODELS:
+        return []
+    targets = pretrained_targets() + [f"{RESULTS}/tables/pretrain_scores.md"]
+    if kl_models():
+        targets.append(f"{RESULTS}/figures/kl_histogram.png")
+    return targets

@@ -1,0 +1,193 @@
+"""``pmlm kl``: how far the pair head's joint P(x_i, x_j) departs from the product of the token
+head's marginals, KL(P(x_i) P(x_j) || P(x_i, x_j)), on validation sequences (the paper's histogram).
+
+For each sampled pair exactly the two positions i and j are masked (every other residue is
+visible), so both distributions condition on the same context X_/{i,j}. Pairs are batched by
+replicating a sequence once per pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pmlm import alphabet
+from pmlm.utils import atomic_output
+
+SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 24"), (24, None, "s >= 24")]
+
+
+def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues: int) -> list[np.ndarray]:
+    """The first ``limit`` sequences of a split in manifest order (deterministic), cropped to ``max_residues``."""
+    import pyarrow.parquet as pq
+
+    from pmlm.data.shards import load_manifest
+
+    manifest = load_manifest(shards_dir)
+    out: list[np.ndarray] = []
+    for entry in manifest["splits"][split]["files"]:
+        if len(out) >= limit:
+            break
+        table = pq.read_table(Path(shards_dir) / entry["path"], columns=["tokens"])
+        for tokens in table.column("tokens").to_pylist():
+            out.append(np.frombuffer(tokens, dtype=np.uint8)[:max_residues])
+            if len(out) >= limit:
+                break
+    return out
+
+
+def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: int, device: str = "cpu") -> dict:
+    """KL and separation for sampled pairs (i < j, both standard residues) of each sequence."""
+    import torch
+
+    from pmlm.evaluation.unsupervised import kl_independence, mutual_information
+
+    rng = np.random.default_rng(seed)
+    kls, seps = [], []
+    for residues in sequences:
+        standard = np.flatnonzero(alphabet.residue_class(residues) >= 0)
+        if standard.size < 2:
+            continue
+        n_pairs = min(pairs_per_sequence, standard.size * (standard.size - 1) // 2)
+        chosen: set[tuple[int, int]] = set()
+        while len(chosen) < n_pairs:
+            i, j = sorted(rng.choice(standard, size=2, replace=False).tolist())
+            chosen.add((i, j))
+        pairs = sorted(chosen)
+        length = residues.size + 2
+        tokens = torch.full((len(pairs), length), alphabet.PAD_ID, dtype=torch.long)
+        tokens[:, 0] = alphabet.CLS_ID
+        tokens[:, 1 : 1 + residues.size] = torch.from_numpy(residues.astype(np.int64))
+        tokens[:, 1 + residues.size] = alphabet.EOS_ID
+        rows = torch.arange(len(pairs))
+        pos_i = torch.tensor([p[0] + 1 for p in pairs])  # +1: <cls> at position 0
+        pos_j = torch.tensor([p[1] + 1 for p in pairs])
+        tokens[rows, pos_i] = alphabet.MASK_ID
+        tokens[rows, pos_j] = alphabet.MASK_ID
+        pair_index = torch.stack([rows, pos_i, pos_j], dim=1)
+        out = model(tokens.to(device), pair_index=pair_index.to(device))
+        joint = _residue_joint(out["pair_logits"].float())  # (P, 20, 20)
+        if out.get("logits") is not None:
+            logits = out["logits"].float()
+            p_i = torch.softmax(logits[rows, pos_i], dim=-1)
+            p_j = torch.softmax(logits[rows, pos_j], dim=-1)
+            kl = kl_independence(joint, p_i, p_j)
+        else:  # pair-only models have no token head: marginals of the joint itself, KL becomes MI
+            kl = mutual_information(joint)
+        kls.append(kl.cpu().numpy())
+        seps.append((pos_j - pos_i).numpy())
+    kl_all = np.concatenate(kls) if kls else np.zeros(0)
+    sep_all = np.concatenate(seps) if seps else np.zeros(0, dtype=np.int64)
+    return {"kl": kl_all, "separation": sep_all}
+
+
+def _residue_joint(pair_logits):
+    """Pair-head logits -> (P, 20, 20) joint over standard residues (also for the V^2 'full' vocabulary)."""
+    import torch
+
+    k = pair_logits.shape[-1]
+    if k == alphabet.NUM_PAIR_CLASSES:
+        return torch.softmax(pair_logits, dim=-1).reshape(-1, alphabet.NUM_RESIDUES, alphabet.NUM_RESIDUES)
+    if k == alphabet.VOCAB_SIZE**2:
+        full = torch.softmax(pair_logits, dim=-1).reshape(-1, alphabet.VOCAB_SIZE, alphabet.VOCAB_SIZE)
+        lo, hi = alphabet.FIRST_RESIDUE_ID, alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES
+        sub = full[:, lo:hi, lo:hi]
+        return sub / sub.sum(dim=(-2, -1), keepdim=True)
+    raise ValueError(f"unexpected number of pair classes {k}")
+
+
+def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
+    def stats(values):
+        if values.size == 0:
+            return {"pairs": 0}
+        q = np.quantile(values, [0.1, 0.5, 0.9])
+        return {"pairs": int(values.size), "mean": float(values.mean()), "p10": float(q[0]),
+                "median": float(q[1]), "p90": float(q[2]), "max": float(values.max())}
+
+    out = {"all": stats(kl)}
+    for lo, hi, label in SEPARATION_BINS:
+        mask = (sep >= lo) & ((sep < hi) if hi is not None else True)
+        out[label] = stats(kl[mask])
+    return out
+
+
+def plot_histogram(results: dict[str, dict], prefix: str | Path, title: str) -> list[Path]:
+    """One histogram per model (log-spaced KL bins); PNG and SVG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    all_kl = np.concatenate([r["kl"] for r in results.values() if r["kl"].size]) if results else np.zeros(0)
+    lo = max(float(all_kl[all_kl > 0].min()) if (all_kl > 0).any() else 1e-6, 1e-8)
+    hi = max(float(all_kl.max()) if all_kl.size else 1.0, lo * 10)
+    bins = np.logspace(np.log10(lo), np.log10(hi), 40)
+    for name, r in results.items():
+        ax.hist(np.clip(r["kl"], lo, None), bins=bins, histtype="step", linewidth=1.5,
+                label=f"{name} (n={r['kl'].size}, median {np.median(r['kl']) if r['kl'].size else float('nan'):.2e})")
+    ax.set_xscale("log")
+    ax.set_xlabel(r"KL( P(x_i) P(x_j) || P(x_i, x_j) )  [nats]")
+    ax.set_ylabel("masked pairs")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = []
+    for ext in (".png", ".svg"):
+        path = Path(str(prefix) + ext)
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, format=ext[1:], dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", required=True, metavar="NAME=WEIGHTS",
+                   help="label and final weights (model.safetensors with its .json); repeatable")
+    p.add_argument("--shards", action="append", required=True, metavar="NAME=DIR",
+                   help="shards folder for the model of the same NAME (its validation split is used)")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.png, PREFIX.svg, PREFIX.json")
+    p.add_argument("--sequences", type=int, default=64, help="validation sequences per model")
+    p.add_argument("--pairs", type=int, default=16, help="sampled pairs per sequence")
+    p.add_argument("--max-residues", type=int, default=254, help="crop of each sequence (model max_len - 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="valid")
+
+
+def run(args) -> int:
+    from pmlm.errors import ConfigError
+    from pmlm.evaluation.pretrained import load_pretrained
+
+    def pairs(items, flag):
+        out = {}
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"{flag} expects NAME=PATH, got {item!r}")
+            out[name] = value
+        return out
+
+    models, shards = pairs(args.model, "--model"), pairs(args.shards, "--shards")
+    missing = sorted(set(models) - set(shards))
+    if missing:
+        raise ConfigError(f"--shards missing for model(s) {', '.join(missing)}")
+    results, summary = {}, {}
+    for name, weights in models.items():
+        model, info = load_pretrained(weights)
+        if not model.cfg.pair_head:
+            raise ConfigError(f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model")
+        max_res = min(args.max_residues, model.cfg.max_len - 2)
+        seqs = read_sequences(shards[name], args.split, args.sequences, max_res)
+        results[name] = pair_kl(model, seqs, args.pairs, args.seed)
+        summary[name] = {"weights": weights, "sequences": len(seqs), **summarise(results[name]["kl"], results[name]["separation"])}
+    plot_histogram(results, args.out_prefix, "Pair head vs independence on validation pairs")
+    with atomic_output(args.out_prefix + ".json") as tmp:
+        Path(tmp).write_text(json.dumps(summary, indent=2) + "\n")
+    for name, s in summary.items():
+        print(f"kl: {name}: {s['all']['pairs']} pairs, median {s['all'].get('median', float('nan')):.3e} nats", file=sys.stderr)
+    return 0

@@ -1,0 +1,133 @@
+"""The sequence encoder: token embeddings plus fixed sinusoidal positions, then pre-LN Transformer layers.
+
+Choices (documented here once):
+
+* **Pre-LN** layers (``x + Attn(LN(x))``, ``x + FFN(LN(x))``) with a final LayerNorm, as in
+  ESM-1b and fairseq's ``--encoder-normalize-before``: deep stacks (34 and 36 layers for the
+  large and xl presets) train stably without a long warm-up dependence.
+* **Non-learnable sinusoidal positions** (paper, Experiment Setup): position ``t`` of the
+  token sequence (``<cls>`` is position 0) gets ``[sin(t * f_k), cos(t * f_k)]`` with
+  ``f_k = 10000^(-k / (C/2 - 1))``, the fairseq layout (sine half, then cosine half).
+* Token embeddings are drawn from N(0, 1) so token identity and position (entries in
+  [-1, 1]) enter the first LayerNorm at a comparable scale; the ``<pad>`` row is zero.
+  Linear weights are N(0, 0.02) with zero bias and LayerNorms start at (1, 0), the
+  BERT/fairseq-RoBERTa initialisation.
+* Attention uses ``scaled_dot_product_attention`` with a key-padding mask, so no query
+  ever attends to ``<pad>``; when a batch has no padding the mask is dropped, which lets
+  fused kernels run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pmlm.alphabet import PAD_ID, VOCAB_SIZE
+from pmlm.errors import PmlmError
+from pmlm.model.config import ModelConfig
+
+INIT_STD = 0.02  # std of Linear weights (BERT / fairseq RoBERTa)
+POSITION_BASE = 10000.0  # wavelength base of the sinusoidal positions
+
+
+def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """Fixed position table (num_positions, dim): sine half then cosine half."""
+    half = dim // 2
+    # frequencies from 1 down to 1/POSITION_BASE across the half width
+    scale = math.log(POSITION_BASE) / max(half - 1, 1)
+    freqs = torch.exp(torch.arange(half, dtype=torch.float64) * -scale)  # (C/2,)
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * freqs[None, :]  # (T, C/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (T, C)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over a key-padding mask."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.attention_dropout = cfg.attention_dropout
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, C = x.shape
+        # (B, L, 3C) -> 3 x (B, H, L, D)
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=attn_mask,  # (B, 1, 1, L) True = may attend, or None
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )  # (B, H, L, D)
+        return self.proj(out.transpose(1, 2).reshape(B, L, C))
+
+
+class EncoderLayer(nn.Module):
+    """One pre-LN Transformer layer: attention block then GELU feed-forward block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(cfg.hidden)
+        self.attn = SelfAttention(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden)
+        self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
+        self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), attn_mask))
+        return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
+
+
+class Encoder(nn.Module):
+    """Token ids (B, L) -> contextual representations (B, L, C)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(VOCAB_SIZE, cfg.hidden, padding_idx=PAD_ID)
+        # not a parameter and not saved: rebuilt from the config on load
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.hidden), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, L = tokens.shape
+        if L > self.cfg.max_len:
+            raise PmlmError(
+                f"batch of {L} tokens exceeds the model's max_len {self.cfg.max_len} "
+                "(which counts <cls> and <eos>); crop the sequences or use a larger max_len"
+            )
+        x = self.dropout(self.embed(tokens) + self.positions[:L])  # (B, L, C)
+        attn_mask = None
+        pad = tokens.eq(PAD_ID)  # (B, L)
+        # one host sync per forward buys mask-free (fused) attention for unpadded batches
+        if bool(pad.any()):
+            keep = ~pad
+            # position 0 always stays visible so an all-<pad> filler row yields finite values, not NaN
+            # (a NaN row would poison weight gradients through 0 * NaN)
+            keep[:, 0] = True
+            attn_mask = keep[:, None, None, :]  # (B, 1, 1, L)
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+        return self.final_norm(x)
+
+
+def init_weights(module: nn.Module) -> None:
+    """Initialisation described in the module docstring; apply with ``model.apply``."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=1.0)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,99 @@
+"""Prediction heads: the 20-class masked-token head and the masked-pair head.
+
+The pair head is the paper's two-layer MLP on ``concat(h_i * h_j, h_i - h_j)``::
+
+    Linear(2C, 2C) -> GELU -> LayerNorm(2C)   = M+ (the pair representation for fine-tuning)
+    -> Linear(2C, K)                          K = 400 (standard) or VOCAB_SIZE**2 (full)
+
+It is evaluated only for the requested pair rows, never for all L^2 positions, and without
+building the 2C-wide concatenation. Splitting the first weight ``W = [W_prod | W_diff]``::
+
+    W [h_i * h_j ; h_i - h_j] + b = W_prod (h_i * h_j) + (W_diff h_i - W_diff h_j) + b
+
+the difference term is a per-position projection (computed once per distinct position and
+gathered), and the product term is symmetric in (i, j). ``mirror=True`` uses that symmetry:
+one product matmul serves both orders, ``S + D`` for (i, j) and ``S - D`` for (j, i), which
+halves the head's dominant cost when all ordered pairs of a set are needed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pmlm.alphabet import NUM_RESIDUES
+
+
+class TokenHead(nn.Module):
+    """Linear(C, C) -> GELU -> LayerNorm -> Linear(C, 20): residue-class logits."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, NUM_RESIDUES)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(F.gelu(self.dense(h))))  # (..., 20)
+
+
+class PairHead(nn.Module):
+    """Masked-pair head evaluated on selected pair rows (b, i, j), in chunks."""
+
+    def __init__(self, hidden: int, num_classes: int, chunk_size: int):
+        super().__init__()
+        self.hidden = hidden
+        self.chunk_size = chunk_size
+        self.dense = nn.Linear(2 * hidden, 2 * hidden)
+        self.norm = nn.LayerNorm(2 * hidden)
+        self.out = nn.Linear(2 * hidden, num_classes)
+
+    def forward(
+        self,
+        reps: torch.Tensor,
+        pair_index: torch.Tensor,
+        mirror: bool = False,
+        return_repr: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Pair logits for the rows of ``pair_index`` (P, 3) = (b, i, j) over ``reps`` (B, L, C).
+
+        Returns ``(logits, m_plus)``: logits (P, K) and, if ``return_repr``, M+ (P, 2C).
+        With ``mirror=True`` the outputs have 2P rows: the P given orders (b, i, j) followed
+        by the P swapped orders (b, j, i).
+        """
+        if pair_index.dim() != 2 or pair_index.shape[1] != 3:
+            raise ValueError(f"pair_index must have shape (P, 3), got {tuple(pair_index.shape)}")
+        B, L, C = reps.shape
+        P = pair_index.shape[0]
+        flat = reps.reshape(B * L, C)
+        rows_i = pair_index[:, 0] * L + pair_index[:, 1]  # (P,)
+        rows_j = pair_index[:, 0] * L + pair_index[:, 2]  # (P,)
+        # each distinct position is projected once; pairs then gather from U << P rows
+        used, inverse = torch.unique(torch.cat([rows_i, rows_j]), return_inverse=True)
+        # gathers go through F.embedding: its backward is a fast dedicated kernel, whereas
+        # advanced indexing backpropagates through a slow accumulating index_put on CPU
+        h_used = F.embedding(used, flat)  # (U, C)
+        # split (not slicing): its backward concatenates the two gradients instead of zero-filling two full copies
+        w_prod, w_diff = self.dense.weight.split(C, dim=1)  # (2C, C) each
+        d_used = F.linear(h_used, w_diff)  # (U, 2C)
+        idx_i, idx_j = inverse[:P], inverse[P:]
+
+        fwd_logits, rev_logits, fwd_repr, rev_repr = [], [], [], []
+        for start in range(0, max(P, 1), self.chunk_size):
+            ci = idx_i[start:start + self.chunk_size]
+            cj = idx_j[start:start + self.chunk_size]
+            sym = F.linear(F.embedding(ci, h_used) * F.embedding(cj, h_used), w_prod, self.dense.bias)  # (p, 2C)
+            diff = F.embedding(ci, d_used) - F.embedding(cj, d_used)  # (p, 2C)
+            m_plus = self.norm(F.gelu(sym + diff))  # (p, 2C)
+            fwd_logits.append(self.out(m_plus))  # (p, K)
+            if return_repr:
+                fwd_repr.append(m_plus)
+            if mirror:
+                m_rev = self.norm(F.gelu(sym - diff))  # (p, 2C)
+                rev_logits.append(self.out(m_rev))
+                if return_repr:
+                    rev_repr.append(m_rev)
+        logits = torch.cat(fwd_logits + rev_logits)  # (P or 2P, K)
+        m_plus_all = torch.cat(fwd_repr + rev_repr) if return_repr else None  # (P or 2P, 2C)
+        return logits, m_plus_all

@@ -1,0 +1,275 @@
+"""Pre-training objectives: BERT-style masking, masked-pair construction and the MLM / PMLM losses.
+
+Objectives (``ObjectiveConfig.name``):
+
+* ``mlm``: cross-entropy of the token head on masked standard residues (mean over them).
+* ``pmlm``: ``L = L_mlm + pair_weight * L_pmlm``. ``L_pmlm`` is the mean cross-entropy of
+  the pair head over all ordered pairs (i, j), i != j, of masked positions within one
+  sequence, ``|M|^2 - |M|`` per sequence; the label of (i, j) is ``20 * x_i + x_j`` over
+  residue classes (``VOCAB_SIZE * id_i + id_j`` over token ids with ``pair_vocab="full"``).
+* ``pmlm_pair_only`` (the paper's speed variant): no token head; the loss is the pair
+  cross-entropy alone, averaged over the off-diagonal pairs **and** the diagonal pairs
+  (i, i). ``pair_weight`` is unused. ``l_mlm`` and the MLM accuracy then come from the
+  pair head's marginal on the diagonal, ``P(x_i) = sum_y softmax(pair_logits(i, i))[x_i, y]``;
+  ``l_pmlm`` and the pair accuracy are reported on the off-diagonal pairs only, so they
+  compare with the ``pmlm`` objective's figures.
+
+Masking follows fairseq's MaskTokensDataset: per sequence, ``floor(mask_prob * n + u)``
+(u ~ U[0, 1)) of its n residue positions are chosen without replacement (the expected
+rate is exactly ``mask_prob``); of those, ``mask_token_prob`` become ``<mask>``,
+``random_token_prob`` a residue drawn uniformly from the 20 standard ones, the rest are kept.
+Only residue positions (standard and X) are maskable; a masked X gets no target (-100),
+so pairs with it are ignored. All randomness comes from the caller's ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pmlm.alphabet import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE, X_ID
+from pmlm.errors import ConfigError
+from pmlm.model.config import ModelConfig
+from pmlm.model.heads import PairHead
+from pmlm.model.pmlm_model import PMLMModel, unwrap
+
+OBJECTIVES = ("mlm", "pmlm", "pmlm_pair_only")
+IGNORE_INDEX = -100  # target of unmasked positions and of masked non-standard residues
+
+
+@dataclass
+class ObjectiveConfig:
+    """Which pre-training loss to use and how tokens are masked."""
+
+    name: str = "pmlm"  # "mlm" | "pmlm" | "pmlm_pair_only"
+    mask_prob: float = 0.15  # expected fraction of residue positions selected per sequence
+    mask_token_prob: float = 0.8  # of the selected: replaced by <mask>
+    random_token_prob: float = 0.1  # of the selected: replaced by a random standard residue
+    pair_weight: float = 1.0  # lambda in L = L_mlm + lambda * L_pmlm
+
+    def __post_init__(self) -> None:
+        if self.name not in OBJECTIVES:
+            raise ConfigError(f"objective.name must be one of {', '.join(OBJECTIVES)}, got {self.name!r}")
+        if not 0.0 < self.mask_prob <= 1.0:
+            raise ConfigError(f"objective.mask_prob must be in (0, 1], got {self.mask_prob!r}")
+        for name in ("mask_token_prob", "random_token_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"objective.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.mask_token_prob + self.random_token_prob > 1.0:
+            raise ConfigError(
+                "objective.mask_token_prob + objective.random_token_prob must be <= 1 "
+                f"(the remainder keeps the original token), got {self.mask_token_prob} + {self.random_token_prob}"
+            )
+        if self.pair_weight < 0:
+            raise ConfigError(f"objective.pair_weight must be >= 0, got {self.pair_weight!r}")
+
+
+def mask_tokens(tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """Choose and corrupt masked positions.
+
+    tokens: (B, L) int64. Returns ``(inputs, targets, masked)``: inputs (B, L) with the
+    <mask> / random / kept replacements; targets (B, L) residue class 0..19 at masked
+    standard residues, IGNORE_INDEX elsewhere; masked (B, L) bool, the selected positions.
+    """
+    B, L = tokens.shape
+    gen_device = generator.device
+    # fixed draw order and shapes: identical masks for identical seeds and batch shapes
+    count_noise = torch.rand(B, generator=generator, device=gen_device)
+    order_noise = torch.rand(B, L, generator=generator, device=gen_device)
+    action = torch.rand(B, L, generator=generator, device=gen_device)
+    random_class = torch.randint(NUM_RESIDUES, (B, L), generator=generator, device=gen_device)
+    count_noise, order_noise, action, random_class = (
+        t.to(tokens.device) for t in (count_noise, order_noise, action, random_class)
+    )
+
+    maskable = (tokens >= FIRST_RESIDUE_ID) & (tokens <= X_ID)  # (B, L) residues incl. X
+    n_res = maskable.sum(dim=1)  # (B,)
+    n_mask = torch.minimum(torch.floor(cfg.mask_prob * n_res + count_noise).long(), n_res)  # (B,)
+    # a random permutation of the maskable positions per row: take the first n_mask
+    order_noise = order_noise.masked_fill(~maskable, 2.0)  # non-maskable sort last
+    rank = order_noise.argsort(dim=1).argsort(dim=1)  # (B, L)
+    masked = rank < n_mask[:, None]
+
+    classes = tokens - FIRST_RESIDUE_ID
+    standard = (classes >= 0) & (classes < NUM_RESIDUES)
+    targets = torch.where(masked & standard, classes, torch.full_like(tokens, IGNORE_INDEX))
+
+    to_mask = masked & (action < cfg.mask_token_prob)
+    to_random = masked & ~to_mask & (action < cfg.mask_token_prob + cfg.random_token_prob)
+    inputs = torch.where(to_mask, torch.full_like(tokens, MASK_ID), tokens)
+    inputs = torch.where(to_random, random_class + FIRST_RESIDUE_ID, inputs)
+    return inputs, targets, masked
+
+
+def upper_pairs(valid: Tensor) -> Tensor:
+    """Unordered pairs of flagged positions within each row: (P, 3) rows (b, i, j) with i < j.
+
+    valid: (B, L) bool. Rows are sorted by (b, i, j). Vectorised: no (B, L, L) intermediate.
+    """
+    pos = valid.nonzero()  # (N, 2) row-major, so grouped by b and sorted by i
+    n = pos.shape[0]
+    b = pos[:, 0]
+    group_end = torch.bincount(b, minlength=valid.shape[0]).cumsum(0)[b]  # (N,) exclusive end of b's group
+    k = torch.arange(n, device=valid.device)
+    later = group_end - k - 1  # (N,) partners after element k in its group
+    total = int(later.sum())
+    first = torch.repeat_interleave(k, later, output_size=total)  # (P,)
+    run_start = later.cumsum(0) - later  # (N,) where element k's run begins in the output
+    second = first + 1 + (torch.arange(total, device=valid.device) - run_start[first])  # (P,)
+    return torch.stack([b[first], pos[first, 1], pos[second, 1]], dim=1)
+
+
+def swap_pairs(pair_index: Tensor) -> Tensor:
+    """(b, i, j) -> (b, j, i)."""
+    return pair_index[:, [0, 2, 1]]
+
+
+def diagonal_pairs(valid: Tensor) -> Tensor:
+    """(N, 3) rows (b, i, i) for the flagged positions."""
+    pos = valid.nonzero()
+    return torch.stack([pos[:, 0], pos[:, 1], pos[:, 1]], dim=1)
+
+
+def ordered_pairs(valid: Tensor, diagonal: bool = False) -> Tensor:
+    """All ordered pairs (i, j), i != j, of flagged positions within a row (and (i, i) if asked).
+
+    Row order: upper pairs, then their swaps, then the diagonal; the same order the
+    objective feeds the mirrored pair head, so external code can line logits up with it.
+    """
+    upper = upper_pairs(valid)
+    parts = [upper, swap_pairs(upper)]
+    if diagonal:
+        parts.append(diagonal_pairs(valid))
+    return torch.cat(parts)
+
+
+def pair_labels(pair_index: Tensor, targets: Tensor, pair_vocab: str = "standard") -> Tensor:
+    """Class of each ordered pair from residue-class targets; every row must have valid targets."""
+    ti = targets[pair_index[:, 0], pair_index[:, 1]]
+    tj = targets[pair_index[:, 0], pair_index[:, 2]]
+    if pair_vocab == "standard":
+        return ti * NUM_RESIDUES + tj
+    # "full": classes over token ids
+    return (ti + FIRST_RESIDUE_ID) * VOCAB_SIZE + (tj + FIRST_RESIDUE_ID)
+
+
+def _marginal_log_probs(pair_logits: Tensor, pair_vocab: str) -> Tensor:
+    """log P(x_i) over residue classes (N, 20) from diagonal pair logits (N, K)."""
+    side = NUM_RESIDUES if pair_vocab == "standard" else VOCAB_SIZE
+    joint = pair_logits.float().view(-1, side, side)  # (N, first, second)
+    log_marginal = joint.logsumexp(dim=2) - joint.flatten(1).logsumexp(dim=1, keepdim=True)  # (N, side)
+    if pair_vocab == "full":
+        # only standard residues are scored; mass on other tokens counts as wrong
+        log_marginal = log_marginal[:, FIRST_RESIDUE_ID:FIRST_RESIDUE_ID + NUM_RESIDUES]
+    return log_marginal
+
+
+def mirrored_pair_labels(upper: Tensor, targets: Tensor, pair_vocab: str = "standard") -> Tensor:
+    """Labels in the mirrored head's row order: (b, i, j) rows of ``upper``, then their swaps."""
+    return torch.cat([pair_labels(upper, targets, pair_vocab), pair_labels(swap_pairs(upper), targets, pair_vocab)])
+
+
+def masked_pair_terms(pair_head: PairHead, reps: Tensor, targets: Tensor, pair_vocab: str = "standard") -> tuple[Tensor, int, Tensor]:
+    """Pair cross-entropy over all ordered pairs i != j of masked standard residues, from encoder output.
+
+    reps: (B, L, C); targets: (B, L) from ``mask_tokens``. Returns ``(ce_sum, n_pairs,
+    n_correct)``. The same computation as the ``pmlm`` objective's pair term, for callers
+    that hold representations rather than a model (evaluation, benchmarks).
+    """
+    upper = upper_pairs(targets.ne(IGNORE_INDEX))  # (P, 3)
+    logits, _ = pair_head(reps, upper, mirror=True)  # (2P, K)
+    labels = mirrored_pair_labels(upper, targets, pair_vocab)
+    ce_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
+    return ce_sum, labels.numel(), (logits.argmax(dim=-1) == labels).sum()
+
+
+def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> dict[str, Tensor]:
+    """Mask ``tokens`` (B, L), run the model once and return the objective's loss and counters.
+
+    ``model`` may be wrapped (DistributedDataParallel, torch.compile): it is called, never
+    bypassed, so gradient synchronisation hooks run. Keys: ``loss`` (scalar to backward);
+    ``l_mlm``, ``l_pmlm`` (detached mean CE, 0-dim); ``mlm_correct``, ``mlm_total``,
+    ``pair_correct``, ``pair_total`` (detached int64 sums).
+    """
+    core = unwrap(model)
+    uses_token_head = cfg.name in ("mlm", "pmlm")
+    uses_pair_head = cfg.name in ("pmlm", "pmlm_pair_only")
+    if uses_token_head and core.token_head is None:
+        raise ConfigError(f"objective {cfg.name!r} needs a token head; build the model with build_model()")
+    if uses_pair_head and core.pair_head is None:
+        raise ConfigError(f"objective {cfg.name!r} needs a pair head; build the model with build_model()")
+    pair_vocab = core.cfg.pair_vocab
+    device = tokens.device
+
+    inputs, targets, _ = mask_tokens(tokens, cfg, generator)
+    valid = targets.ne(IGNORE_INDEX)  # (B, L) masked standard residues
+    valid_targets = targets[valid]  # (N,) row-major, the order of token_positions outputs
+    n_valid = valid_targets.numel()
+    upper = upper_pairs(valid) if uses_pair_head else None  # (P, 3)
+    pair_index = upper
+    if cfg.name == "pmlm_pair_only":
+        # diagonal rows ride along; their mirrored copies (identical) are computed and dropped
+        pair_index = torch.cat([upper, diagonal_pairs(valid)])  # (P + N, 3)
+    out = model(
+        inputs,
+        pair_index=pair_index,
+        token_positions=valid if uses_token_head else None,
+        mirror_pairs=True,
+    )
+
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    no_count = torch.zeros((), dtype=torch.long, device=device)
+    l_mlm, l_pmlm, loss = zero, zero, zero
+    mlm_correct, pair_correct, pair_total = no_count, no_count, no_count
+
+    if uses_token_head:
+        token_logits = out["logits"]  # (N, 20)
+        # sum / max(n, 1): an empty selection gives 0 with zero gradients, never NaN
+        l_mlm = F.cross_entropy(token_logits.float(), valid_targets, reduction="sum") / max(n_valid, 1)
+        mlm_correct = (token_logits.argmax(dim=-1) == valid_targets).sum()
+        loss = l_mlm
+
+    if uses_pair_head:
+        n_upper = upper.shape[0]
+        n_rows = pair_index.shape[0]
+        logits = out["pair_logits"]  # (2 * n_rows, K): given rows, then their swaps
+        off_logits = torch.cat([logits[:n_upper], logits[n_rows:n_rows + n_upper]])  # (2P, K)
+        off_labels = mirrored_pair_labels(upper, targets, pair_vocab)  # (2P,)
+        off_ce = F.cross_entropy(off_logits.float(), off_labels, reduction="sum")
+        pair_total = torch.tensor(off_labels.numel(), device=device)
+        pair_correct = (off_logits.argmax(dim=-1) == off_labels).sum()
+        l_pmlm = off_ce / max(off_labels.numel(), 1)
+        if cfg.name == "pmlm":
+            loss = l_mlm + cfg.pair_weight * l_pmlm
+        else:
+            diag_logits = logits[n_upper:n_rows]  # (N, K)
+            diag_labels = pair_labels(pair_index[n_upper:], targets, pair_vocab)
+            diag_ce = F.cross_entropy(diag_logits.float(), diag_labels, reduction="sum")
+            loss = (off_ce + diag_ce) / max(off_labels.numel() + n_valid, 1)
+            log_marginal = _marginal_log_probs(diag_logits, pair_vocab)  # (N, 20)
+            l_mlm = F.nll_loss(log_marginal, valid_targets, reduction="sum") / max(n_valid, 1)
+            mlm_correct = (log_marginal.argmax(dim=-1) == valid_targets).sum()
+
+    return {
+        "loss": loss,
+        "l_mlm": l_mlm.detach(),
+        "l_pmlm": l_pmlm.detach(),
+        "mlm_correct": mlm_correct.detach(),
+        "mlm_total": torch.tensor(n_valid, device=device),
+        "pair_correct": pair_correct.detach(),
+        "pair_total": pair_total.detach(),
+    }
+
+
+def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel:
+    """A PMLMModel carrying exactly the heads ``objective`` trains."""
+    cfg = dataclasses.replace(
+        model_cfg,
+        token_head=objective.name != "pmlm_pair_only",
+        pair_head=objective.name != "mlm",
+    )
+    return PMLMModel(cfg)

@@ -1,0 +1,84 @@
+"""The PMLM network: sequence encoder plus optional token and pair prediction heads."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pmlm.errors import ConfigError
+from pmlm.model.config import ModelConfig
+from pmlm.model.encoder import Encoder, init_weights
+from pmlm.model.heads import PairHead, TokenHead
+
+
+class PMLMModel(nn.Module):
+    """Encoder with a 20-class token head and/or a masked-pair head, per ``ModelConfig``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.token_head = TokenHead(cfg.hidden) if cfg.token_head else None
+        self.pair_head = PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size) if cfg.pair_head else None
+        self.apply(init_weights)
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, L) -> representations (B, L, C)."""
+        return self.encoder(tokens)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        pair_index: torch.Tensor | None = None,
+        return_pair_repr: bool = False,
+        *,
+        token_positions: torch.Tensor | None = None,
+        mirror_pairs: bool = False,
+    ) -> dict:
+        """Run the encoder and the configured heads.
+
+        tokens: (B, L) int64 with <cls> at 0, <eos> after the last residue, <pad> after that.
+        pair_index: (P, 3) int64 rows (b, i, j), the ordered pairs whose joint distribution
+        is predicted; the pair head runs only when it is given.
+        token_positions: optional (B, L) bool; the token head then scores only those
+        positions and ``logits`` is (N, 20) in row-major order (the objectives use this).
+        mirror_pairs: also score every swapped row (b, j, i); ``pair_logits`` is then (2P, K),
+        the given rows first (see ``PairHead``).
+
+        Returns a dict: ``representations`` (B, L, C); ``logits`` (B, L, 20) or None;
+        ``pair_logits`` (P, K) or None; ``pair_repr`` (P, 2C) or None, the output of the
+        pair head's first block (M+).
+        """
+        if pair_index is not None and self.pair_head is None:
+            raise ConfigError("pair_index was given but this model has no pair head (model.pair_head is false)")
+        if return_pair_repr and pair_index is None:
+            raise ValueError("return_pair_repr needs a pair_index naming the pairs")
+        reps = self.encoder(tokens)  # (B, L, C)
+        logits = None
+        if self.token_head is not None:
+            # (N, 20) at the selected positions, else (B, L, 20)
+            logits = self.token_head(reps if token_positions is None else reps[token_positions])
+        pair_logits = pair_repr = None
+        if pair_index is not None:
+            pair_logits, pair_repr = self.pair_head(
+                reps, pair_index, mirror=mirror_pairs, return_repr=return_pair_repr
+            )
+        return {
+            "representations": reps,
+            "logits": logits,
+            "pair_logits": pair_logits,
+            "pair_repr": pair_repr,
+        }
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def unwrap(model: nn.Module) -> PMLMModel:
+    """The PMLMModel inside DistributedDataParallel / torch.compile wrappers."""
+    while not isinstance(model, PMLMModel):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            raise TypeError(f"expected a PMLMModel (or a wrapper of one), got {type(model).__name__}")
+        model = inner
+    return model

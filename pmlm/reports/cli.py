@@ -1,0 +1,85 @@
+"""``pmlm tables``: assemble result tables with the paper's reference rows beside ours."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pmlm.errors import InputError
+from pmlm.reports import paper
+from pmlm.reports.tables import Column, write_table
+
+PRETRAIN_COLUMNS = [
+    Column("model", "model"),
+    Column("data", "data"),
+    Column("params", "params"),
+    Column("step", "steps", "{:d}"),
+    Column("l_mlm", "L_mlm", "{:.4f}"),
+    Column("l_pmlm", "L_pmlm", "{:.4f}"),
+    Column("acc_mlm", "Acc_mlm (%)", "{:.1f}", percent=True),
+    Column("acc_pmlm", "Acc_pmlm (%)", "{:.1f}", percent=True),
+    Column("dacc", "dAcc (%)", "{:.2f}", percent=True),
+]
+
+
+def _params_label(model_json: dict) -> str:
+    """Parameter count of the described model, built on the meta device (no memory, no weights)."""
+    import dataclasses
+
+    import torch
+
+    from pmlm.model.config import ModelConfig
+    from pmlm.model.objectives import ObjectiveConfig, build_model
+
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    cfg = ModelConfig(**{k: v for k, v in model_json["model"].items() if k in known})
+    with torch.device("meta"):
+        model = build_model(cfg, ObjectiveConfig(**model_json["objective"]))
+    n = sum(p.numel() for p in model.parameters())
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
+    """entries: (label, dataset, weights path); scores come from the weights' .json sidecar."""
+    rows = [{"source": "paper", **r} for r in paper.PRETRAIN_SCORES]
+    for label, dataset, weights in entries:
+        sidecar = Path(weights).with_suffix(".json")
+        try:
+            info = json.loads(sidecar.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(sidecar, f"cannot read model description ({exc})") from None
+        scores = info["final_scores"]
+        objective = info["objective"]["name"]
+        rows.append({
+            "source": "ours", "model": label, "data": dataset, "params": _params_label(info), "step": scores["step"],
+            "l_mlm": scores.get("l_mlm"), "l_pmlm": scores.get("l_pmlm") if objective != "mlm" else None,
+            "acc_mlm": scores.get("acc_mlm"), "acc_pmlm": scores.get("acc_pmlm") if objective != "mlm" else None,
+            "dacc": scores.get("dacc") if objective != "mlm" else None,
+        })
+    return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="table", required=True, metavar="<table>")
+    pre = sub.add_parser("pretrain-scores", help="the paper's 'Validation Losses and Accuracy Scores' table")
+    pre.add_argument("--model", action="append", required=True, metavar="LABEL:DATASET:WEIGHTS",
+                     help="one pre-trained model (final weights with their .json); repeatable")
+    pre.add_argument("--out-prefix", required=True, help="writes PREFIX.csv, PREFIX.md, PREFIX.tex")
+
+
+def run(args) -> int:
+    if args.table == "pretrain-scores":
+        entries = []
+        for item in args.model:
+            parts = item.split(":", 2)
+            if len(parts) != 3:
+                raise InputError(item, "expected LABEL:DATASET:WEIGHTS")
+            entries.append(tuple(parts))
+        rows = pretrain_rows(entries)
+        caption = ("Validation losses and accuracies of pre-training (paper rows: 60 epochs on Pfam / UR50; "
+                   "ours: this run's final validation, per masked residue / masked pair)")
+        paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
+        print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
+    return 0

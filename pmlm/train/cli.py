@@ -1,0 +1,32 @@
+"""``pmlm pretrain``: pre-train an MLM or PMLM encoder from Parquet shards (single process or torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+
+from pmlm.train import REQUEUE_EXIT_CODE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Resumes from the newest checkpoint in OUT/checkpoints automatically. On SIGTERM or SIGUSR1 it "
+        f"saves a checkpoint at the next step and exits with {REQUEUE_EXIT_CODE}: rerun the same command "
+        "to continue. Multi-GPU / multi-node: launch with torchrun."
+    )
+    parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (YAML)")
+    parser.add_argument("--shards", required=True, metavar="DIR",
+                        help="folder with manifest.json and the train/ and valid/ shards")
+    parser.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoints/, metrics.csv, tb/")
+    parser.add_argument("--final", required=True, metavar="PATH",
+                        help="final weights (.safetensors); the model config goes beside it as .json")
+    parser.add_argument("--scores", metavar="PATH", help="last validation metrics (default: OUT/final_scores.json)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set optim.lr=1e-4 (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pmlm.train.config import TrainConfig
+    from pmlm.train.loop import train
+
+    cfg = TrainConfig.from_yaml(args.config, args.set)
+    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)

@@ -1,0 +1,265 @@
+"""The typed configuration tree of a pre-training run, loaded from YAML / dicts with strict key checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pmlm.errors import ConfigError
+from pmlm.model.config import PRESETS, ModelConfig, model_config
+from pmlm.model.objectives import ObjectiveConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class ModelSection:
+    """Which encoder to train: a named preset plus field overrides (see pmlm.model.config)."""
+
+    preset: str = "tiny"  # tiny | base | large | xl
+    overrides: dict = field(default_factory=dict)  # ModelConfig fields replacing the preset's, e.g. {dropout: 0.0}
+
+    def __post_init__(self) -> None:
+        # an unknown preset or field fails here, at load time, not after the data has been read
+        _require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}", self.preset)
+        try:
+            self.build()
+        except ConfigError as exc:
+            raise ConfigError(f"model.overrides: {exc}") from None
+
+    def build(self) -> ModelConfig:
+        return model_config(self.preset, **self.overrides)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then polynomial decay (paper: Adam (0.9, 0.98), eps 1e-6, clip 1.0)."""
+
+    lr: float = 3e-4  # peak learning rate, reached at the end of warm-up (paper: 3e-4 base, 1e-4 large/xl)
+    end_lr: float = 0.0  # learning rate at total_steps
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam moment decay rates
+    eps: float = 1e-6  # Adam denominator epsilon
+    # decoupled decay on matrices only (biases, LayerNorms stay undecayed); 0 gives plain Adam
+    weight_decay: float = 0.01
+    warmup_steps: int = 20_000  # optimizer steps of linear warm-up from 0 to lr
+    total_steps: int = 100_000  # optimizer steps in the whole run (the decay ends here)
+    power: float = 1.0  # exponent of the polynomial decay; 1.0 is linear
+    clip_norm: float = 1.0  # global gradient-norm clip; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
+        _require(0 <= self.end_lr <= self.lr, "optim.end_lr", "must be in [0, optim.lr]", self.end_lr)
+        betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
+        _require(betas_ok, "optim.betas", "must be two numbers in [0, 1)", self.betas)
+        _require(self.eps > 0, "optim.eps", "must be > 0", self.eps)
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
+        _require(self.total_steps >= 1, "optim.total_steps", "must be >= 1", self.total_steps)
+        warmup_ok = 0 <= self.warmup_steps <= self.total_steps
+        _require(warmup_ok, "optim.warmup_steps", "must be in [0, optim.total_steps]", self.warmup_steps)
+        _require(self.power > 0, "optim.power", "must be > 0", self.power)
+        _require(self.clip_norm >= 0, "optim.clip_norm", "must be >= 0 (0 disables clipping)", self.clip_norm)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based): warm-up, then decay to end_lr."""
+        update = step + 1
+        if update <= self.warmup_steps:
+            return self.lr * update / self.warmup_steps
+        decay_steps = self.total_steps - self.warmup_steps
+        if decay_steps <= 0:
+            return self.end_lr
+        remaining = max(0.0, 1.0 - (update - self.warmup_steps) / decay_steps)
+        return self.end_lr + (self.lr - self.end_lr) * remaining**self.power
+
+
+@dataclass
+class DataConfig:
+    """How shards become batches."""
+
+    tokens_per_batch: int = 8192  # budget per micro-batch: rows * padded length (specials and padding included)
+    max_len: int | None = None  # crop length in tokens incl. <cls>/<eos>; None = the model's max_len
+    buffer_rows: int = 16_384  # rows shuffled and length-bucketed together; larger = less padding
+    pad_to_multiple: int = 8  # padded batch length rounded up to this (tensor-core friendly shapes)
+    num_workers: int = 1  # background threads preparing upcoming shuffle buffers; 0 = inline
+
+    def __post_init__(self) -> None:
+        _require(self.tokens_per_batch >= 1, "data.tokens_per_batch", "must be >= 1", self.tokens_per_batch)
+        max_len_ok = self.max_len is None or self.max_len >= 3
+        _require(max_len_ok, "data.max_len", "must be >= 3 (it counts <cls> and <eos>) or null", self.max_len)
+        _require(self.buffer_rows >= 1, "data.buffer_rows", "must be >= 1", self.buffer_rows)
+        _require(self.pad_to_multiple >= 1, "data.pad_to_multiple", "must be >= 1", self.pad_to_multiple)
+        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
+
+
+@dataclass
+class TrainConfig:
+    """Everything a pre-training run depends on; saved into every checkpoint as config.json."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    grad_accum: int = 1  # micro-batches per optimizer step (per rank)
+    log_every: int = 10  # optimizer steps between rows of metrics.csv / TensorBoard
+    eval_every: int = 1000  # optimizer steps between validations; 0 = only at the end
+    eval_batches: int = 50  # validation micro-batches per rank (the first ones of the fixed-seed valid stream)
+    save_every: int = 1000  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM/SIGUSR1
+    keep_last_checkpoints: int = 3  # older step-N/ folders are deleted
+    seed: int = 1  # seeds model init, data order, crops and masks
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false
+    compile: bool = False  # torch.compile the model
+    fsdp: bool = False  # shard parameters and optimizer state with FSDP instead of DDP (for xl)
+    tensorboard: bool = True  # also write TensorBoard events to <out>/tb
+
+    def __post_init__(self) -> None:
+        for name in ("grad_accum", "log_every", "eval_batches", "keep_last_checkpoints"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+        for name in ("eval_every", "save_every", "seed"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
+        _require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+        model_max = self.model.build().max_len
+        _require(
+            self.data.max_len is None or self.data.max_len <= model_max,
+            "data.max_len",
+            f"must be <= the model's max_len ({model_max}); raise model.overrides.max_len to go longer",
+            self.data.max_len,
+        )
+
+    @property
+    def max_len(self) -> int:
+        """Crop length in tokens (<cls> and <eos> included)."""
+        return self.data.max_len if self.data.max_len is not None else self.model.build().max_len
+
+    def to_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainConfig:
+        """Build from nested dicts (YAML); unknown keys are an error that names them."""
+        return _build(cls, values, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] = ()) -> TrainConfig:
+        """Load ``path`` and apply ``key.sub=value`` overrides (values parsed as YAML scalars)."""
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+        for item in overrides:
+            apply_override(values, item)
+        return cls.from_dict(values)
+
+
+def apply_override(values: dict, item: str) -> None:
+    """Set ``a.b.c=value`` inside nested dicts ``values`` (creating levels as needed)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=1e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    *parents, leaf = key.strip().split(".")
+    node = values
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item!r}: {part} is not a section")
+    node[leaf] = value
+
+
+def _require(ok: bool, key: str, what: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{key} {what}, got {value!r}")
+
+
+def _plain(value):
+    """Tuples -> lists, recursively, so the dict round-trips through JSON / YAML unchanged."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _build(cls, values, prefix: str):
+    if isinstance(values, cls):
+        return values
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        names = ", ".join(prefix + k for k in unknown)
+        raise ConfigError(f"unknown key(s) {names}; valid keys here: {', '.join(prefix + k for k in known)}")
+    kwargs = {name: _coerce(values[name], hints[name], prefix + name) for name in known if name in values}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        # a wrong type that slipped past coercion, reported against the section rather than as a traceback
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {exc}") from None
+
+
+def _coerce(value, hint, key: str):
+    """Check ``value`` against a field's type; numbers written as YAML strings ('3e-4') are accepted."""
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key + ".")
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} is not a valid value")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    if origin is tuple:
+        items = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            raise ConfigError(f"{key} must be a list of {len(items)} values, got {value!r}")
+        return tuple(_coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, items)))
+    if hint is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{key} must be a mapping, got {value!r}")
+    return value

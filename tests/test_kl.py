@@ -1,0 +1,79 @@
+"""KL(P(x_i)P(x_j) || P(x_i,x_j)) read-out: exactly the pair is masked, values are valid divergences."""
+
+import numpy as np
+import pytest
+import torch
+
+from pmlm import alphabet
+from pmlm.evaluation.kl import _residue_joint, pair_kl, summarise
+from pmlm.model.config import model_config
+from pmlm.model.objectives import ObjectiveConfig, build_model
+
+
+class Recorder(torch.nn.Module):
+    """Wraps a model and keeps what it was called with, to check the masking protocol."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.calls = []
+
+    def forward(self, tokens, pair_index=None):
+        self.calls.append((tokens.clone(), pair_index.clone()))
+        return self.model(tokens, pair_index=pair_index)
+
+
+@pytest.fixture
+def sequences():
+    rng = np.random.default_rng(0)
+    return [rng.integers(alphabet.FIRST_RESIDUE_ID, alphabet.X_ID, size=n).astype(np.uint8) for n in (30, 45)]
+
+
+def test_exactly_the_pair_is_masked(sequences):
+    torch.manual_seed(0)
+    model = Recorder(build_model(model_config("tiny"), ObjectiveConfig(name="pmlm")).eval())
+    with torch.no_grad():
+        out = pair_kl(model, sequences, pairs_per_sequence=5, seed=1)
+    assert out["kl"].shape == (10,) and np.all(out["kl"] >= -1e-6) and np.all(np.isfinite(out["kl"]))
+    for (tokens, pair_index), residues in zip(model.calls, sequences):
+        for row, (b, i, j) in enumerate(pair_index.tolist()):
+            assert b == row and 1 <= i < j <= residues.size
+            masked = (tokens[row] == alphabet.MASK_ID).nonzero().flatten().tolist()
+            assert masked == [i, j]  # nothing else is hidden from the model
+            unmasked = tokens[row, 1 : 1 + residues.size].clone()
+            unmasked[[i - 1, j - 1]] = torch.from_numpy(residues[[i - 1, j - 1]].astype(np.int64))
+            assert torch.equal(unmasked, torch.from_numpy(residues.astype(np.int64)))
+
+
+def test_deterministic_for_a_seed(sequences):
+    torch.manual_seed(0)
+    model = build_model(model_config("tiny"), ObjectiveConfig(name="pmlm")).eval()
+    with torch.no_grad():
+        a = pair_kl(model, sequences, 4, seed=3)
+        b = pair_kl(model, sequences, 4, seed=3)
+    np.testing.assert_array_equal(a["kl"], b["kl"])
+    np.testing.assert_array_equal(a["separation"], b["separation"])
+
+
+def test_pair_only_model_uses_the_joint_marginals(sequences):
+    torch.manual_seed(0)
+    model = build_model(model_config("tiny"), ObjectiveConfig(name="pmlm_pair_only")).eval()
+    with torch.no_grad():
+        out = pair_kl(model, sequences, 3, seed=0)
+    assert out["kl"].shape == (6,) and np.all(out["kl"] >= -1e-6)
+
+
+def test_full_vocabulary_joint_is_restricted_to_residues():
+    logits = torch.randn(3, alphabet.VOCAB_SIZE**2)
+    joint = _residue_joint(logits)
+    assert joint.shape == (3, 20, 20)
+    torch.testing.assert_close(joint.sum(dim=(1, 2)), torch.ones(3))
+    with pytest.raises(ValueError):
+        _residue_joint(torch.randn(2, 17))
+
+
+def test_summary_by_separation():
+    kl = np.array([0.1, 0.2, 0.3, 0.4])
+    sep = np.array([1, 7, 13, 30])
+    s = summarise(kl, sep)
+    assert s["all"]["pairs"] == 4 and s["s >= 24"]["pairs"] == 1 and s["s < 6"]["median"] == pytest.approx(0.1)

@@ -1,0 +1,85 @@
+# Pre-training: one job per (dataset, objective, preset), then the scores table and the KL figure.
+
+
+rule pretrain:
+    input:
+        shards=lambda wildcards: shards_dir(wildcards.dataset),
+        recipe=recipe_file,
+    output:
+        weights=protected(f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/model.safetensors"),
+        info=protected(f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/model.json"),
+        scores=f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/final_scores.json",
+    params:
+        # checkpoints, metrics.csv and TensorBoard events live outside the declared outputs, so a
+        # killed or requeued job resumes from its last step-N/ checkpoint instead of starting over
+        run_dir=f"{RESULTS}/pretrain_runs/{{dataset}}/{{objective}}-{{preset}}",
+        overrides=pretrain_overrides,
+        launcher=pretrain_launcher,
+    log:
+        f"{LOGS}/pretrain/{{dataset}}/{{objective}}-{{preset}}.log",
+    benchmark:
+        f"{BENCH}/pretrain/{{dataset}}/{{objective}}-{{preset}}.tsv"
+    wildcard_constraints:
+        objective="mlm|pmlm|pmlm_pair_only",
+        preset=r"[A-Za-z0-9_]+",
+    threads: 1
+    resources:
+        gpu=1,
+        cpus_per_gpu=4,
+        mem_mb=lambda wildcards, attempt: 16000 * attempt,
+        runtime=lambda wildcards, attempt: 240 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} {params.launcher} -m pmlm pretrain --config {input.recipe:q} "
+        "--shards {input.shards:q} --out {params.run_dir:q} --final {output.weights:q} "
+        "--scores {output.scores:q} {params.overrides} > {log:q} 2>&1"
+
+
+rule tabulate_pretrain_scores:
+    input:
+        weights=pretrained_targets(),
+    output:
+        report(
+            multiext(f"{RESULTS}/tables/pretrain_scores", ".md", ".csv", ".tex"),
+            caption="../report/pretrain_scores.rst",
+            category="Pre-training",
+        ),
+    params:
+        models=pretrain_table_args,
+        prefix=lambda wildcards, output: os.path.splitext(output[0])[0],
+    log:
+        f"{LOGS}/tables/pretrain_scores.log",
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm tables pretrain-scores {params.models} --out-prefix {params.prefix:q} 2> {log:q}"
+
+
+rule plot_kl_histogram:
+    input:
+        weights=[pretrained_weights(m) for m in kl_models()],
+        shards=[shards_dir(m["dataset"]) for m in kl_models()],
+    output:
+        report(
+            multiext(f"{RESULTS}/figures/kl_histogram", ".png", ".svg"),
+            caption="../report/kl_histogram.rst",
+            category="Pre-training",
+        ),
+        summary=f"{RESULTS}/figures/kl_histogram.json",
+    params:
+        args=kl_args,
+        prefix=lambda wildcards, output: os.path.splitext(output.summary)[0],
+    log:
+        f"{LOGS}/figures/kl_histogram.log",
+    benchmark:
+        f"{BENCH}/figures/kl_histogram.tsv"
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm kl {params.args} --out-prefix {params.prefix:q} 2> {log:q}"
+
+
+rule pretraining:
+    input:
+        pretraining_targets(),
