@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("pmlm.data.archive", "extract one member of a tar archive (e.g. uniref50.fasta.gz)"),
     "ingest": ("pmlm.data.ingest", "normalise FASTA / FASTA.gz into clean FASTA plus a stats JSON"),
     "split": ("pmlm.data.split", "cluster with MMseqs2, decontaminate, split train/valid by cluster"),
+    "split-structures": ("pmlm.data.structsplit", "train/valid/test split of a structure set by sequence identity"),
     "tokenize": ("pmlm.data.shards", "write tokenized Parquet shards and a manifest"),
     "pretrain": ("pmlm.train.cli", "pre-train an MLM or PMLM encoder from Parquet shards"),
     "kl": ("pmlm.evaluation.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),

@@ -79,21 +79,27 @@ class PairHead(nn.Module):
         d_used = F.linear(h_used, w_diff)  # (U, 2C)
         idx_i, idx_j = inverse[:P], inverse[P:]
 
-        fwd_logits, rev_logits, fwd_repr, rev_repr = [], [], [], []
+        # +1 / -1 per output block: (b, i, j) rows get S + D, swapped rows S - D
+        signs = torch.tensor([1.0, -1.0], dtype=d_used.dtype, device=d_used.device).view(2, 1, 1)
+        blocks = 2 if mirror else 1
+        logits_parts, repr_parts = [], []
         for start in range(0, max(P, 1), self.chunk_size):
             ci = idx_i[start:start + self.chunk_size]
             cj = idx_j[start:start + self.chunk_size]
             sym = F.linear(F.embedding(ci, h_used) * F.embedding(cj, h_used), w_prod, self.dense.bias)  # (p, 2C)
             diff = F.embedding(ci, d_used) - F.embedding(cj, d_used)  # (p, 2C)
-            m_plus = self.norm(F.gelu(sym + diff))  # (p, 2C)
-            fwd_logits.append(self.out(m_plus))  # (p, K)
+            # both orders in one fused op, so GELU, LayerNorm and the output matmul run once on 2p rows
+            pre = torch.addcmul(sym, signs, diff) if mirror else sym + diff  # (2, p, 2C) or (p, 2C)
+            m_plus = self.norm(F.gelu(pre))  # same shape as pre
+            logits_parts.append(self.out(m_plus).view(blocks, -1, self.out.out_features))  # (blocks, p, K)
             if return_repr:
-                fwd_repr.append(m_plus)
-            if mirror:
-                m_rev = self.norm(F.gelu(sym - diff))  # (p, 2C)
-                rev_logits.append(self.out(m_rev))
-                if return_repr:
-                    rev_repr.append(m_rev)
-        logits = torch.cat(fwd_logits + rev_logits)  # (P or 2P, K)
-        m_plus_all = torch.cat(fwd_repr + rev_repr) if return_repr else None  # (P or 2P, 2C)
+                repr_parts.append(m_plus.view(blocks, -1, 2 * C))
+        # rows ordered block-major: all given orders first, then all swapped orders
+        logits = _join(logits_parts).flatten(0, 1)  # (blocks * P, K)
+        m_plus_all = _join(repr_parts).flatten(0, 1) if return_repr else None  # (blocks * P, 2C)
         return logits, m_plus_all
+
+
+def _join(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate chunk outputs (blocks, p, X) along the pair axis; a single chunk is not copied."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -67,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pre.add_argument("--model", action="append", required=True, metavar="LABEL:DATASET:WEIGHTS",
                      help="one pre-trained model (final weights with their .json); repeatable")
     pre.add_argument("--out-prefix", required=True, help="writes PREFIX.csv, PREFIX.md, PREFIX.tex")
+    res = sub.add_parser("results", help="downstream tables (contact, ablation, secondary structure, remote homology, "
+                                         "unsupervised contacts) from evaluation TSVs")
+    res.add_argument("--result", action="append", required=True, metavar="TABLE=TSV",
+                     help="an evaluation TSV and the table it feeds (tape_contact, raptorx_contact, "
+                          "secondary_structure, remote_homology, unsupervised_contact); repeatable")
+    res.add_argument("--out-dir", required=True, help="writes <table>.csv / .md / .tex for every table")
+    res.add_argument("--test-label", default="the configured test sets", help="how captions name our test sets")
 
 
 def run(args) -> int:
@@ -82,4 +89,15 @@ def run(args) -> int:
                    "ours: this run's final validation, per masked residue / masked pair)")
         paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
         print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
+    elif args.table == "results":
+        from pmlm.reports.results import write_all
+
+        pairs = []
+        for item in args.result:
+            kind, sep, path = item.partition("=")
+            if not sep:
+                raise InputError(item, "expected TABLE=TSV")
+            pairs.append((kind, path))
+        paths = write_all(pairs, args.out_dir, args.test_label)
+        print(f"tables: wrote {len(paths)} files under {args.out_dir}", file=sys.stderr)
     return 0
