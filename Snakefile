@@ -14,6 +14,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/finetune.smk"
 
 
 localrules:
@@ -21,12 +22,16 @@ localrules:
     data,
     fetch_source,
     extract_member,
+    expect_local_file,
     pretraining,
     tabulate_pretrain_scores,
+    aggregate_tables,
+    downstream,
 
 
 rule all:
     input:
         data_targets(),
         pretraining_targets(),
+        downstream_targets(),
     default_target: True

@@ -22,9 +22,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "split-structures": ("pmlm.data.structsplit", "train/valid/test split of a structure set by sequence identity"),
     "tokenize": ("pmlm.data.shards", "write tokenized Parquet shards and a manifest"),
     "pretrain": ("pmlm.train.cli", "pre-train an MLM or PMLM encoder from Parquet shards"),
+    "launch": ("pmlm.train.launch", "run a command once per GPU across the nodes of a SLURM allocation (torchrun rendezvous from SLURM's environment)"),
     "kl": ("pmlm.evaluation.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),
     "tables": ("pmlm.reports.cli", "assemble result tables (CSV, Markdown, LaTeX) with the paper's rows"),
     "synth": ("pmlm.synth.cli", "sample synthetic protein families from Potts models with planted couplings"),
+    "finetune": ("pmlm.finetune.cli", "fine-tune a task head on a pre-trained encoder"),
+    "evaluate": ("pmlm.finetune.evaluate", "evaluate a fine-tuned head or the pair head's unsupervised contacts"),
 }
 
 

@@ -27,11 +27,13 @@ def atomic_output(path: str | os.PathLike, *, directory: bool = False) -> Iterat
     else:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)  # mkstemp/mkdtemp create private files
     try:
         yield tmp
+        # mkstemp / mkdtemp (and some writers, e.g. safetensors) create private files: give the
+        # result the mode any other new file would get
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
         if directory and path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

@@ -55,3 +55,39 @@ def check_config(config: dict, schema_path: str | Path) -> None:
         if key in seen:
             raise ConfigError(f"{where}: duplicate model {'/'.join(key)}")
         seen.add(key)
+    task_data = config.get("task_data") or {}
+    for name, spec in task_data.items():
+        where = f"config.task_data.{name}"
+        if bool(spec.get("split")) == bool(spec.get("files")):
+            raise ConfigError(f"{where}: give either source + split (derived splits) or files (one file per split)")
+        if spec.get("split") and spec.get("source") not in sources:
+            raise ConfigError(f"{where}.source: unknown source {spec.get('source')!r}")
+        for split, entry in (spec.get("files") or {}).items():
+            if bool(entry.get("path")) == bool(entry.get("source")):
+                raise ConfigError(f"{where}.files.{split}: give either path or source + member")
+            if entry.get("source") and (entry["source"] not in sources or not entry.get("member")):
+                raise ConfigError(f"{where}.files.{split}: needs a defined source and a member")
+    finetune = config.get("finetune") or {}
+    recipes = finetune.get("recipes") or {}
+    for name, run in (finetune.get("runs") or {}).items():
+        where = f"config.finetune.runs.{name}"
+        if run["recipe"] not in recipes:
+            raise ConfigError(f"{where}.recipe: unknown recipe {run['recipe']!r}; defined: {', '.join(sorted(recipes))}")
+        if run["data"] not in task_data:
+            raise ConfigError(f"{where}.data: unknown task data {run['data']!r}")
+        splits = _splits(task_data[run["data"]])
+        for label, split in {"train": "train", "valid": "valid", **run["tests"]}.items():
+            if split not in splits:
+                raise ConfigError(f"{where}: task data {run['data']!r} has no split {split!r} (has {', '.join(sorted(splits))})")
+    unsupervised = finetune.get("unsupervised") or {}
+    if unsupervised.get("readouts"):
+        if unsupervised.get("data") not in task_data:
+            raise ConfigError(f"config.finetune.unsupervised.data: unknown task data {unsupervised.get('data')!r}")
+        splits = _splits(task_data[unsupervised["data"]])
+        for label, split in (unsupervised.get("tests") or {}).items():
+            if split not in splits:
+                raise ConfigError(f"config.finetune.unsupervised.tests.{label}: no split {split!r}")
+
+
+def _splits(spec: dict) -> set[str]:
+    return {"train", "valid", "test"} if spec.get("split") else set(spec.get("files") or {})

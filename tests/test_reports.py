@@ -4,7 +4,6 @@ import csv
 import json
 
 import pytest
-import torch
 
 from pmlm.cli import main
 from pmlm.model.config import model_config

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -99,3 +100,22 @@ def test_headers_without_cluster_use_the_id(tmp_path):
     df = pd.read_parquet(tmp_path / "out" / "train")
     assert sorted(df["cluster_id"]) == ["a", "b"] and manifest["splits"]["train"]["clusters_from_header"] == 0
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["format"] == "pmlm-shards/2"
+
+
+def test_outputs_get_the_usual_file_mode(tmp_path):
+    """Atomic outputs start as private temporaries; the committed file must not stay owner-only."""
+    from safetensors.torch import save_file
+    import torch
+
+    from pmlm.utils import atomic_output
+
+    umask = os.umask(0o022)
+    try:
+        with atomic_output(tmp_path / "w.safetensors") as tmp:
+            save_file({"x": torch.zeros(2)}, tmp)
+        with atomic_output(tmp_path / "d", directory=True) as tmp:
+            (Path(tmp) / "f").write_text("x")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755

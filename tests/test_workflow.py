@@ -40,17 +40,22 @@ def test_lint_is_clean():
     assert "Lints for" not in proc.stdout + proc.stderr
 
 
-def test_paper_config_shows_the_full_data_dag():
+def test_paper_config_shows_every_job_of_the_reproduction():
     proc = snakemake("-n", "--configfile", "config/paper.yaml")
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    assert counts["fetch_source"] == 2  # the UniRef50 2018_03 archive and Pfam-A 31.0
-    assert counts["extract_member"] == 1  # uniref50.fasta.gz out of the release tarball
+    assert counts["fetch_source"] == 5  # UniRef50 2018_03, Pfam-A 31.0, TAPE proteinnet / secondary_structure / remote_homology
+    assert counts["extract_member"] == 14  # uniref50.fasta.gz + 3 + 5 + 5 TAPE split files
+    assert counts["expect_local_file"] == 3  # the RaptorX set has no public archive: the user places it
     for rule in ("ingest_sequences", "split_clusters", "tokenize_shards"):
         assert counts[rule] == 2, (rule, counts)
     assert counts["pretrain"] == 6  # MLM/PMLM-base on Pfam and UR50, PMLM-large and PMLM-xl on UR50
     assert counts["tabulate_pretrain_scores"] == 1 and counts["plot_kl_histogram"] == 1
     assert "results/paper/pretrain/uniref50/pmlm_pair_only-xl/model.safetensors" in proc.stdout
+    # TAPE-Contact for all 6 encoders, RaptorX ResNet for 3 and linear for the 4 ablation encoders, SS and RH for PMLM-base Pfam
+    assert counts["finetune"] == 15 and counts["evaluate"] == 15
+    assert counts["evaluate_unsupervised"] == 4  # the PMLM encoders' pair-head contacts
+    assert counts["aggregate_tables"] == 1
     for dataset in ("uniref50", "pfam"):
         assert f"results/paper/data/{dataset}/shards" in proc.stdout
     assert "results/demo" not in proc.stdout  # the demo config is replaced, not merged
@@ -77,7 +82,8 @@ def test_demo_workflow(tmp_path):
     """The demo DAG end to end as `snakemake --cores 2` runs it, with pre-training shortened."""
     short = tmp_path / "short.yaml"
     short.write_text("pretrain:\n  set: {optim.total_steps: 30, optim.warmup_steps: 5, eval_every: 15, "
-                     "save_every: 15, eval_batches: 4}\n  kl: {sequences: 8, pairs: 4}\n")
+                     "save_every: 15, eval_batches: 4}\n  kl: {sequences: 8, pairs: 4}\n"
+                     "finetune:\n  set: {optim.total_steps: 6, optim.warmup_steps: 2, save_every: 3}\n")
     args = ("--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
             "--configfile", str(REPO / "config" / "config.yaml"), str(short))
     proc = snakemake(*args)
@@ -111,6 +117,24 @@ def test_demo_workflow(tmp_path):
     kl = json.loads((results / "figures" / "kl_histogram.json").read_text())
     assert kl["PMLM-tiny/demo"]["all"]["pairs"] == 32
     assert (results / "figures" / "kl_histogram.png").stat().st_size > 10_000
+
+    tasks = json.loads((results / "tasks" / "demo_pdb" / "structure_split_stats.json").read_text())
+    assert tasks["chains"] == 700 and tasks["test"]["chains"] > 50
+    for objective in ("mlm", "pmlm"):
+        for run in ("contact_linear", "contact_resnet", "ss3"):
+            tsv = pd.read_csv(results / "evaluation" / "demo" / f"{objective}-tiny" / f"{run}.tsv", sep="\t")
+            assert {"config_sha256", "encoder_sha256", "git_commit", "torch_version"} <= set(tsv.columns)
+            assert (tsv["test_set"] == "demo_test").all()
+            assert (tsv["n_proteins"][tsv["metric"] != "n_too_long"] > 0).all()
+    tables = {t: (results / "tables" / f"{t}.md").read_text() for t in
+              ("tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology", "unsupervised_contact")}
+    for label in ("MLM-tiny", "PMLM-tiny"):
+        assert f"| ours | {label} | demo | linear | demo_test |" in tables["tape_contact"]
+        assert f"| ours | {label} | demo | resnet | demo_test |" in tables["raptorx_contact"]
+        assert f"| ours | {label} | demo | mlp |" in tables["secondary_structure"]
+    assert "| ours | PMLM-tiny | demo | pair-kl | demo_test |" in tables["unsupervised_contact"]
+    assert "MLM-tiny" not in tables["unsupervised_contact"].replace("PMLM-tiny", "")
+    assert "| paper | PMLM-base | Pfam | - | 0.199 | 0.446 | 0.946 |" in tables["remote_homology"]
     # a second run has nothing to do: outputs are complete and up to date
     again = snakemake(*args, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

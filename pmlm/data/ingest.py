@@ -218,10 +218,10 @@ def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPol
 
 
 def policy_from_args(args) -> IngestPolicy:
+    import yaml
+
     values: dict = {}
     if args.policy:
-        import yaml
-
         try:
             values = yaml.safe_load(Path(args.policy).read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
@@ -232,8 +232,6 @@ def policy_from_args(args) -> IngestPolicy:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        import yaml
-
         values[key] = yaml.safe_load(value)
     return IngestPolicy.from_dict(values)
 

@@ -44,6 +44,13 @@ def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: i
     """KL and separation for sampled pairs (i < j, both standard residues) of each sequence."""
     import torch
 
+    with torch.inference_mode():
+        return _pair_kl(model, sequences, pairs_per_sequence, seed, device)
+
+
+def _pair_kl(model, sequences, pairs_per_sequence, seed, device) -> dict:
+    import torch
+
     from pmlm.evaluation.unsupervised import kl_independence, mutual_information
 
     rng = np.random.default_rng(seed)

@@ -13,8 +13,7 @@ from pmlm.errors import InputError
 
 
 def load_pretrained(weights: str | Path, device: str = "cpu"):
-    """Return (model in eval mode, info dict from the sidecar JSON)."""
-    import torch
+    """Return (model in eval mode, info dict from the sidecar JSON); callers choose the grad mode."""
     from safetensors.torch import load_file
 
     from pmlm.model.config import ModelConfig
@@ -43,5 +42,4 @@ def load_pretrained(weights: str | Path, device: str = "cpu"):
     if missing or unexpected:
         raise InputError(weights, f"weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.to(device).eval()
-    torch.set_grad_enabled(False)
     return model, info

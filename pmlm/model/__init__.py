@@ -2,7 +2,7 @@
 
 from pmlm.model.config import PRESETS, ModelConfig, model_config
 from pmlm.model.objectives import ObjectiveConfig, build_model, mask_tokens, pretraining_losses
-from pmlm.model.pmlm_model import PMLMModel
+from pmlm.model.pmlm_model import PMLMModel, unwrap
 
 __all__ = [
     "PRESETS",
@@ -13,4 +13,5 @@ __all__ = [
     "mask_tokens",
     "model_config",
     "pretraining_losses",
+    "unwrap",
 ]

@@ -27,7 +27,7 @@ class ModelConfig:
     # "standard": 20 * 20 = 400 residue-pair classes (the paper);
     # "full": VOCAB_SIZE ** 2 classes over token ids (the released code's dictionary-squared variant)
     pair_vocab: str = "standard"
-    pair_chunk_size: int = 65536  # pair rows pushed through the pair head at once (bounds transient memory)
+    pair_chunk_size: int = 65536  # rows of pair_index pushed through the pair head at once (bounds transient memory)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "ffn", "heads", "pair_chunk_size"):

@@ -33,8 +33,8 @@ def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
         missing = {"model", "head", "test_set", "metric", "value"} - set(df.columns)
         if missing:
             raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
-        label, _, data = df["model"].astype(str).str.partition("@").iloc[:, [0, 2]].T.values
-        frames.append(df.assign(kind=kind, label=label, data=data, path=str(path)))
+        parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
+        frames.append(df.assign(kind=kind, label=parts[0], data=parts[2], path=str(path)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -62,8 +62,9 @@ def _n(rows: pd.DataFrame, metric: str) -> int | None:
 
 def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     written = []
-    rows = [{"source": "paper", "model": r["model"], "data": r["data"], "head": "linear", "test_set": "TAPE test",
-             "p_l5_s12": r["p_l5_s12"] / 100} for r in paper.TAPE_CONTACT_P_L5]
+    rows = [{"source": "paper", "model": r["model"], "data": r["data"], "test_set": "TAPE test",
+             "head": "-" if r["model"] == "MSA baseline" else "linear", "p_l5_s12": r["p_l5_s12"] / 100}
+            for r in paper.TAPE_CONTACT_P_L5]
     for label, data, head, test_set, runs in _runs(df, ("tape_contact",)):
         rows.append({"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
                      "p_l5_s12": _metric(runs, "P@L/5_medium_long"), "p_l5_s6": _metric(runs, "P@L/5_tape_s6"),
@@ -90,7 +91,8 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
         f"RaptorX-Contact: long-range (s >= 24) precision at L with an 8-block 2-D ResNet head; per protein, averaged. "
         f"Ours on {test_label}."))
 
-    rows = [{"source": "paper", **r, "p_l_long": r["p_l_long"] / 100} for r in paper.ABLATION_LONG_P_L]
+    rows = [{"source": "paper", **r, "p_l_long": r["p_l_long"] / 100, "test_set": "RaptorX test"}
+            for r in paper.ABLATION_LONG_P_L]
     for label, data, head, test_set, runs in _runs(df, ("tape_contact", "raptorx_contact", "contact_ablation")):
         rows.append({"source": "ours", "model": label, "head": head, "data": data, "test_set": test_set,
                      "p_l_long": _metric(runs, "P@L_long")})

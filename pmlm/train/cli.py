@@ -11,7 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "Resumes from the newest checkpoint in OUT/checkpoints automatically. On SIGTERM or SIGUSR1 it "
         f"saves a checkpoint at the next step and exits with {REQUEUE_EXIT_CODE}: rerun the same command "
-        "to continue. Multi-GPU / multi-node: launch with torchrun."
+        "to continue. Multi-GPU / multi-node: run it under `pmlm launch -- -m pmlm pretrain ...` (torchrun, and srun in a SLURM job)."
     )
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (YAML)")
     parser.add_argument("--shards", required=True, metavar="DIR",

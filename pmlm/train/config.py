@@ -17,6 +17,43 @@ from pmlm.model.objectives import ObjectiveConfig
 DEVICES = ("auto", "cpu", "cuda")
 
 
+class YamlConfig:
+    """``to_dict`` / ``from_dict`` / ``from_yaml`` for a tree of config dataclasses.
+
+    Unknown keys, unreadable files and bad YAML are one-line ConfigErrors naming the file (and the
+    line, for YAML syntax errors) and the dotted key.
+    """
+
+    def to_dict(self) -> dict:
+        return to_plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        """Build from nested dicts (YAML, a sidecar); unknown keys are an error that names them."""
+        return build_dataclass(cls, values, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] = ()):
+        """Load ``path`` and apply ``key.sub=value`` overrides (values parsed as YAML scalars)."""
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+        for item in overrides:
+            apply_override(values, item)
+        try:
+            return cls.from_dict(values)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+
 @dataclass
 class ModelSection:
     """Which encoder to train: a named preset plus field overrides (see pmlm.model.config)."""
@@ -96,7 +133,7 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(YamlConfig):
     """Everything a pre-training run depends on; saved into every checkpoint as config.json."""
 
     model: ModelSection = field(default_factory=ModelSection)
@@ -136,32 +173,6 @@ class TrainConfig:
         """Crop length in tokens (<cls> and <eos> included)."""
         return self.data.max_len if self.data.max_len is not None else self.model.build().max_len
 
-    def to_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
-
-    @classmethod
-    def from_dict(cls, values: dict) -> TrainConfig:
-        """Build from nested dicts (YAML); unknown keys are an error that names them."""
-        return _build(cls, values, "")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, overrides: list[str] = ()) -> TrainConfig:
-        """Load ``path`` and apply ``key.sub=value`` overrides (values parsed as YAML scalars)."""
-        path = Path(path)
-        try:
-            values = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-            raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of settings at the top level")
-        for item in overrides:
-            apply_override(values, item)
-        return cls.from_dict(values)
-
 
 def apply_override(values: dict, item: str) -> None:
     """Set ``a.b.c=value`` inside nested dicts ``values`` (creating levels as needed)."""
@@ -186,16 +197,16 @@ def _require(ok: bool, key: str, what: str, value) -> None:
         raise ConfigError(f"{key} {what}, got {value!r}")
 
 
-def _plain(value):
+def to_plain(value):
     """Tuples -> lists, recursively, so the dict round-trips through JSON / YAML unchanged."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [to_plain(v) for v in value]
     return value
 
 
-def _build(cls, values, prefix: str):
+def build_dataclass(cls, values, prefix: str):
     if isinstance(values, cls):
         return values
     if not isinstance(values, dict):
@@ -217,7 +228,7 @@ def _build(cls, values, prefix: str):
 def _coerce(value, hint, key: str):
     """Check ``value`` against a field's type; numbers written as YAML strings ('3e-4') are accepted."""
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key + ".")
+        return build_dataclass(hint, value, key + ".")
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)

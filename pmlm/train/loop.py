@@ -105,13 +105,13 @@ def train(
     # -- init: processes, devices, precision, signals ------------------------------------------------
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = _pick_device(cfg.device, local_rank)
+    device = pick_device(cfg.device, local_rank)
     own_group = world > 1 and not dist.is_initialized()  # a caller's own process group is left alone
     if own_group:
         on_gpu = device.type == "cuda"
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
     stop = {"signal": None}
-    previous_handlers = _install_stop_handlers(stop)
+    previous_handlers = install_stop_handlers(stop)
     train_stream = log = None
     try:
         use_bf16 = device.type == "cuda" if cfg.bf16 == "auto" else cfg.bf16
@@ -431,7 +431,7 @@ def _gradient_sync(wrapped: nn.Module, enabled: bool, world: int, use_fsdp: bool
     return nullcontext() if enabled else wrapped.no_sync()
 
 
-def _pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda was requested but no CUDA device is visible; use device: auto or cpu")
     if choice == "cpu" or not torch.cuda.is_available():
@@ -441,7 +441,7 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
     return device
 
 
-def _install_stop_handlers(stop: dict) -> dict:
+def install_stop_handlers(stop: dict) -> dict:
     """SIGTERM / SIGUSR1 only set a flag; the loop acts on it at the next step boundary."""
     if threading.current_thread() is not threading.main_thread():
         return {}

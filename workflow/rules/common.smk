@@ -125,11 +125,14 @@ def pretrain_overrides(wildcards):
 
 
 def pretrain_launcher(wildcards, resources):
-    """One process per GPU through torchrun when a job holds several GPUs; a plain process otherwise."""
-    gpus = int(resources.get("gpu", 0) or 0)
-    if gpus > 1:
-        return f"python -m torch.distributed.run --standalone --nproc_per_node {gpus}"
-    return "python"
+    """`pmlm launch` with the job's GPUs per node: one trainer per GPU on every node of the job (torchrun),
+    through its own srun step in a SLURM batch job, or the trainer itself for one GPU. GPUs per node come
+    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`."""
+    nodes = max(1, int(resources.get("nodes", 1) or 1))
+    per_node = re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", str(resources.get("gres", "") or ""))
+    gpus = int(per_node.group(1)) if per_node else -(-int(resources.get("gpu", 0) or 0) // nodes)
+    per_node_flag = f" --gpus-per-node {gpus}" if gpus > 0 else ""
+    return f"python -m pmlm launch{per_node_flag} --"
 
 
 def pretrained_targets():
@@ -169,3 +172,121 @@ def pretraining_targets():
     if kl_models():
         targets.append(f"{RESULTS}/figures/kl_histogram.png")
     return targets
+
+
+# --- fine-tuning and evaluation -----------------------------------------------------------------
+
+TASK_DATA = config.get("task_data") or {}
+FINETUNE = config.get("finetune") or {}
+FINETUNE_RUNS = FINETUNE.get("runs") or {}
+UNSUPERVISED = FINETUNE.get("unsupervised") or {}
+
+
+def encoder_id(m):
+    return f"{m['dataset']}/{m['objective']}-{m['preset']}"
+
+
+def encoder_label(m):
+    return f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}@{m['dataset']}"
+
+
+def model_of(wildcards):
+    for m in PRETRAIN_MODELS:
+        if (m["dataset"], m["objective"], m["preset"]) == (wildcards.dataset, wildcards.objective, wildcards.preset):
+            return m
+    raise ValueError(f"no pre-trained model {wildcards.dataset}/{wildcards.objective}-{wildcards.preset}")
+
+
+def task_file(data, split):
+    """A split of a task dataset: derived by split-structures, or a file (archive member / local path) from config."""
+    spec = TASK_DATA[data]
+    if spec.get("split"):
+        return f"{RESULTS}/tasks/{data}/{split}.jsonl"
+    entry = spec["files"][split]
+    if entry.get("path"):
+        return entry["path"]
+    return f"resources/sources/{entry['source']}/members/{entry['member']}"
+
+
+def runs_for(m):
+    """Fine-tuning runs that apply to encoder ``m`` (all, unless a run lists its encoders)."""
+    return [name for name, run in FINETUNE_RUNS.items() if not run.get("encoders") or encoder_id(m) in run["encoders"]]
+
+
+def finetune_recipe(wildcards):
+    path = FINETUNE["recipes"][FINETUNE_RUNS[wildcards.ft]["recipe"]]
+    return path if os.path.isabs(path) else os.path.join(workflow.basedir, path)
+
+
+def finetune_inputs(wildcards):
+    run = FINETUNE_RUNS[wildcards.ft]
+    return {
+        "encoder": f"{model_dir(wildcards.dataset, wildcards.objective, wildcards.preset)}/model.safetensors",
+        "train": task_file(run["data"], "train"),
+        "valid": task_file(run["data"], "valid"),
+        "recipe": finetune_recipe(wildcards),
+    }
+
+
+def finetune_overrides(wildcards):
+    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in (FINETUNE.get("set") or {}).items())
+
+
+def test_inputs(data, tests):
+    return {label: task_file(data, split) for label, split in tests.items()}
+
+
+def evaluate_inputs(wildcards):
+    run = FINETUNE_RUNS[wildcards.ft]
+    return {"head": finetuned_head(wildcards.dataset, wildcards.objective, wildcards.preset, wildcards.ft),
+            **{f"test_{k}": v for k, v in test_inputs(run["data"], run["tests"]).items()}}
+
+
+def unsupervised_inputs(wildcards):
+    return {"encoder": f"{model_dir(wildcards.dataset, wildcards.objective, wildcards.preset)}/model.safetensors",
+            **{f"test_{k}": v for k, v in test_inputs(UNSUPERVISED["data"], UNSUPERVISED["tests"]).items()}}
+
+
+def test_args(wildcards, input):
+    """--test LABEL=PATH for every named input test_<LABEL>."""
+    prefix = "test_"
+    args = []
+    for key, path in input.items():
+        if key.startswith(prefix):
+            spec = f"{key[len(prefix):]}={path}"
+            args.append(f"--test {shlex.quote(spec)}")
+    return " ".join(args)
+
+
+def finetuned_head(dataset, objective, preset, ft):
+    return f"{RESULTS}/finetune/{dataset}/{objective}-{preset}/{ft}/head.safetensors"
+
+
+def evaluation_tsv(m, name):
+    return f"{RESULTS}/evaluation/{m['dataset']}/{m['objective']}-{m['preset']}/{name}.tsv"
+
+
+def evaluation_results():
+    """(table kind, TSV) for every evaluation the config asks for."""
+    out = []
+    for m in PRETRAIN_MODELS:
+        for ft in runs_for(m):
+            out.append((FINETUNE_RUNS[ft]["table"], evaluation_tsv(m, ft)))
+        if m["objective"] != "mlm":
+            for readout in UNSUPERVISED.get("readouts") or []:
+                out.append(("unsupervised_contact", evaluation_tsv(m, f"unsupervised-{readout}")))
+    return out
+
+
+def table_args(wildcards, input):
+    return " ".join(f"--result {shlex.quote(f'{kind}={path}')}" for (kind, _), path in zip(evaluation_results(), input))
+
+
+RESULT_TABLES = ["tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology",
+                 "unsupervised_contact"]
+
+
+def downstream_targets():
+    if not evaluation_results():
+        return []
+    return [f"{RESULTS}/tables/{t}.md" for t in RESULT_TABLES]

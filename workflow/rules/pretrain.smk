@@ -14,6 +14,9 @@ rule pretrain:
         # killed or requeued job resumes from its last step-N/ checkpoint instead of starting over
         run_dir=f"{RESULTS}/pretrain_runs/{{dataset}}/{{objective}}-{{preset}}",
         overrides=pretrain_overrides,
+        # `pmlm launch`: one trainer per GPU on every node of the job; in a SLURM batch job (the `mpi`
+        # resource, see profiles/slurm) it starts its own srun step, so SLURM's warning signal reaches
+        # the trainers and not the shell or Snakemake around them
         launcher=pretrain_launcher,
     log:
         f"{LOGS}/pretrain/{{dataset}}/{{objective}}-{{preset}}.log",
@@ -22,6 +25,11 @@ rule pretrain:
     wildcard_constraints:
         objective="mlm|pmlm|pmlm_pair_only",
         preset=r"[A-Za-z0-9_]+",
+    # A trainer stopped by SIGUSR1/SIGTERM (time limit warning, preemption) saves a checkpoint and exits
+    # with 99; the job fails and is resubmitted with attempt + 1 (a longer runtime), and resumes. Only
+    # the submitting Snakemake retries: inside a SLURM job a retry would rerun the trainer in the same
+    # allocation, right past its time-limit warning.
+    retries: 3 if workflow.is_main_process else 0
     threads: 1
     resources:
         gpu=1,

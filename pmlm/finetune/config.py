@@ -1,0 +1,175 @@
+"""The typed configuration tree of a fine-tuning run (task, head, optimizer, data), loaded from YAML with
+strict key checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from pmlm.errors import ConfigError
+from pmlm.tasks.structures import CONTACT_THRESHOLD
+from pmlm.tasks.tape import NUM_FOLDS
+from pmlm.train.config import YamlConfig
+
+TASKS = ("contact", "ss3", "remote_homology")
+# head kinds each task accepts; the first is what "auto" resolves to
+TASK_HEADS: dict[str, tuple[str, ...]] = {
+    "contact": ("linear", "resnet"),
+    "ss3": ("mlp",),
+    "remote_homology": ("mlp",),
+}
+# classes a head predicts: one contact logit per pair, H/E/C, or the TAPE folds
+TASK_CLASSES: dict[str, int] = {"contact": 1, "ss3": 3, "remote_homology": NUM_FOLDS}
+FEATURES = ("auto", "encoder", "mplus")
+NORMS = ("instance", "batch")
+DATA_FORMATS = ("auto", "structure_jsonl", "tape", "raptorx")
+CONTACT_ATOM_CHOICES = ("auto", "CA", "CB")
+ON_ERROR = ("raise", "skip")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _require(ok: bool, key: str, what: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{key} {what}, got {value!r}")
+
+
+@dataclass
+class HeadConfig:
+    """The task head put on top of the encoder."""
+
+    # contact: linear (TAPE's shallow decoder) | resnet (2-D ResNet, as for RaptorX);
+    # ss3 and remote_homology: mlp; auto picks linear for contact and mlp otherwise
+    kind: str = "auto"
+    # contact only. encoder: concat(f_i * f_j, f_i - f_j) of the encoder outputs;
+    # mplus: the pair head's first-block output M+ (needs a PMLM encoder);
+    # auto: mplus when the encoder has a pair head (the paper's choice), encoder otherwise
+    features: str = "auto"
+    dropout: float = 0.5  # dropout on the head's input features (TAPE: 0.5)
+    resnet_blocks: int = 8  # residual blocks of the resnet head (each two 2-D convs)
+    resnet_channels: int = 64  # channels of the pairwise map inside the resnet head
+    resnet_kernel: int = 3  # square, non-dilated convolution kernel (odd)
+    # instance | batch: normalisation inside the residual blocks (statistics over real pairs only)
+    resnet_norm: str = "instance"
+    mlp_hidden: int = 512  # hidden width of the mlp head (TAPE's SimpleMLP: 512)
+    num_classes: int | None = None  # output classes; None = the task's (3 for ss3, 1,195 folds for remote homology)
+    # upper bound on the elements of one chunk of pair features (B x rows x L x F); bounds the
+    # transient memory of L^2 pair features, the only quantity that grows quadratically
+    pair_chunk_elements: int = 1 << 24
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("auto", "linear", "resnet", "mlp"), "head.kind",
+                 "must be one of auto, linear, resnet, mlp", self.kind)
+        _require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
+        _require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
+        for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "pair_chunk_elements"):
+            _require(getattr(self, name) >= 1, f"head.{name}", "must be >= 1", getattr(self, name))
+        _require(self.resnet_kernel >= 1 and self.resnet_kernel % 2 == 1, "head.resnet_kernel",
+                 "must be a positive odd number (the pairwise map keeps its size)", self.resnet_kernel)
+        _require(self.resnet_norm in NORMS, "head.resnet_norm", f"must be one of {', '.join(NORMS)}", self.resnet_norm)
+        _require(self.num_classes is None or self.num_classes >= 1, "head.num_classes", "must be >= 1 or null",
+                 self.num_classes)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with two learning rates (encoder, head), linear warm-up then linear decay to 0."""
+
+    lr: float = 1e-5  # peak learning rate of the encoder (used only when freeze_encoder is false)
+    head_lr: float = 1e-3  # peak learning rate of the head
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam moment decay rates
+    eps: float = 1e-8  # Adam denominator epsilon
+    weight_decay: float = 0.01  # decoupled decay on weight matrices (not biases / norms)
+    warmup_steps: int = 100  # optimizer steps of linear warm-up
+    total_steps: int = 3000  # optimizer steps in the whole run
+    clip_norm: float = 1.0  # global gradient-norm clip; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
+        _require(self.head_lr > 0, "optim.head_lr", "must be > 0", self.head_lr)
+        betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
+        _require(betas_ok, "optim.betas", "must be two numbers in [0, 1)", self.betas)
+        _require(self.eps > 0, "optim.eps", "must be > 0", self.eps)
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
+        _require(self.total_steps >= 1, "optim.total_steps", "must be >= 1", self.total_steps)
+        _require(0 <= self.warmup_steps <= self.total_steps, "optim.warmup_steps",
+                 "must be in [0, optim.total_steps]", self.warmup_steps)
+        _require(self.clip_norm >= 0, "optim.clip_norm", "must be >= 0 (0 disables clipping)", self.clip_norm)
+
+    def scale_at(self, step: int) -> float:
+        """Multiplier of both peak learning rates at optimizer step ``step`` (0-based)."""
+        update = step + 1
+        if update <= self.warmup_steps:
+            return update / self.warmup_steps
+        decay_steps = self.total_steps - self.warmup_steps
+        return max(0.0, 1.0 - (update - self.warmup_steps) / decay_steps) if decay_steps > 0 else 0.0
+
+
+@dataclass
+class DataConfig:
+    """How task files become labelled, cropped batches."""
+
+    format: str = "auto"  # auto (by file name / content) | structure_jsonl | tape | raptorx
+    batch_size: int = 8  # proteins per micro-batch
+    # training crop in residues: longer proteins get a random window of this size (per epoch);
+    # null = the encoder's window (max_len - 2). Evaluation always uses full length.
+    crop: int | None = 256
+    # atom whose distance defines a contact: auto = the dataset's convention (structure JSONL
+    # and RaptorX: CB; TAPE's ProteinNet holds only CA); CA / CB force it (CB on TAPE data is an error)
+    contact_atom: str = "auto"
+    contact_threshold: float = CONTACT_THRESHOLD  # Angstrom; contact when distance <= this
+    min_separation: int = 6  # training loss over pairs with |i - j| >= this (TAPE / RaptorX ignore closer pairs)
+    on_error: str = "raise"  # bad records: raise (one line naming file and line) | skip (counted, reported)
+    max_proteins: int | None = None  # use only the first N proteins of the training file (null = all)
+
+    def __post_init__(self) -> None:
+        _require(self.format in DATA_FORMATS, "data.format", f"must be one of {', '.join(DATA_FORMATS)}", self.format)
+        _require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
+        _require(self.crop is None or self.crop >= 1, "data.crop", "must be >= 1 or null", self.crop)
+        _require(self.contact_atom in CONTACT_ATOM_CHOICES, "data.contact_atom",
+                 f"must be one of {', '.join(CONTACT_ATOM_CHOICES)}", self.contact_atom)
+        _require(self.contact_threshold > 0, "data.contact_threshold", "must be > 0 (Angstrom)", self.contact_threshold)
+        _require(self.min_separation >= 1, "data.min_separation", "must be >= 1", self.min_separation)
+        _require(self.on_error in ON_ERROR, "data.on_error", f"must be one of {', '.join(ON_ERROR)}", self.on_error)
+        _require(self.max_proteins is None or self.max_proteins >= 1, "data.max_proteins", "must be >= 1 or null",
+                 self.max_proteins)
+
+
+@dataclass
+class FinetuneConfig(YamlConfig):
+    """Everything a fine-tuning run depends on; saved into every checkpoint and the head's sidecar."""
+
+    task: str = "contact"  # contact | ss3 | remote_homology
+    freeze_encoder: bool = True  # true: train the head only (frozen features); false: full fine-tuning
+    head: HeadConfig = field(default_factory=HeadConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    grad_accum: int = 1  # micro-batches per optimizer step
+    log_every: int = 10  # optimizer steps between rows of metrics.csv
+    eval_every: int = 0  # optimizer steps between validations on --valid; 0 = only at the end
+    save_every: int = 500  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM / SIGUSR1
+    keep_last_checkpoints: int = 2  # older step-N/ folders are deleted
+    seed: int = 1  # seeds head initialisation, batch order, crops and dropout
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false (never on CPU)
+
+    def __post_init__(self) -> None:
+        _require(self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}", self.task)
+        allowed = TASK_HEADS[self.task]
+        if self.head.kind == "auto":
+            self.head = dataclasses.replace(self.head, kind=allowed[0])
+        _require(self.head.kind in allowed, "head.kind",
+                 f"must be {' or '.join(allowed)} for task {self.task}", self.head.kind)
+        if self.task != "contact" and self.head.features == "mplus":
+            raise ConfigError(f"head.features mplus describes residue pairs; task {self.task} uses encoder outputs "
+                              "(set head.features: encoder or auto)")
+        for name in ("grad_accum", "log_every", "keep_last_checkpoints"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+        for name in ("eval_every", "save_every", "seed"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
+        _require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.num_classes or TASK_CLASSES[self.task]
+

@@ -1,0 +1,362 @@
+"""``pmlm evaluate``: score a fine-tuned head, or the pair head's unsupervised contacts, on test sets, written
+as one long-format TSV per (model, task, head).
+
+Unsupervised read-out (``--head pair-kl`` / ``pair-mi``, contact task only): for each protein,
+ONE forward pass of the unmasked sequence gives the pair head's joint P(x_i, x_j) for every
+pair i < j (and, mirrored, j > i). Nothing is masked by default because that costs one pass
+per protein instead of one per pair, and the pair head still has to express through the joint
+how strongly two positions depend on each other. The score is KL(P(x_i) P(x_j) || P(x_i, x_j))
+(``pair-kl``; marginals from the token head when the model has one, else from the joint) or
+the joint's mutual information (``pair-mi``), symmetrised, with the diagonal zeroed and
+average-product correction. ``--mask-pairs`` instead masks exactly i and j for each pair, as
+in pre-training: L(L-1)/2 sequence copies per protein, affordable for small proteins only.
+
+Proteins longer than the encoder's window (max_len - 2 residues) are cropped to their first
+``window`` residues and scored with L = window (``--too-long crop``, the default) or left
+out (``--too-long skip``); either way their number is reported as the metric ``n_too_long``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.pretrained import load_pretrained
+
+PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
+TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
+               "config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
+# metric-name label -> range name in pmlm.evaluation.metrics.CONTACT_RANGES
+RANGE_LABELS = {"short": "short", "medium": "medium", "long": "long", "medium_long": "medium_long",
+                "tape_s6": "tape_all"}
+HEADLINE = {"contact": "P@L/5_medium_long", "ss3": "Q3", "remote_homology": "top1"}
+PAIR_FEATURES = "pair_joint"  # the features column of unsupervised rows
+
+
+def canonical_sha256(obj) -> str:
+    """sha256 of a JSON value with sorted keys: identical settings give identical digests."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def contact_summary(proteins) -> dict[str, tuple[float, int]]:
+    """(scores, contacts, valid) per protein -> {metric: (value, n_proteins)} for every range x L/k,
+    per-protein means and ``_pooled`` variants."""
+    from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics
+
+    ranges = {label: CONTACT_RANGES[name] for label, name in RANGE_LABELS.items()}
+    result = contact_metrics(proteins, ranges=ranges)
+    out: dict[str, tuple[float, int]] = {}
+    for label in ranges:
+        for div in TOP_K_DIVISORS:
+            s = result[label][div]
+            out[f"P@{div}_{label}"] = (s.mean, s.n_proteins)
+            out[f"P@{div}_{label}_pooled"] = (s.pooled, s.n_proteins)
+    return out
+
+
+def score_task(model, data, *, batch_size: int, window: int, too_long: str, threshold: float, device,
+               autocast=nullcontext) -> tuple[dict[str, tuple[float, int]], int]:
+    """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long)."""
+    import torch
+
+    from pmlm.evaluation.metrics import q3_accuracy, top1_accuracy
+    from pmlm.finetune.data import evaluation_batches
+
+    batches, n_long = evaluation_batches(data.examples, data.task, batch_size, window, too_long, threshold)
+    was_training = model.training
+    model.eval()
+
+    def predictions():
+        with torch.no_grad():
+            for batch in batches:
+                batch = batch.to(device)
+                with autocast():
+                    logits = model(batch.tokens, batch.mask)
+                yield batch, logits.float().cpu()
+
+    try:
+        if data.task == "contact":
+            def proteins():
+                for batch, logits in predictions():
+                    for b, k in enumerate(batch.lengths):
+                        yield (logits[b, :k, :k].double().numpy(), batch.targets[b, :k, :k].cpu().numpy(),
+                               batch.valid[b, :k, :k].cpu().numpy())
+
+            return contact_summary(proteins()), n_long
+        preds, targets = [], []
+        for batch, logits in predictions():
+            if data.task == "ss3":
+                for b, k in enumerate(batch.lengths):
+                    preds.append(logits[b, :k].argmax(-1).numpy())
+                    targets.append(batch.targets[b, :k].cpu().numpy())
+            else:
+                preds.append(logits.argmax(-1).numpy())
+                targets.append(batch.targets.cpu().numpy())
+        if data.task == "ss3":
+            acc = q3_accuracy(preds, targets)
+            metrics = {"Q3": (acc.pooled, acc.n_proteins), "Q3_per_protein": (acc.per_protein_mean, acc.n_proteins)}
+            return metrics, n_long
+        pred, labels = np.concatenate(preds), np.concatenate(targets)
+        return {"top1": (top1_accuracy(pred, labels), int(labels.size))}, n_long
+    finally:
+        model.train(was_training)
+
+
+def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False,
+                                pair_batch: int = 4096, device="cpu") -> np.ndarray:
+    """(L, L) contact scores from the pair head's joints (see the module docstring)."""
+    import torch
+
+    from pmlm import alphabet
+    from pmlm.evaluation.kl import _residue_joint
+    from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
+    from pmlm.model.objectives import upper_pairs
+
+    length = int(residues.size)
+    tokens = torch.full((1, length + 2), alphabet.PAD_ID, dtype=torch.long)
+    tokens[0, 0], tokens[0, length + 1] = alphabet.CLS_ID, alphabet.EOS_ID
+    tokens[0, 1:length + 1] = torch.from_numpy(residues.astype(np.int64))
+    tokens = tokens.to(device)
+    upper = upper_pairs(torch.ones(1, length, dtype=torch.bool, device=device))  # (P, 3) rows (0, i, j), i < j
+    scores = torch.zeros(length, length, dtype=torch.float64)
+
+    def dependence(logits, p_first, p_second):
+        joint = _residue_joint(logits.float())  # (n, 20, 20)
+        if measure == "mi":
+            return mutual_information(joint)
+        return kl_independence(joint, p_first, p_second)
+
+    def marginals(token_logits):
+        return None if token_logits is None else torch.softmax(token_logits.float(), dim=-1)
+
+    with torch.no_grad():
+        if not mask_pairs:
+            reps = model.encode(tokens)  # (1, L + 2, C)
+            p = marginals(model.token_head(reps[0, 1:length + 1])) if model.token_head is not None else None
+            for start in range(0, upper.shape[0], pair_batch):
+                rows = upper[start:start + pair_batch]  # (n, 3)
+                n = rows.shape[0]
+                logits, _ = model.pair_head(reps, rows + torch.tensor([0, 1, 1], device=device), mirror=True)
+                i, j = rows[:, 1], rows[:, 2]
+                p_i = None if p is None else p[i]
+                p_j = None if p is None else p[j]
+                scores[i.cpu(), j.cpu()] = dependence(logits[:n], p_i, p_j).double().cpu()
+                scores[j.cpu(), i.cpu()] = dependence(logits[n:], p_j, p_i).double().cpu()
+        else:
+            for start in range(0, upper.shape[0], pair_batch):
+                rows = upper[start:start + pair_batch]
+                n = rows.shape[0]
+                batch = tokens.expand(n, -1).clone()  # (n, L + 2), one copy per pair
+                b = torch.arange(n, device=device)
+                pos_i, pos_j = rows[:, 1] + 1, rows[:, 2] + 1  # +1: <cls> at position 0
+                batch[b, pos_i] = alphabet.MASK_ID
+                batch[b, pos_j] = alphabet.MASK_ID
+                out = model(batch, pair_index=torch.stack([b, pos_i, pos_j], dim=1), mirror_pairs=True)
+                p_i = p_j = None
+                if out["logits"] is not None:
+                    p_i, p_j = marginals(out["logits"][b, pos_i]), marginals(out["logits"][b, pos_j])
+                i, j = rows[:, 1].cpu(), rows[:, 2].cpu()
+                scores[i, j] = dependence(out["pair_logits"][:n], p_i, p_j).double().cpu()
+                scores[j, i] = dependence(out["pair_logits"][n:], p_j, p_i).double().cpu()
+    return apc(symmetrize(scores)).numpy()  # apc zeroes the diagonal
+
+
+def score_unsupervised(model, data, measure: str, *, window: int, too_long: str, threshold: float,
+                       mask_pairs: bool, pair_batch: int, device) -> tuple[dict[str, tuple[float, int]], int]:
+    """Contact metrics of the unsupervised read-out on one test set."""
+    from pmlm.finetune.data import evaluation_batches
+
+    batches, n_long = evaluation_batches(data.examples, "contact", 1, window, too_long, threshold)
+
+    def proteins():
+        for batch in batches:
+            k = batch.lengths[0]
+            residues = batch.tokens[0, 1:k + 1].numpy()
+            scores = unsupervised_contact_scores(model, residues, measure, mask_pairs=mask_pairs,
+                                                 pair_batch=pair_batch, device=device)
+            yield scores, batch.targets[0, :k, :k].numpy(), batch.valid[0, :k, :k].numpy()
+
+    return contact_summary(proteins()), n_long
+
+
+def read_head_info(head_path: str | Path) -> dict:
+    if not Path(head_path).is_file():
+        raise InputError(head_path, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
+    sidecar = Path(head_path).with_suffix(".json")
+    try:
+        info = json.loads(sidecar.read_text())
+    except FileNotFoundError:
+        raise InputError(sidecar, "missing: a fine-tuned head needs its .json sidecar (written by pmlm finetune)"
+                         ) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(sidecar, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+    for key in ("config", "encoder"):
+        if key not in info:
+            raise InputError(sidecar, f"missing key {key!r} (not written by pmlm finetune)")
+    return info
+
+
+def load_finetuned(head_path: str | Path, encoder_path: str | Path | None = None, device="cpu"):
+    """Rebuild a TaskModel from ``head.safetensors`` + sidecar: (model, FinetuneConfig, info, encoder path).
+
+    The encoder defaults to the path recorded at fine-tuning time; its sha256 must match.
+    """
+    from safetensors.torch import load_file
+
+    from pmlm.finetune.config import FinetuneConfig
+    from pmlm.finetune.heads import TaskModel, build_head
+    from pmlm.utils import file_digest
+
+    head_path = Path(head_path)
+    info = read_head_info(head_path)
+    sidecar = head_path.with_suffix(".json")
+    cfg = FinetuneConfig.from_dict(info["config"])
+    encoder_path = Path(encoder_path or info["encoder"]["path"])
+    if not encoder_path.is_file():
+        raise InputError(encoder_path, "encoder weights not found (pass --encoder)")
+    digest = file_digest(encoder_path)
+    if digest != info["encoder"]["sha256"]:
+        raise InputError(sidecar, f"the head was fine-tuned on an encoder with sha256 "
+                                  f"{info['encoder']['sha256'][:12]}..., but {encoder_path} has {digest[:12]}...")
+    encoder, _ = load_pretrained(encoder_path)
+    model = TaskModel(encoder, build_head(cfg, encoder.cfg.hidden), cfg.task, cfg.head.features, cfg.freeze_encoder)
+    try:
+        state = load_file(str(head_path))
+    except Exception as exc:  # safetensors raises its own error types for damaged files
+        raise InputError(head_path, f"unreadable weights: {exc}") from None
+    try:
+        model.trainable().load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(head_path, f"weights do not match the head in the sidecar: {first}") from None
+    return model.to(device).eval(), cfg, info, encoder_path
+
+
+def write_tsv(path: str | Path, rows: list[dict]) -> None:
+    from pmlm.utils import atomic_output
+
+    def cell(value):
+        if isinstance(value, float):
+            return repr(value)
+        return "" if value is None else str(value)
+
+    with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+        writer.writerow(TSV_COLUMNS)
+        for row in rows:
+            writer.writerow([cell(row[c]) for c in TSV_COLUMNS])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("Writes one TSV (long format: one metric per row) for this model, task and head over all --test sets. "
+                "Contact metrics: P@{L,L/2,L/5}_{short,medium,long,medium_long,tape_s6}, per-protein means, "
+                "plus _pooled variants; ss3: Q3 (pooled over residues, as TAPE) and Q3_per_protein; "
+                "remote homology: top1.")
+    p.add_argument("--head", required=True, metavar="HEAD.safetensors|pair-kl|pair-mi",
+                   help="a fine-tuned head (with its .json sidecar), or an unsupervised read-out of the pair head")
+    p.add_argument("--encoder", metavar="MODEL.safetensors",
+                   help="pre-trained encoder (with model.json); required for pair-kl / pair-mi, "
+                        "for a head defaults to the one it was fine-tuned on (checked by sha256)")
+    p.add_argument("--test", action="append", required=True, metavar="NAME=PATH",
+                   help="test set label and file (structure JSONL, TAPE JSON/LMDB, RaptorX set); repeatable")
+    p.add_argument("--out", required=True, metavar="PATH.tsv", help="the results table")
+    p.add_argument("--model", metavar="NAME", help="model label in the table (default: the encoder's folder name)")
+    p.add_argument("--batch-size", type=int, default=4, help="proteins per forward pass (heads)")
+    p.add_argument("--too-long", choices=("crop", "skip"), default="crop",
+                   help="proteins longer than the encoder's window: crop to the window, or leave out (counted)")
+    p.add_argument("--mask-pairs", action="store_true",
+                   help="pair-kl / pair-mi: mask each pair as in pre-training "
+                        "(one sequence copy per pair: small proteins only)")
+    p.add_argument("--pair-batch", type=int, default=4096, help="pairs per pair-head call (pair-kl / pair-mi)")
+    p.add_argument("--format", choices=("auto", "structure_jsonl", "tape", "raptorx"), default="auto",
+                   help="format of the test files (auto: from name and content)")
+    p.add_argument("--contact-atom", choices=("auto", "CA", "CB"),
+                   help="contact atom (auto: the dataset's convention); default: the head's config, auto for pair-*")
+    p.add_argument("--contact-threshold", type=float,
+                   help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from pmlm.finetune.data import read_task_data
+    from pmlm.tasks.structures import CONTACT_THRESHOLD
+    from pmlm.utils import file_digest, versions
+
+    tests = {}
+    for item in args.test:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--test expects NAME=PATH, got {item!r}")
+        if name in tests:
+            raise ConfigError(f"--test {name} given twice")
+        tests[name] = path
+    for name, value in (("--batch-size", args.batch_size), ("--pair-batch", args.pair_batch)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was requested but no CUDA device is visible")
+    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else nullcontext
+
+    unsupervised = args.head in PAIR_HEADS
+    if unsupervised:
+        if not args.encoder:
+            raise ConfigError(f"--head {args.head} reads the encoder's pair head: pass --encoder")
+        model, info = load_pretrained(args.encoder, device)
+        if model.pair_head is None:
+            raise ConfigError(f"{args.encoder}: the model has no pair head (objective {info['objective']['name']}); "
+                              f"--head {args.head} needs a PMLM model")
+        encoder_path = Path(args.encoder)
+        task, head_name, features = "contact", args.head, PAIR_FEATURES
+        atom, threshold = args.contact_atom or "auto", args.contact_threshold or CONTACT_THRESHOLD
+        settings = {"head": args.head, "mask_pairs": args.mask_pairs, "apc": True, "contact_atom": atom,
+                    "contact_threshold": threshold}
+        window = model.cfg.max_len - 2
+    else:
+        model, cfg, info, encoder_path = load_finetuned(args.head, args.encoder, device)
+        task, head_name, features = cfg.task, cfg.head.kind, cfg.head.features
+        atom = args.contact_atom or cfg.data.contact_atom
+        threshold = args.contact_threshold or cfg.data.contact_threshold
+        settings = info["config"]  # the head's own config, plus any contact definition changed here
+        if (atom, threshold) != (cfg.data.contact_atom, cfg.data.contact_threshold):
+            settings = {**settings, "evaluation": {"contact_atom": atom, "contact_threshold": threshold}}
+        window = model.encoder.cfg.max_len - 2
+    if threshold <= 0:
+        raise ConfigError(f"--contact-threshold must be > 0 (Angstrom), got {threshold}")
+    label = args.model or encoder_path.parent.name or encoder_path.stem
+    v = versions()
+    common = {"model": label, "task": task, "head": head_name, "features": features,
+              "config_sha256": canonical_sha256(settings), "encoder_sha256": file_digest(encoder_path),
+              "pmlm_version": v["pmlm"], "torch_version": v["torch"], "git_commit": v["git_commit"] or ""}
+
+    rows = []
+    for name, path in tests.items():
+        data = read_task_data(path, task, fmt=args.format, contact_atom=atom, threshold=threshold,
+                              num_classes=None if unsupervised else cfg.num_classes)
+        if unsupervised:
+            metrics, n_long = score_unsupervised(model, data, PAIR_HEADS[args.head], window=window,
+                                                 too_long=args.too_long, threshold=threshold,
+                                                 mask_pairs=args.mask_pairs, pair_batch=args.pair_batch, device=device)
+        else:
+            metrics, n_long = score_task(model, data, batch_size=args.batch_size, window=window,
+                                         too_long=args.too_long, threshold=threshold, device=device, autocast=autocast)
+        metrics["n_too_long"] = (n_long, len(data.examples))
+        for metric, (value, n) in metrics.items():
+            rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})
+        headline, _ = metrics[HEADLINE[task]]
+        atom_note = f", contacts by {data.contact_atom}" if data.contact_atom else ""
+        print(f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins "
+              f"({n_long} longer than {window}, {args.too_long}{atom_note}), {HEADLINE[task]} {headline:.4f}",
+              file=sys.stderr)
+    write_tsv(args.out, rows)
+    return 0

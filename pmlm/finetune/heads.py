@@ -1,0 +1,274 @@
+"""Task heads on a pre-trained encoder (contact: linear or 2-D ResNet; secondary structure; remote homology)
+and ``TaskModel``, the encoder plus one head.
+
+Every head takes residue representations ``reps`` (B, L, C) (``<cls>`` / ``<eos>`` stripped)
+and a residue mask (B, L). Contact heads score all L x L pairs from pair features, either
+
+* ``encoder``: ``concat(f_i * f_j, f_i - f_j)`` (B, L, L, 2C), TAPE's pairwise features, or
+* ``mplus``: M+, the PMLM pair head's first block on those features,
+  ``LayerNorm(GELU(Linear(concat(h_i * h_j, h_i - h_j))))`` (the paper's fine-tuning input),
+
+built in row chunks of at most ``pair_chunk_elements`` elements. When a chunk's features
+need gradients and there is more than one chunk, each chunk is recomputed in the backward
+pass (activation checkpointing, RNG state preserved so dropout replays exactly) instead of
+keeping all L^2 features alive. Contact logits are symmetrised, ``(s(i, j) + s(j, i)) / 2``.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pmlm.errors import ConfigError
+from pmlm.model.pmlm_model import PMLMModel
+
+NORM_EPS = 1e-5  # variance floor of the masked norms (torch's BatchNorm / InstanceNorm default)
+NORM_MOMENTUM = 0.1  # running-statistics update rate of the masked batch norm (torch's default)
+
+
+def symmetrise(logits: torch.Tensor) -> torch.Tensor:
+    """(B, L, L) -> (s + s^T) / 2."""
+    return (logits + logits.transpose(1, 2)) / 2
+
+
+def pair_features(reps: torch.Tensor, start: int, stop: int, pair_block: nn.Module | None) -> torch.Tensor:
+    """Features of pairs (i, j), i in [start, stop), all j: (B, stop - start, L, 2C).
+
+    pair_block None: ``concat(f_i * f_j, f_i - f_j)``; otherwise the PMLM pair head, whose
+    first block (``dense`` -> GELU -> ``norm``) turns those features into M+.
+    """
+    f_i = reps[:, start:stop, None, :]  # (B, r, 1, C)
+    f_j = reps[:, None, :, :]  # (B, 1, L, C)
+    if pair_block is None:
+        return torch.cat(torch.broadcast_tensors(f_i * f_j, f_i - f_j), dim=-1)  # (B, r, L, 2C)
+    # dense(concat(prod, diff)) = W_prod prod + W_diff f_i - W_diff f_j + b: the difference half is a
+    # per-residue projection, which halves the matmul and never builds the 2C-wide concatenation
+    w_prod, w_diff = pair_block.dense.weight.split(reps.shape[-1], dim=1)  # (2C, C) each
+    d = F.linear(reps, w_diff)  # (B, L, 2C)
+    pre = F.linear(f_i * f_j, w_prod, pair_block.dense.bias) + d[:, start:stop, None, :] - d[:, None, :, :]
+    return pair_block.norm(F.gelu(pre))  # (B, r, L, 2C) = M+
+
+
+def pair_map(reps: torch.Tensor, pair_block: nn.Module | None, transform, chunk_elements: int) -> torch.Tensor:
+    """``transform(pair_features)`` for all L x L pairs, built in row chunks: (B, L, L, D)."""
+    B, L, C = reps.shape
+    rows = max(1, chunk_elements // max(1, B * L * 2 * C))
+    chunks = range(0, L, rows)
+
+    def one_chunk(x: torch.Tensor, start: int) -> torch.Tensor:
+        return transform(pair_features(x, start, min(start + rows, L), pair_block))  # (B, r, L, D)
+
+    recompute = torch.is_grad_enabled() and len(chunks) > 1
+    parts = [
+        checkpoint(one_chunk, reps, start, use_reentrant=False) if recompute else one_chunk(reps, start)
+        for start in chunks
+    ]
+    return torch.cat(parts, dim=1)
+
+
+class ContactLinearHead(nn.Module):
+    """TAPE's shallow decoder: dropout on the pair features, Linear(2C, 1), symmetrised.
+
+    With encoder features the symmetrised score is ``sum_c w_prod[c] f_ic f_jc + b``: the
+    difference half of the weight cancels between (i, j) and (j, i), so it only matters through
+    dropout in training. Evaluation uses that closed form (one matmul, no L^2 features).
+    """
+
+    def __init__(self, hidden: int, dropout: float, chunk_elements: int):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(2 * hidden, 1)
+        self.chunk_elements = chunk_elements
+
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+        if not self.training and pair_block is None:
+            w_prod = self.out.weight[0, : reps.shape[-1]]  # (C,)
+            # symmetric in exact arithmetic; symmetrised anyway so rounding cannot break it
+            return symmetrise((reps * w_prod) @ reps.transpose(1, 2) + self.out.bias)  # (B, L, L)
+        raw = pair_map(reps, pair_block, lambda f: self.out(self.dropout(f)).squeeze(-1), self.chunk_elements)
+        return symmetrise(raw)  # (B, L, L)
+
+
+class MaskedNorm2d(nn.Module):
+    """Instance or batch normalisation of a (B, C, L, L) map whose statistics skip padded pairs."""
+
+    def __init__(self, channels: int, mode: str):
+        super().__init__()
+        self.mode = mode
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        if mode == "batch":
+            self.register_buffer("running_mean", torch.zeros(channels))
+            self.register_buffer("running_var", torch.ones(channels))
+
+    def forward(self, x: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        # x (B, C, L, L); pair_mask (B, 1, L, L) float, 1 for pairs of real residues
+        if self.mode == "batch" and not self.training:
+            mean = self.running_mean.view(1, -1, 1, 1)
+            var = self.running_var.view(1, -1, 1, 1)
+        else:
+            dims = (2, 3) if self.mode == "instance" else (0, 2, 3)
+            count = pair_mask.sum(dim=dims, keepdim=True).clamp_min(1.0)
+            mean = (x * pair_mask).sum(dim=dims, keepdim=True) / count  # (B or 1, C, 1, 1)
+            var = (((x - mean) * pair_mask) ** 2).sum(dim=dims, keepdim=True) / count
+            if self.mode == "batch":
+                with torch.no_grad():
+                    self.running_mean.lerp_(mean.flatten().to(self.running_mean.dtype), NORM_MOMENTUM)
+                    self.running_var.lerp_(var.flatten().to(self.running_var.dtype), NORM_MOMENTUM)
+        x = (x - mean) * torch.rsqrt(var + NORM_EPS)
+        return (x * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)) * pair_mask
+
+
+class ResidualBlock2d(nn.Module):
+    """Pre-activation residual block: norm -> ReLU -> conv, twice, plus the input (non-dilated)."""
+
+    def __init__(self, channels: int, kernel: int, norm: str):
+        super().__init__()
+        self.norm1 = MaskedNorm2d(channels, norm)
+        self.conv1 = nn.Conv2d(channels, channels, kernel, padding=kernel // 2)
+        self.norm2 = MaskedNorm2d(channels, norm)
+        self.conv2 = nn.Conv2d(channels, channels, kernel, padding=kernel // 2)
+
+    def forward(self, x: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        # padded pairs are zeroed after every conv, so a protein's edge looks like zero padding
+        y = self.conv1(F.relu(self.norm1(x, pair_mask))) * pair_mask
+        y = self.conv2(F.relu(self.norm2(y, pair_mask))) * pair_mask
+        return x + y  # (B, C, L, L)
+
+
+class ContactResNetHead(nn.Module):
+    """Pair features -> dropout -> Linear(2C, channels) -> residual blocks -> 1x1 conv -> 1 logit, symmetrised."""
+
+    def __init__(self, hidden: int, dropout: float, channels: int, blocks: int, kernel: int, norm: str,
+                 chunk_elements: int):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.project = nn.Linear(2 * hidden, channels)
+        self.blocks = nn.ModuleList(ResidualBlock2d(channels, kernel, norm) for _ in range(blocks))
+        self.final_norm = MaskedNorm2d(channels, norm)
+        self.out = nn.Conv2d(channels, 1, kernel_size=1)
+        self.chunk_elements = chunk_elements
+
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+        x = pair_map(reps, pair_block, lambda f: self.project(self.dropout(f)), self.chunk_elements)  # (B, L, L, ch)
+        x = x.permute(0, 3, 1, 2)  # (B, ch, L, L)
+        m = mask.to(x.dtype)
+        pair_mask = (m[:, :, None] * m[:, None, :]).unsqueeze(1)  # (B, 1, L, L)
+        x = x * pair_mask
+        for block in self.blocks:
+            x = block(x, pair_mask)
+        x = F.relu(self.final_norm(x, pair_mask))
+        return symmetrise(self.out(x).squeeze(1))  # (B, L, L)
+
+
+def _mlp(hidden: int, mlp_hidden: int, classes: int, dropout: float) -> nn.Sequential:
+    """TAPE's SimpleMLP: Linear -> ReLU -> Dropout -> Linear."""
+    return nn.Sequential(nn.Linear(hidden, mlp_hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(mlp_hidden, classes))
+
+
+class SecondaryStructureHead(nn.Module):
+    """Per-residue MLP -> 3 classes (H, E, C)."""
+
+    def __init__(self, hidden: int, mlp_hidden: int, classes: int, dropout: float):
+        super().__init__()
+        self.mlp = _mlp(hidden, mlp_hidden, classes, dropout)
+
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+        return self.mlp(reps)  # (B, L, 3)
+
+
+class RemoteHomologyHead(nn.Module):
+    """Mean over the real residues -> MLP -> fold classes."""
+
+    def __init__(self, hidden: int, mlp_hidden: int, classes: int, dropout: float):
+        super().__init__()
+        self.mlp = _mlp(hidden, mlp_hidden, classes, dropout)
+
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+        m = mask.to(reps.dtype).unsqueeze(-1)  # (B, L, 1)
+        pooled = (reps * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # (B, C)
+        return self.mlp(pooled)  # (B, classes)
+
+
+def set_contact_prior(head: nn.Module, rate: float) -> None:
+    """Start a contact head at the base rate: output bias = log-odds of ``rate`` (0 < rate < 1).
+
+    Contacts are a few percent of the scored pairs; a head starting at probability 0.5 spends
+    its first steps learning only that, which a short run cannot afford.
+    """
+    with torch.no_grad():
+        head.out.bias.fill_(math.log(rate / (1.0 - rate)))
+
+
+def build_head(cfg, hidden: int) -> nn.Module:
+    """The head a FinetuneConfig describes, for an encoder of width ``hidden``."""
+    h = cfg.head
+    if h.kind == "linear":
+        return ContactLinearHead(hidden, h.dropout, h.pair_chunk_elements)
+    if h.kind == "resnet":
+        return ContactResNetHead(hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel,
+                                 h.resnet_norm, h.pair_chunk_elements)
+    head_cls = SecondaryStructureHead if cfg.task == "ss3" else RemoteHomologyHead
+    return head_cls(hidden, h.mlp_hidden, cfg.num_classes, h.dropout)
+
+
+def resolve_features(requested: str, task: str, encoder: PMLMModel) -> str:
+    """``auto`` -> mplus for contact heads on encoders with a pair head, else encoder; mplus is checked."""
+    if task != "contact":
+        return "encoder"
+    has_pair_head = encoder.pair_head is not None
+    if requested == "auto":
+        return "mplus" if has_pair_head else "encoder"
+    if requested == "mplus" and not has_pair_head:
+        raise ConfigError("head.features mplus needs an encoder with a pair head (a PMLM model); "
+                          "this one was pre-trained without (use head.features: encoder)")
+    return requested
+
+
+class TaskModel(nn.Module):
+    """Pre-trained encoder plus one task head; ``forward(tokens, mask)`` returns the head's logits.
+
+    With ``freeze_encoder`` the encoder (and the pair head's first block, for M+ features)
+    stays in eval mode without gradients; otherwise they train with the head. The token head
+    and the pair head's output layer never train.
+    """
+
+    def __init__(self, encoder: PMLMModel, head: nn.Module, task: str, features: str, freeze_encoder: bool):
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+        self.task = task
+        self.features = features
+        self.freeze_encoder = freeze_encoder
+        trained = set() if freeze_encoder else {"encoder."}
+        if not freeze_encoder and features == "mplus":
+            trained |= {"pair_head.dense.", "pair_head.norm."}
+        for name, p in encoder.named_parameters():
+            p.requires_grad_(any(name.startswith(prefix) for prefix in trained))
+
+    def train(self, mode: bool = True) -> TaskModel:
+        super().train(mode)
+        if self.freeze_encoder:
+            self.encoder.eval()  # frozen features: no dropout noise
+        return self
+
+    def trainable(self) -> nn.ModuleDict:
+        """The parts whose weights change: what checkpoints and the final head file hold."""
+        parts = {"head": self.head}
+        if not self.freeze_encoder:
+            parts["encoder"] = self.encoder
+        return nn.ModuleDict(parts)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """tokens (B, L + 2) with <cls> first; mask (B, L) real residues. Returns contact (B, L, L),
+        ss3 (B, L, 3) or remote homology (B, classes) logits."""
+        length = mask.shape[1]
+        with torch.no_grad() if self.freeze_encoder else nullcontext():
+            reps = self.encoder.encode(tokens)[:, 1:1 + length]  # (B, L, C) without <cls> / <eos>
+        pair_block = self.encoder.pair_head if self.features == "mplus" else None
+        return self.head(reps, mask, pair_block)

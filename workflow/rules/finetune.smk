@@ -1,0 +1,156 @@
+# Fine-tuning and evaluation: every pre-trained encoder x every configured run, the pair head's
+# unsupervised contacts for PMLM encoders, and the paper's downstream tables.
+
+
+rule expect_local_file:
+    output:
+        "resources/local/{filename}",
+    log:
+        "logs/local/{filename}.log",
+    wildcard_constraints:
+        filename=r"[^/]+",
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "echo 'resources/local/{wildcards.filename} is data you provide (see the comment at its task_data entry "
+        "in the config): place the file there and rerun' | tee {log:q} >&2; exit 1"
+
+
+rule split_structures:
+    input:
+        lambda wildcards: source_file(TASK_DATA[wildcards.taskdata]["source"]),
+    output:
+        train=f"{RESULTS}/tasks/{{taskdata}}/train.jsonl",
+        valid=f"{RESULTS}/tasks/{{taskdata}}/valid.jsonl",
+        test=f"{RESULTS}/tasks/{{taskdata}}/test.jsonl",
+        stats=f"{RESULTS}/tasks/{{taskdata}}/structure_split_stats.json",
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output.stats),
+        fractions=lambda wildcards: " ".join(map(str, TASK_DATA[wildcards.taskdata]["split"].get("fractions", [0.7, 0.1, 0.2]))),
+        min_seq_id=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("min_seq_id", 0.3),
+        coverage=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("coverage", 0.5),
+        seed=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("seed", 0),
+    log:
+        f"{LOGS}/split_structures/{{taskdata}}.log",
+    threads: 2
+    resources:
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
+        runtime=lambda wildcards, attempt: 60 * attempt,
+    conda:
+        "../../envs/mmseqs2.yaml"
+    shell:
+        "python -m pmlm split-structures {input:q} --out-dir {params.out_dir:q} --fractions {params.fractions} "
+        "--min-seq-id {params.min_seq_id} --coverage {params.coverage} --seed {params.seed} --threads {threads} "
+        "2> {log:q}"
+
+
+rule finetune:
+    input:
+        unpack(finetune_inputs),
+    output:
+        head=protected(f"{RESULTS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}/head.safetensors"),
+        info=protected(f"{RESULTS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}/head.json"),
+    params:
+        # checkpoints outside the declared outputs: a killed job resumes where it stopped
+        run_dir=f"{RESULTS}/finetune_runs/{{dataset}}/{{objective}}-{{preset}}/{{ft}}",
+        overrides=finetune_overrides,
+    log:
+        f"{LOGS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
+    benchmark:
+        f"{BENCH}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
+    wildcard_constraints:
+        objective="mlm|pmlm|pmlm_pair_only",
+        preset=r"[A-Za-z0-9_]+",
+    threads: 1
+    resources:
+        gpu=1,
+        cpus_per_gpu=4,
+        mem_mb=lambda wildcards, attempt: 16000 * attempt,
+        runtime=lambda wildcards, attempt: 240 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm finetune --config {input.recipe:q} --encoder {input.encoder:q} "
+        "--train {input.train:q} --valid {input.valid:q} --out {params.run_dir:q} --final {output.head:q} "
+        "{params.overrides} > {log:q} 2>&1"
+
+
+rule evaluate:
+    input:
+        unpack(evaluate_inputs),
+    output:
+        f"{RESULTS}/evaluation/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv",
+    params:
+        tests=test_args,
+        label=lambda wildcards: encoder_label(model_of(wildcards)),
+    log:
+        f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
+    benchmark:
+        f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
+    wildcard_constraints:
+        objective="mlm|pmlm|pmlm_pair_only",
+        preset=r"[A-Za-z0-9_]+",
+        ft=r"(?!unsupervised-)[A-Za-z0-9_]+",
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=lambda wildcards, attempt: 8000 * attempt,
+        runtime=lambda wildcards, attempt: 60 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm evaluate --head {input.head:q} {params.tests} "
+        "--model {params.label:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule evaluate_unsupervised:
+    input:
+        unpack(unsupervised_inputs),
+    output:
+        f"{RESULTS}/evaluation/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.tsv",
+    params:
+        tests=test_args,
+        label=lambda wildcards: encoder_label(model_of(wildcards)),
+    log:
+        f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.log",
+    wildcard_constraints:
+        objective="pmlm|pmlm_pair_only",
+        preset=r"[A-Za-z0-9_]+",
+        readout="pair-kl|pair-mi",
+    threads: 1
+    resources:
+        gpu=1,
+        mem_mb=lambda wildcards, attempt: 8000 * attempt,
+        runtime=lambda wildcards, attempt: 60 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm evaluate --head {wildcards.readout} --encoder {input.encoder:q} "
+        "{params.tests} --model {params.label:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule aggregate_tables:
+    input:
+        [tsv for _, tsv in evaluation_results()],
+    output:
+        report(
+            [f"{RESULTS}/tables/{t}.{ext}" for t in RESULT_TABLES for ext in ("md", "csv", "tex")],
+            caption="../report/downstream_tables.rst",
+            category="Downstream tasks",
+        ),
+    params:
+        results=table_args,
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+        test_label=FINETUNE.get("test_label", "the configured test sets"),
+    log:
+        f"{LOGS}/tables/aggregate_tables.log",
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm tables results {params.results} --out-dir {params.out_dir:q} "
+        "--test-label {params.test_label:q} 2> {log:q}"
+
+
+rule downstream:
+    input:
+        downstream_targets(),
