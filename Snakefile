@@ -15,6 +15,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/finetune.smk"
+include: "workflow/rules/coevolution.smk"
 
 
 localrules:
@@ -27,6 +28,8 @@ localrules:
     tabulate_pretrain_scores,
     aggregate_tables,
     downstream,
+    report_coevolution,
+    coevolution,
 
 
 rule all:

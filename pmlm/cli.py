@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kl": ("pmlm.evaluation.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),
     "tables": ("pmlm.reports.cli", "assemble result tables (CSV, Markdown, LaTeX) with the paper's rows"),
     "synth": ("pmlm.synth.cli", "sample synthetic protein families from Potts models with planted couplings"),
+    "coevolution": ("pmlm.coevolution.evaluate", "planted-coupling read-outs of MLM vs PMLM encoders"),
     "finetune": ("pmlm.finetune.cli", "fine-tune a task head on a pre-trained encoder"),
     "evaluate": ("pmlm.finetune.evaluate", "evaluate a fine-tuned head or the pair head's unsupervised contacts"),
 }

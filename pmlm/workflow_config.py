@@ -33,8 +33,9 @@ def check_config(config: dict, schema_path: str | Path) -> None:
             if allowed:
                 message += f"; allowed keys: {', '.join(allowed)}"
         raise ConfigError(f"{_where(error.absolute_path)}: {message}")
-    sources = config["sources"]
-    for name, dataset in config["datasets"].items():
+    sources = config.get("sources") or {}
+    datasets = config.get("datasets") or {}
+    for name, dataset in datasets.items():
         for key in ("sources", "decontaminate"):
             for i, ref in enumerate(dataset.get(key) or []):
                 if ref not in sources:
@@ -47,8 +48,8 @@ def check_config(config: dict, schema_path: str | Path) -> None:
     seen = set()
     for i, model in enumerate(pretrain.get("models") or []):
         where = f"config.pretrain.models[{i}]"
-        if model["dataset"] not in config["datasets"]:
-            raise ConfigError(f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(config['datasets']))}")
+        if model["dataset"] not in datasets:
+            raise ConfigError(f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(datasets))}")
         if model["preset"] not in recipes:
             raise ConfigError(f"{where}.preset: no recipe for {model['preset']!r} in config.pretrain.recipes")
         key = (model["dataset"], model["objective"], model["preset"])

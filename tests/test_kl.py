@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pmlm import alphabet
-from pmlm.evaluation.kl import _residue_joint, pair_kl, summarise
+from pmlm.evaluation.kl import residue_joint, pair_kl, summarise
 from pmlm.model.config import model_config
 from pmlm.model.objectives import ObjectiveConfig, build_model
 
@@ -65,11 +65,11 @@ def test_pair_only_model_uses_the_joint_marginals(sequences):
 
 def test_full_vocabulary_joint_is_restricted_to_residues():
     logits = torch.randn(3, alphabet.VOCAB_SIZE**2)
-    joint = _residue_joint(logits)
+    joint = residue_joint(logits)
     assert joint.shape == (3, 20, 20)
     torch.testing.assert_close(joint.sum(dim=(1, 2)), torch.ones(3))
     with pytest.raises(ValueError):
-        _residue_joint(torch.randn(2, 17))
+        residue_joint(torch.randn(2, 17))
 
 
 def test_summary_by_separation():

@@ -61,6 +61,16 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     assert "results/demo" not in proc.stdout  # the demo config is replaced, not merged
 
 
+def test_coevolution_study_dag():
+    proc = snakemake("-n", "coevolution", "--configfile", "config/coevolution.yaml")
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["synthesize_families"] == 3 and counts["evaluate_coevolution"] == 3  # one per seed
+    assert counts["pretrain_coevolution"] == 6  # an MLM and a PMLM encoder per seed
+    assert counts["report_coevolution"] == 1
+    assert "results/synthetic/coevolution/coevolution.md" in proc.stdout
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -13,8 +13,8 @@ import os
 import zlib
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
@@ -29,8 +29,9 @@ GZIP_MAGIC = b"\x1f\x8b"
 READ_BUFFER = 1 << 20
 
 
-@dataclass(frozen=True)
-class FastaRecord:
+class FastaRecord(NamedTuple):
+    """One record; a NamedTuple because one is built per record (a frozen dataclass costs ~3x more)."""
+
     title: str  # header line without '>'
     sequence: str  # residues with whitespace removed, as in the file (case kept)
     line: int  # 1-based line number of the header

@@ -26,6 +26,8 @@ import argparse
 import json
 import sys
 import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -79,9 +81,18 @@ class _ShardBuffer:
 
 
 class SplitWriter:
-    """Streams the rows of one split into ``num_shards`` Parquet files."""
+    """Streams the rows of one split into ``num_shards`` Parquet files.
 
-    def __init__(self, directory: Path, split: str, num_shards: int, row_group_size: int, compression_level: int):
+    Row groups are encoded and written by one background thread (pyarrow releases the GIL while it
+    encodes and compresses), overlapping with FASTA parsing in the caller; a single worker keeps the
+    write order, so the files are byte-identical to a sequential run. At most ``MAX_PENDING`` row
+    groups wait for the writer, which bounds memory.
+    """
+
+    MAX_PENDING = 4
+
+    def __init__(self, directory: Path, split: str, num_shards: int, row_group_size: int, compression_level: int,
+                 executor: ThreadPoolExecutor):
         self.dir = directory / split
         self.dir.mkdir(parents=True, exist_ok=True)
         self.split = split
@@ -95,26 +106,36 @@ class SplitWriter:
         self.residue_counts = np.zeros(alphabet.VOCAB_SIZE, dtype=np.int64)
         self.length_counts = np.zeros(len(LENGTH_BIN_EDGES), dtype=np.int64)
         self.clusters: set[str] = set()
+        self._executor = executor
+        self._pending: deque[Future] = deque()
 
     def name(self, shard: int) -> str:
         return f"part-{shard:05d}-of-{self.num_shards:05d}.parquet"
 
     def add(self, record_id: str, cluster_id: str, token_bytes: bytes) -> None:
-        shard = shard_of(cluster_id, self.num_shards)
+        # once per record: shard_of() inlined, no method calls beyond the appends
+        shard = zlib.crc32(cluster_id.encode()) % self.num_shards
         buf = self.buffers[shard]
         buf.ids.append(record_id)
         buf.clusters.append(cluster_id)
         buf.tokens.append(token_bytes)
-        if len(buf) >= self.row_group_size:
+        if len(buf.ids) >= self.row_group_size:
             self._flush(shard)
 
     def _flush(self, shard: int) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         buf = self.buffers[shard]
         if not len(buf):
             return
+        self.buffers[shard] = _ShardBuffer()
+        self._pending.append(self._executor.submit(self._write, shard, buf))
+        while len(self._pending) > self.MAX_PENDING:
+            self._pending.popleft().result()  # re-raises a writer error here, in the caller
+
+    def _write(self, shard: int, buf: _ShardBuffer) -> None:
+        """Runs on the writer thread; the only code touching writers and statistics until close()."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         lengths = np.fromiter((len(t) for t in buf.tokens), dtype=np.int32, count=len(buf))
         offsets = np.zeros(len(buf) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
@@ -141,13 +162,15 @@ class SplitWriter:
             np.searchsorted(LENGTH_BIN_EDGES, lengths, side="right") - 1, minlength=len(LENGTH_BIN_EDGES)
         )
         self.clusters.update(buf.clusters)
-        self.buffers[shard] = _ShardBuffer()
 
     def close(self) -> dict:
         import pyarrow.parquet as pq
 
         for shard in range(self.num_shards):
             self._flush(shard)
+        while self._pending:
+            self._pending.popleft().result()
+        for shard in range(self.num_shards):
             if self.writers[shard] is None:  # an empty shard is still a valid, readable file
                 pq.write_table(arrow_schema().empty_table(), self.dir / self.name(shard), compression="zstd")
             else:
@@ -177,15 +200,16 @@ class SplitWriter:
         }
 
 
-def _cluster_from_title(title: str) -> str | None:
-    for word in title.split()[1:]:
+def _cluster_from_words(words: list[str]) -> str | None:
+    """The ``cluster=ID`` annotation of a header split into words, if any."""
+    for word in words[1:]:
         if word.startswith("cluster="):
-            return word[len("cluster="):]
+            return word[8:]
     return None
 
 
 def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, row_group_size: int = 2048,
-             compression_level: int = 3) -> dict:
+             compression_level: int = 1) -> dict:
     """Write shards for each split in ``inputs`` (split name -> FASTA paths); return the manifest."""
     if num_shards < 1:
         raise ConfigError(f"tokenize: num_shards must be >= 1, got {num_shards}")
@@ -205,28 +229,30 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         "inputs": {k: [str(p) for p in v] for k, v in inputs.items()},
         "splits": {},
     }
-    with atomic_output(out_dir, directory=True) as tmp:
+    with atomic_output(out_dir, directory=True) as tmp, ThreadPoolExecutor(max_workers=1) as executor:
         root = Path(tmp)
         for split, paths in inputs.items():
-            writer = SplitWriter(root, split, num_shards, row_group_size, compression_level)
+            writer = SplitWriter(root, split, num_shards, row_group_size, compression_level, executor)
             clusters_from_header = 0
             for path in paths:
                 for rec in read_fasta(path):
+                    words = rec.title.split()
+                    record_id = words[0] if words else ""
                     encoded = rec.sequence.encode("ascii", "replace").translate(table)
                     if invalid in encoded:
                         pos = encoded.index(invalid)
                         raise InputError(
-                            path, f"record {rec.id!r}: character {rec.sequence[pos]!r} at residue {pos + 1} is not "
+                            path, f"record {record_id!r}: character {rec.sequence[pos]!r} at residue {pos + 1} is not "
                             "a normalised residue letter (run pmlm ingest first)", line=rec.line,
                         )
                     if not encoded:
-                        raise InputError(path, f"record {rec.id!r} has no residues", line=rec.line)
-                    cluster = _cluster_from_title(rec.title)
+                        raise InputError(path, f"record {record_id!r} has no residues", line=rec.line)
+                    cluster = _cluster_from_words(words)
                     if cluster is None:
-                        cluster = rec.id
+                        cluster = record_id
                     else:
                         clusters_from_header += 1
-                    writer.add(rec.id, cluster, encoded)
+                    writer.add(record_id, cluster, encoded)
             summary = writer.close()
             summary["clusters_from_header"] = clusters_from_header
             manifest["splits"][split] = summary
@@ -251,7 +277,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", required=True, help="directory for manifest.json and <split>/part-*.parquet")
     p.add_argument("--num-shards", type=int, default=8, help="Parquet files per split (fixed, from config)")
     p.add_argument("--row-group-size", type=int, default=2048, help="rows per Parquet row group")
-    p.add_argument("--compression-level", type=int, default=3, help="zstd level")
+    p.add_argument("--compression-level", type=int, default=1,
+                   help="zstd level (1: token bytes compress as well as at 3 and ~2.5x faster)")
 
 
 def run(args) -> int:

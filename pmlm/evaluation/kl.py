@@ -77,7 +77,7 @@ def _pair_kl(model, sequences, pairs_per_sequence, seed, device) -> dict:
         tokens[rows, pos_j] = alphabet.MASK_ID
         pair_index = torch.stack([rows, pos_i, pos_j], dim=1)
         out = model(tokens.to(device), pair_index=pair_index.to(device))
-        joint = _residue_joint(out["pair_logits"].float())  # (P, 20, 20)
+        joint = residue_joint(out["pair_logits"].float())  # (P, 20, 20)
         if out.get("logits") is not None:
             logits = out["logits"].float()
             p_i = torch.softmax(logits[rows, pos_i], dim=-1)
@@ -92,7 +92,7 @@ def _pair_kl(model, sequences, pairs_per_sequence, seed, device) -> dict:
     return {"kl": kl_all, "separation": sep_all}
 
 
-def _residue_joint(pair_logits):
+def residue_joint(pair_logits):
     """Pair-head logits -> (P, 20, 20) joint over standard residues (also for the V^2 'full' vocabulary)."""
     import torch
 

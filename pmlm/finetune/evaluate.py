@@ -116,7 +116,7 @@ def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, ma
     import torch
 
     from pmlm import alphabet
-    from pmlm.evaluation.kl import _residue_joint
+    from pmlm.evaluation.kl import residue_joint
     from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
     from pmlm.model.objectives import upper_pairs
 
@@ -129,7 +129,7 @@ def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, ma
     scores = torch.zeros(length, length, dtype=torch.float64)
 
     def dependence(logits, p_first, p_second):
-        joint = _residue_joint(logits.float())  # (n, 20, 20)
+        joint = residue_joint(logits.float())  # (n, 20, 20)
         if measure == "mi":
             return mutual_information(joint)
         return kl_independence(joint, p_first, p_second)

@@ -5,8 +5,8 @@ import shlex
 from urllib.parse import urlparse
 
 RUN = config.get("run", "demo")
-SOURCES = config["sources"]
-DATASETS = config["datasets"]
+SOURCES = config.get("sources") or {}
+DATASETS = config.get("datasets") or {}
 RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"
 BENCH = f"benchmarks/{RUN}"
@@ -290,3 +290,59 @@ def downstream_targets():
     if not evaluation_results():
         return []
     return [f"{RESULTS}/tables/{t}.md" for t in RESULT_TABLES]
+
+
+# --- planted-coupling study ---------------------------------------------------------------------
+
+COEVOLUTION = config.get("coevolution") or {}
+COEVOLUTION_DIR = f"{RESULTS}/coevolution"
+COEVOLUTION_LOGS = f"{LOGS}/coevolution"
+
+
+def coevolution_seeds():
+    return [int(s) for s in COEVOLUTION.get("seeds") or []]
+
+
+def coevolution_recipe(wildcards):
+    """A relative recipe path is resolved against the workflow directory, as for pre-training."""
+    path = COEVOLUTION.get("recipe", "config/train/coevolution_tiny.yaml")
+    return path if os.path.isabs(path) else os.path.join(workflow.basedir, path)
+
+
+def coevolution_flags(section, wildcards=None):
+    """``key: value`` pairs of a config section as ``--key value`` flags."""
+    items = (COEVOLUTION.get(section) or {}).items()
+    return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in items)
+
+
+def coevolution_synth_args(wildcards):
+    return coevolution_flags("synth")
+
+
+def coevolution_split_args(wildcards):
+    return coevolution_flags("split")
+
+
+def coevolution_shard_args(wildcards):
+    return coevolution_flags("shards")
+
+
+def coevolution_evaluate_args(wildcards):
+    # the evaluation re-draws the same held-out sequences, so it gets the split settings too
+    return f"{coevolution_flags('split')} {coevolution_flags('evaluate')}"
+
+
+def coevolution_pretrain_overrides(wildcards):
+    sets = [f"objective.name={wildcards.objective}", f"seed={wildcards.seed}"]
+    sets += [f"{k}={v}" for k, v in (COEVOLUTION.get("set") or {}).items()]
+    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
+
+
+def coevolution_results():
+    return [f"{COEVOLUTION_DIR}/seed{s}/results.json" for s in coevolution_seeds()]
+
+
+def coevolution_targets():
+    if not COEVOLUTION:
+        return []
+    return [f"{COEVOLUTION_DIR}/coevolution.md", f"{COEVOLUTION_DIR}/coevolution.png"]

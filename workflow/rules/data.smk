@@ -90,7 +90,7 @@ rule tokenize_shards:
     params:
         num_shards=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("num_shards", 8),
         row_group_size=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("row_group_size", 2048),
-        level=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("compression_level", 3),
+        level=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("compression_level", 1),
     log:
         f"{LOGS}/tokenize/{{dataset}}.log",
     benchmark:

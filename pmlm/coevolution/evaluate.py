@@ -1,0 +1,446 @@
+"""``pmlm coevolution``: planted-coupling read-outs of an MLM and a PMLM encoder on held-out sequences
+of synthetic Potts families (plus ``split`` to make the training/held-out FASTAs and ``report``).
+
+The split: every family contributes sequences to both sides. A sequence is held out when a hash of
+(split seed, sequence id) falls below ``valid_fraction``, so the draw is per sequence, deterministic
+and independent of file order. Encoders train on the other sequences of the same families (the
+couplings are per family, so held-out sequences of unseen families would test nothing learnable);
+every model read-out below uses held-out sequences only, and the MSA baseline uses the training
+sequences, as an alignment of the family would. The linear probe, the one read-out that learns from
+labels, is fitted on the planted maps of half the families and scores the other half, then the
+halves swap: every family is scored by a probe that never saw its couplings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pmlm.alphabet import RESIDUES
+from pmlm.errors import ConfigError, InputError
+from pmlm.utils import atomic_output, versions
+
+FAMILIES_FASTA = "families.fasta"
+CONTACTS_DIR = "contacts"
+_LETTER_CLASS = np.full(256, -1, dtype=np.int16)
+_LETTER_CLASS[np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)] = np.arange(len(RESIDUES))
+
+
+@dataclass
+class StudyConfig:
+    """How held-out sequences are chosen and how much of them each read-out uses."""
+
+    valid_fraction: float = 0.1  # share of each family's sequences held out (per-sequence hash draw)
+    split_seed: int = 0  # seed of that draw; the split rule and this evaluation must agree
+    seed: int = 0  # the study seed: recorded with the results; also seeds the probe's fold order
+    pair_sequences: int = 16  # held-out sequences per family for the pair head (all pairs, exactly the pair masked)
+    # held-out sequences per family for the token head's chain-rule joint (41 forwards per pair; 0 skips it)
+    chain_rule_sequences: int = 2
+    attention_sequences: int = 64  # held-out sequences per family averaged into the attention maps
+    probe_sequences: int = 64  # held-out sequences per family averaged into the probe's pair features
+    min_separation: int = 6  # contact metrics and KL groups use pairs with |i-j| >= this
+    k_divisor: int = 5  # P@L/k
+    probe_l2: float = 1e-2  # L2 weight of the logistic-regression probe
+    probe_max_iter: int = 200  # L-BFGS iterations of the probe
+    batch_rows: int = 4096  # sequences per forward pass (bounds memory)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"valid_fraction (--valid-fraction) must be in (0, 1), got {self.valid_fraction}")
+        if self.chain_rule_sequences < 0:
+            raise ConfigError(
+                f"chain_rule_sequences (--chain-rule-sequences) must be >= 0, got {self.chain_rule_sequences}"
+            )
+        for name in ("pair_sequences", "attention_sequences", "probe_sequences",
+                     "min_separation", "k_divisor", "probe_max_iter", "batch_rows"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
+        if self.probe_l2 < 0:
+            raise ConfigError(f"probe_l2 (--probe-l2) must be >= 0, got {self.probe_l2}")
+
+
+@dataclass
+class FamilyData:
+    """One family's sequences (residue classes) on both sides of the split, and its planted edges."""
+
+    name: str
+    train: np.ndarray  # (N, L) uint8
+    heldout: np.ndarray  # (M, L) uint8
+    contacts: np.ndarray  # (L, L) bool, symmetric
+
+    @property
+    def length(self) -> int:
+        return int(self.contacts.shape[0])
+
+
+def heldout_draw(sequence_id: str, split_seed: int) -> float:
+    """A uniform number in [0, 1) fixed by (split seed, sequence id)."""
+    digest = hashlib.blake2b(f"{split_seed}:{sequence_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def _family_of(title: str) -> str | None:
+    for word in title.split()[1:]:
+        if word.startswith("family="):
+            return word[len("family="):] or None
+    return None
+
+
+def read_family_records(fasta: str | Path):
+    """Yield (id, family, residue letters, line) of ``pmlm synth``'s FASTA; every header needs ``family=``."""
+    from pmlm.data.fasta import read_fasta
+
+    for rec in read_fasta(fasta):
+        family = _family_of(rec.title)
+        if family is None:
+            raise InputError(fasta, f"record {rec.id!r}: header has no family=NAME (write it with pmlm synth)",
+                             line=rec.line)
+        yield rec.id, family, rec.sequence, rec.line
+
+
+def split_records(fasta: str | Path, cfg: StudyConfig):
+    """Yield (id, family, sequence, line, held_out) for every record of the FASTA."""
+    for seq_id, family, sequence, line in read_family_records(fasta):
+        yield seq_id, family, sequence, line, heldout_draw(seq_id, cfg.split_seed) < cfg.valid_fraction
+
+
+def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
+    """Read ``pmlm synth`` output, split each family, attach its planted contacts."""
+    from pmlm.synth.potts import read_contacts
+
+    synth_dir = Path(synth_dir)
+    fasta = synth_dir / FAMILIES_FASTA
+    sides: dict[str, tuple[list, list]] = {}
+    lengths: dict[str, int] = {}
+    for seq_id, family, sequence, line, held_out in split_records(fasta, cfg):
+        classes = _LETTER_CLASS[np.frombuffer(sequence.encode("ascii", "replace"), dtype=np.uint8)]
+        if (classes < 0).any():
+            pos = int(np.flatnonzero(classes < 0)[0])
+            raise InputError(fasta, f"record {seq_id!r}: {sequence[pos]!r} at residue {pos + 1} is not one of "
+                             f"the 20 standard residues", line=line)
+        if lengths.setdefault(family, len(classes)) != len(classes):
+            raise InputError(fasta, f"record {seq_id!r} has {len(classes)} residues but family {family} has "
+                             f"{lengths[family]}; a family's sequences must align position by position", line=line)
+        sides.setdefault(family, ([], []))[int(held_out)].append(classes.astype(np.uint8))
+    families = []
+    for name in sorted(sides):
+        train, heldout = sides[name]
+        if not train or not heldout:
+            side = "training" if not train else "held-out"
+            raise ConfigError(f"family {name} has no {side} sequences at valid_fraction {cfg.valid_fraction}; "
+                              "change --valid-fraction or sample more sequences")
+        length = lengths[name]
+        edges, _ = read_contacts(synth_dir / CONTACTS_DIR / f"{name}.tsv", length)
+        contacts = np.zeros((length, length), dtype=bool)
+        contacts[edges[:, 0], edges[:, 1]] = True
+        contacts |= contacts.T
+        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts))
+    return families
+
+
+# ------------------------------------------------------------------------------------------------
+# The evaluation
+
+
+def _first(sequences: np.ndarray, count: int) -> np.ndarray:
+    return sequences[: min(count, len(sequences))]
+
+
+def _group_values(values: np.ndarray, pairs: np.ndarray, contacts: np.ndarray, min_sep: int) -> dict[str, list]:
+    from pmlm.coevolution.readouts import split_pairs
+
+    planted, other = split_pairs(pairs, contacts, min_sep)
+    return {"planted": values[planted].tolist(), "non_planted": values[other].tolist()}
+
+
+def _dependence_readout(fn, model, family: FamilyData, count: int, batch: int, cfg: StudyConfig) -> tuple[dict, dict]:
+    """Averaged (L, L) MI and KL maps over held-out sequences, plus every KL / MI value grouped by planted."""
+    from pmlm.coevolution.readouts import all_pairs, dependence_map
+
+    pairs = all_pairs(family.length)
+    mi_map = np.zeros((family.length, family.length))
+    kl_map = np.zeros_like(mi_map)
+    kl_values, mi_values = [], []
+    for sequence in _first(family.heldout, count):
+        out = fn(model, sequence, pairs, batch)
+        mi_map += dependence_map(out["mi"], pairs, family.length)
+        kl_map += dependence_map(out["kl"], pairs, family.length)
+        kl_values.append(out["kl"])
+        mi_values.append(out["mi"])
+    tiled = np.tile(pairs, (len(kl_values), 1))
+    values = {
+        "kl": _group_values(np.concatenate(kl_values), tiled, family.contacts, cfg.min_separation),
+        "mi": _group_values(np.concatenate(mi_values), tiled, family.contacts, cfg.min_separation),
+    }
+    return {"mi": mi_map, "kl": kl_map}, values
+
+
+def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) -> dict:
+    """All read-outs for each family: precisions per (read-out, model) and KL / MI values for histograms.
+    Deterministic: nothing here draws random numbers."""
+    from pmlm.coevolution.readouts import (
+        ProbeConfig,
+        attention_contact_scores,
+        chain_rule_dependence,
+        fit_probe,
+        pair_features,
+        pair_head_dependence,
+        precisions,
+        probe_scores,
+    )
+    from pmlm.evaluation.unsupervised import apc
+    from pmlm.synth.potts import mi_apc_scores
+
+    def prec(scores: np.ndarray, fam: FamilyData) -> dict[str, float]:
+        return precisions(scores, fam.contacts, cfg.min_separation, cfg.k_divisor)
+
+    per_family: dict[str, dict] = {}
+    # read-out -> model -> measure (kl, mi) -> planted / non_planted values
+    dependence_values: dict[str, dict] = {}
+
+    def keep_values(readout: str, model: str, values: dict) -> None:
+        slot = dependence_values.setdefault(readout, {}).setdefault(model, {})
+        for kind, groups in values.items():
+            for group, items in groups.items():
+                slot.setdefault(kind, {}).setdefault(group, []).extend(items)
+
+    features: dict[str, dict[str, np.ndarray]] = {name: {} for name in models}
+    for fam in families:
+        row: dict[str, dict] = {"msa_mi_apc": {"msa": prec(mi_apc_scores(fam.train), fam)}}
+        maps, values = _dependence_readout(pair_head_dependence, models["pmlm"], fam, cfg.pair_sequences,
+                                           cfg.batch_rows, cfg)
+        # contacts from the MI of the pair head's own joint, not the paper's KL: the KL compares the
+        # pair head's joint with the *token* head's marginals, so any disagreement between the two
+        # heads (calibration, not coupling) inflates it at every pair; the MI measures dependence
+        # inside one distribution. With exactly the pair masked, that dependence given all other
+        # residues is what a Potts coupling J_ij creates, and it is zero for uncoupled pairs.
+        row["pair_head_mi_apc"] = {"pmlm": prec(apc(maps["mi"]), fam)}
+        row["pair_head_kl_apc"] = {"pmlm": prec(apc(maps["kl"]), fam)}
+        keep_values("pair_head", "pmlm", values)
+        row["attention_apc"] = {}
+        for name, model in models.items():
+            if cfg.chain_rule_sequences:
+                # the token head's joint by the chain rule: the MLM's only joint, and PMLM's like-for-like
+                maps, values = _dependence_readout(chain_rule_dependence, model, fam, cfg.chain_rule_sequences,
+                                                   cfg.batch_rows, cfg)
+                row.setdefault("chain_rule_mi_apc", {})[name] = prec(apc(maps["mi"]), fam)
+                keep_values("chain_rule", name, values)
+            scores = attention_contact_scores(model, _first(fam.heldout, cfg.attention_sequences), cfg.batch_rows)
+            row["attention_apc"][name] = prec(scores, fam)
+            features[name][fam.name] = pair_features(model, _first(fam.heldout, cfg.probe_sequences), cfg.batch_rows)
+        per_family[fam.name] = row
+        print(f"coevolution: {fam.name}: {_headline(row)}", file=sys.stderr)
+
+    # linear probe, two folds over families: fit on one half's planted maps, score the other half
+    folds = probe_folds([f.name for f in families], cfg.seed)
+    probe_cfg = ProbeConfig(l2=cfg.probe_l2, max_iter=cfg.probe_max_iter, min_separation=cfg.min_separation)
+    by_name = {f.name: f for f in families}
+    if len(folds) == 2:
+        for name in models:
+            for fit_on, score_on in ((folds[0], folds[1]), (folds[1], folds[0])):
+                probe = fit_probe([(features[name][f], by_name[f].contacts) for f in fit_on], probe_cfg)
+                for f in score_on:
+                    scores = probe_scores(probe, features[name][f])
+                    per_family[f].setdefault("linear_probe", {})[name] = prec(scores, by_name[f])
+    return {"per_family": per_family, "dependence": dependence_values, "probe_folds": folds}
+
+
+def probe_folds(names: list[str], seed: int) -> list[list[str]]:
+    """Families in two halves by a seeded shuffle; fewer than two families gives no probe."""
+    if len(names) < 2:
+        return []
+    order = np.random.default_rng(seed).permutation(sorted(names)).tolist()
+    half = len(order) // 2
+    return [sorted(order[:half]), sorted(order[half:])]
+
+
+def summarise(per_family: dict[str, dict]) -> dict:
+    """Mean over families of every (read-out, model, metric)."""
+    out: dict[str, dict] = {}
+    for row in per_family.values():
+        for readout, by_model in row.items():
+            for model, metrics in by_model.items():
+                for metric, value in metrics.items():
+                    out.setdefault(readout, {}).setdefault(model, {}).setdefault(metric, []).append(value)
+
+    def mean(values: list[float]) -> float:
+        finite = [v for v in values if not math.isnan(v)]
+        return float(np.mean(finite)) if finite else math.nan
+
+    return {r: {m: {k: mean(v) for k, v in metrics.items()} for m, metrics in by_model.items()}
+            for r, by_model in out.items()}
+
+
+def dependence_summary(values: dict) -> dict:
+    """Medians of planted and non-planted pairs and their ratio, per read-out, model and measure."""
+    out: dict = {}
+    for readout, by_model in values.items():
+        for model, kinds in by_model.items():
+            for kind, groups in kinds.items():
+                planted = np.asarray(groups["planted"])
+                other = np.asarray(groups["non_planted"])
+                mp = float(np.median(planted)) if planted.size else math.nan
+                mo = float(np.median(other)) if other.size else math.nan
+                out.setdefault(readout, {}).setdefault(model, {})[kind] = {
+                    "median_planted": mp, "median_non_planted": mo,
+                    "ratio": mp / mo if mo > 0 else math.nan,
+                    "pairs_planted": int(planted.size), "pairs_non_planted": int(other.size),
+                }
+    return out
+
+
+def _json_ready(value):
+    """NaN (an empty group, a family without edges) as null: strict JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _rounded(values: dict):
+    """Value lists at 4 significant digits: plenty for histograms, a third of the JSON size."""
+    if isinstance(values, dict):
+        return {k: _rounded(v) for k, v in values.items()}
+    return [float(f"{v:.4g}") for v in values]
+
+
+def _headline(row: dict) -> str:
+    """One progress line: top-#edges precision of each read-out."""
+    parts = [f"{readout}/{model} {metrics['p_at_edges']:.3f}" for readout, by_model in row.items()
+             for model, metrics in by_model.items()]
+    return "P@#edges " + ", ".join(parts) + f"; chance {row['msa_mi_apc']['msa']['chance']:.3f}"
+
+
+def _tsv_rows(per_family: dict[str, dict]) -> list[str]:
+    rows = ["family\treadout\tmodel\tp_at_edges\tp_at_l5\tchance"]
+    for family, row in per_family.items():
+        for readout, by_model in row.items():
+            for model, m in by_model.items():
+                values = "\t".join(f"{m[k]:.6g}" for k in ("p_at_edges", "p_at_l5", "chance"))
+                rows.append(f"{family}\t{readout}\t{model}\t{values}")
+    return rows
+
+
+def run_evaluation(args: argparse.Namespace) -> int:
+    from pmlm.evaluation.pretrained import load_pretrained
+
+    missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
+                                        ("--out-prefix", args.out_prefix)) if not value]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
+    given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
+    cfg = StudyConfig(**{k: v for k, v in given.items() if v is not None})
+    families = load_families(args.synth, cfg)
+    models, infos = {}, {}
+    for name, weights, head in (("mlm", args.mlm, "token_head"), ("pmlm", args.pmlm, "pair_head")):
+        model, info = load_pretrained(weights)
+        if getattr(model, head) is None:
+            raise InputError(weights, f"--{name} needs a model with a {head.replace('_', ' ')} "
+                             f"(this one was trained with objective {info['objective']['name']})")
+        models[name], infos[name] = model, info
+        if model.cfg.max_len < max(f.length for f in families) + 2:
+            raise InputError(weights, f"model max_len {model.cfg.max_len} is too short for length-"
+                             f"{max(f.length for f in families)} families (+2 specials)")
+    # read-outs run under no_grad (the probe enables grad for its own fit); no process-wide switch
+    result = evaluate_models(families, models, cfg)
+    scores = {name: infos[name].get("final_scores") or {} for name in models}
+    document = {
+        "seed": cfg.seed,
+        "config": asdict(cfg),
+        "inputs": {"synth": str(args.synth), "mlm": str(args.mlm), "pmlm": str(args.pmlm)},
+        "families": {f.name: {"length": f.length, "edges": int(np.triu(f.contacts).sum()), "train": len(f.train),
+                              "heldout": len(f.heldout)} for f in families},
+        "pretraining": {name: {k: scores[name].get(k) for k in ("step", "acc_mlm", "acc_pmlm", "dacc", "l_mlm",
+                                                                "l_pmlm")} for name in models},
+        "summary": summarise(result["per_family"]),
+        "dependence": dependence_summary(result["dependence"]),
+        "per_family": result["per_family"],
+        "probe_folds": result["probe_folds"],
+        "dependence_values": _rounded(result["dependence"]),
+        "versions": versions(),
+    }
+    with atomic_output(args.out_prefix + ".json") as tmp:
+        Path(tmp).write_text(json.dumps(_json_ready(document), indent=1, allow_nan=False) + "\n")
+    with atomic_output(args.out_prefix + ".tsv") as tmp:
+        Path(tmp).write_text("\n".join(_tsv_rows(result["per_family"])) + "\n")
+    print(f"coevolution: seed {cfg.seed}: {_headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
+    return 0
+
+
+def run_split(args: argparse.Namespace) -> int:
+    """Two FASTAs with ``cluster=<family>`` headers, so `pmlm tokenize` keeps each family in one shard."""
+    cfg = StudyConfig(valid_fraction=args.valid_fraction, split_seed=args.split_seed)
+    counts = {"train": 0, "valid": 0}
+    with atomic_output(args.train) as train_tmp, atomic_output(args.valid) as valid_tmp:
+        with open(train_tmp, "w") as train_fh, open(valid_tmp, "w") as valid_fh:
+            for seq_id, family, sequence, _, held_out in split_records(Path(args.synth) / FAMILIES_FASTA, cfg):
+                side = "valid" if held_out else "train"
+                (valid_fh if held_out else train_fh).write(f">{seq_id} cluster={family} family={family}\n{sequence}\n")
+                counts[side] += 1
+        for side, count in counts.items():
+            if count == 0:
+                raise ConfigError(f"the {side} side of the split is empty at valid_fraction {cfg.valid_fraction}; "
+                                  "change --valid-fraction or sample more sequences")
+    print(f"coevolution split: {counts['train']} training, {counts['valid']} held-out sequences", file=sys.stderr)
+    return 0
+
+
+_STUDY_FLAGS = {
+    "seed": "study seed, recorded with the results; orders the probe's family folds",
+    "valid_fraction": "share of each family's sequences held out; must match the split step",
+    "split_seed": "seed of the held-out draw; must match the split step",
+    "pair_sequences": "held-out sequences per family for the pair head (all pairs, exactly the pair masked)",
+    "chain_rule_sequences": "held-out sequences per family for the token head's chain-rule joint; 0 skips it",
+    "attention_sequences": "held-out sequences per family averaged into the attention maps",
+    "probe_sequences": "held-out sequences per family averaged into the linear probe's pair features",
+    "min_separation": "pairs with |i-j| below this are not scored",
+    "k_divisor": "P@L/k",
+    "probe_l2": "L2 weight of the logistic-regression probe",
+    "probe_max_iter": "L-BFGS iterations of the probe",
+    "batch_rows": "sequences per forward pass (bounds memory)",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    defaults = StudyConfig()
+    p.epilog = "Subcommands: 'split' writes the training / held-out FASTAs; 'report' aggregates seeds."
+    p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
+    p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
+    p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
+    p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
+    for name, help_text in _STUDY_FLAGS.items():
+        default = getattr(defaults, name)
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=None,
+                       metavar=type(default).__name__.upper(), help=f"{help_text} (default: {default})")
+    sub = p.add_subparsers(dest="action", metavar="{split,report}")
+    s = sub.add_parser("split", help="split pmlm synth sequences into training and held-out FASTAs")
+    s.add_argument("--synth", required=True, metavar="DIR", help="pmlm synth output folder")
+    s.add_argument("--train", required=True, metavar="FASTA", help="training sequences (cluster=family headers)")
+    s.add_argument("--valid", required=True, metavar="FASTA", help="held-out sequences")
+    s.add_argument("--valid-fraction", dest="valid_fraction", type=float, default=defaults.valid_fraction,
+                   metavar="FLOAT", help=f"{_STUDY_FLAGS['valid_fraction']} (default: {defaults.valid_fraction})")
+    s.add_argument("--split-seed", dest="split_seed", type=int, default=defaults.split_seed, metavar="INT",
+                   help=f"{_STUDY_FLAGS['split_seed']} (default: {defaults.split_seed})")
+    r = sub.add_parser("report", help="aggregate per-seed results into a table and a figure")
+    r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
+    r.add_argument("--out-prefix", required=True, metavar="PREFIX", help="writes PREFIX.{csv,md,tex,png,svg}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "split":
+        return run_split(args)
+    if args.action == "report":
+        from pmlm.coevolution.report import run_report
+
+        return run_report(args)
+    return run_evaluation(args)

@@ -1,0 +1,132 @@
+# Planted-coupling study: synthetic Potts families -> tiny MLM and PMLM encoders per seed -> read-outs
+# of the planted couplings on held-out sequences -> one table and one figure over seeds.
+#   snakemake --cores 2 --configfile config/coevolution.yaml coevolution
+
+
+rule synthesize_families:
+    output:
+        directory(f"{COEVOLUTION_DIR}/seed{{seed}}/synth"),
+    params:
+        args=coevolution_synth_args,
+    log:
+        f"{COEVOLUTION_LOGS}/seed{{seed}}/synthesize_families.log",
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm synth --out {output:q} --seed {wildcards.seed} {params.args} "
+        "> {log:q} 2>&1"
+
+
+rule tokenize_families:
+    input:
+        f"{COEVOLUTION_DIR}/seed{{seed}}/synth",
+    output:
+        train=f"{COEVOLUTION_DIR}/seed{{seed}}/split/train.fasta",
+        valid=f"{COEVOLUTION_DIR}/seed{{seed}}/split/valid.fasta",
+        shards=directory(f"{COEVOLUTION_DIR}/seed{{seed}}/shards"),
+    params:
+        split=coevolution_split_args,
+        shards=coevolution_shard_args,
+    log:
+        f"{COEVOLUTION_LOGS}/seed{{seed}}/tokenize_families.log",
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        # headers carry cluster=<family>: each family's sequences share one shard
+        "(python -m pmlm coevolution split --synth {input:q} --train {output.train:q} --valid {output.valid:q} "
+        "{params.split} && python -m pmlm tokenize --input train={output.train:q} --input valid={output.valid:q} "
+        "--out-dir {output.shards:q} {params.shards}) > {log:q} 2>&1"
+
+
+rule pretrain_coevolution:
+    input:
+        shards=f"{COEVOLUTION_DIR}/seed{{seed}}/shards",
+        recipe=coevolution_recipe,
+    output:
+        weights=protected(f"{COEVOLUTION_DIR}/seed{{seed}}/{{objective}}/model.safetensors"),
+        info=protected(f"{COEVOLUTION_DIR}/seed{{seed}}/{{objective}}/model.json"),
+        scores=f"{COEVOLUTION_DIR}/seed{{seed}}/{{objective}}/final_scores.json",
+    params:
+        # checkpoints stay outside the declared outputs so a killed job resumes from its last step-N/
+        run_dir=f"{COEVOLUTION_DIR}/runs/seed{{seed}}/{{objective}}",
+        overrides=coevolution_pretrain_overrides,
+    log:
+        f"{COEVOLUTION_LOGS}/seed{{seed}}/pretrain_{{objective}}.log",
+    benchmark:
+        f"{BENCH}/coevolution/seed{{seed}}/pretrain_{{objective}}.tsv"
+    wildcard_constraints:
+        seed=r"\d+",
+        objective="mlm|pmlm",
+    threads: 1
+    resources:
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
+        runtime=lambda wildcards, attempt: 30 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm pretrain --config {input.recipe:q} --shards {input.shards:q} "
+        "--out {params.run_dir:q} --final {output.weights:q} --scores {output.scores:q} {params.overrides} "
+        "> {log:q} 2>&1"
+
+
+rule evaluate_coevolution:
+    input:
+        synth=f"{COEVOLUTION_DIR}/seed{{seed}}/synth",
+        mlm=f"{COEVOLUTION_DIR}/seed{{seed}}/mlm/model.safetensors",
+        pmlm=f"{COEVOLUTION_DIR}/seed{{seed}}/pmlm/model.safetensors",
+    output:
+        json=f"{COEVOLUTION_DIR}/seed{{seed}}/results.json",
+        tsv=f"{COEVOLUTION_DIR}/seed{{seed}}/results.tsv",
+    params:
+        prefix=lambda wildcards, output: os.path.splitext(output.json)[0],
+        args=coevolution_evaluate_args,
+    log:
+        f"{COEVOLUTION_LOGS}/seed{{seed}}/evaluate_coevolution.log",
+    benchmark:
+        f"{BENCH}/coevolution/seed{{seed}}/evaluate_coevolution.tsv"
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    resources:
+        mem_mb=lambda wildcards, attempt: 4000 * attempt,
+        runtime=lambda wildcards, attempt: 30 * attempt,
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm coevolution --synth {input.synth:q} --mlm {input.mlm:q} "
+        "--pmlm {input.pmlm:q} --seed {wildcards.seed} --out-prefix {params.prefix:q} {params.args} > {log:q} 2>&1"
+
+
+rule report_coevolution:
+    input:
+        coevolution_results(),
+    output:
+        report(
+            multiext(f"{COEVOLUTION_DIR}/coevolution", ".md", ".csv", ".tex"),
+            caption="../report/coevolution_table.rst",
+            category="Co-evolution",
+        ),
+        report(
+            multiext(f"{COEVOLUTION_DIR}/coevolution", ".png", ".svg"),
+            caption="../report/coevolution_figure.rst",
+            category="Co-evolution",
+        ),
+    params:
+        prefix=lambda wildcards, output: os.path.splitext(output[0])[0],
+    log:
+        f"{COEVOLUTION_LOGS}/report_coevolution.log",
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm coevolution report --results {input:q} --out-prefix {params.prefix:q} > {log:q} 2>&1"
+
+
+rule coevolution:
+    input:
+        coevolution_targets(),
