@@ -4,34 +4,28 @@ included, really go through sbatch."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
-LOCAL_PROFILE = REPO / "profiles" / "slurm-local"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
+from local_cluster import (  # noqa: E402
+    LOCAL_PROFILE,
+    REPO,
+    LocalCluster,
+    run_snakemake,
+    slurm_cluster,  # noqa: F401  (module-scoped fixture)
+)
+from local_cluster import fields as _fields  # noqa: E402
+from local_cluster import scontrol_job as _scontrol_job  # noqa: E402
+from local_cluster import tail as _tail  # noqa: E402
+
 SITE_PROFILE = REPO / "profiles" / "slurm"
-# the snakemake that belongs to the interpreter running the tests (the project's venv)
-SNAKEMAKE = Path(sys.executable).with_name("snakemake")
-
-# cluster.sh's exit status for "this machine cannot host the cluster" (not root, no SLURM, no apt)
-UNSUPPORTED_EXIT = 2
-# a first start may install the Debian packages
-CLUSTER_START_TIMEOUT_S = 600
-CLUSTER_STOP_TIMEOUT_S = 120
-# submit + two jobs + status polling took ~20 s here; the bound only guards against a hang
+# whole-workflow bound for the tiny two-job Snakefile below
 SNAKEMAKE_TIMEOUT_S = 150
-# after SIGINT, Snakemake cancels its jobs; SIGKILL if that takes longer than this
-SNAKEMAKE_KILL_AFTER_S = 30
-LOG_TAIL_LINES = 40
-
 GPU_RULES = ("pretrain", "finetune", "evaluate")
 
 # Two rules submitted as SLURM jobs; each writes the variables only a SLURM job step has.
@@ -57,70 +51,6 @@ TINY_SNAKEFILE = textwrap.dedent(
 )
 
 
-@dataclass(frozen=True)
-class LocalCluster:
-    """Where the running test cluster keeps its files."""
-
-    state_dir: Path
-
-    @property
-    def jobcomp_log(self) -> Path:
-        return self.state_dir / "log" / "jobcomp.log"
-
-    def log_tails(self) -> str:
-        parts = []
-        for name in ("slurmctld.log", "slurmd.log", "jobcomp.log"):
-            path = self.state_dir / "log" / name
-            if path.exists():
-                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-                parts.append(f"--- {path} ---\n" + "\n".join(lines))
-        return "\n".join(parts)
-
-
-def _cluster(command: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout
-    )
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """Start the local cluster (or reuse one already up); stop it afterwards if we started it."""
-    state_dir = Path(os.environ.get("PMLM_SLURM_DIR", "/tmp/pmlm-slurm"))
-    was_running = _cluster("status", CLUSTER_STOP_TIMEOUT_S).returncode == 0
-    start = _cluster("start", CLUSTER_START_TIMEOUT_S)
-    if start.returncode == UNSUPPORTED_EXIT:
-        pytest.skip(f"no local SLURM cluster: {start.stderr.strip()}")
-    if start.returncode != 0:
-        pytest.fail(f"tests/slurm/cluster.sh start failed:\n{start.stdout}\n{start.stderr}")
-    try:
-        yield LocalCluster(state_dir)
-    finally:
-        if not was_running:
-            stop = _cluster("stop", CLUSTER_STOP_TIMEOUT_S)
-            assert stop.returncode == 0, f"cluster.sh stop failed:\n{stop.stdout}\n{stop.stderr}"
-
-
-def _tail(text: str) -> str:
-    return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
-
-
-def _fields(line: str) -> dict[str, str]:
-    """`key=value key=value` (the format of our outputs and of SLURM's job records)."""
-    return dict(token.split("=", 1) for token in line.split() if "=" in token)
-
-
-def _scontrol_job(job_id: str) -> dict[str, str]:
-    # MinJobAge keeps finished jobs in the controller, so their record is still there
-    out = subprocess.run(
-        ["scontrol", "show", "job", "--oneliner", job_id],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return _fields(out)
-
-
 def _jobcomp_record(cluster: LocalCluster, job_id: str) -> dict[str, str]:
     for line in cluster.jobcomp_log.read_text().splitlines():
         record = _fields(line)
@@ -140,16 +70,10 @@ def _sbatch_calls(log: str) -> dict[str, str]:
     return calls
 
 
-def _run_snakemake(args: list[str], cwd: Path, timeout_s: int) -> subprocess.CompletedProcess:
-    # SIGINT, not SIGTERM: Snakemake answers SIGTERM by waiting for its running jobs
-    cmd = ["timeout", "-s", "INT", "-k", str(SNAKEMAKE_KILL_AFTER_S), str(timeout_s)]
-    return subprocess.run(cmd + [str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True)
-
-
 @pytest.mark.slurm
 def test_rules_run_as_slurm_jobs_with_gpu_request(slurm_cluster: LocalCluster, tmp_path: Path):
     (tmp_path / "Snakefile").write_text(TINY_SNAKEFILE)
-    result = _run_snakemake(
+    result = run_snakemake(
         [
             "--snakefile", str(tmp_path / "Snakefile"),
             "--directory", str(tmp_path),
@@ -205,7 +129,7 @@ def test_site_profile_gives_gpu_rules_their_resources(tmp_path: Path):
     )
     targets = ", ".join(f'"{name}.txt"' for name in GPU_RULES)
     (tmp_path / "Snakefile").write_text(f"rule all:\n    input: {targets}\n\n{rules}")
-    result = _run_snakemake(
+    result = run_snakemake(
         [
             "--snakefile", str(tmp_path / "Snakefile"),
             "--directory", str(tmp_path),
