@@ -207,7 +207,7 @@ def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPol
     progress = Progress("pmlm ingest")  # records read, a line a minute in the rule's log
     with atomic_output(out_fasta) as tmp, open(tmp, "w", buffering=1 << 20) as out:
         for path in inputs:
-            for rec in read_fasta(path):
+            for rec in read_fasta(path, repairs=norm.repaired):  # counts headers read as Latin-1
                 progress.advance()
                 kept = norm.record(rec.title, rec.sequence, path, rec.line)
                 if kept is not None:
