@@ -1,9 +1,9 @@
 """Progress of a long command, for people and for logs: a bar redrawn on a terminal, plain lines otherwise.
 
-Off a terminal (a rule's ``> {log} 2>&1``, a SLURM job), a line goes to stderr at every tenth of a known
-total and at least every ``every_s`` seconds (``PMLM_PROGRESS_SECONDS``, default 60), so a job's log always
-says how far it is: ``pmlm pretrain: 120/600 steps (20%) loss 2.913 lr 0.0003 tokens/s 8,120 elapsed 0:01:02
-eta 0:04:08``. Field values may be zero-argument callables: they are evaluated only when a line is written
+Off a terminal (a rule's ``> {log} 2>&1``, a SLURM job), a line goes to stderr at least every ``every_s``
+seconds (``PMLM_PROGRESS_SECONDS``, default 60) and, for training runs, at every tenth of the total, so a
+job's log always says how far it is:
+``pmlm pretrain: 120/600 steps (20%) loss 2.913 lr 0.0003 tokens/s 8,120 elapsed 0:01:02 eta 0:04:08``. Field values may be zero-argument callables: they are evaluated only when a line is written
 (a loss read back from the GPU then costs a device sync only every so often).
 """
 
@@ -64,14 +64,15 @@ class Progress:
 
     ``update(done, total, **fields)`` sets the count, ``advance(n)`` adds to it; ``rates`` names fields that
     are running counts, shown per second over the interval since the previous line (``tokens`` -> tokens/s).
-    ``start`` is where a resumed run begins (the ETA counts only what this run did). ``close()`` writes
-    the final line.
+    ``start`` is where a resumed run begins (the ETA counts only what this run did). ``each_tenth`` adds a
+    line at every tenth of the total (training runs; a pass over records that takes a second would fill a
+    log with them). ``close()`` writes the final line.
     """
 
     def __init__(self, label: str, total: int | None = None, *, unit: str = "records", start: int = 0,
-                 rates: tuple[str, ...] = (), every_s: float | None = None, stream: TextIO | None = None,
-                 tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
-        self.label, self.total, self.unit, self.rates = label, total, unit, rates
+                 rates: tuple[str, ...] = (), each_tenth: bool = False, every_s: float | None = None,
+                 stream: TextIO | None = None, tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
+        self.label, self.total, self.unit, self.rates, self.each_tenth = label, total, unit, rates, each_tenth
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.every_s = default_every_s() if every_s is None else every_s
@@ -87,7 +88,7 @@ class Progress:
         self._closed = False
 
     def _tenth_of(self, done: int) -> int:
-        return int(STEPS_OF_TOTAL * done // self.total) if self.total else 0
+        return int(STEPS_OF_TOTAL * done // self.total) if self.total and self.each_tenth else 0
 
     def update(self, done: int, total: int | None = None, **fields) -> None:
         self.done = done
@@ -107,7 +108,7 @@ class Progress:
         """Add ``n`` to the count; cheap enough to call once per record."""
         self.done += n
         self._calls += 1
-        if self._calls < self._stride and not (self.total and self._tenth_of(self.done) > self._tenth):
+        if self._calls < self._stride and self._tenth_of(self.done) <= self._tenth:
             return
         # look at the clock less often while calls are cheap, more often when they are not
         now = self.clock()

@@ -31,8 +31,8 @@ def _lines(stream: io.StringIO) -> list[str]:
 
 def test_a_line_at_every_tenth_with_rate_elapsed_and_eta():
     clock, out = Clock(), io.StringIO()
-    progress = Progress("pmlm pretrain", 200, unit="steps", rates=("tokens",), stream=out, tty=False,
-                        every_s=3600, clock=clock)
+    progress = Progress("pmlm pretrain", 200, unit="steps", rates=("tokens",), each_tenth=True, stream=out,
+                        tty=False, every_s=3600, clock=clock)
     for step in range(1, 201):
         clock.now += 0.5
         progress.update(step, loss=2.0, tokens=100 * step)
@@ -57,6 +57,17 @@ def test_time_based_lines_without_a_total_and_a_final_line():
     assert lines[-1] == "pmlm ingest: 250,000 records (1,000/s) elapsed 0:04:10"
 
 
+def test_a_quick_record_count_writes_only_its_final_line():
+    """Without each_tenth (data steps, evaluation): lines by time only, so a fast pass adds one line."""
+    clock, out = Clock(), io.StringIO()
+    progress = Progress("pmlm split: writing", 1000, stream=out, tty=False, every_s=60, clock=clock)
+    for _ in range(1000):
+        clock.now += 0.01
+        progress.advance()
+    progress.close()
+    assert _lines(out) == ["pmlm split: writing: 1,000/1,000 records (100%) elapsed 0:00:10"]
+
+
 def test_lazy_fields_are_read_only_when_a_line_is_written():
     clock, out, reads = Clock(), io.StringIO(), []
 
@@ -64,7 +75,8 @@ def test_lazy_fields_are_read_only_when_a_line_is_written():
         reads.append(1)
         return 1.5
 
-    progress = Progress("pmlm finetune", 1000, unit="steps", stream=out, tty=False, every_s=3600, clock=clock)
+    progress = Progress("pmlm finetune", 1000, unit="steps", each_tenth=True, stream=out, tty=False, every_s=3600,
+                        clock=clock)
     for step in range(1, 1001):
         progress.update(step, loss=loss)
     assert len(reads) == len(_lines(out)) == 10
@@ -72,7 +84,8 @@ def test_lazy_fields_are_read_only_when_a_line_is_written():
 
 def test_resumed_run_counts_eta_from_its_own_start():
     clock, out = Clock(), io.StringIO()
-    progress = Progress("pmlm pretrain", 100, unit="steps", start=50, stream=out, tty=False, every_s=3600, clock=clock)
+    progress = Progress("pmlm pretrain", 100, unit="steps", start=50, each_tenth=True, stream=out, tty=False,
+                        every_s=3600, clock=clock)
     clock.now = 10.0
     progress.update(60)
     assert _lines(out) == ["pmlm pretrain: 60/100 steps (60%) elapsed 0:00:10 eta 0:00:40"]

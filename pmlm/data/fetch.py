@@ -466,8 +466,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=defaults.timeout,
                         help="socket timeout in seconds (default: %(default)s)")
     parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
-                        help="off a terminal, a progress line at each tenth of the download and at least "
-                             "this often (default: %(default)s)")
+                        help="off a terminal, a progress line this often (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -160,7 +160,8 @@ def finetune(
             del ckpt
         out_dir.mkdir(parents=True, exist_ok=True)
         log = _MetricsLog(out_dir / METRICS_CSV, step)
-        progress = Progress("pmlm finetune", o.total_steps, unit="steps", start=step, rates=("proteins",))
+        progress = Progress("pmlm finetune", o.total_steps, unit="steps", start=step, rates=("proteins",),
+                            each_tenth=True)
         seen = 0
 
         def save(at_step: int) -> None:

@@ -190,8 +190,8 @@ def train(
 
         log = _MetricsLog(out_dir, step, cfg.tensorboard) if is_main else None
         # a line per tenth of the run (and per minute) in the rule's log; rank 0's residues x ranks as tokens
-        progress = Progress("pmlm pretrain", cfg.optim.total_steps, unit="steps", start=step, rates=("tokens",)) \
-            if is_main else None
+        progress = Progress("pmlm pretrain", cfg.optim.total_steps, unit="steps", start=step, rates=("tokens",),
+                            each_tenth=True) if is_main else None
         seen = 0
 
         def save(at_step: int) -> None:
