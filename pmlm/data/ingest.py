@@ -18,6 +18,7 @@ from pathlib import Path
 from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError, InputError
+from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
 _STANDARD = RESIDUES + UNKNOWN_RESIDUE
@@ -203,12 +204,15 @@ class Normaliser:
 def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy) -> dict:
     """Normalise ``inputs`` into ``out_fasta`` (one line per sequence); both outputs appear atomically."""
     norm = Normaliser(policy)
+    progress = Progress("pmlm ingest")  # records read, a line a minute in the rule's log
     with atomic_output(out_fasta) as tmp, open(tmp, "w", buffering=1 << 20) as out:
         for path in inputs:
-            for rec in read_fasta(path):
+            for rec in read_fasta(path, repairs=norm.repaired):  # counts headers read as Latin-1
+                progress.advance()
                 kept = norm.record(rec.title, rec.sequence, path, rec.line)
                 if kept is not None:
                     out.write(f">{kept[0]}\n{kept[1]}\n")
+        progress.close()
         stats = norm.stats([str(p) for p in inputs])
         if stats["kept"] == 0:
             raise InputError(inputs[0], f"no record survived normalisation (dropped: {stats['dropped']})")

@@ -35,6 +35,7 @@ import numpy as np
 from pmlm import alphabet
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError, InputError
+from pmlm.progress import Progress
 from pmlm.utils import atomic_output, file_digest
 
 FORMAT = "pmlm-shards/2"
@@ -234,8 +235,10 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         for split, paths in inputs.items():
             writer = SplitWriter(root, split, num_shards, row_group_size, compression_level, executor)
             clusters_from_header = 0
+            progress = Progress(f"pmlm tokenize {split}")
             for path in paths:
                 for rec in read_fasta(path):
+                    progress.advance()
                     words = rec.title.split()
                     record_id = words[0] if words else ""
                     encoded = rec.sequence.encode("ascii", "replace").translate(table)
@@ -253,6 +256,7 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
                     else:
                         clusters_from_header += 1
                     writer.add(record_id, cluster, encoded)
+            progress.close()
             summary = writer.close()
             summary["clusters_from_header"] = clusters_from_header
             manifest["splits"][split] = summary
