@@ -106,7 +106,9 @@ def train(
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(cfg.device, local_rank)
-    own_group = world > 1 and not dist.is_initialized()  # a caller's own process group is left alone
+    # FSDP also runs at world size 1 under torchrun (MASTER_ADDR set), so its code path runs on one GPU
+    distributed = world > 1 or (cfg.fsdp and "MASTER_ADDR" in os.environ)
+    own_group = distributed and not dist.is_initialized()  # a caller's own process group is left alone
     if own_group:
         on_gpu = device.type == "cuda"
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
@@ -134,9 +136,10 @@ def train(
         # -- model: identical initial weights on every rank, then DDP / FSDP ----------------------------
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.build(), cfg.objective).to(device)
+        model.encoder.attention = cfg.attention
         objective = PretrainingObjective(model, cfg.objective)
         decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
-        use_fsdp = cfg.fsdp and world > 1
+        use_fsdp = cfg.fsdp and distributed
         if use_fsdp:
             from torch.distributed.fsdp import fully_shard
 
@@ -150,7 +153,9 @@ def train(
             )
         else:
             wrapped = objective
-        forward = torch.compile(wrapped) if cfg.compile else wrapped
+        if cfg.compile:
+            model.encoder.compile_layers()  # per layer: the objective's dynamic shapes stay out of the graphs
+        forward = wrapped
         # plain module for validation: FSDP's own hooks gather the shards, DDP's hooks are not needed
         evaluate_with = objective
 
