@@ -165,8 +165,11 @@ def test_pair_head_chunking_preserves_gradients():
     head.chunk_size = 5
     head(reps, pair_index)[0].square().sum().backward()
     grads_many = [reps.grad] + [p.grad for p in head.parameters()]
+    # chunking changes the order of the sums over pair rows: each gradient element is a sum of at most
+    # P terms, so it may move by P * eps relative to the tensor's scale (elements near 0 included)
+    bound = pair_index.shape[0] * torch.finfo(torch.float32).eps
     for a, b in zip(grads_one, grads_many):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=0, atol=bound * a.abs().max().item())
 
 
 class LargestTensor(TorchDispatchMode):
