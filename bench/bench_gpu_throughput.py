@@ -232,6 +232,8 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
         try:
             with torch.device(device):  # initialise on the device: xl has 0.7 B parameters
                 model = model_builder()
+            if kind == "hf_esm":
+                row["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
             runner = Runner("hf" if kind == "hf_esm" else "ours", model, ObjectiveConfig(name=objective), device)
             model = None
             timing = time_runner(runner, warm, runs, args)

@@ -126,7 +126,7 @@ stage_paths() {
         --test "demo_test=$TASKS/test.jsonl" --out "$OUT/runs/eval-pair-kl.tsv"
     # what each run reported, for the closing note
     for f in "$OUT"/runs/*/metrics.csv; do echo "== $f"; tail -n 3 "$f"; done > "$OUT/paths/metrics_tails.txt" 2>&1
-    grep -h "resuming from" "$OUT"/paths/*.log > "$OUT/paths/resumed.txt" 2>&1
+    grep -H "resuming from\|FSDP over\|SIGTERM received" "$OUT"/paths/*.log > "$OUT/paths/notes.txt" 2>&1
 }
 
 stage_pair() {

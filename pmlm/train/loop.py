@@ -143,6 +143,9 @@ def train(
         if use_fsdp:
             from torch.distributed.fsdp import fully_shard
 
+            if rank == 0:
+                print(f"pmlm pretrain: sharding parameters and optimizer state with FSDP over {world} rank(s)",
+                      file=sys.stderr)
             # per-layer units bound the gathered memory to about one layer; the root holds embeddings and heads
             for layer in model.encoder.layers:
                 fully_shard(layer)
