@@ -8,14 +8,17 @@
 # snakemake or Biopython. Inputs made by the data stage on any machine and copied beside the code:
 #   snakemake --cores 2 data results/demo/tasks/demo_pdb/test.jsonl
 #   -> results/demo/data/demo/shards (1.6 MB) and results/demo/tasks/demo_pdb (4.5 MB)
-# Override with SHARDS=DIR and TASKS=DIR. Each stage is sized for under 10 minutes on one H100; every step's
-# exit code and wall time go to $OUT/summary.tsv, its output to $OUT/<stage>/<step>.log. A failing step
-# does not stop the others; the script exits non-zero if any failed.
+# pytest, if the image lacks it: `pip download pytest -d bench/out/wheels` and copy that folder too
+# (WHEELS=DIR elsewhere). Override the inputs with SHARDS=DIR and TASKS=DIR. Each stage is sized for
+# under 10 minutes on one H100. Every step's exit code and wall time go to $OUT/summary.tsv, its output
+# to $OUT/<stage>/<step>.log; a failing step does not stop the others; the script exits non-zero if
+# any failed.
 set -uo pipefail
 
 OUT=${OUT:-bench/out/gpu_session}
 SHARDS=${SHARDS:-results/demo/data/demo/shards}
 TASKS=${TASKS:-results/demo/tasks/demo_pdb}
+WHEELS=${WHEELS:-bench/out/wheels}
 PY=${PYTHON:-python}
 FAILED=0
 mkdir -p "$OUT"
@@ -86,8 +89,11 @@ EOF
 }
 
 stage_tests() {
-    step tests gpu_tests "$PY" -m pytest -m gpu -v -p no:cacheprovider tests/
-    step tests attention_cpu_and_gpu "$PY" -m pytest -v -p no:cacheprovider tests/test_attention.py
+    if ! "$PY" -c "import pytest" 2>/dev/null; then  # not in every GPU image: install it from carried wheels
+        step tests install_pytest "$PY" -m pip install --no-index --find-links "$WHEELS" pytest
+    fi
+    # the `gpu` tests live in tests/test_attention.py; other modules import the data stage's Biopython
+    step tests attention "$PY" -m pytest -v -p no:cacheprovider tests/test_attention.py
 }
 
 stage_paths() {
