@@ -2,7 +2,8 @@
 # Every GPU path of pre-training, fine-tuning and evaluation once, the GPU tests and the GPU benchmarks,
 # on one CUDA machine, from the repository root, writing logs and results under $OUT.
 #
-#   bash bench/gpu_session.sh STAGE...     STAGE: tests | paths | pair | throughput | all
+#   bash bench/gpu_session.sh STAGE...     STAGE: tests | pretrain | finetune | pair | throughput | all
+#                                          (paths = pretrain finetune; finetune uses pretrain's PMLM-base)
 #
 # Needs: torch with CUDA, pyarrow, safetensors, pyyaml, numpy (transformers for the HF baseline); not
 # snakemake or Biopython. Inputs made by the data stage on any machine and copied beside the code:
@@ -19,6 +20,8 @@ OUT=${OUT:-bench/out/gpu_session}
 SHARDS=${SHARDS:-results/demo/data/demo/shards}
 TASKS=${TASKS:-results/demo/tasks/demo_pdb}
 WHEELS=${WHEELS:-bench/out/wheels}
+# run folders hold checkpoints (xl: ~8.5 GB each), so they live outside $OUT; their small files are copied there
+RUNS=${RUNS:-bench/out/gpu_runs}
 PY=${PYTHON:-python}
 FAILED=0
 mkdir -p "$OUT"
@@ -40,10 +43,10 @@ step() {
 # pretrain_args NAME RECIPE KEY=VALUE...: arguments of a short `pmlm pretrain` run, as the pretrain rule calls it
 pretrain_args() {
     local name=$1 recipe=$2; shift 2
-    ARGS=(pretrain --config "$recipe" --shards "$SHARDS" --out "$OUT/runs/$name"
-          --final "$OUT/runs/$name/model.safetensors")
+    ARGS=(pretrain --config "$recipe" --shards "$SHARDS" --out "$RUNS/$name"
+          --final "$RUNS/$name/model.safetensors")
     for kv in optim.warmup_steps=5 optim.total_steps=30 log_every=5 eval_every=0 eval_batches=5 save_every=15 \
-              tensorboard=false "$@"; do
+              keep_last_checkpoints=1 tensorboard=false "$@"; do
         ARGS+=(--set "$kv")
     done
 }
@@ -96,7 +99,7 @@ stage_tests() {
     step tests attention "$PY" -m pytest -v -p no:cacheprovider tests/test_attention.py
 }
 
-stage_paths() {
+stage_pretrain() {
     # the three objectives at base dims, bf16 (auto on CUDA), the recipe's 4 x 16,384-token micro-batches
     pretrain mlm-base config/train/base.yaml objective.name=mlm
     pretrain pmlm-base config/train/base.yaml objective.name=pmlm
@@ -115,23 +118,34 @@ stage_paths() {
     pretrain_args xl-fsdp config/train/xl.yaml objective.name=pmlm_pair_only optim.warmup_steps=2 optim.total_steps=9 \
         grad_accum=1 log_every=1 eval_batches=2 save_every=3
     step paths xl-fsdp-resumed torchrun --standalone --nproc_per_node 1 -m pmlm "${ARGS[@]}"
+    collect
+}
+
+stage_finetune() {
     # fine-tuning (full, ResNet contact head on M+; per-residue secondary structure) and evaluation on the GPU
-    local encoder="$OUT/runs/pmlm-base/model.safetensors"
+    local encoder="$RUNS/pmlm-base/model.safetensors"
     local ft=(--set optim.warmup_steps=5 --set optim.total_steps=40 --set log_every=5 --set eval_every=0 --set save_every=20)
     step paths finetune-contact "$PY" -m pmlm finetune --config config/finetune/contact_resnet.yaml --encoder "$encoder" \
-        --train "$TASKS/train.jsonl" --valid "$TASKS/valid.jsonl" --out "$OUT/runs/ft-contact" \
-        --final "$OUT/runs/ft-contact/head.safetensors" "${ft[@]}" --set grad_accum=1
+        --train "$TASKS/train.jsonl" --valid "$TASKS/valid.jsonl" --out "$RUNS/ft-contact" \
+        --final "$RUNS/ft-contact/head.safetensors" "${ft[@]}" --set grad_accum=1
     step paths finetune-ss3 "$PY" -m pmlm finetune --config config/finetune/ss3.yaml --encoder "$encoder" \
-        --train "$TASKS/train.jsonl" --valid "$TASKS/valid.jsonl" --out "$OUT/runs/ft-ss3" \
-        --final "$OUT/runs/ft-ss3/head.safetensors" "${ft[@]}"
-    step paths evaluate-contact "$PY" -m pmlm evaluate --head "$OUT/runs/ft-contact/head.safetensors" \
-        --test "demo_test=$TASKS/test.jsonl" --out "$OUT/runs/eval-contact.tsv"
-    step paths evaluate-ss3 "$PY" -m pmlm evaluate --head "$OUT/runs/ft-ss3/head.safetensors" \
-        --test "demo_test=$TASKS/test.jsonl" --out "$OUT/runs/eval-ss3.tsv"
+        --train "$TASKS/train.jsonl" --valid "$TASKS/valid.jsonl" --out "$RUNS/ft-ss3" \
+        --final "$RUNS/ft-ss3/head.safetensors" "${ft[@]}"
+    step paths evaluate-contact "$PY" -m pmlm evaluate --head "$RUNS/ft-contact/head.safetensors" \
+        --test "demo_test=$TASKS/test.jsonl" --out "$RUNS/eval-contact.tsv"
+    step paths evaluate-ss3 "$PY" -m pmlm evaluate --head "$RUNS/ft-ss3/head.safetensors" \
+        --test "demo_test=$TASKS/test.jsonl" --out "$RUNS/eval-ss3.tsv"
     step paths evaluate-pair-kl "$PY" -m pmlm evaluate --head pair-kl --encoder "$encoder" \
-        --test "demo_test=$TASKS/test.jsonl" --out "$OUT/runs/eval-pair-kl.tsv"
-    # what each run reported, for the closing note
-    for f in "$OUT"/runs/*/metrics.csv; do echo "== $f"; tail -n 3 "$f"; done > "$OUT/paths/metrics_tails.txt" 2>&1
+        --test "demo_test=$TASKS/test.jsonl" --out "$RUNS/eval-pair-kl.tsv"
+    collect
+}
+
+# the runs' small outputs (metrics, scores, sidecars, tables) and the notable log lines, into $OUT
+collect() {
+    mkdir -p "$OUT/runs" "$OUT/paths"
+    local dest
+    dest=$(cd "$OUT/runs" && pwd)
+    (cd "$RUNS" && find . -maxdepth 2 \( -name '*.csv' -o -name '*.json' -o -name '*.tsv' \) -exec cp --parents -t "$dest" {} +)
     grep -H "resuming from\|FSDP over\|SIGTERM received" "$OUT"/paths/*.log > "$OUT/paths/notes.txt" 2>&1
 }
 
@@ -145,7 +159,7 @@ stage_throughput() {
         --lengths 512 --layouts auto --compile --no-hf --out "$OUT/throughput/gpu_throughput_compiled"
 }
 
-[ $# -gt 0 ] || { echo "usage: bash bench/gpu_session.sh tests|paths|pair|throughput|all ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash bench/gpu_session.sh tests|pretrain|finetune|paths|pair|throughput|all ..." >&2; exit 2; }
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_session: no CUDA device visible to $PY" >&2
     exit 2
@@ -156,8 +170,9 @@ done
 environment
 for stage in "$@"; do
     case $stage in
-        tests|paths|pair|throughput) "stage_$stage" ;;
-        all) stage_tests; stage_paths; stage_pair; stage_throughput ;;
+        tests|pretrain|finetune|pair|throughput) "stage_$stage" ;;
+        paths) stage_pretrain; stage_finetune ;;
+        all) stage_tests; stage_pretrain; stage_finetune; stage_pair; stage_throughput ;;
         *) echo "gpu_session: unknown stage $stage" >&2; exit 2 ;;
     esac
 done
