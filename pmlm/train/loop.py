@@ -107,7 +107,9 @@ def train(
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(cfg.device, local_rank)
-    own_group = world > 1 and not dist.is_initialized()  # a caller's own process group is left alone
+    # FSDP also runs at world size 1 under torchrun (MASTER_ADDR set), so its code path runs on one GPU
+    distributed = world > 1 or (cfg.fsdp and "MASTER_ADDR" in os.environ)
+    own_group = distributed and not dist.is_initialized()  # a caller's own process group is left alone
     if own_group:
         on_gpu = device.type == "cuda"
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
@@ -135,12 +137,16 @@ def train(
         # -- model: identical initial weights on every rank, then DDP / FSDP ----------------------------
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.build(), cfg.objective).to(device)
+        model.encoder.attention = cfg.attention
         objective = PretrainingObjective(model, cfg.objective)
         decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
-        use_fsdp = cfg.fsdp and world > 1
+        use_fsdp = cfg.fsdp and distributed
         if use_fsdp:
             from torch.distributed.fsdp import fully_shard
 
+            if rank == 0:
+                print(f"pmlm pretrain: sharding parameters and optimizer state with FSDP over {world} rank(s)",
+                      file=sys.stderr)
             # per-layer units bound the gathered memory to about one layer; the root holds embeddings and heads
             for layer in model.encoder.layers:
                 fully_shard(layer)
@@ -151,7 +157,9 @@ def train(
             )
         else:
             wrapped = objective
-        forward = torch.compile(wrapped) if cfg.compile else wrapped
+        if cfg.compile:
+            model.encoder.compile_layers()  # per layer: the objective's dynamic shapes stay out of the graphs
+        forward = wrapped
         # plain module for validation: FSDP's own hooks gather the shards, DDP's hooks are not needed
         evaluate_with = objective
 
