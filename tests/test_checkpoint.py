@@ -8,7 +8,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from pmlm.errors import InputError
 from pmlm.train.checkpoint import (
@@ -18,7 +17,6 @@ from pmlm.train.checkpoint import (
     load_checkpoint,
     restore_rng,
     save_checkpoint,
-    save_weights,
 )
 
 
@@ -99,11 +97,3 @@ def test_rng_capture_and_restore(tmp_path):
     restore_rng(state)
     again = (random.random(), np.random.rand(), torch.rand(3), np.random.randn())
     assert first[0] == again[0] and first[1] == again[1] and torch.equal(first[2], again[2]) and first[3] == again[3]
-
-
-def test_final_weights_and_sidecar(tmp_path):
-    target = tmp_path / "results" / "model.safetensors"
-    save_weights(target, _weights(3), {"model": {"hidden": 4}})
-    assert all(torch.equal(load_file(target)[k], v) for k, v in _weights(3).items())
-    assert json.loads(target.with_suffix(".json").read_text()) == {"model": {"hidden": 4}}
-    assert sorted(p.name for p in target.parent.iterdir()) == ["model.json", "model.safetensors"]

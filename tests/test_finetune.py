@@ -20,6 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from pmlm.alphabet import RESIDUES
+from pmlm.artefacts import save_weights
 from pmlm.cli import main
 from pmlm.finetune.config import FinetuneConfig
 from pmlm.finetune.data import TaskLoader, read_task_data
@@ -27,8 +28,8 @@ from pmlm.finetune.loop import FinetuneHooks, finetune
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig, build_model
 from pmlm.train import REQUEUE_EXIT_CODE
-from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_weights
-from pmlm.train.loop import TrainingDiverged
+from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from pmlm.train.runtime import TrainingDiverged
 
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 CLUSTER_SPACING = 20.0  # Angstrom between residue-type clusters: far beyond the 8 A contact threshold

@@ -12,7 +12,8 @@ import pytest
 
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.data.shards import load_manifest, shard_of, tokenize
+from pmlm.artefacts import read_manifest as load_manifest
+from pmlm.data.shards import shard_of, tokenize
 from pmlm.errors import InputError
 from pmlm.utils import file_digest
 

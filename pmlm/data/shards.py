@@ -23,7 +23,6 @@ small enough to stream and shuffle at row-group granularity.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import zlib
 from collections import deque
@@ -33,12 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from pmlm import alphabet
+from pmlm.artefacts import SHARDS_FORMAT, write_manifest
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError, InputError
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output, file_digest
 
-FORMAT = "pmlm-shards/2"
 LENGTH_BIN_EDGES = [0, 50, 100, 200, 300, 400, 500, 750, 1000, 1500, 2000, 5000]
 SCHEMA_DOC = {
     "id": "string: sequence identifier",
@@ -58,7 +57,7 @@ def arrow_schema():
             pa.field("length", pa.int32(), nullable=False),
             pa.field("tokens", pa.binary(), nullable=False),
         ],
-        metadata={b"pmlm.format": FORMAT.encode(), b"pmlm.alphabet": " ".join(alphabet.TOKENS).encode()},
+        metadata={b"pmlm.format": SHARDS_FORMAT.encode(), b"pmlm.alphabet": " ".join(alphabet.TOKENS).encode()},
     )
 
 
@@ -219,7 +218,7 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
     table = alphabet.TRANSLATE_TABLE
     invalid = bytes([alphabet.INVALID_BYTE])
     manifest: dict = {
-        "format": FORMAT,
+        "format": SHARDS_FORMAT,
         "alphabet": {"tokens": list(alphabet.TOKENS), "vocab_size": alphabet.VOCAB_SIZE},
         "schema": SCHEMA_DOC,
         "num_shards": num_shards,
@@ -260,18 +259,7 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
             summary = writer.close()
             summary["clusters_from_header"] = clusters_from_header
             manifest["splits"][split] = summary
-        (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
-
-
-def load_manifest(shards_dir: str | Path) -> dict:
-    path = Path(shards_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(path, f"cannot read shard manifest ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise InputError(path, f"unsupported shard format {manifest.get('format')!r}, expected {FORMAT}")
+        write_manifest(root, manifest)
     return manifest
 
 

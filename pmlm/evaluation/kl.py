@@ -26,7 +26,7 @@ def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues:
     """The first ``limit`` sequences of a split in manifest order (deterministic), cropped to ``max_residues``."""
     import pyarrow.parquet as pq
 
-    from pmlm.data.shards import load_manifest
+    from pmlm.artefacts import read_manifest as load_manifest
 
     manifest = load_manifest(shards_dir)
     out: list[np.ndarray] = []

@@ -15,8 +15,8 @@ _LAZY = {
     "TaskLoader": "pmlm.finetune.data",
     "finetune": "pmlm.finetune.loop",
     "FinetuneHooks": "pmlm.finetune.loop",
-    "load_finetuned": "pmlm.finetune.evaluate",
-    "score_task": "pmlm.finetune.evaluate",
+    "load_finetuned": "pmlm.finetune.scoring",
+    "score_task": "pmlm.finetune.scoring",
 }
 
 __all__ = list(_LAZY)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pmlm.errors import ConfigError
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.tasks.tape import NUM_FOLDS
-from pmlm.train.config import YamlConfig
+from pmlm.train.config import YamlConfig, check_adamw, require, warmup_decay
 
 TASKS = ("contact", "ss3", "remote_homology")
 # head kinds each task accepts; the first is what "auto" resolves to
@@ -26,11 +26,6 @@ DATA_FORMATS = ("auto", "structure_jsonl", "tape", "raptorx")
 CONTACT_ATOM_CHOICES = ("auto", "CA", "CB")
 ON_ERROR = ("raise", "skip")
 DEVICES = ("auto", "cpu", "cuda")
-
-
-def _require(ok: bool, key: str, what: str, value) -> None:
-    if not ok:
-        raise ConfigError(f"{key} {what}, got {value!r}")
 
 
 @dataclass
@@ -57,16 +52,16 @@ class HeadConfig:
     pair_chunk_elements: int = 1 << 24
 
     def __post_init__(self) -> None:
-        _require(self.kind in ("auto", "linear", "resnet", "mlp"), "head.kind",
+        require(self.kind in ("auto", "linear", "resnet", "mlp"), "head.kind",
                  "must be one of auto, linear, resnet, mlp", self.kind)
-        _require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
-        _require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
+        require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
+        require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
         for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "pair_chunk_elements"):
-            _require(getattr(self, name) >= 1, f"head.{name}", "must be >= 1", getattr(self, name))
-        _require(self.resnet_kernel >= 1 and self.resnet_kernel % 2 == 1, "head.resnet_kernel",
+            require(getattr(self, name) >= 1, f"head.{name}", "must be >= 1", getattr(self, name))
+        require(self.resnet_kernel >= 1 and self.resnet_kernel % 2 == 1, "head.resnet_kernel",
                  "must be a positive odd number (the pairwise map keeps its size)", self.resnet_kernel)
-        _require(self.resnet_norm in NORMS, "head.resnet_norm", f"must be one of {', '.join(NORMS)}", self.resnet_norm)
-        _require(self.num_classes is None or self.num_classes >= 1, "head.num_classes", "must be >= 1 or null",
+        require(self.resnet_norm in NORMS, "head.resnet_norm", f"must be one of {', '.join(NORMS)}", self.resnet_norm)
+        require(self.num_classes is None or self.num_classes >= 1, "head.num_classes", "must be >= 1 or null",
                  self.num_classes)
 
 
@@ -84,24 +79,12 @@ class OptimConfig:
     clip_norm: float = 1.0  # global gradient-norm clip; 0 disables clipping
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
-        _require(self.head_lr > 0, "optim.head_lr", "must be > 0", self.head_lr)
-        betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
-        _require(betas_ok, "optim.betas", "must be two numbers in [0, 1)", self.betas)
-        _require(self.eps > 0, "optim.eps", "must be > 0", self.eps)
-        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
-        _require(self.total_steps >= 1, "optim.total_steps", "must be >= 1", self.total_steps)
-        _require(0 <= self.warmup_steps <= self.total_steps, "optim.warmup_steps",
-                 "must be in [0, optim.total_steps]", self.warmup_steps)
-        _require(self.clip_norm >= 0, "optim.clip_norm", "must be >= 0 (0 disables clipping)", self.clip_norm)
+        check_adamw(self)
+        require(self.head_lr > 0, "optim.head_lr", "must be > 0", self.head_lr)
 
     def scale_at(self, step: int) -> float:
-        """Multiplier of both peak learning rates at optimizer step ``step`` (0-based)."""
-        update = step + 1
-        if update <= self.warmup_steps:
-            return update / self.warmup_steps
-        decay_steps = self.total_steps - self.warmup_steps
-        return max(0.0, 1.0 - (update - self.warmup_steps) / decay_steps) if decay_steps > 0 else 0.0
+        """Multiplier of both peak learning rates at optimizer step ``step`` (0-based): linear up, linear down."""
+        return warmup_decay(step, self.warmup_steps, self.total_steps)
 
 
 @dataclass
@@ -122,15 +105,15 @@ class DataConfig:
     max_proteins: int | None = None  # use only the first N proteins of the training file (null = all)
 
     def __post_init__(self) -> None:
-        _require(self.format in DATA_FORMATS, "data.format", f"must be one of {', '.join(DATA_FORMATS)}", self.format)
-        _require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
-        _require(self.crop is None or self.crop >= 1, "data.crop", "must be >= 1 or null", self.crop)
-        _require(self.contact_atom in CONTACT_ATOM_CHOICES, "data.contact_atom",
+        require(self.format in DATA_FORMATS, "data.format", f"must be one of {', '.join(DATA_FORMATS)}", self.format)
+        require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
+        require(self.crop is None or self.crop >= 1, "data.crop", "must be >= 1 or null", self.crop)
+        require(self.contact_atom in CONTACT_ATOM_CHOICES, "data.contact_atom",
                  f"must be one of {', '.join(CONTACT_ATOM_CHOICES)}", self.contact_atom)
-        _require(self.contact_threshold > 0, "data.contact_threshold", "must be > 0 (Angstrom)", self.contact_threshold)
-        _require(self.min_separation >= 1, "data.min_separation", "must be >= 1", self.min_separation)
-        _require(self.on_error in ON_ERROR, "data.on_error", f"must be one of {', '.join(ON_ERROR)}", self.on_error)
-        _require(self.max_proteins is None or self.max_proteins >= 1, "data.max_proteins", "must be >= 1 or null",
+        require(self.contact_threshold > 0, "data.contact_threshold", "must be > 0 (Angstrom)", self.contact_threshold)
+        require(self.min_separation >= 1, "data.min_separation", "must be >= 1", self.min_separation)
+        require(self.on_error in ON_ERROR, "data.on_error", f"must be one of {', '.join(ON_ERROR)}", self.on_error)
+        require(self.max_proteins is None or self.max_proteins >= 1, "data.max_proteins", "must be >= 1 or null",
                  self.max_proteins)
 
 
@@ -153,21 +136,21 @@ class FinetuneConfig(YamlConfig):
     bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false (never on CPU)
 
     def __post_init__(self) -> None:
-        _require(self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}", self.task)
+        require(self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}", self.task)
         allowed = TASK_HEADS[self.task]
         if self.head.kind == "auto":
             self.head = dataclasses.replace(self.head, kind=allowed[0])
-        _require(self.head.kind in allowed, "head.kind",
+        require(self.head.kind in allowed, "head.kind",
                  f"must be {' or '.join(allowed)} for task {self.task}", self.head.kind)
         if self.task != "contact" and self.head.features == "mplus":
             raise ConfigError(f"head.features mplus describes residue pairs; task {self.task} uses encoder outputs "
                               "(set head.features: encoder or auto)")
         for name in ("grad_accum", "log_every", "keep_last_checkpoints"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+            require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("eval_every", "save_every", "seed"):
-            _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
-        _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
-        _require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+            require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
+        require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
 
     @property
     def num_classes(self) -> int:

@@ -27,18 +27,23 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.kl import residue_joint
 from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
+from pmlm.finetune.data import evaluation_batches, read_task_data
+from pmlm.finetune.scoring import HEADLINE, contact_summary, load_finetuned, score_task
+from pmlm.model.objectives import upper_pairs
 from pmlm.progress import Progress
+from pmlm.tasks.structures import CONTACT_THRESHOLD
+from pmlm.utils import atomic_output, file_digest, versions
 
 PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
 TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
                "config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
-# metric-name label -> range name in pmlm.evaluation.metrics.CONTACT_RANGES
-RANGE_LABELS = {"short": "short", "medium": "medium", "long": "long", "medium_long": "medium_long",
-                "tape_s6": "tape_all"}
-HEADLINE = {"contact": "P@L/5_medium_long", "ss3": "Q3", "remote_homology": "top1"}
 PAIR_FEATURES = "pair_joint"  # the features column of unsupervised rows
 
 
@@ -47,83 +52,9 @@ def canonical_sha256(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def contact_summary(proteins) -> dict[str, tuple[float, int]]:
-    """(scores, contacts, valid) per protein -> {metric: (value, n_proteins)} for every range x L/k,
-    per-protein means and ``_pooled`` variants."""
-    from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics
-
-    ranges = {label: CONTACT_RANGES[name] for label, name in RANGE_LABELS.items()}
-    result = contact_metrics(proteins, ranges=ranges)
-    out: dict[str, tuple[float, int]] = {}
-    for label in ranges:
-        for div in TOP_K_DIVISORS:
-            s = result[label][div]
-            out[f"P@{div}_{label}"] = (s.mean, s.n_proteins)
-            out[f"P@{div}_{label}_pooled"] = (s.pooled, s.n_proteins)
-    return out
-
-
-def score_task(model, data, *, batch_size: int, window: int, too_long: str, threshold: float, device,
-               autocast=nullcontext, progress=None) -> tuple[dict[str, tuple[float, int]], int]:
-    """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long).
-    ``progress`` (a pmlm.progress.Progress) counts the proteins scored."""
-    import torch
-
-    from pmlm.evaluation.metrics import q3_accuracy, top1_accuracy
-    from pmlm.finetune.data import evaluation_batches
-
-    batches, n_long = evaluation_batches(data.examples, data.task, batch_size, window, too_long, threshold)
-    was_training = model.training
-    model.eval()
-
-    def predictions():
-        with torch.no_grad():
-            for batch in batches:
-                batch = batch.to(device)
-                with autocast():
-                    logits = model(batch.tokens, batch.mask)
-                if progress is not None:
-                    progress.advance(len(batch.lengths))
-                yield batch, logits.float().cpu()
-
-    try:
-        if data.task == "contact":
-            def proteins():
-                for batch, logits in predictions():
-                    for b, k in enumerate(batch.lengths):
-                        yield (logits[b, :k, :k].double().numpy(), batch.targets[b, :k, :k].cpu().numpy(),
-                               batch.valid[b, :k, :k].cpu().numpy())
-
-            return contact_summary(proteins()), n_long
-        preds, targets = [], []
-        for batch, logits in predictions():
-            if data.task == "ss3":
-                for b, k in enumerate(batch.lengths):
-                    preds.append(logits[b, :k].argmax(-1).numpy())
-                    targets.append(batch.targets[b, :k].cpu().numpy())
-            else:
-                preds.append(logits.argmax(-1).numpy())
-                targets.append(batch.targets.cpu().numpy())
-        if data.task == "ss3":
-            acc = q3_accuracy(preds, targets)
-            metrics = {"Q3": (acc.pooled, acc.n_proteins), "Q3_per_protein": (acc.per_protein_mean, acc.n_proteins)}
-            return metrics, n_long
-        pred, labels = np.concatenate(preds), np.concatenate(targets)
-        return {"top1": (top1_accuracy(pred, labels), int(labels.size))}, n_long
-    finally:
-        model.train(was_training)
-
-
 def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False,
                                 pair_batch: int = 4096, device="cpu") -> np.ndarray:
     """(L, L) contact scores from the pair head's joints (see the module docstring)."""
-    import torch
-
-    from pmlm import alphabet
-    from pmlm.evaluation.kl import residue_joint
-    from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
-    from pmlm.model.objectives import upper_pairs
-
     length = int(residues.size)
     tokens = torch.full((1, length + 2), alphabet.PAD_ID, dtype=torch.long)
     tokens[0, 0], tokens[0, length + 1] = alphabet.CLS_ID, alphabet.EOS_ID
@@ -177,8 +108,6 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
                        mask_pairs: bool, pair_batch: int, device,
                        progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
-    from pmlm.finetune.data import evaluation_batches
-
     batches, n_long = evaluation_batches(data.examples, "contact", 1, window, too_long, threshold)
 
     def proteins():
@@ -194,62 +123,7 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
     return contact_summary(proteins()), n_long
 
 
-def read_head_info(head_path: str | Path) -> dict:
-    if not Path(head_path).is_file():
-        raise InputError(head_path, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
-    sidecar = Path(head_path).with_suffix(".json")
-    try:
-        info = json.loads(sidecar.read_text())
-    except FileNotFoundError:
-        raise InputError(sidecar, "missing: a fine-tuned head needs its .json sidecar (written by pmlm finetune)"
-                         ) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(sidecar, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
-    for key in ("config", "encoder"):
-        if key not in info:
-            raise InputError(sidecar, f"missing key {key!r} (not written by pmlm finetune)")
-    return info
-
-
-def load_finetuned(head_path: str | Path, encoder_path: str | Path | None = None, device="cpu"):
-    """Rebuild a TaskModel from ``head.safetensors`` + sidecar: (model, FinetuneConfig, info, encoder path).
-
-    The encoder defaults to the path recorded at fine-tuning time; its sha256 must match.
-    """
-    from safetensors.torch import load_file
-
-    from pmlm.finetune.config import FinetuneConfig
-    from pmlm.finetune.heads import TaskModel, build_head
-    from pmlm.utils import file_digest
-
-    head_path = Path(head_path)
-    info = read_head_info(head_path)
-    sidecar = head_path.with_suffix(".json")
-    cfg = FinetuneConfig.from_dict(info["config"])
-    encoder_path = Path(encoder_path or info["encoder"]["path"])
-    if not encoder_path.is_file():
-        raise InputError(encoder_path, "encoder weights not found (pass --encoder)")
-    digest = file_digest(encoder_path)
-    if digest != info["encoder"]["sha256"]:
-        raise InputError(sidecar, f"the head was fine-tuned on an encoder with sha256 "
-                                  f"{info['encoder']['sha256'][:12]}..., but {encoder_path} has {digest[:12]}...")
-    encoder, _ = load_pretrained(encoder_path)
-    model = TaskModel(encoder, build_head(cfg, encoder.cfg.hidden), cfg.task, cfg.head.features, cfg.freeze_encoder)
-    try:
-        state = load_file(str(head_path))
-    except Exception as exc:  # safetensors raises its own error types for damaged files
-        raise InputError(head_path, f"unreadable weights: {exc}") from None
-    try:
-        model.trainable().load_state_dict(state)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise InputError(head_path, f"weights do not match the head in the sidecar: {first}") from None
-    return model.to(device).eval(), cfg, info, encoder_path
-
-
 def write_tsv(path: str | Path, rows: list[dict]) -> None:
-    from pmlm.utils import atomic_output
-
     def cell(value):
         if isinstance(value, float):
             return repr(value)
@@ -293,12 +167,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from pmlm.finetune.data import read_task_data
-    from pmlm.tasks.structures import CONTACT_THRESHOLD
-    from pmlm.utils import file_digest, versions
-
     tests = {}
     for item in args.test:
         name, sep, path = item.partition("=")
@@ -330,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
                     "contact_threshold": threshold}
         window = model.cfg.max_len - 2
     else:
+        if not Path(args.head).is_file():
+            raise InputError(args.head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
         model, cfg, info, encoder_path = load_finetuned(args.head, args.encoder, device)
         task, head_name, features = cfg.task, cfg.head.kind, cfg.head.features
         atom = args.contact_atom or cfg.data.contact_atom

@@ -8,14 +8,10 @@ under full fine-tuning), the optimizer, the RNG states and the loader position.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
-import signal
 import sys
-import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,22 +19,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pmlm.artefacts import write_head
 from pmlm.errors import ConfigError
-from pmlm.finetune.config import FinetuneConfig
-from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskLoader, contact_rate, read_task_data
 from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.finetune.evaluate import HEADLINE, score_task
+from pmlm.finetune.config import FinetuneConfig
+from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
 from pmlm.finetune.heads import TaskModel, build_head, resolve_features, set_contact_prior
+from pmlm.finetune.scoring import HEADLINE, score_task
 from pmlm.progress import Progress
-from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import (
     capture_rng, gather_states, latest_checkpoint, load_checkpoint, load_states, restore_rng, save_checkpoint,
-    save_weights,
 )
-from pmlm.train.loop import TrainingDiverged, install_stop_handlers, pick_device
-from pmlm.utils import atomic_output, file_digest, versions
+from pmlm.train.runtime import (
+    METRICS_CSV, MetricsLog, StopSignals, autocast_factory, check_compatible, pick_device, requeue_exit,
+    stop_if_diverged,
+)
+from pmlm.utils import file_digest, versions
 
-METRICS_CSV = "metrics.csv"
 PRIOR_PROTEINS = 256  # training proteins whose contact rate initialises a contact head's output bias
 CSV_FIELDS = ("split", "step", "epoch", "lr", "head_lr", "loss", "metric", "value", "grad_norm", "proteins",
               "elapsed_s")
@@ -87,80 +84,31 @@ def finetune(
     hooks = hooks or FinetuneHooks()
     out_dir = Path(out_dir)
     device = pick_device(cfg.device, 0)
-    stop = {"signal": None}
-    previous_handlers = install_stop_handlers(stop)
+    stop = StopSignals().install()
     log = progress = None
     try:
-        use_bf16 = device.type == "cuda" if cfg.bf16 == "auto" else cfg.bf16
-        if use_bf16 and device.type != "cuda":
-            raise ConfigError("bf16 autocast is supported on CUDA only; set bf16: false (or auto) for CPU runs")
-        autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+        autocast = autocast_factory(device, cfg.bf16)
 
         # -- data ------------------------------------------------------------------------------------
         d = cfg.data
-        read = dict(fmt=d.format, contact_atom=d.contact_atom, threshold=d.contact_threshold, on_error=d.on_error,
-                    num_classes=cfg.num_classes)
-        train_data = read_task_data(train_path, cfg.task, limit=d.max_proteins, **read)
-        valid_data = read_task_data(valid_path, cfg.task, **read) if valid_path else None
-        for data in filter(None, (train_data, valid_data)):
-            if data.counts.n_skipped:
-                print(f"pmlm finetune: {data.path}: skipped {data.counts.n_skipped} bad records "
-                      f"{dict(data.counts.skipped)}; first: {data.counts.first_skip}", file=sys.stderr)
+        train_data, valid_data = _read_data(cfg, train_path, valid_path)
 
         # -- model: the pre-trained encoder plus a freshly initialised head ---------------------------
         encoder, encoder_info = load_pretrained(encoder_path)
         encoder_sha = file_digest(encoder_path)
-        features = resolve_features(cfg.head.features, cfg.task, encoder)
-        cfg = dataclasses.replace(cfg, head=dataclasses.replace(cfg.head, features=features))
-        window = encoder.cfg.max_len - 2  # residues the encoder takes (max_len counts <cls> and <eos>)
-        crop = d.crop or window
-        if crop > window:
-            raise ConfigError(f"data.crop must be <= the encoder's window of {window} residues (max_len "
-                              f"{encoder.cfg.max_len} minus <cls> and <eos>), got {crop}")
-        torch.manual_seed(cfg.seed)
-        head = build_head(cfg, encoder.cfg.hidden)
-        if cfg.task == "contact":
-            rate = contact_rate(train_data.examples, d.contact_threshold, d.min_separation, PRIOR_PROTEINS)
-            if rate is not None and 0.0 < rate < 1.0:
-                set_contact_prior(head, rate)
-        model = TaskModel(encoder, head, cfg.task, features, cfg.freeze_encoder)
-        model.to(device)
-        trainable = model.trainable()
+        cfg, model, window, crop = _task_model(cfg, encoder, train_data)
+        trainable = model.to(device).trainable()
         loader = TaskLoader(train_data.examples, cfg.task, d.batch_size, crop, cfg.seed, d.contact_threshold)
-
-        # -- optimizer: AdamW, head and encoder at their own peak rates, decay on matrices only ------
-        o = cfg.optim
-        groups = []
-        for part, peak in (("head", o.head_lr), ("encoder", o.lr)):
-            if part not in trainable:
-                continue
-            named = [(n, p) for n, p in trainable[part].named_parameters() if p.requires_grad]
-            for decay in (True, False):
-                params = [p for _, p in named if (p.dim() >= 2) == decay]
-                if params:
-                    groups.append({"params": params, "weight_decay": o.weight_decay if decay else 0.0,
-                                   "peak_lr": peak, "part": part})
-        optimizer = torch.optim.AdamW(groups, lr=o.head_lr, betas=o.betas, eps=o.eps, fused=device.type == "cuda")
+        optimizer, groups = _adamw(trainable, cfg, device)
         trained_params = [p for g in groups for p in g["params"]]
 
         # -- resume from the newest complete checkpoint, if any ---------------------------------------
-        step = 0
         resumed_from = latest_checkpoint(out_dir)
-        if resumed_from is not None:
-            ckpt = load_checkpoint(resumed_from)
-            _check_compatible(ckpt.config, ckpt.state.get("encoder_sha256"), cfg, encoder_sha, resumed_from)
-            load_states(None, trainable, optimizer, ckpt.model, ckpt.state["optimizer"])
-            # the saved groups carry the old hyper-parameters; the current config's are the ones announced
-            for group, fresh in zip(optimizer.param_groups, groups):
-                group.update(peak_lr=fresh["peak_lr"], weight_decay=fresh["weight_decay"], betas=o.betas, eps=o.eps)
-            restore_rng(ckpt.state["rng"])
-            loader.load_state_dict(ckpt.state["loader"])
-            step = ckpt.step
-            print(f"pmlm finetune: resuming from {resumed_from} (step {step})", file=sys.stderr)
-            del ckpt
+        step = 0 if resumed_from is None else _resume(resumed_from, cfg, encoder_sha, trainable, optimizer, groups,
+                                                      loader)
         out_dir.mkdir(parents=True, exist_ok=True)
-        log = _MetricsLog(out_dir / METRICS_CSV, step)
-        progress = Progress("pmlm finetune", o.total_steps, unit="steps", start=step, rates=("proteins",),
+        log = MetricsLog(out_dir / METRICS_CSV, CSV_FIELDS, step)
+        progress = Progress("pmlm finetune", cfg.optim.total_steps, unit="steps", start=step, rates=("proteins",),
                             each_tenth=True)
         seen = 0
 
@@ -179,11 +127,11 @@ def finetune(
             return {"step": step, **{k: v for k, (v, _) in metrics.items()}, "n_too_long": n_long}
 
         # -- the loop ----------------------------------------------------------------------------------
+        o = cfg.optim
         saved_step = step if resumed_from is not None else None
         valid_scores = None
         window_sums = {"loss": 0.0, "batches": 0, "proteins": 0}
         norms: list[float] = []
-        scale = o.scale_at(step)
         model.train()
         while step < o.total_steps:
             scale = o.scale_at(step)
@@ -200,12 +148,9 @@ def finetune(
                 window_sums["batches"] += 1
                 window_sums["proteins"] += len(batch.ids)
                 seen += len(batch.ids)
-            max_norm = o.clip_norm or math.inf  # inf measures the norm without clipping
-            grad_norm = nn.utils.clip_grad_norm_(trained_params, max_norm)
-            if not (torch.isfinite(grad_norm) and math.isfinite(window_sums["loss"])):
-                raise TrainingDiverged(
-                    f"non-finite loss or gradient at step {step + 1} (loss {float(loss.detach()):.4g}); "
-                    f"stopped without saving; last good checkpoint: {latest_checkpoint(out_dir) or 'none'}")
+            grad_norm = nn.utils.clip_grad_norm_(trained_params, o.clip_norm or math.inf)  # inf: measure only
+            finite = bool(torch.isfinite(grad_norm)) and math.isfinite(window_sums["loss"])
+            stop_if_diverged(finite, step, loss.detach(), out_dir)
             optimizer.step()
             step += 1
             norms.append(float(grad_norm))
@@ -224,78 +169,108 @@ def finetune(
                 valid_scores = validate()
                 model.train()
 
-            stopping = stop["signal"] is not None
+            stopping = stop.received is not None
             if (cfg.save_every and step % cfg.save_every == 0) or stopping:
                 save(step)
                 saved_step = step
             if stopping:
-                print(f"pmlm finetune: {signal.Signals(stop['signal']).name} received; saved checkpoint at step "
-                      f"{step}; exiting with {REQUEUE_EXIT_CODE} so the job can be requeued", file=sys.stderr)
-                return REQUEUE_EXIT_CODE
+                return requeue_exit("finetune", stop.received, step)
 
-        # -- finish: checkpoint, final validation, the declared head file -----------------------------
+        # -- finish: checkpoint, final validation, the declared head artefact -------------------------
         if saved_step != step:
             save(step)
         if valid_data is not None and (valid_scores is None or valid_scores["step"] != step):
             valid_scores = validate()
         if final_path is not None:
-            info = {
-                "config": cfg.to_dict(), "task": cfg.task, "head": cfg.head.kind, "features": features,
-                "encoder_trained": not cfg.freeze_encoder, "step": step,
-                "encoder": {"path": str(encoder_path), "sha256": encoder_sha,
-                            "objective": encoder_info.get("objective", {}).get("name")},
-                "train": {"path": str(train_path), "format": train_data.format, "proteins": len(train_data.examples),
-                          "contact_atom": train_data.contact_atom, "read": train_data.counts.as_dict()},
-                "valid": None if valid_data is None else {"path": str(valid_path), "scores": valid_scores},
-                "versions": versions(),
-            }
-            save_weights(final_path, trainable.state_dict(), info)
+            info = _head_info(cfg, step, encoder_sha, encoder_info, train_data, train_path, valid_path, valid_data,
+                              valid_scores)
+            write_head(final_path, trainable.state_dict(), info, encoder_path)
         return 0
     finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-        if progress is not None:
-            progress.close()
-        if log is not None:
-            log.close()
+        stop.restore()
+        for part in (progress, log):
+            if part is not None:
+                part.close()
 
 
-class _MetricsLog:
-    """metrics.csv; a resumed run first drops the rows past its checkpoint, so the log reads as one run."""
-
-    def __init__(self, path: Path, start_step: int):
-        self.started = time.perf_counter()
-        kept = []
-        if path.exists():
-            with open(path, newline="") as fh:
-                kept = [r for r in csv.DictReader(fh) if r.get("step", "").isdigit() and int(r["step"]) <= start_step]
-        with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, CSV_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(kept)
-        self.fh = open(path, "a", newline="")
-        self.csv = csv.DictWriter(self.fh, CSV_FIELDS, extrasaction="ignore")
-
-    def write(self, row: dict) -> None:
-        row = {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()}
-        row["elapsed_s"] = f"{time.perf_counter() - self.started:.1f}"
-        self.csv.writerow(row)
-        self.fh.flush()  # readable while the run goes on
-
-    def close(self) -> None:
-        self.fh.close()
+def _read_data(cfg: FinetuneConfig, train_path, valid_path) -> tuple[TaskData, TaskData | None]:
+    """The training set (at most ``data.max_proteins``) and the optional validation set; skips announced."""
+    d = cfg.data
+    read = dict(fmt=d.format, contact_atom=d.contact_atom, threshold=d.contact_threshold, on_error=d.on_error,
+                num_classes=cfg.num_classes)
+    train_data = read_task_data(train_path, cfg.task, limit=d.max_proteins, **read)
+    valid_data = read_task_data(valid_path, cfg.task, **read) if valid_path else None
+    for data in filter(None, (train_data, valid_data)):
+        if data.counts.n_skipped:
+            print(f"pmlm finetune: {data.path}: skipped {data.counts.n_skipped} bad records "
+                  f"{dict(data.counts.skipped)}; first: {data.counts.first_skip}", file=sys.stderr)
+    return train_data, valid_data
 
 
-def _check_compatible(saved: dict, saved_sha: str | None, cfg: FinetuneConfig, encoder_sha: str, path: Path) -> None:
-    """A checkpoint's weights fit only the same task, head and encoder; other changes are allowed (and announced)."""
-    now = cfg.to_dict()
-    for key in ("task", "freeze_encoder", "head"):
-        if saved.get(key) != now[key]:
-            raise ConfigError(f"{path}: written for {key} {saved.get(key)} but the config asks for {now[key]}; "
-                              "use a new --out folder or restore the old settings")
+def _task_model(cfg: FinetuneConfig, encoder, train_data: TaskData) -> tuple[FinetuneConfig, TaskModel, int, int]:
+    """(cfg with the features resolved, the encoder plus a fresh head, the encoder's window, the crop)."""
+    d = cfg.data
+    features = resolve_features(cfg.head.features, cfg.task, encoder)
+    cfg = dataclasses.replace(cfg, head=dataclasses.replace(cfg.head, features=features))
+    window = encoder.cfg.max_len - 2  # residues the encoder takes (max_len counts <cls> and <eos>)
+    crop = d.crop or window
+    if crop > window:
+        raise ConfigError(f"data.crop must be <= the encoder's window of {window} residues (max_len "
+                          f"{encoder.cfg.max_len} minus <cls> and <eos>), got {crop}")
+    torch.manual_seed(cfg.seed)
+    head = build_head(cfg, encoder.cfg.hidden)
+    if cfg.task == "contact":
+        rate = contact_rate(train_data.examples, d.contact_threshold, d.min_separation, PRIOR_PROTEINS)
+        if rate is not None and 0.0 < rate < 1.0:
+            set_contact_prior(head, rate)
+    return cfg, TaskModel(encoder, head, cfg.task, features, cfg.freeze_encoder), window, crop
+
+
+def _adamw(trainable: nn.ModuleDict, cfg: FinetuneConfig, device) -> tuple[torch.optim.AdamW, list[dict]]:
+    """AdamW, head and encoder at their own peak rates (``peak_lr`` per group), decay on matrices only."""
+    o = cfg.optim
+    groups = []
+    for part, peak in (("head", o.head_lr), ("encoder", o.lr)):
+        if part not in trainable:
+            continue
+        named = [(n, p) for n, p in trainable[part].named_parameters() if p.requires_grad]
+        for decay in (True, False):
+            params = [p for _, p in named if (p.dim() >= 2) == decay]
+            if params:
+                groups.append({"params": params, "weight_decay": o.weight_decay if decay else 0.0,
+                               "peak_lr": peak, "part": part})
+    optimizer = torch.optim.AdamW(groups, lr=o.head_lr, betas=o.betas, eps=o.eps, fused=device.type == "cuda")
+    return optimizer, groups
+
+
+def _resume(path: Path, cfg: FinetuneConfig, encoder_sha: str, trainable, optimizer, groups, loader) -> int:
+    """Load a checkpoint into the run's state; returns its step."""
+    ckpt = load_checkpoint(path)
+    check_compatible(ckpt.config, cfg.to_dict(), ("task", "freeze_encoder", "head"), path, "finetune")
+    saved_sha = ckpt.state.get("encoder_sha256")
     if saved_sha != encoder_sha:
         raise ConfigError(f"{path}: written while fine-tuning a different encoder (sha256 {str(saved_sha)[:12]}...); "
                           "use a new --out folder")
-    changed = sorted(k for k in now if saved.get(k) != now[k])
-    if changed:
-        print(f"pmlm finetune: resuming with changed settings: {', '.join(changed)}", file=sys.stderr)
+    load_states(None, trainable, optimizer, ckpt.model, ckpt.state["optimizer"])
+    # the saved groups carry the old hyper-parameters; the current config's are the ones announced
+    o = cfg.optim
+    for group, fresh in zip(optimizer.param_groups, groups):
+        group.update(peak_lr=fresh["peak_lr"], weight_decay=fresh["weight_decay"], betas=o.betas, eps=o.eps)
+    restore_rng(ckpt.state["rng"])
+    loader.load_state_dict(ckpt.state["loader"])
+    print(f"pmlm finetune: resuming from {path} (step {ckpt.step})", file=sys.stderr)
+    return ckpt.step
+
+
+def _head_info(cfg: FinetuneConfig, step: int, encoder_sha: str, encoder_info: dict, train_data: TaskData,
+               train_path, valid_path, valid_data: TaskData | None, valid_scores: dict | None) -> dict:
+    """The head sidecar's description of this run (the encoder's path is added by ``write_head``)."""
+    return {
+        "config": cfg.to_dict(), "task": cfg.task, "head": cfg.head.kind, "features": cfg.head.features,
+        "encoder_trained": not cfg.freeze_encoder, "step": step,
+        "encoder": {"sha256": encoder_sha, "objective": encoder_info.get("objective", {}).get("name")},
+        "train": {"path": str(train_path), "format": train_data.format, "proteins": len(train_data.examples),
+                  "contact_atom": train_data.contact_atom, "read": train_data.counts.as_dict()},
+        "valid": None if valid_data is None else {"path": str(valid_path), "scores": valid_scores},
+        "versions": versions(),
+    }

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
+import torch
+
+from pmlm.artefacts import read_encoder_info
 from pmlm.errors import InputError
+from pmlm.evaluation.pretrained import encoder_configs
+from pmlm.model.objectives import build_model
 from pmlm.reports import paper
+from pmlm.reports.results import write_all
 from pmlm.reports.tables import Column, write_table
 
 PRETRAIN_COLUMNS = [
@@ -24,19 +28,11 @@ PRETRAIN_COLUMNS = [
 ]
 
 
-def _params_label(model_json: dict) -> str:
+def _params_label(info: dict, weights: str) -> str:
     """Parameter count of the described model, built on the meta device (no memory, no weights)."""
-    import dataclasses
-
-    import torch
-
-    from pmlm.model.config import ModelConfig
-    from pmlm.model.objectives import ObjectiveConfig, build_model
-
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(**{k: v for k, v in model_json["model"].items() if k in known})
+    model_cfg, objective = encoder_configs(info, weights)
     with torch.device("meta"):
-        model = build_model(cfg, ObjectiveConfig(**model_json["objective"]))
+        model = build_model(model_cfg, objective)
     n = sum(p.numel() for p in model.parameters())
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
@@ -45,15 +41,12 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
     """entries: (label, dataset, weights path); scores come from the weights' .json sidecar."""
     rows = [{"source": "paper", **r} for r in paper.PRETRAIN_SCORES]
     for label, dataset, weights in entries:
-        sidecar = Path(weights).with_suffix(".json")
-        try:
-            info = json.loads(sidecar.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InputError(sidecar, f"cannot read model description ({exc})") from None
+        info = read_encoder_info(weights)
         scores = info["final_scores"]
         objective = info["objective"]["name"]
         rows.append({
-            "source": "ours", "model": label, "data": dataset, "params": _params_label(info), "step": scores["step"],
+            "source": "ours", "model": label, "data": dataset, "params": _params_label(info, weights),
+            "step": scores["step"],
             "l_mlm": scores.get("l_mlm"), "l_pmlm": scores.get("l_pmlm") if objective != "mlm" else None,
             "acc_mlm": scores.get("acc_mlm"), "acc_pmlm": scores.get("acc_pmlm") if objective != "mlm" else None,
             "dacc": scores.get("dacc") if objective != "mlm" else None,
@@ -90,8 +83,6 @@ def run(args) -> int:
         paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
         print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
     elif args.table == "results":
-        from pmlm.reports.results import write_all
-
         pairs = []
         for item in args.result:
             kind, sep, path = item.partition("=")

@@ -16,7 +16,7 @@ REQUEUE_EXIT_CODE = 99
 _LAZY = {
     "train": "pmlm.train.loop",
     "TrainHooks": "pmlm.train.loop",
-    "TrainingDiverged": "pmlm.train.loop",
+    "TrainingDiverged": "pmlm.train.runtime",
     "TrainConfig": "pmlm.train.config",
     "ShardStream": "pmlm.train.loader",
 }

@@ -1,4 +1,4 @@
-"""Atomic, pickle-free training checkpoints (``checkpoints/step-N/``), what goes into them, and the final weights.
+"""Atomic, pickle-free training checkpoints (``checkpoints/step-N/``) and what goes into them.
 
 A checkpoint folder holds ``model.safetensors`` (weights), ``state.pt`` (optimizer, schedule,
 RNG states, data position and step; tensors and plain containers only, read back with
@@ -22,9 +22,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from pmlm.errors import InputError
-from pmlm.utils import atomic_output, versions
+from pmlm.utils import versions
 
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"
@@ -135,18 +142,6 @@ def _load_failure(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first[0] if first else 'no details'}"
 
 
-def save_weights(path: str | os.PathLike, model_state: dict[str, torch.Tensor], info: dict) -> tuple[Path, Path]:
-    """The declared output: ``path`` (safetensors) and a ``.json`` beside it, each written atomically."""
-    path = Path(path)
-    sidecar = path.with_suffix(".json")
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
-    with atomic_output(path) as tmp:
-        save_file(tensors, tmp, metadata={"format": "pt"})
-    with atomic_output(sidecar) as tmp:
-        Path(tmp).write_text(json.dumps(info, indent=2) + "\n")
-    return path, sidecar
-
-
 def capture_rng() -> dict:
     """This process's global RNG states (python, numpy, torch CPU and CUDA) as tensors / plain values."""
     version, mt, gauss = random.getstate()
@@ -193,8 +188,6 @@ def gather_states(fsdp_module, model: nn.Module, optimizer) -> tuple[dict, dict 
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in plain["param_groups"]],
         }
         return model.state_dict(), optim
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = {k.removeprefix("model."): v for k, v in get_model_state_dict(fsdp_module, options=opts).items()}
     optim = get_optimizer_state_dict(fsdp_module, optimizer, options=opts) if optimizer is not None else None
@@ -211,8 +204,6 @@ def load_states(fsdp_module, model: nn.Module, optimizer, weights: dict, optim_s
             "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim_state["param_groups"]],
         })
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(fsdp_module, {f"model.{k}": v for k, v in weights.items()}, options=full)
     set_optimizer_state_dict(fsdp_module, optimizer, optim_state, options=full)

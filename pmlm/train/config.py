@@ -64,7 +64,7 @@ class ModelSection:
 
     def __post_init__(self) -> None:
         # an unknown preset or field fails here, at load time, not after the data has been read
-        _require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}", self.preset)
+        require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}", self.preset)
         try:
             self.build()
         except ConfigError as exc:
@@ -90,28 +90,13 @@ class OptimConfig:
     clip_norm: float = 1.0  # global gradient-norm clip; 0 disables clipping
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
-        _require(0 <= self.end_lr <= self.lr, "optim.end_lr", "must be in [0, optim.lr]", self.end_lr)
-        betas_ok = len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)
-        _require(betas_ok, "optim.betas", "must be two numbers in [0, 1)", self.betas)
-        _require(self.eps > 0, "optim.eps", "must be > 0", self.eps)
-        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
-        _require(self.total_steps >= 1, "optim.total_steps", "must be >= 1", self.total_steps)
-        warmup_ok = 0 <= self.warmup_steps <= self.total_steps
-        _require(warmup_ok, "optim.warmup_steps", "must be in [0, optim.total_steps]", self.warmup_steps)
-        _require(self.power > 0, "optim.power", "must be > 0", self.power)
-        _require(self.clip_norm >= 0, "optim.clip_norm", "must be >= 0 (0 disables clipping)", self.clip_norm)
+        check_adamw(self)
+        require(0 <= self.end_lr <= self.lr, "optim.end_lr", "must be in [0, optim.lr]", self.end_lr)
+        require(self.power > 0, "optim.power", "must be > 0", self.power)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based): warm-up, then decay to end_lr."""
-        update = step + 1
-        if update <= self.warmup_steps:
-            return self.lr * update / self.warmup_steps
-        decay_steps = self.total_steps - self.warmup_steps
-        if decay_steps <= 0:
-            return self.end_lr
-        remaining = max(0.0, 1.0 - (update - self.warmup_steps) / decay_steps)
-        return self.end_lr + (self.lr - self.end_lr) * remaining**self.power
+        return warmup_decay(step, self.warmup_steps, self.total_steps, self.lr, self.end_lr, self.power)
 
 
 @dataclass
@@ -125,12 +110,12 @@ class DataConfig:
     num_workers: int = 1  # background threads preparing upcoming shuffle buffers; 0 = inline
 
     def __post_init__(self) -> None:
-        _require(self.tokens_per_batch >= 1, "data.tokens_per_batch", "must be >= 1", self.tokens_per_batch)
+        require(self.tokens_per_batch >= 1, "data.tokens_per_batch", "must be >= 1", self.tokens_per_batch)
         max_len_ok = self.max_len is None or self.max_len >= 3
-        _require(max_len_ok, "data.max_len", "must be >= 3 (it counts <cls> and <eos>) or null", self.max_len)
-        _require(self.buffer_rows >= 1, "data.buffer_rows", "must be >= 1", self.buffer_rows)
-        _require(self.pad_to_multiple >= 1, "data.pad_to_multiple", "must be >= 1", self.pad_to_multiple)
-        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
+        require(max_len_ok, "data.max_len", "must be >= 3 (it counts <cls> and <eos>) or null", self.max_len)
+        require(self.buffer_rows >= 1, "data.buffer_rows", "must be >= 1", self.buffer_rows)
+        require(self.pad_to_multiple >= 1, "data.pad_to_multiple", "must be >= 1", self.pad_to_multiple)
+        require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
 
 
 @dataclass
@@ -160,15 +145,15 @@ class TrainConfig(YamlConfig):
 
     def __post_init__(self) -> None:
         for name in ("grad_accum", "log_every", "eval_batches", "keep_last_checkpoints"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+            require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("eval_every", "save_every", "seed"):
-            _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
-        _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
-        _require(self.attention in ATTENTION_LAYOUTS, "attention", f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
+            require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
+        require(self.attention in ATTENTION_LAYOUTS, "attention", f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
                  self.attention)
-        _require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+        require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
         model_max = self.model.build().max_len
-        _require(
+        require(
             self.data.max_len is None or self.data.max_len <= model_max,
             "data.max_len",
             f"must be <= the model's max_len ({model_max}); raise model.overrides.max_len to go longer",
@@ -199,9 +184,37 @@ def apply_override(values: dict, item: str) -> None:
     node[leaf] = value
 
 
-def _require(ok: bool, key: str, what: str, value) -> None:
+def require(ok: bool, key: str, what: str, value) -> None:
+    """The one-line ConfigError of every config check: ``key what, got value``."""
     if not ok:
         raise ConfigError(f"{key} {what}, got {value!r}")
+
+
+def check_adamw(optim) -> None:
+    """The checks of the AdamW and schedule settings both runs' ``optim`` sections share."""
+    require(optim.lr > 0, "optim.lr", "must be > 0", optim.lr)
+    betas_ok = len(optim.betas) == 2 and all(0 <= b < 1 for b in optim.betas)
+    require(betas_ok, "optim.betas", "must be two numbers in [0, 1)", optim.betas)
+    require(optim.eps > 0, "optim.eps", "must be > 0", optim.eps)
+    require(optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0", optim.weight_decay)
+    require(optim.total_steps >= 1, "optim.total_steps", "must be >= 1", optim.total_steps)
+    warmup_ok = 0 <= optim.warmup_steps <= optim.total_steps
+    require(warmup_ok, "optim.warmup_steps", "must be in [0, optim.total_steps]", optim.warmup_steps)
+    require(optim.clip_norm >= 0, "optim.clip_norm", "must be >= 0 (0 disables clipping)", optim.clip_norm)
+
+
+def warmup_decay(step: int, warmup_steps: int, total_steps: int, peak: float = 1.0, end: float = 0.0,
+                 power: float = 1.0) -> float:
+    """The schedule of both runs at optimizer step ``step`` (0-based): linear warm-up from 0 to ``peak``,
+    then polynomial decay to ``end`` at ``total_steps``."""
+    update = step + 1
+    if update <= warmup_steps:
+        return peak * update / warmup_steps
+    decay_steps = total_steps - warmup_steps
+    if decay_steps <= 0:
+        return end
+    remaining = max(0.0, 1.0 - (update - warmup_steps) / decay_steps)
+    return end + (peak - end) * remaining**power
 
 
 def to_plain(value):

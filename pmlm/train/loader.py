@@ -9,7 +9,6 @@ token budget. A position (epoch, buffer, batch) therefore restores the stream ex
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import deque
@@ -23,9 +22,9 @@ import pyarrow.parquet as pq
 import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, PAD_ID, X_ID
+from pmlm.artefacts import MANIFEST, read_manifest
 from pmlm.errors import ConfigError, InputError
 
-MANIFEST = "manifest.json"
 # <cls> and <eos> wrap every sequence, so a crop keeps max_len - SPECIALS_PER_SEQUENCE residues
 SPECIALS_PER_SEQUENCE = 2
 _STATE_VERSION = 1
@@ -53,20 +52,13 @@ class Batch:
         return int(self.tokens.numel())
 
 
-def read_manifest(shards_dir: str | Path, split: str) -> list[RowGroup]:
+def split_row_groups(shards_dir: str | Path, split: str) -> list[RowGroup]:
     """Row groups of one split, checked against the manifest (files present, row counts agree)."""
     shards_dir = Path(shards_dir)
     path = shards_dir / MANIFEST
-    if not path.is_file():
-        raise InputError(path, "manifest not found; write the shards with `pmlm tokenize` first")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
-    splits = manifest.get("splits") if isinstance(manifest, dict) else None
-    if not isinstance(splits, dict) or split not in splits:
-        have = ", ".join(sorted(splits)) if isinstance(splits, dict) else "none"
-        raise InputError(path, f"split {split!r} not in manifest (splits: {have})")
+    splits = read_manifest(shards_dir)["splits"]
+    if split not in splits:
+        raise InputError(path, f"split {split!r} not in manifest (splits: {', '.join(sorted(splits)) or 'none'})")
     files = splits[split].get("files") if isinstance(splits[split], dict) else None
     if not isinstance(files, list) or not files:
         raise InputError(path, f"split {split!r} lists no files")
@@ -159,7 +151,7 @@ class ShardStream:
                 f"padded to a multiple of {pad_to_multiple}"
             )
         self.split = split
-        self.groups = read_manifest(shards_dir, split)
+        self.groups = split_row_groups(shards_dir, split)
         if len(self.groups) < world_size:
             raise InputError(
                 Path(shards_dir) / MANIFEST,

@@ -1,0 +1,180 @@
+"""The files pmlm hands from one step to the next, each with one writer and one reader.
+
+* encoder: ``model.safetensors`` + ``model.json`` (written by ``pmlm pretrain``): the weights and
+  their description (``model`` and ``objective`` settings, step, final scores, versions);
+* head: ``head.safetensors`` + ``head.json`` (written by ``pmlm finetune``): the trained weights
+  (the head, plus the encoder under full fine-tuning) and the run's config, task and encoder;
+* shard manifest: ``manifest.json`` beside the Parquet shards (written by ``pmlm tokenize``).
+
+Each JSON carries a ``format`` field (``pmlm-encoder/1``, ``pmlm-head/1``, ``pmlm-shards/2``); a
+reader refuses another value with a one-line error. Sidecars written before the field existed
+have none and read as version 1 (their layout is that version's). Only tensors (safetensors) and
+JSON are read, so loading never runs code from a file.
+
+A head records its encoder's path relative to the head's own folder, so a results folder can be
+moved whole; a path recorded by older versions (relative to the working directory) is still found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from pmlm.errors import InputError
+from pmlm.utils import atomic_output, file_digest
+
+ENCODER_FORMAT = "pmlm-encoder/1"
+HEAD_FORMAT = "pmlm-head/1"
+SHARDS_FORMAT = "pmlm-shards/2"
+MANIFEST = "manifest.json"
+
+
+def sidecar_path(weights: str | os.PathLike) -> Path:
+    """``x.safetensors`` -> ``x.json``."""
+    return Path(weights).with_suffix(".json")
+
+
+# -- weights + sidecar, the layout shared by encoders and heads ----------------------------------------
+
+def save_weights(path: str | os.PathLike, state: dict[str, torch.Tensor], info: dict) -> tuple[Path, Path]:
+    """``path`` (safetensors) and its ``.json`` sidecar holding ``info`` as given, each written atomically."""
+    path = Path(path)
+    sidecar = sidecar_path(path)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    with atomic_output(path) as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+    with atomic_output(sidecar) as tmp:
+        Path(tmp).write_text(json.dumps(info, indent=2) + "\n")
+    return path, sidecar
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """CPU tensors of a safetensors file; a damaged file is a one-line error naming it."""
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(path, f"unreadable weights: {exc}") from None
+
+
+def _read_sidecar(weights: str | os.PathLike, expected_format: str, written_by: str) -> dict:
+    sidecar = sidecar_path(weights)
+    try:
+        info = json.loads(sidecar.read_text())
+    except FileNotFoundError:
+        raise InputError(sidecar, f"missing: these weights need their .json sidecar (written by {written_by})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(sidecar, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+    except OSError as exc:
+        raise InputError(sidecar, f"cannot read: {exc.strerror}") from None
+    if not isinstance(info, dict):
+        raise InputError(sidecar, f"expected a JSON object (written by {written_by})")
+    _check_format(sidecar, info, expected_format)
+    return info
+
+
+def _check_format(path: Path, info: dict, expected: str) -> None:
+    """No ``format`` field: written before versions were recorded, i.e. version 1 of the layout."""
+    found = info.get("format")
+    if found is not None and found != expected:
+        raise InputError(path, f"format {found!r} is not the {expected!r} this pmlm reads "
+                               "(written by another pmlm version?)")
+
+
+# -- the pre-trained encoder ---------------------------------------------------------------------------
+
+def write_encoder(path: str | os.PathLike, state: dict[str, torch.Tensor], info: dict) -> tuple[Path, Path]:
+    """``info``: ``model`` (ModelConfig dict), ``objective`` (ObjectiveConfig dict) and provenance."""
+    return save_weights(path, state, {"format": ENCODER_FORMAT, **info})
+
+
+def read_encoder_info(weights: str | os.PathLike) -> dict:
+    """The encoder's sidecar, checked to describe a model (``model`` and ``objective`` sections)."""
+    info = _read_sidecar(weights, ENCODER_FORMAT, "pmlm pretrain")
+    for key in ("model", "objective"):
+        if not isinstance(info.get(key), dict):
+            raise InputError(sidecar_path(weights), f"incomplete model description (no {key!r} section)")
+    return info
+
+
+def read_encoder(weights: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(sidecar info, CPU weights) of a pre-trained encoder."""
+    return read_encoder_info(weights), read_weights(weights)
+
+
+# -- the fine-tuned head -------------------------------------------------------------------------------
+
+def write_head(path: str | os.PathLike, state: dict[str, torch.Tensor], info: dict,
+               encoder_path: str | os.PathLike) -> tuple[Path, Path]:
+    """``info``: ``config`` (FinetuneConfig dict), ``encoder`` (sha256, objective) and provenance;
+    the encoder's path is recorded relative to the head's folder."""
+    relative = os.path.relpath(Path(encoder_path).absolute(), Path(path).absolute().parent)
+    encoder = {"path": relative, **{k: v for k, v in info.get("encoder", {}).items() if k != "path"}}
+    return save_weights(path, state, {"format": HEAD_FORMAT, **info, "encoder": encoder})
+
+
+def read_head_info(head_path: str | os.PathLike) -> dict:
+    """The head's sidecar, checked to carry the fine-tuning config and the encoder it was trained on."""
+    if not Path(head_path).is_file():
+        raise InputError(head_path, "no such head file")
+    info = _read_sidecar(head_path, HEAD_FORMAT, "pmlm finetune")
+    for key in ("config", "encoder"):
+        if key not in info:
+            raise InputError(sidecar_path(head_path), f"missing key {key!r} (not written by pmlm finetune)")
+    return info
+
+
+def read_head(head_path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(sidecar info, CPU weights) of a fine-tuned head."""
+    return read_head_info(head_path), read_weights(head_path)
+
+
+def head_encoder_path(head_path: str | os.PathLike, info: dict, override: str | os.PathLike | None = None) -> Path:
+    """The encoder a head was fine-tuned on (``override`` if given), checked by its recorded sha256."""
+    if override is not None:
+        encoder = Path(override)
+    else:
+        recorded = Path(info["encoder"]["path"])
+        beside = Path(head_path).parent / recorded  # an absolute path stays itself
+        # heads without a format field recorded the path as given, relative to the working directory
+        encoder = beside if "format" in info or beside.is_file() else recorded
+    if not encoder.is_file():
+        raise InputError(encoder, "encoder weights not found (pass --encoder)")
+    digest = file_digest(encoder)
+    expected = info["encoder"].get("sha256")
+    if digest != expected:
+        raise InputError(sidecar_path(head_path), f"the head was fine-tuned on an encoder with sha256 "
+                                                  f"{str(expected)[:12]}..., but {encoder} has {digest[:12]}...")
+    return encoder
+
+
+# -- the shard manifest --------------------------------------------------------------------------------
+
+def write_manifest(shards_dir: str | os.PathLike, manifest: dict) -> Path:
+    """``manifest.json`` in ``shards_dir``; ``manifest`` carries ``format`` = SHARDS_FORMAT."""
+    if manifest.get("format") != SHARDS_FORMAT:
+        raise ValueError(f"a shard manifest must carry format {SHARDS_FORMAT!r}")
+    path = Path(shards_dir) / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
+def read_manifest(shards_dir: str | os.PathLike) -> dict:
+    """The manifest of a shard folder, format-checked, with a ``splits`` mapping."""
+    path = Path(shards_dir) / MANIFEST
+    if not path.is_file():
+        raise InputError(path, "manifest not found; write the shards with `pmlm tokenize` first")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read shard manifest ({exc.strerror})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+        raise InputError(path, "not a shard manifest (no 'splits' mapping)")
+    _check_format(path, manifest, SHARDS_FORMAT)
+    return manifest

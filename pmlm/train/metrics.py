@@ -1,0 +1,119 @@
+"""What pre-training reports: running sums per micro-batch, summed over ranks, turned into means and
+accuracies for ``metrics.csv`` and the final scores, and the validation pass that produces them."""
+
+from __future__ import annotations
+
+import time
+from itertools import islice
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pmlm.train.config import TrainConfig
+from pmlm.train.loader import ShardStream
+from pmlm.train.runtime import derived_seed
+
+CSV_FIELDS = ("split", "step", "epoch", "lr", "loss", "l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc",
+              "grad_norm", "residues", "residues_per_s", "elapsed_s")
+# running sums behind the logged metrics; summed over micro-batches and then over ranks
+SUMS = ("loss", "l_mlm_x_n", "mlm_correct", "mlm_total", "l_pmlm_x_n", "pair_correct", "pair_total",
+        "residues", "batches")
+# counters, not metrics: in the CSV's scores but not plotted
+COUNTS = ("mlm_total", "pair_total")
+VALID_STREAM = 2  # random stream (see runtime.derived_seed) of the validation masks
+
+
+def step_sums(out: dict, residues: int, device) -> torch.Tensor:
+    """One micro-batch's contribution to SUMS, without a host sync."""
+    loss = out["loss"].detach().double()
+    return torch.stack([
+        loss,
+        out["l_mlm"].double() * out["mlm_total"],
+        out["mlm_correct"].double(),
+        out["mlm_total"].double(),
+        out["l_pmlm"].double() * out["pair_total"],
+        out["pair_correct"].double(),
+        out["pair_total"].double(),
+        torch.tensor(float(residues), dtype=torch.float64, device=device),
+        torch.ones((), dtype=torch.float64, device=device),
+    ])
+
+
+def summarise(values: list[float]) -> dict:
+    """Means and accuracies from SUMS; None where nothing was counted (e.g. pair metrics under MLM)."""
+    s = dict(zip(SUMS, values))
+    acc_mlm = s["mlm_correct"] / s["mlm_total"] if s["mlm_total"] else None
+    acc_pmlm = s["pair_correct"] / s["pair_total"] if s["pair_total"] else None
+    return {
+        "loss": s["loss"] / s["batches"] if s["batches"] else None,
+        "l_mlm": s["l_mlm_x_n"] / s["mlm_total"] if s["mlm_total"] else None,
+        "l_pmlm": s["l_pmlm_x_n"] / s["pair_total"] if s["pair_total"] else None,
+        "acc_mlm": acc_mlm,
+        "acc_pmlm": acc_pmlm,
+        # paper: dAcc = Acc_pmlm - Acc_mlm^2, how far the pair head is from independent positions
+        "dacc": acc_pmlm - acc_mlm**2 if acc_mlm is not None and acc_pmlm is not None else None,
+        "residues": int(s["residues"]),
+        "mlm_total": int(s["mlm_total"]),
+        "pair_total": int(s["pair_total"]),
+    }
+
+
+def log_row(split: str, step: int, epoch: int, lr: float, metrics: dict) -> tuple[dict, dict]:
+    """(metrics.csv row, TensorBoard scalars) of one summary."""
+    row = {"split": split, "step": step, "epoch": epoch, "lr": lr, **metrics}
+    scalars = {f"{split}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and k not in COUNTS}
+    if split == "train":
+        scalars["train/lr"] = lr
+    return row, scalars
+
+
+def validation_metrics(
+    module: nn.Module, stream: ShardStream, cfg: TrainConfig, device, autocast, rank: int, world: int
+) -> dict:
+    """Validation metrics over the first ``eval_batches`` batches of the fixed-seed valid stream.
+
+    The masks come from a generator re-seeded every time, so each validation sees identical
+    inputs; every rank runs the same number of batches (FSDP's forward is collective).
+    """
+    batches = list(islice(stream.epoch_batches(0), cfg.eval_batches))
+    count = torch.tensor([len(batches)], device=device)
+    if world > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    generator = torch.Generator(device).manual_seed(derived_seed(cfg.seed, rank, VALID_STREAM))
+    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
+    module.eval()
+    with torch.no_grad():
+        for batch in batches[: int(count)]:
+            with autocast():
+                out = module(batch.tokens.to(device, non_blocking=True), generator)
+            sums += step_sums(out, batch.residues, device)
+    if world > 1:
+        dist.all_reduce(sums)
+    return summarise(sums.tolist())
+
+
+class TrainWindow:
+    """The running SUMS and gradient norms since the last train row of ``metrics.csv``."""
+
+    def __init__(self, device):
+        self.sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
+        self.norms: list[float] = []
+        self.started = time.perf_counter()
+
+    def mean_loss(self) -> float:
+        return float(self.sums[0] / self.sums[-1])
+
+    def flush(self, log, step: int, epoch: int, lr: float, world: int) -> None:
+        """Sum over ranks, write the row (rank 0 holds ``log``), start a new window."""
+        if world > 1:
+            dist.all_reduce(self.sums)
+        if log is not None:
+            elapsed = time.perf_counter() - self.started
+            metrics = summarise(self.sums.tolist())
+            metrics["grad_norm"] = sum(self.norms) / len(self.norms)
+            metrics["residues_per_s"] = metrics["residues"] / max(elapsed, 1e-9)
+            log.write(*log_row("train", step, epoch, lr, metrics))
+        self.sums.zero_()
+        self.norms.clear()
+        self.started = time.perf_counter()

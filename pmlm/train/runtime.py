@@ -1,0 +1,161 @@
+"""The scaffolding both training loops share (pre-training in ``train.loop``, fine-tuning in ``finetune.loop``).
+
+Device and precision, the stop-signal / requeue protocol, the divergence stop, the resumed-run
+compatibility check and the ``metrics.csv`` (+ TensorBoard) log. The loops themselves stay in
+their own modules and read top to bottom; this module holds what would otherwise be written twice.
+"""
+
+from __future__ import annotations
+
+import csv
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pmlm.errors import ConfigError, PmlmError
+from pmlm.train import REQUEUE_EXIT_CODE
+from pmlm.train.checkpoint import latest_checkpoint
+from pmlm.utils import atomic_output
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+METRICS_CSV = "metrics.csv"
+
+
+class TrainingDiverged(PmlmError):
+    """The loss or gradient became NaN / inf; the run stops without saving."""
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` -> this process's device (the local rank's GPU under torchrun)."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was requested but no CUDA device is visible; use device: auto or cpu")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
+    """A fresh autocast context per forward: bf16 on CUDA when ``bf16`` (``auto``: on CUDA), else none."""
+    use_bf16 = device.type == "cuda" if bf16 == "auto" else bf16
+    if use_bf16 and device.type != "cuda":
+        raise ConfigError("bf16 autocast is supported on CUDA only; set bf16: false (or auto) for CPU runs")
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+
+
+class StopSignals:
+    """SIGTERM / SIGUSR1 only record the signal; the loop acts on it at the next step boundary.
+
+    ``install()`` in the main thread (elsewhere signals cannot be caught and nothing is installed);
+    ``restore()`` puts the previous handlers back.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def install(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def requeue_exit(command: str, signum: int | None, step: int, announce: bool = True) -> int:
+    """Announce a stop after the checkpoint of ``step``; the exit status that asks for a requeue."""
+    name = signal.Signals(signum).name if signum else "a stop signal on another rank"
+    if announce:
+        print(f"pmlm {command}: {name} received; saved checkpoint at step {step}; "
+              f"exiting with {REQUEUE_EXIT_CODE} so the job can be requeued", file=sys.stderr)
+    return REQUEUE_EXIT_CODE
+
+
+def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
+    """Raise TrainingDiverged for step ``step`` (0-based) unless ``finite``; ``loss`` is read only then."""
+    if not finite:
+        raise TrainingDiverged(
+            f"non-finite loss or gradient at step {step + 1} (loss {float(loss):.4g}); "
+            f"stopped without saving; last good checkpoint: {latest_checkpoint(out_dir) or 'none'}"
+        )
+
+
+def check_compatible(saved: dict, now: dict, fixed: tuple[str, ...], path: Path, command: str,
+                     announce: bool = True) -> None:
+    """A checkpoint's weights fit only the same ``fixed`` settings; other changes are allowed (and announced)."""
+    for key in fixed:
+        if saved.get(key) != now[key]:
+            raise ConfigError(f"{path}: written for {key} {saved.get(key)} but the config asks for {now[key]}; "
+                              "use a new --out folder or restore the old settings")
+    changed = sorted(k for k in now if saved.get(k) != now[k])
+    if changed and announce:
+        print(f"pmlm {command}: resuming with changed settings: {', '.join(changed)}", file=sys.stderr)
+
+
+class MetricsLog:
+    """``metrics.csv`` (+ TensorBoard under ``tensorboard_dir``); a resumed run first drops the rows past
+    its checkpoint, so the log reads as one run."""
+
+    def __init__(self, path: Path, fields: tuple[str, ...], start_step: int, tensorboard_dir: Path | None = None):
+        self.started = time.perf_counter()
+        kept = []
+        if path.exists():
+            with open(path, newline="") as fh:
+                kept = [r for r in csv.DictReader(fh) if r.get("step", "").isdigit() and int(r["step"]) <= start_step]
+        with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
+        self.fh = open(path, "a", newline="")
+        self.csv = csv.DictWriter(self.fh, fields, extrasaction="ignore")
+        self.tb = None
+        if tensorboard_dir is not None:
+            # imported only when asked for: TensorBoard's import is slow and fine-tuning never uses it
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(tensorboard_dir), purge_step=start_step + 1 if start_step else None)
+
+    def write(self, row: dict, scalars: dict[str, float] | None = None) -> None:
+        """One CSV row (floats to 6 significant digits, None empty); ``scalars`` go to TensorBoard at the row's step."""
+        row = {k: "" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()}
+        row["elapsed_s"] = f"{time.perf_counter() - self.started:.1f}"
+        self.csv.writerow(row)
+        self.fh.flush()  # readable while the run goes on (and by the tests that interrupt it)
+        if self.tb is not None and scalars:
+            for key, value in scalars.items():
+                self.tb.add_scalar(key, value, row["step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def agree(flag: bool, device: torch.device, world: int) -> bool:
+    """True on every rank if it is true on any (so all ranks save and stop together)."""
+    if world == 1:
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def derived_seed(seed: int, rank: int, stream: int) -> int:
+    """Seed of an independent random stream per (seed, rank, stream)."""
+    return int(np.random.SeedSequence([seed, rank, stream]).generate_state(1)[0])

@@ -1,0 +1,115 @@
+"""Artefact formats: weights + sidecar, format versions, the head's encoder path, the shard manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pmlm.artefacts import (
+    ENCODER_FORMAT,
+    HEAD_FORMAT,
+    SHARDS_FORMAT,
+    head_encoder_path,
+    read_encoder,
+    read_head,
+    read_manifest,
+    save_weights,
+    write_encoder,
+    write_head,
+    write_manifest,
+)
+from pmlm.errors import InputError
+from pmlm.utils import file_digest
+
+
+def _weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"encoder.w": torch.randn(4, 3, generator=g), "head.b": torch.randn(5, generator=g)}
+
+
+def test_final_weights_and_sidecar(tmp_path):
+    target = tmp_path / "results" / "model.safetensors"
+    save_weights(target, _weights(3), {"model": {"hidden": 4}})
+    assert all(torch.equal(load_file(target)[k], v) for k, v in _weights(3).items())
+    assert json.loads(target.with_suffix(".json").read_text()) == {"model": {"hidden": 4}}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.json", "model.safetensors"]
+
+
+def test_encoder_round_trip_records_the_format(tmp_path):
+    path = tmp_path / "model.safetensors"
+    write_encoder(path, _weights(1), {"model": {"hidden": 4}, "objective": {"name": "pmlm"}})
+    info, state = read_encoder(path)
+    assert info["format"] == ENCODER_FORMAT and info["model"] == {"hidden": 4}
+    assert all(torch.equal(state[k], v) for k, v in _weights(1).items())
+
+
+def test_sidecar_without_format_reads_as_version_1(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_weights(path, _weights(1), {"model": {"hidden": 4}, "objective": {"name": "mlm"}})
+    info, _ = read_encoder(path)
+    assert "format" not in info and info["objective"] == {"name": "mlm"}
+
+
+def test_unknown_format_and_missing_sections_are_one_line_errors(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_weights(path, _weights(1), {"format": "pmlm-encoder/9", "model": {}, "objective": {}})
+    with pytest.raises(InputError, match=r"model.json: format 'pmlm-encoder/9' is not the 'pmlm-encoder/1'"):
+        read_encoder(path)
+    save_weights(path, _weights(1), {"format": ENCODER_FORMAT, "model": {}})
+    with pytest.raises(InputError, match=r"model.json: incomplete model description \(no 'objective' section\)"):
+        read_encoder(path)
+    path.with_suffix(".json").unlink()
+    with pytest.raises(InputError, match=r"model.json: missing"):
+        read_encoder(path)
+
+
+def test_head_records_its_encoder_relative_to_its_folder(tmp_path, monkeypatch):
+    encoder = tmp_path / "results" / "pretrain" / "model.safetensors"
+    save_weights(encoder, _weights(1), {})
+    head = tmp_path / "results" / "finetune" / "head.safetensors"
+    info = {"config": {}, "encoder": {"sha256": file_digest(encoder), "objective": "pmlm"}}
+    write_head(head, _weights(2), info, encoder)
+    saved, _ = read_head(head)
+    assert saved["format"] == HEAD_FORMAT
+    assert saved["encoder"]["path"] == os.path.join("..", "pretrain", "model.safetensors")
+    monkeypatch.chdir(tmp_path / "results")  # the working directory plays no part
+    assert head_encoder_path(head, saved).resolve() == encoder.resolve()
+    moved = tmp_path / "moved"
+    (tmp_path / "results").rename(moved)  # the folder moves whole
+    monkeypatch.chdir(moved)
+    assert head_encoder_path(moved / "finetune" / "head.safetensors", saved).resolve() == (
+        moved / "pretrain" / "model.safetensors").resolve()
+
+
+def test_old_head_paths_relative_to_the_working_directory_still_resolve(tmp_path, monkeypatch):
+    encoder = tmp_path / "results" / "pretrain" / "model.safetensors"
+    save_weights(encoder, _weights(1), {})
+    head = tmp_path / "results" / "finetune" / "head.safetensors"
+    old = {"config": {}, "encoder": {"path": "results/pretrain/model.safetensors", "sha256": file_digest(encoder)}}
+    save_weights(head, _weights(2), old)
+    monkeypatch.chdir(tmp_path)
+    assert head_encoder_path(head, read_head(head)[0]) == encoder.relative_to(tmp_path)
+
+
+def test_head_encoder_digest_is_checked(tmp_path):
+    encoder = tmp_path / "model.safetensors"
+    save_weights(encoder, _weights(1), {})
+    head = tmp_path / "head.safetensors"
+    write_head(head, _weights(2), {"config": {}, "encoder": {"sha256": "0" * 64}}, encoder)
+    with pytest.raises(InputError, match=r"head.json: the head was fine-tuned on an encoder with sha256 000000000000"):
+        head_encoder_path(head, read_head(head)[0])
+
+
+def test_manifest_round_trip_and_format_check(tmp_path):
+    manifest = {"format": SHARDS_FORMAT, "splits": {"train": {"files": []}}}
+    write_manifest(tmp_path, manifest)
+    assert read_manifest(tmp_path) == manifest
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "pmlm-shards/1", "splits": {}}))
+    with pytest.raises(InputError, match=r"manifest.json: format 'pmlm-shards/1' is not the 'pmlm-shards/2'"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {}}))  # before the field: read as is
+    assert read_manifest(tmp_path) == {"splits": {}}
