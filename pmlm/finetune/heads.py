@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pmlm.errors import ConfigError
+from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel
 
 NORM_EPS = 1e-5  # variance floor of the masked norms (torch's BatchNorm / InstanceNorm default)
@@ -36,25 +37,20 @@ def symmetrise(logits: torch.Tensor) -> torch.Tensor:
     return (logits + logits.transpose(1, 2)) / 2
 
 
-def pair_features(reps: torch.Tensor, start: int, stop: int, pair_block: nn.Module | None) -> torch.Tensor:
+def pair_features(reps: torch.Tensor, start: int, stop: int, pair_block: PairHead | None) -> torch.Tensor:
     """Features of pairs (i, j), i in [start, stop), all j: (B, stop - start, L, 2C).
 
     pair_block None: ``concat(f_i * f_j, f_i - f_j)``; otherwise the PMLM pair head, whose
-    first block (``dense`` -> GELU -> ``norm``) turns those features into M+.
+    first block turns those features into M+.
     """
+    if pair_block is not None:
+        return pair_block.first_block_grid(reps, start, stop)  # (B, r, L, 2C) = M+
     f_i = reps[:, start:stop, None, :]  # (B, r, 1, C)
     f_j = reps[:, None, :, :]  # (B, 1, L, C)
-    if pair_block is None:
-        return torch.cat(torch.broadcast_tensors(f_i * f_j, f_i - f_j), dim=-1)  # (B, r, L, 2C)
-    # dense(concat(prod, diff)) = W_prod prod + W_diff f_i - W_diff f_j + b: the difference half is a
-    # per-residue projection, which halves the matmul and never builds the 2C-wide concatenation
-    w_prod, w_diff = pair_block.dense.weight.split(reps.shape[-1], dim=1)  # (2C, C) each
-    d = F.linear(reps, w_diff)  # (B, L, 2C)
-    pre = F.linear(f_i * f_j, w_prod, pair_block.dense.bias) + d[:, start:stop, None, :] - d[:, None, :, :]
-    return pair_block.norm(F.gelu(pre))  # (B, r, L, 2C) = M+
+    return torch.cat(torch.broadcast_tensors(f_i * f_j, f_i - f_j), dim=-1)  # (B, r, L, 2C)
 
 
-def pair_map(reps: torch.Tensor, pair_block: nn.Module | None, transform, chunk_elements: int) -> torch.Tensor:
+def pair_map(reps: torch.Tensor, pair_block: PairHead | None, transform, chunk_elements: int) -> torch.Tensor:
     """``transform(pair_features)`` for all L x L pairs, built in row chunks: (B, L, L, D)."""
     B, L, C = reps.shape
     rows = max(1, chunk_elements // max(1, B * L * 2 * C))
@@ -85,7 +81,7 @@ class ContactLinearHead(nn.Module):
         self.out = nn.Linear(2 * hidden, 1)
         self.chunk_elements = chunk_elements
 
-    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
         if not self.training and pair_block is None:
             w_prod = self.out.weight[0, : reps.shape[-1]]  # (C,)
             # symmetric in exact arithmetic; symmetrised anyway so rounding cannot break it
@@ -154,7 +150,7 @@ class ContactResNetHead(nn.Module):
         self.out = nn.Conv2d(channels, 1, kernel_size=1)
         self.chunk_elements = chunk_elements
 
-    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
         x = pair_map(reps, pair_block, lambda f: self.project(self.dropout(f)), self.chunk_elements)  # (B, L, L, ch)
         x = x.permute(0, 3, 1, 2)  # (B, ch, L, L)
         m = mask.to(x.dtype)
@@ -178,7 +174,7 @@ class SecondaryStructureHead(nn.Module):
         super().__init__()
         self.mlp = _mlp(hidden, mlp_hidden, classes, dropout)
 
-    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
         return self.mlp(reps)  # (B, L, 3)
 
 
@@ -189,7 +185,7 @@ class RemoteHomologyHead(nn.Module):
         super().__init__()
         self.mlp = _mlp(hidden, mlp_hidden, classes, dropout)
 
-    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
         m = mask.to(reps.dtype).unsqueeze(-1)  # (B, L, 1)
         pooled = (reps * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # (B, C)
         return self.mlp(pooled)  # (B, classes)

@@ -99,6 +99,19 @@ class PairHead(nn.Module):
         m_plus_all = _join(repr_parts).flatten(0, 1) if return_repr else None  # (blocks * P, 2C)
         return logits, m_plus_all
 
+    def first_block_grid(self, reps: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """M+ of every pair (i, j), i in [start, stop), all j of ``reps`` (B, L, C): (B, stop - start, L, 2C).
+
+        The dense grid fine-tuning feeds its contact heads, with the same W_prod / W_diff split as
+        ``forward`` (the difference half a per-residue projection, no 2C-wide concatenation).
+        """
+        w_prod, w_diff = self.dense.weight.split(reps.shape[-1], dim=1)  # (2C, C) each
+        d = F.linear(reps, w_diff)  # (B, L, 2C)
+        f_i = reps[:, start:stop, None, :]  # (B, r, 1, C)
+        f_j = reps[:, None, :, :]  # (B, 1, L, C)
+        pre = F.linear(f_i * f_j, w_prod, self.dense.bias) + d[:, start:stop, None, :] - d[:, None, :, :]
+        return self.norm(F.gelu(pre))  # (B, r, L, 2C)
+
 
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate chunk outputs (blocks, p, X) along the pair axis; a single chunk is not copied."""
