@@ -1,7 +1,8 @@
 """Benchmark: peak memory of the masked-pair loss (forward + backward), ours versus the all-L^2 formulation.
 
-*Ours* is the package's path (``masked_pair_terms``): pair features only for the ordered
-pairs of masked residues, chunked, mirrored. *Reference* is the released code's
+*Ours* is the training path (``pair_loss`` below: the pair head on the pairs of masked residues
+as the model's forward calls it, then ``masked_pair_loss``, the objective's pair term): pair
+features only for the ordered pairs of masked residues, chunked, mirrored. *Reference* is the released code's
 formulation, written here: ``concat(h_i * h_j, h_i - h_j)`` for all L^2 positions
 (1, L, L, 2C), the pair MLP on all of it, then selection of the masked pairs. Both use the
 same head weights, so they compute the same loss (checked and reported as ``loss_match``).
@@ -24,7 +25,7 @@ Share of step time (on CUDA by default, on CPU with ``--step-share``): a PMLM mo
 (``--share-layers`` x ``--hidden``, ffn 4C, heads C / 64) at max length L takes training steps
 (masking + forward + both losses + backward + AdamW; bf16 autocast on CUDA) on a batch of
 ``--share-batch`` sequences of L tokens (default 16,384 tokens, the recipes' budget). Timed
-separately, with the same masks: the pair loss alone (``masked_pair_terms`` forward + backward
+separately, with the same masks: the pair loss alone (``pair_loss`` forward + backward
 from the step's detached encoder output) and the MLM step. Reported: pair loss / PMLM step, and
 (PMLM step - MLM step) / PMLM step, the pair objective's marginal cost. Times are medians of
 ``--share-steps`` steps (CUDA events on a GPU).
@@ -52,7 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.model import build_model, model_config, pretraining_losses
 from pmlm.model.heads import PairHead
-from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens, masked_pair_terms
+from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens, masked_pair_loss, upper_pairs
 
 BAR = 1.0 / 20
 FP32_BYTES = 4
@@ -110,8 +111,16 @@ def setup(length: int, hidden: int, mask_prob: float, seed: int, device: torch.d
     return reps, targets.to(device)
 
 
+def pair_loss(head: PairHead, reps: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The pair term of ``pretraining_losses`` from encoder output: (CE sum, ordered pairs)."""
+    upper = upper_pairs(targets.ne(IGNORE_INDEX))  # (P, 3)
+    logits, _ = head(reps, upper, mirror=True)  # (2P, K), as PMLMModel.forward with mirror_pairs=True
+    ce_sum, n_pairs, _ = masked_pair_loss(logits, upper, targets)
+    return ce_sum, n_pairs
+
+
 def ours_loss(head: PairHead, reps: torch.Tensor, targets: torch.Tensor) -> float:
-    ce_sum, n_pairs, _ = masked_pair_terms(head, reps, targets)
+    ce_sum, n_pairs = pair_loss(head, reps, targets)
     loss = ce_sum / max(n_pairs, 1)
     loss.backward()
     return loss.item()
@@ -217,7 +226,7 @@ def step_share(args, device: torch.device) -> dict:
                 reps = reps.detach().requires_grad_(True)
                 with Timer(device) as pair:
                     with autocast:
-                        ce_sum, n_pairs, _ = masked_pair_terms(model.pair_head, reps, targets)
+                        ce_sum, n_pairs = pair_loss(model.pair_head, reps, targets)
                     (ce_sum / max(n_pairs, 1)).backward()
             if step >= args.share_warmup:
                 times[f"{name}_step"].append(full.elapsed())

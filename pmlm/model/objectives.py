@@ -173,18 +173,17 @@ def mirrored_pair_labels(upper: Tensor, targets: Tensor, pair_vocab: str = "stan
     return torch.cat([pair_labels(upper, targets, pair_vocab), pair_labels(swap_pairs(upper), targets, pair_vocab)])
 
 
-def masked_pair_terms(pair_head: PairHead, reps: Tensor, targets: Tensor, pair_vocab: str = "standard") -> tuple[Tensor, int, Tensor]:
-    """Pair cross-entropy over all ordered pairs i != j of masked standard residues, from encoder output.
+def masked_pair_loss(pair_logits: Tensor, upper: Tensor, targets: Tensor,
+                     pair_vocab: str = "standard") -> tuple[Tensor, int, Tensor]:
+    """The objective's pair term: ``(ce_sum, n_pairs, n_correct)`` over all ordered pairs i != j of masked
+    residues.
 
-    reps: (B, L, C); targets: (B, L) from ``mask_tokens``. Returns ``(ce_sum, n_pairs,
-    n_correct)``. The same computation as the ``pmlm`` objective's pair term, for callers
-    that hold representations rather than a model (evaluation, benchmarks).
+    pair_logits (2P, K) in the mirrored head's row order: the rows of ``upper`` (P, 3), then their swaps;
+    targets (B, L) from ``mask_tokens``.
     """
-    upper = upper_pairs(targets.ne(IGNORE_INDEX))  # (P, 3)
-    logits, _ = pair_head(reps, upper, mirror=True)  # (2P, K)
-    labels = mirrored_pair_labels(upper, targets, pair_vocab)
-    ce_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
-    return ce_sum, labels.numel(), (logits.argmax(dim=-1) == labels).sum()
+    labels = mirrored_pair_labels(upper, targets, pair_vocab)  # (2P,)
+    ce_sum = F.cross_entropy(pair_logits.float(), labels, reduction="sum")
+    return ce_sum, labels.numel(), (pair_logits.argmax(dim=-1) == labels).sum()
 
 
 def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> dict[str, Tensor]:
@@ -238,18 +237,16 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
         n_rows = pair_index.shape[0]
         logits = out["pair_logits"]  # (2 * n_rows, K): given rows, then their swaps
         off_logits = torch.cat([logits[:n_upper], logits[n_rows:n_rows + n_upper]])  # (2P, K)
-        off_labels = mirrored_pair_labels(upper, targets, pair_vocab)  # (2P,)
-        off_ce = F.cross_entropy(off_logits.float(), off_labels, reduction="sum")
-        pair_total = torch.tensor(off_labels.numel(), device=device)
-        pair_correct = (off_logits.argmax(dim=-1) == off_labels).sum()
-        l_pmlm = off_ce / max(off_labels.numel(), 1)
+        off_ce, n_off, pair_correct = masked_pair_loss(off_logits, upper, targets, pair_vocab)
+        pair_total = torch.tensor(n_off, device=device)
+        l_pmlm = off_ce / max(n_off, 1)
         if cfg.name == "pmlm":
             loss = l_mlm + cfg.pair_weight * l_pmlm
         else:
             diag_logits = logits[n_upper:n_rows]  # (N, K)
             diag_labels = pair_labels(pair_index[n_upper:], targets, pair_vocab)
             diag_ce = F.cross_entropy(diag_logits.float(), diag_labels, reduction="sum")
-            loss = (off_ce + diag_ce) / max(off_labels.numel() + n_valid, 1)
+            loss = (off_ce + diag_ce) / max(n_off + n_valid, 1)
             log_marginal = _marginal_log_probs(diag_logits, pair_vocab)  # (N, 20)
             l_mlm = F.nll_loss(log_marginal, valid_targets, reduction="sum") / max(n_valid, 1)
             mlm_correct = (log_marginal.argmax(dim=-1) == valid_targets).sum()
