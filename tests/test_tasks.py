@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from pmlm.errors import InputError, PmlmError
-from pmlm.tasks.raptorx import read_contact_set, write_contact_npz
+from pmlm.tasks.raptorx import read_contact_set
 from pmlm.tasks.structures import (
     ReadCounts, contact_map, dssp_to_ss3, read_structure_jsonl, ss3_to_labels,
 )
-from pmlm.tasks.tape import TEST_SPLITS, read_tape, safe_unpickle, tape_path
+from pmlm.tasks.tape import TEST_SPLITS, read_tape, safe_unpickle
 
 CA_STEP = 3.8  # Angstrom between consecutive C-alpha atoms
 
@@ -146,7 +146,6 @@ def test_tape_proteinnet_json(tmp_path):
         {"primary": "mkU", "tertiary": [v for row in _line_coords(3) for v in row]},  # flat alias, repairs
     ]
     path = _write_tape(tmp_path, "proteinnet", "test", records)
-    assert tape_path(tmp_path, "proteinnet", "test") == path
     counts = ReadCounts()
     first, second = read_tape(path, "proteinnet", counts=counts)
     assert first.id == "1abc_A" and second.id == "1" and second.primary == "MKC"
@@ -220,8 +219,6 @@ def test_tape_file_errors(tmp_path):
     with pytest.raises(InputError) as info:
         list(read_tape(broken, "remote_homology"))
     assert info.value.line == 2
-    with pytest.raises(ValueError, match="split"):
-        tape_path(tmp_path, "remote_homology", "cb513")
 
 
 class _Exploit:
@@ -285,7 +282,7 @@ def test_contact_set_formats(tmp_path):
     cb[2] = np.nan
     folder = tmp_path / "set"
     folder.mkdir()
-    write_contact_npz(folder / "t1.npz", "T1", "ACDEF", cb)
+    np.savez_compressed(folder / "t1.npz", id=np.array("T1"), seq=np.array("ACDEF"), cb=cb)  # the NPZ layout
     dist = np.array([[0.0, 9.0, np.nan], [9.0, 0.0, 3.0], [np.nan, 3.0, 0.0]])
     with open(folder / "t2.pkl", "wb") as fh:
         pickle.dump({"seq": "ACD", "ssp": "HHE", "dist": dist, "coords": np.zeros((3, 3))}, fh)

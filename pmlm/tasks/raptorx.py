@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -202,20 +201,3 @@ def read_contact_set(
     if path.suffix in PER_PROTEIN_SUFFIXES:
         return _per_protein_records([path], threshold, on_error, counts)
     return _jsonl_records(path, threshold, on_error, counts)
-
-
-def write_contact_npz(path: str | os.PathLike, rec_id: str, seq: str, cb) -> None:
-    """Write one protein in the NPZ layout above (atomically: temp file, then rename)."""
-    seq = _check_seq(seq)
-    cb = np.asarray(cb, dtype=np.float64)
-    if cb.shape != (len(seq), 3):
-        raise ValueError(f"cb must have shape ({len(seq)}, 3), got {cb.shape}")
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez_compressed(fh, id=np.array(rec_id), seq=np.array(seq), cb=cb)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

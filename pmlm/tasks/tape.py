@@ -283,7 +283,7 @@ def _json_items(path: Path) -> Iterator[tuple[int, object]]:
 
 def _lmdb_items(path: Path) -> Iterator[tuple[int, object]]:
     try:
-        import lmdb
+        import lmdb  # optional dependency: only TAPE's LMDB archives need it
     except ImportError:
         raise PmlmError(
             f"{path}: reading TAPE LMDB files needs the optional package 'lmdb' (pip install lmdb); "
@@ -312,20 +312,6 @@ def _unpickle(path: Path, raw: bytes, what: str):
         return safe_unpickle(raw)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
         raise InputError(path, f"{what}: cannot decode: {exc}") from None
-
-
-def tape_path(root: str | os.PathLike, task: str, split: str, fmt: str = "json") -> Path:
-    """<root>/<task>/<task>_<split>.<fmt>, or <root>/<task>_<split>.<fmt> if that exists instead."""
-    if task not in TASK_SPLITS:
-        raise ValueError(f"task must be one of {tuple(TASK_SPLITS)}, got {task!r}")
-    if split not in TASK_SPLITS[task]:
-        raise ValueError(f"split for {task} must be one of {TASK_SPLITS[task]}, got {split!r}")
-    if fmt not in ("json", "lmdb"):
-        raise ValueError(f"fmt must be 'json' or 'lmdb', got {fmt!r}")
-    name = f"{task}_{split}.{fmt}"
-    nested = Path(root) / task / name
-    flat = Path(root) / name
-    return flat if not nested.exists() and flat.exists() else nested
 
 
 def read_tape(
