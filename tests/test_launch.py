@@ -17,12 +17,8 @@ import pytest
 from pmlm.cli import main
 from pmlm.errors import ConfigError
 from pmlm.train import REQUEUE_EXIT_CODE
-from pmlm.train.launch import (
-    count_visible_gpus,
-    first_host,
-    plan_launch,
-    read_allocation,
-)
+from pmlm.train.allocation import count_visible_gpus, first_host, read_allocation
+from pmlm.train.launch import plan_launch
 
 PY = "python"
 MARKER = Path("/shared/run/.pmlm-launch-x")
