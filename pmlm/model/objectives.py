@@ -34,7 +34,6 @@ from torch import Tensor
 from pmlm.alphabet import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
-from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel, unwrap
 
 OBJECTIVES = ("mlm", "pmlm", "pmlm_pair_only")
