@@ -21,10 +21,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-
 from pmlm.errors import InputError
 from pmlm.utils import atomic_output, file_digest
 
@@ -41,8 +37,13 @@ def sidecar_path(weights: str | os.PathLike) -> Path:
 
 # -- weights + sidecar, the layout shared by encoders and heads ----------------------------------------
 
-def save_weights(path: str | os.PathLike, state: dict[str, torch.Tensor], info: dict) -> tuple[Path, Path]:
-    """``path`` (safetensors) and its ``.json`` sidecar holding ``info`` as given, each written atomically."""
+def save_weights(path: str | os.PathLike, state: dict, info: dict) -> tuple[Path, Path]:
+    """``path`` (safetensors of ``state``, name -> tensor) and its ``.json`` sidecar holding ``info`` as given,
+    each written atomically."""
+    # torch and safetensors load with the weights only: `pmlm tokenize` writes manifests in the data
+    # stage's environment, which has neither
+    from safetensors.torch import save_file
+
     path = Path(path)
     sidecar = sidecar_path(path)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
@@ -53,8 +54,11 @@ def save_weights(path: str | os.PathLike, state: dict[str, torch.Tensor], info: 
     return path, sidecar
 
 
-def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_weights(path: str | os.PathLike) -> dict:
     """CPU tensors of a safetensors file; a damaged file is a one-line error naming it."""
+    from safetensors import SafetensorError  # with the weights only, as in save_weights
+    from safetensors.torch import load_file
+
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
@@ -87,7 +91,7 @@ def _check_format(path: Path, info: dict, expected: str) -> None:
 
 # -- the pre-trained encoder ---------------------------------------------------------------------------
 
-def write_encoder(path: str | os.PathLike, state: dict[str, torch.Tensor], info: dict) -> tuple[Path, Path]:
+def write_encoder(path: str | os.PathLike, state: dict, info: dict) -> tuple[Path, Path]:
     """``info``: ``model`` (ModelConfig dict), ``objective`` (ObjectiveConfig dict) and provenance."""
     return save_weights(path, state, {"format": ENCODER_FORMAT, **info})
 
@@ -101,14 +105,14 @@ def read_encoder_info(weights: str | os.PathLike) -> dict:
     return info
 
 
-def read_encoder(weights: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_encoder(weights: str | os.PathLike) -> tuple[dict, dict]:
     """(sidecar info, CPU weights) of a pre-trained encoder."""
     return read_encoder_info(weights), read_weights(weights)
 
 
 # -- the fine-tuned head -------------------------------------------------------------------------------
 
-def write_head(path: str | os.PathLike, state: dict[str, torch.Tensor], info: dict,
+def write_head(path: str | os.PathLike, state: dict, info: dict,
                encoder_path: str | os.PathLike) -> tuple[Path, Path]:
     """``info``: ``config`` (FinetuneConfig dict), ``encoder`` (sha256, objective) and provenance;
     the encoder's path is recorded relative to the head's folder."""
@@ -128,7 +132,7 @@ def read_head_info(head_path: str | os.PathLike) -> dict:
     return info
 
 
-def read_head(head_path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_head(head_path: str | os.PathLike) -> tuple[dict, dict]:
     """(sidecar info, CPU weights) of a fine-tuned head."""
     return read_head_info(head_path), read_weights(head_path)
 

@@ -27,19 +27,13 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
-from pmlm.evaluation.kl import residue_joint
-from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
-from pmlm.finetune.data import evaluation_batches, read_task_data
-from pmlm.finetune.scoring import HEADLINE, contact_summary, load_finetuned, score_task
-from pmlm.model.objectives import upper_pairs
 from pmlm.progress import Progress
-from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.utils import atomic_output, file_digest, versions
+
+# A command module: pmlm.cli imports it to build the parser, and the data stage's environment has no
+# torch, so the torch-backed engines are imported inside the functions that use them.
 
 PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
 TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
@@ -55,6 +49,13 @@ def canonical_sha256(obj) -> str:
 def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False,
                                 pair_batch: int = 4096, device="cpu") -> np.ndarray:
     """(L, L) contact scores from the pair head's joints (see the module docstring)."""
+    import torch  # engines load in the functions of this command module (see the note under its imports)
+
+    from pmlm import alphabet
+    from pmlm.evaluation.kl import residue_joint
+    from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
+    from pmlm.model.objectives import upper_pairs
+
     length = int(residues.size)
     tokens = torch.full((1, length + 2), alphabet.PAD_ID, dtype=torch.long)
     tokens[0, 0], tokens[0, length + 1] = alphabet.CLS_ID, alphabet.EOS_ID
@@ -108,6 +109,9 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
                        mask_pairs: bool, pair_batch: int, device,
                        progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
+    from pmlm.finetune.data import evaluation_batches  # torch-backed (see the note under the imports)
+    from pmlm.finetune.scoring import contact_summary
+
     batches, n_long = evaluation_batches(data.examples, "contact", 1, window, too_long, threshold)
 
     def proteins():
@@ -167,6 +171,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # engines load here, not when pmlm.cli builds its parser (see the note under the imports)
+
+    from pmlm.evaluation.pretrained import load_pretrained
+    from pmlm.finetune.data import read_task_data
+    from pmlm.finetune.scoring import HEADLINE, load_finetuned, score_task
+    from pmlm.tasks.structures import CONTACT_THRESHOLD
+
     tests = {}
     for item in args.test:
         name, sep, path = item.partition("=")

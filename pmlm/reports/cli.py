@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from pmlm.artefacts import read_encoder_info
 from pmlm.errors import InputError
-from pmlm.evaluation.pretrained import encoder_configs
-from pmlm.model.objectives import build_model
 from pmlm.reports import paper
-from pmlm.reports.results import write_all
 from pmlm.reports.tables import Column, write_table
 
 PRETRAIN_COLUMNS = [
@@ -30,6 +25,12 @@ PRETRAIN_COLUMNS = [
 
 def _params_label(info: dict, weights: str) -> str:
     """Parameter count of the described model, built on the meta device (no memory, no weights)."""
+    # a command module: pmlm.cli imports it to build the parser, so torch loads only when a table needs it
+    import torch
+
+    from pmlm.evaluation.pretrained import encoder_configs
+    from pmlm.model.objectives import build_model
+
     model_cfg, objective = encoder_configs(info, weights)
     with torch.device("meta"):
         model = build_model(model_cfg, objective)
@@ -83,6 +84,8 @@ def run(args) -> int:
         paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
         print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
     elif args.table == "results":
+        from pmlm.reports.results import write_all  # pandas, loaded by this table only (see _params_label)
+
         pairs = []
         for item in args.result:
             kind, sep, path = item.partition("=")
