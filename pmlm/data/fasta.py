@@ -16,14 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from Bio.SeqIO.FastaIO import SimpleFastaParser
-
 from pmlm.errors import InputError
 
-try:  # ISA-L decompresses gzip 2-3x faster than zlib; same format, same errors
+try:  # ISA-L decompresses gzip 2-3x faster than zlib; same format
     from isal import igzip as _gzip_impl
+    from isal.isal_zlib import error as _isal_error
 except ImportError:  # pragma: no cover - isal is a declared dependency
     _gzip_impl = gzip
+    _isal_error = zlib.error
+# what a corrupt or truncated gzip stream raises (ISA-L's inflate error is not a zlib.error)
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, _isal_error)
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_BUFFER = 1 << 20
@@ -69,7 +71,7 @@ def _counted_lines(path: str, text: io.TextIOBase, header_lines: deque) -> Itera
             if "\x00" in line:
                 raise InputError(path, "binary data (NUL byte): is this a FASTA file?", line=n)
             yield line
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+    except GZIP_ERRORS as exc:
         raise InputError(path, f"corrupt or truncated gzip stream after line {n} ({exc}); re-download the file", line=n + 1) from None
     except UnicodeDecodeError:
         raise InputError(path, "binary data (not UTF-8 text): is this a FASTA file?", line=n + 1) from None
@@ -85,6 +87,9 @@ def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord]:
     Raises InputError (file and line) for: no header before sequence data, binary content,
     corrupt or truncated gzip, and a file with no record at all.
     """
+    # imported here: Biopython's import costs ~0.5 s, which the readers of pmlm.data.formats don't pay
+    from Bio.SeqIO.FastaIO import SimpleFastaParser
+
     path = str(path)
     if not Path(path).is_file():
         raise InputError(path, "no such file")
