@@ -1,0 +1,180 @@
+"""Sequence sources as published: format detection by content and fast record readers.
+
+Three formats, told apart by their first bytes (after gzip, detected by magic bytes):
+
+- ``uniref_xml``: UniProt's UniRef XML (``<UniRef50 xmlns="http://uniprot.org/uniref">``), read by
+  :mod:`pmlm.data.uniref`;
+- ``pfam_fasta``: Pfam-A's ``Pfam-A.fasta`` (``>A0A0A0MT78_9CAUL/22-94 A0A0A0MT78.1 PF10417.8;1-cysPrx_C;``);
+- ``fasta``: any other FASTA.
+
+Every reader yields ``(id, residues, line, annotation)``: the record id and its residues as bytes
+(whitespace removed, case kept), the 1-based line of the record's start, and ``key=value`` words
+to carry into the clean FASTA header (``members=12 taxon=9606``, ``family=PF10417.8``; b"" if none).
+
+The FASTA reader is the hot path of ``pmlm ingest`` and ``pmlm tokenize``: it splits 4 MiB blocks
+at ``\\n>`` with bytes operations instead of visiting every line in Python (~4x faster than a
+line-by-line parser), and counts lines only per record. It reads what Biopython's
+``SimpleFastaParser`` reads (tests compare the two), with the errors of :func:`pmlm.data.fasta.read_fasta`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from pmlm.data.fasta import GZIP_ERRORS, open_binary
+from pmlm.errors import ConfigError, InputError
+
+FORMATS = ("fasta", "pfam_fasta", "uniref_xml")
+AUTO = "auto"
+BLOCK_SIZE = 1 << 22
+WHITESPACE = b" \t\r\n\v\f"
+SNIFF_BYTES = 1 << 16
+# Pfam-A.fasta (Pfam 31.0): ">NAME/START-END ACCESSION.VERSION PFxxxxx.V;FAMILY_ID;"
+PFAM_HEADER = re.compile(rb"^>?\S+/\d+-\d+\s+\S+\s+(PF\d{5}(?:\.\d+)?);[^;\s]*;")
+_XML_ROOT = re.compile(rb"<(?![?!])([A-Za-z_][\w.:-]*)")
+_UNIREF_ROOT = re.compile(rb"(?:\w+:)?UniRef(?:50|90|100)$")
+
+
+def check_format(fmt: str) -> str:
+    if fmt != AUTO and fmt not in FORMATS:
+        raise ConfigError(f"unknown source format {fmt!r}; use {AUTO} or one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _head(path: str) -> bytes:
+    try:
+        with open_binary(path) as fh:
+            return fh.read(SNIFF_BYTES)
+    except GZIP_ERRORS as exc:
+        raise InputError(path, f"corrupt or truncated gzip stream ({exc}); re-download the file", line=1) from None
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """``uniref_xml``, ``pfam_fasta`` or ``fasta`` from the file's first bytes.
+
+    Text that is neither XML nor starts with '>' is called FASTA, so the FASTA reader reports
+    where it goes wrong (file and line); XML that is not UniRef XML is an error here.
+    """
+    path = str(path)
+    if not Path(path).is_file():
+        raise InputError(path, "no such file")
+    head = _head(path).lstrip(b"\xef\xbb\xbf" + WHITESPACE)
+    if head.startswith(b"<"):
+        root = _XML_ROOT.search(re.sub(rb"<!--.*?-->", b"", head, flags=re.S))
+        name = root.group(1) if root else b"?"
+        if not _UNIREF_ROOT.match(name):
+            raise InputError(path, f"XML with root element <{name.decode('latin-1')}> is not UniRef XML "
+                             "(expected <UniRef50>, <UniRef90> or <UniRef100> in namespace http://uniprot.org/uniref); "
+                             "set the source's format to override")
+        return "uniref_xml"
+    if head.startswith(b">") and PFAM_HEADER.match(head.split(b"\n", 1)[0]):
+        return "pfam_fasta"
+    return "fasta"
+
+
+def _text_check(path: str, body: bytes, line: int) -> None:
+    """Binary junk fails here with its line, as in read_fasta (NUL bytes, invalid UTF-8)."""
+    pos = body.find(b"\x00")
+    if pos >= 0:
+        raise InputError(path, "binary data (NUL byte): is this a FASTA file?", line=line + body.count(b"\n", 0, pos))
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(path, "binary data (not UTF-8 text): is this a FASTA file?",
+                             line=line + body.count(b"\n", 0, exc.start)) from None
+
+
+def fasta_blocks(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Iterator[tuple[list[bytes], int]]:
+    """Yield ``(records, line)``: the raw text of consecutive records (without their '>') and the
+    line of the first one. A record's text is its header line, a newline and its sequence lines.
+    """
+    path = str(path)
+    if not Path(path).is_file():
+        raise InputError(path, "no such file")
+    if os.path.getsize(path) == 0:
+        raise InputError(path, "file is empty (no FASTA records)")
+    line = 1  # line of the first byte of `pending`
+    pending = b""
+    started = False
+    raw = open_binary(path)
+    try:
+        while True:
+            block = raw.read(block_size)
+            data = pending + block if pending else block
+            if not started:
+                text = data.lstrip(WHITESPACE)
+                line += data.count(b"\n", 0, len(data) - len(text))
+                if not text:
+                    pending = b""
+                    if block:
+                        continue
+                    break
+                if not text.startswith(b">"):
+                    raise InputError(path, "expected a FASTA header starting with '>'", line=line)
+                data, started = text, True
+            if block:
+                cut = data.rfind(b"\n>")
+                if cut < 0:  # one record longer than a block: read on
+                    pending = data
+                    continue
+                body, pending = data[:cut], data[cut + 1:]
+            else:
+                body, pending = data, b""
+            if not body:
+                break
+            _text_check(path, body, line)
+            yield body[1:].split(b"\n>"), line
+            line += body.count(b"\n") + 1
+            if not block:
+                break
+    except GZIP_ERRORS as exc:
+        raise InputError(path, f"corrupt or truncated gzip stream after line {line} ({exc}); re-download the file",
+                         line=line + 1) from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read after line {line} ({exc})", line=line + 1) from None
+    finally:
+        raw.close()
+    if not started:
+        raise InputError(path, "no FASTA records found (no line starts with '>')")
+
+
+def split_record(text: bytes) -> tuple[bytes, bytes]:
+    """(header line, sequence lines) of one record's text."""
+    nl = text.find(b"\n")
+    return (text, b"") if nl < 0 else (text[:nl], text[nl + 1:])
+
+
+def read_fasta_source(path: str | os.PathLike, pfam: bool = False) -> Iterator[tuple[bytes, bytes, int, bytes]]:
+    """Records of a FASTA file; with ``pfam`` every header must be Pfam-A's and gives ``family=``."""
+    path = str(path)
+    strip = WHITESPACE
+    for records, line in fasta_blocks(path):
+        for text in records:
+            nl = text.find(b"\n")
+            header, body = (text, b"") if nl < 0 else (text[:nl], text[nl + 1:])
+            words = header.split(None, 1)
+            if not words:
+                raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
+            annotation = b""
+            if pfam:
+                match = PFAM_HEADER.match(header)
+                if match is None:
+                    raise InputError(path, f"record {words[0].decode()!r}: not a Pfam-A FASTA header "
+                                     "(expected 'NAME/START-END ACCESSION PFxxxxx.V;ID;')", line=line)
+                annotation = b"family=" + match.group(1)
+            yield words[0], body.translate(None, strip), line, annotation
+            line += text.count(b"\n") + 1
+
+
+def read_source(path: str | os.PathLike, fmt: str = AUTO) -> Iterator[tuple[bytes, bytes, int, bytes]]:
+    """Records of ``path`` in ``fmt`` (``auto``: detected by content)."""
+    from pmlm.data.uniref import read_uniref_xml
+
+    fmt = detect_format(path) if check_format(fmt) == AUTO else fmt
+    if fmt == "uniref_xml":
+        return read_uniref_xml(path)
+    return read_fasta_source(path, pfam=fmt == "pfam_fasta")
