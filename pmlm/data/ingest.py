@@ -1,32 +1,49 @@
-"""``pmlm ingest``: normalise raw FASTA into clean, uniquely named sequences plus an accounting JSON.
+"""``pmlm ingest``: normalise sequence sources (FASTA, Pfam-A FASTA, UniRef XML) into clean, uniquely
+named sequences plus an accounting JSON.
 
 Every input record ends up either kept or dropped with a named reason, and every repair is
 counted, so ``kept + sum(dropped) == read`` always holds in the stats file.
+
+Memory stays at a few bytes per record whatever the input size: the first pass streams records
+through the normaliser into a temporary FASTA and logs 64-bit hashes of sequences and ids to disk;
+duplicates are then found by sorting one hash array at a time and confirmed by content
+(:mod:`pmlm.data.dedup`); a second pass over the temporary file drops or renames them, and is
+skipped when there is nothing to drop. Of duplicate sequences or ids, the first occurrence in
+input order is kept (inputs in the order given, records in file order).
+
+Clean FASTA: one line per sequence, header ``>ID`` plus the source's annotations as
+``key=value`` words (``members=``/``taxon=`` from UniRef XML, ``family=`` from Pfam-A), which
+``pmlm split`` keeps and ``pmlm tokenize`` turns into shard columns.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
+
 from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
-from pmlm.data.fasta import read_fasta
+from pmlm.data import dedup
+from pmlm.data.formats import AUTO, check_format, detect_format, read_source
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output
 
-_STANDARD = RESIDUES + UNKNOWN_RESIDUE
-_LOWER = "abcdefghijklmnopqrstuvwxyz"
-_GAPS = "-."
-_STOP = "*"
-# str.translate tables: delete the characters a record may legitimately contain, what remains is invalid
-_DELETE_STANDARD = str.maketrans("", "", _STANDARD)
-_NONSTANDARD = "".join(NONSTANDARD_MAP)
+_STANDARD = (RESIDUES + UNKNOWN_RESIDUE).encode()
+_LOWER = bytes(range(ord("a"), ord("z") + 1))
+_GAPS = b"-."
+_STOP = ord("*")
+_NONSTANDARD = "".join(NONSTANDARD_MAP).encode()
+_MAP_TABLE = bytes.maketrans(_NONSTANDARD, "".join(NONSTANDARD_MAP.values()).encode())
+_X_TABLE = bytes.maketrans(_NONSTANDARD, UNKNOWN_RESIDUE.encode() * len(_NONSTANDARD))
+_SPILL_EVERY = 1 << 16  # records between flushes of the hash logs
 
 
 @dataclass
@@ -41,8 +58,10 @@ class IngestPolicy:
     min_length: int = 1  # residues after normalisation; shorter records are dropped ("too_short")
     max_length: int = 100_000  # longer records: see too_long
     too_long: str = "drop"  # "drop" (counted) | "error"
-    dedup_sequences: bool = True  # drop exact duplicate sequences (first occurrence kept)
-    duplicate_ids: str = "error"  # "error" | "drop" (later record) | "rename" (append _dupN, counted)
+    dedup_sequences: bool = True  # drop exact duplicate sequences (the first occurrence is kept)
+    # "error" | "drop" (later record) | "rename": a later record gets ID_dupK, the smallest K >= 2 that
+    # is neither an id of a kept input record nor an earlier rename (counted)
+    duplicate_ids: str = "error"
 
     _CHOICES = {
         "case": ("upper", "error"),
@@ -75,146 +94,271 @@ class IngestPolicy:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
 
-class _Drop(Exception):
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
 class Normaliser:
-    """Applies an IngestPolicy to one record at a time and keeps the counts."""
+    """Applies an IngestPolicy to one record's residues (bytes) at a time and counts what it does."""
 
     def __init__(self, policy: IngestPolicy):
         self.policy = policy
-        self.read = 0
-        self.kept = 0
-        self.residues = 0
         self.dropped: Counter[str] = Counter()
         self.repaired: Counter[str] = Counter()
-        self.min_len: int | None = None
-        self.max_len = 0
-        self._seen_seq: set[bytes] = set()
-        self._seen_ids: dict[str, int] = {}
 
-    def _fail(self, path: str, line: int, record_id: str, message: str):
-        raise InputError(path, f"record {record_id!r}: {message}", line=line)
+    def _fail(self, path: str, line: int, record_id: bytes, message: str):
+        raise InputError(path, f"record {record_id.decode(errors='replace')!r}: {message}", line=line)
 
-    def sequence(self, seq: str, path: str, line: int, record_id: str) -> str:
+    def __call__(self, seq: bytes, path: str, line: int, record_id: bytes) -> bytes | None:
+        """The clean residues, or None when the record is dropped (reason counted)."""
         p = self.policy
         if seq and seq[-1] == _STOP:
             if p.stop == "error":
                 self._fail(path, line, record_id, "trailing '*' (stop codon); set ingest.stop: strip to remove it")
-            seq = seq.rstrip(_STOP)
+            seq = seq.rstrip(b"*")
             self.repaired["stop_stripped"] += 1
-        if not seq.isupper() and any(c in _LOWER for c in seq):
-            if p.case == "error":
-                self._fail(path, line, record_id, "lowercase residues; set ingest.case: upper to convert them")
-            seq = seq.upper()
-            self.repaired["uppercased"] += 1
-        leftover = seq.translate(_DELETE_STANDARD)
-        if not leftover:
-            return seq
+        if not seq.isupper():
+            upper = seq.upper()
+            if upper != seq:
+                if p.case == "error":
+                    self._fail(path, line, record_id, "lowercase residues; set ingest.case: upper to convert them")
+                seq = upper
+                self.repaired["uppercased"] += 1
+        leftover = seq.translate(None, _STANDARD)
+        if leftover:
+            seq = self._irregular(seq, leftover, path, line, record_id)
+            if seq is None:
+                return None
+        n = len(seq)
+        if n < p.min_length:
+            self.dropped["too_short" if n else "empty"] += 1
+            return None
+        if n > p.max_length:
+            if p.too_long == "error":
+                self._fail(path, line, record_id, f"{n} residues exceeds ingest.max_length={p.max_length}")
+            self.dropped["too_long"] += 1
+            return None
+        return seq
+
+    def _irregular(self, seq: bytes, leftover: bytes, path: str, line: int, record_id: bytes) -> bytes | None:
+        """Gaps, non-standard letters and invalid characters: repaired, dropped or an error."""
+        p = self.policy
         if any(c in _GAPS for c in leftover):
             if p.gaps == "error":
                 self._fail(path, line, record_id, "alignment gap characters ('-' or '.'); set ingest.gaps: remove")
             if p.gaps == "drop":
-                raise _Drop("gaps")
-            seq = seq.replace("-", "").replace(".", "")
-            leftover = leftover.replace("-", "").replace(".", "")
+                self.dropped["gaps"] += 1
+                return None
+            seq = seq.translate(None, _GAPS)
+            leftover = leftover.translate(None, _GAPS)
             self.repaired["gaps_removed"] += 1
         nonstandard = [c for c in leftover if c in _NONSTANDARD]
         if nonstandard:
             if p.nonstandard == "error":
-                self._fail(path, line, record_id, f"non-standard residue {nonstandard[0]!r}; see ingest.nonstandard")
+                self._fail(path, line, record_id, f"non-standard residue {chr(nonstandard[0])!r}; see ingest.nonstandard")
             if p.nonstandard == "drop":
-                raise _Drop("nonstandard_residue")
-            table = str.maketrans({c: (NONSTANDARD_MAP[c] if p.nonstandard == "map" else UNKNOWN_RESIDUE) for c in _NONSTANDARD})
-            seq = seq.translate(table)
-            leftover = "".join(c for c in leftover if c not in _NONSTANDARD)
+                self.dropped["nonstandard_residue"] += 1
+                return None
+            seq = seq.translate(_MAP_TABLE if p.nonstandard == "map" else _X_TABLE)
+            leftover = leftover.translate(None, _NONSTANDARD)
             self.repaired["nonstandard_mapped"] += 1
         if leftover:
             bad = leftover[0]
-            pos = seq.index(bad) + 1
             if p.invalid == "error" or (bad == _STOP and p.stop == "error"):
-                self._fail(path, line, record_id, f"invalid character {bad!r} at residue {pos}")
-            raise _Drop("invalid_character")
+                self._fail(path, line, record_id, f"invalid character {chr(bad)!r} at residue {seq.index(bad) + 1}")
+            self.dropped["invalid_character"] += 1
+            return None
+        if not seq:
+            self.dropped["empty"] += 1
+            return None
         return seq
 
-    def record(self, title: str, seq: str, path: str, line: int) -> tuple[str, str] | None:
-        """Return (id, clean sequence) to keep, or None when dropped (reason counted)."""
-        self.read += 1
-        record_id = title.split(None, 1)[0] if title.strip() else ""
-        try:
-            if not record_id:
-                raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
-            if not seq:
-                raise _Drop("empty")
-            seq = self.sequence(seq, path, line, record_id)
-            n = len(seq)
-            if n < self.policy.min_length:
-                raise _Drop("too_short" if n else "empty")
-            if n > self.policy.max_length:
-                if self.policy.too_long == "error":
-                    self._fail(path, line, record_id, f"{n} residues exceeds ingest.max_length={self.policy.max_length}")
-                raise _Drop("too_long")
-            if self.policy.dedup_sequences:
-                digest = hashlib.blake2b(seq.encode(), digest_size=12).digest()
-                if digest in self._seen_seq:
-                    raise _Drop("duplicate_sequence")
-                self._seen_seq.add(digest)
-            if record_id in self._seen_ids:
-                first = self._seen_ids[record_id]
-                if self.policy.duplicate_ids == "error":
-                    self._fail(path, line, record_id, f"duplicate id (first seen at line {first}); see ingest.duplicate_ids")
-                if self.policy.duplicate_ids == "drop":
-                    raise _Drop("duplicate_id")
-                k = 2
-                while f"{record_id}_dup{k}" in self._seen_ids:
-                    k += 1
-                record_id = f"{record_id}_dup{k}"
-                self.repaired["id_renamed"] += 1
-            self._seen_ids[record_id] = line
-        except _Drop as drop:
-            self.dropped[drop.reason] += 1
-            return None
-        self.kept += 1
-        self.residues += len(seq)
-        self.min_len = len(seq) if self.min_len is None else min(self.min_len, len(seq))
-        self.max_len = max(self.max_len, len(seq))
-        return record_id, seq
 
-    def stats(self, inputs: list[str]) -> dict:
-        dropped = dict(sorted(self.dropped.items()))
-        assert self.kept + sum(dropped.values()) == self.read, "ingest accounting is inconsistent"
-        return {
-            "inputs": inputs,
-            "policy": self.policy.as_dict(),
-            "read": self.read,
-            "kept": self.kept,
-            "dropped": dropped,
-            "dropped_total": sum(dropped.values()),
-            "repaired": dict(sorted(self.repaired.items())),
-            "residues_kept": self.residues,
-            "length_min": self.min_len,
-            "length_max": self.max_len,
-            "length_mean": round(self.residues / self.kept, 2) if self.kept else None,
-        }
+class _Origins:
+    """Where record ``i`` of the first pass came from: its input and line (lines kept on disk)."""
+
+    def __init__(self, workdir: str):
+        self.lines = dedup.HashLog(os.path.join(workdir, "lines.i64"))
+        self.starts: list[tuple[int, str]] = []  # (first record index, path) per input
+
+    def where(self, index: int) -> tuple[str, int]:
+        path = next(p for start, p in reversed(self.starts) if start <= index)
+        return path, int(np.memmap(self.lines.path, dtype=np.int64, mode="r")[index])
 
 
-def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy) -> dict:
-    """Normalise ``inputs`` into ``out_fasta`` (one line per sequence); both outputs appear atomically."""
+def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy,
+           formats: list[str] | None = None) -> dict:
+    """Normalise ``inputs`` into ``out_fasta`` (one line per sequence); both outputs appear atomically.
+
+    ``formats``: one per input (``auto``, ``fasta``, ``pfam_fasta``, ``uniref_xml``), or None for auto.
+    """
+    formats = [check_format(f) for f in (formats or [AUTO] * len(inputs))]
+    if len(formats) != len(inputs):
+        raise ConfigError(f"ingest: {len(formats)} formats given for {len(inputs)} inputs")
+    formats = [detect_format(p) if f == AUTO else f for p, f in zip(inputs, formats)]
     norm = Normaliser(policy)
-    with atomic_output(out_fasta) as tmp, open(tmp, "w", buffering=1 << 20) as out:
-        for path in inputs:
-            for rec in read_fasta(path):
-                kept = norm.record(rec.title, rec.sequence, path, rec.line)
-                if kept is not None:
-                    out.write(f">{kept[0]}\n{kept[1]}\n")
-        stats = norm.stats([str(p) for p in inputs])
-        if stats["kept"] == 0:
-            raise InputError(inputs[0], f"no record survived normalisation (dropped: {stats['dropped']})")
+    out_dir = Path(out_fasta).resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".ingest.", dir=out_dir)
+    try:
+        with atomic_output(out_fasta) as tmp:
+            first = os.path.join(work, "pass1.fasta")
+            origins = _Origins(work)
+            seq_log = dedup.HashLog(os.path.join(work, "seq.i64"))
+            id_log = dedup.HashLog(os.path.join(work, "id.i64"))
+            read, tally = _first_pass(inputs, formats, first, norm, origins, seq_log, id_log)
+            for log in (seq_log, id_log, origins.lines):
+                log.close()
+            if tally.kept == 0:
+                raise InputError(inputs[0], f"no record survived normalisation (dropped: {dict(norm.dropped)})")
+            reason = bytearray(tally.kept)  # one byte per record: KEEP or why it goes
+            if policy.dedup_sequences:
+                candidates = dedup.positions_of(seq_log.path, dedup.repeated_values(seq_log.path))
+                marked = dedup.mark_duplicate_sequences(first, candidates, reason, work, tally.residues / tally.kept)
+                if marked:
+                    norm.dropped["duplicate_sequence"] += marked
+            renames = _duplicate_ids(first, id_log.path, reason, policy, norm, origins)
+            if any(reason) or renames:
+                tally = _second_pass(first, tmp, reason, renames)
+            else:
+                os.replace(first, tmp)
+            stats = _stats(inputs, formats, policy, norm, read, tally)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     with atomic_output(stats_path) as tmp:
         Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
     return stats
+
+
+@dataclass
+class _Tally:
+    """Records written so far and their lengths."""
+
+    kept: int = 0
+    residues: int = 0
+    shortest: int | None = None
+    longest: int = 0
+
+    def add(self, n: int) -> None:
+        self.kept += 1
+        self.residues += n
+        if self.shortest is None or n < self.shortest:
+            self.shortest = n
+        if n > self.longest:
+            self.longest = n
+
+
+def _first_pass(inputs, formats, first, norm, origins, seq_log, id_log) -> tuple[int, _Tally]:
+    """Stream every record through the normaliser into ``first``; returns (records read, tally)."""
+    read = 0
+    tally = _Tally()
+    add = tally.add
+    seq_hash, id_hash, line_of = seq_log.append, id_log.append, origins.lines.append
+    with open(first, "wb", buffering=1 << 22) as out:
+        write = out.write
+        for path, fmt in zip(inputs, formats):
+            origins.starts.append((tally.kept, path))
+            for record_id, seq, line, annotation in read_source(path, fmt):
+                read += 1
+                seq = norm(seq, path, line, record_id)
+                if seq is None:
+                    continue
+                seq_hash(hash(seq))
+                id_hash(hash(record_id))
+                line_of(line)
+                write(b">%s %s\n%s\n" % (record_id, annotation, seq) if annotation else b">%s\n%s\n" % (record_id, seq))
+                add(len(seq))
+                if not tally.kept % _SPILL_EVERY:
+                    seq_log.spill(), id_log.spill(), origins.lines.spill()
+    return read, tally
+
+
+def _duplicate_ids(first: str, id_log: str, reason: bytearray, policy: IngestPolicy, norm: Normaliser,
+                   origins: _Origins) -> dict[int, bytes]:
+    """Apply ``duplicate_ids`` to records whose id occurred earlier; returns {index: new id} for renames."""
+    hashes = dedup.repeated_values(id_log)
+    candidates = dedup.positions_of(id_log, hashes)
+    if candidates.size == 0:
+        return {}
+    wanted = set(candidates.tolist())
+    seen: dict[bytes, int] = {}
+    later: list[tuple[int, bytes]] = []
+    for index, header, _ in dedup.indexed_records(first):
+        if index not in wanted or reason[index]:
+            continue
+        record_id = header.split(None, 1)[0]
+        if record_id not in seen:
+            seen[record_id] = index
+            continue
+        if policy.duplicate_ids == "error":
+            path, line = origins.where(index)
+            first_path, first_line = origins.where(seen[record_id])
+            where = f"line {first_line}" if first_path == path else f"{first_path}:{first_line}"
+            raise InputError(path, f"record {record_id.decode(errors='replace')!r}: duplicate id (first seen at {where}); "
+                             "see ingest.duplicate_ids", line=line)
+        if policy.duplicate_ids == "drop":
+            reason[index] = dedup.DUPLICATE_ID
+            norm.dropped["duplicate_id"] += 1
+        else:
+            later.append((index, record_id))
+    return _rename(first, later, norm)
+
+
+def _rename(first: str, later: list[tuple[int, bytes]], norm: Normaliser) -> dict[int, bytes]:
+    """ID_dupK for each later duplicate: the smallest K >= 2 not taken by a kept id or an earlier rename."""
+    if not later:
+        return {}
+    taken: set[bytes] = set()
+    while True:
+        renames: dict[int, bytes] = {}
+        next_k: dict[bytes, int] = {}
+        used = set(taken)
+        for index, base in later:
+            k = next_k.get(base, 2)
+            while (name := b"%s_dup%d" % (base, k)) in used:
+                k += 1
+            renames[index], next_k[base] = name, k + 1
+            used.add(name)
+        # exact check against the ids of the input, in one pass; repeat in the rare case of a clash
+        proposed = set(renames.values())
+        clashes = {header.split(None, 1)[0] for i, header, _ in dedup.indexed_records(first)
+                   if i not in renames and header.split(None, 1)[0] in proposed}
+        if not clashes:
+            norm.repaired["id_renamed"] += len(renames)
+            return renames
+        taken |= clashes
+
+
+def _second_pass(first: str, out: str, reason: bytearray, renames: dict[int, bytes]) -> _Tally:
+    """Copy the kept records of ``first`` to ``out``, renaming where asked."""
+    tally = _Tally()
+    with open(out, "wb", buffering=1 << 22) as fh:
+        for index, header, seq in dedup.indexed_records(first):
+            if reason[index]:
+                continue
+            if index in renames:
+                words = header.split(None, 1)
+                header = renames[index] + (b" " + words[1] if len(words) > 1 else b"")
+            fh.write(b">%s\n%s\n" % (header, seq))
+            tally.add(len(seq))
+    return tally
+
+
+def _stats(inputs: list[str], formats: list[str], policy: IngestPolicy, norm: Normaliser, read: int,
+           tally: _Tally) -> dict:
+    dropped = dict(sorted(norm.dropped.items()))
+    if tally.kept + sum(dropped.values()) != read:
+        raise AssertionError(f"ingest accounting is inconsistent: kept {tally.kept} + dropped {dropped} != read {read}")
+    return {
+        "inputs": [str(p) for p in inputs],
+        "formats": formats,
+        "policy": policy.as_dict(),
+        "read": read,
+        "kept": tally.kept,
+        "dropped": dropped,
+        "dropped_total": sum(dropped.values()),
+        "repaired": dict(sorted(norm.repaired.items())),
+        "residues_kept": tally.residues,
+        "length_min": tally.shortest,
+        "length_max": tally.longest,
+        "length_mean": round(tally.residues / tally.kept, 2) if tally.kept else None,
+    }
 
 
 def policy_from_args(args) -> IngestPolicy:
@@ -237,11 +381,14 @@ def policy_from_args(args) -> IngestPolicy:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="FASTA or FASTA.gz files (gzip detected by content)")
+    p.add_argument("inputs", nargs="+", help="FASTA, Pfam-A FASTA or UniRef XML files, plain or gzip (detected by content)")
     p.add_argument("-o", "--output", required=True, help="clean FASTA to write")
     p.add_argument("--stats", required=True, help="JSON accounting of read / kept / dropped-by-reason records")
     p.add_argument("--policy", help="YAML mapping of ingest policy keys (see pmlm.data.ingest.IngestPolicy)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one policy key (repeatable)")
+    p.add_argument("--format", default=AUTO, metavar="FMT[,FMT...]",
+                   help=f"source format: {AUTO} (by content, the default) or one of fasta, pfam_fasta, uniref_xml; "
+                        "one for all inputs or one per input, comma-separated")
 
 
 def run(args) -> int:
@@ -249,7 +396,10 @@ def run(args) -> int:
     for path in args.inputs:
         if not os.path.isfile(path):
             raise InputError(path, "no such file")
-    stats = ingest(args.inputs, args.output, args.stats, policy)
+    formats = args.format.split(",")
+    if len(formats) == 1:
+        formats *= len(args.inputs)
+    stats = ingest(args.inputs, args.output, args.stats, policy, formats)
     dropped = ", ".join(f"{k}={v}" for k, v in stats["dropped"].items()) or "none"
     print(f"ingest: read {stats['read']}, kept {stats['kept']}, dropped {stats['dropped_total']} ({dropped})", file=sys.stderr)
     return 0

@@ -14,6 +14,11 @@ Schema (one row per sequence; readable with ``pandas.read_parquet``):
                             WITHOUT <cls>/<eos> (``np.frombuffer(tokens, np.uint8)``); loaders
                             add the specials and crop. One byte per id rather than list<uint8>
                             (stored as INT32 in Parquet): ~4x faster to write and ~6x to read.
+    members     int32       source cluster size (UniRef XML ``member count``; ``members=`` in the
+                            header), null when the source has none
+    taxon_id    int32       NCBI id of the source cluster's common taxon (UniRef XML ``common
+                            taxon ID``; ``taxon=``), null when the source has none
+    family      string      Pfam family accession with version (Pfam-A FASTA; ``family=``), or null
 
 A row's shard is ``crc32(cluster_id) % num_shards``: members of one cluster share a shard, so
 per-rank sharding of files never splits a cluster. Row groups hold ``row_group_size`` rows,
@@ -33,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from pmlm import alphabet
-from pmlm.data.fasta import read_fasta
+from pmlm.data.formats import WHITESPACE, fasta_blocks
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output, file_digest
 
@@ -44,7 +49,12 @@ SCHEMA_DOC = {
     "cluster_id": "string: MMseqs2 cluster representative id",
     "length": "int32: number of residues",
     "tokens": "binary: residue token ids (pmlm.alphabet), one byte each, no <cls>/<eos>",
+    "members": "int32 or null: source cluster size (UniRef member count)",
+    "taxon_id": "int32 or null: NCBI id of the source cluster's common taxon (UniRef)",
+    "family": "string or null: Pfam family accession with version (Pfam-A FASTA)",
 }
+# header words carried into the optional columns: key= prefix -> column
+ANNOTATIONS = {b"members": "members", b"taxon": "taxon_id", b"family": "family"}
 
 
 def arrow_schema():
@@ -56,6 +66,9 @@ def arrow_schema():
             pa.field("cluster_id", pa.string(), nullable=False),
             pa.field("length", pa.int32(), nullable=False),
             pa.field("tokens", pa.binary(), nullable=False),
+            pa.field("members", pa.int32(), nullable=True),
+            pa.field("taxon_id", pa.int32(), nullable=True),
+            pa.field("family", pa.string(), nullable=True),
         ],
         metadata={b"pmlm.format": FORMAT.encode(), b"pmlm.alphabet": " ".join(alphabet.TOKENS).encode()},
     )
@@ -66,15 +79,25 @@ def shard_of(cluster_id: str, num_shards: int) -> int:
     return zlib.crc32(cluster_id.encode()) % num_shards
 
 
+def _optional(values: list, type_):
+    """An optional column; all-null (plain FASTA sources) without converting a list of Nones."""
+    import pyarrow as pa
+
+    return pa.array(values, type=type_) if any(v is not None for v in values) else pa.nulls(len(values), type_)
+
+
 class _ShardBuffer:
     """Rows of one shard waiting to become a row group."""
 
-    __slots__ = ("ids", "clusters", "tokens")
+    __slots__ = ("ids", "clusters", "tokens", "members", "taxa", "families")
 
     def __init__(self):
-        self.ids: list[str] = []
-        self.clusters: list[str] = []
+        self.ids: list[bytes] = []
+        self.clusters: list[bytes] = []
         self.tokens: list[bytes] = []
+        self.members: list[int | None] = []
+        self.taxa: list[int | None] = []
+        self.families: list[bytes | None] = []
 
     def __len__(self):
         return len(self.ids)
@@ -105,24 +128,16 @@ class SplitWriter:
         self.residues = np.zeros(num_shards, dtype=np.int64)
         self.residue_counts = np.zeros(alphabet.VOCAB_SIZE, dtype=np.int64)
         self.length_counts = np.zeros(len(LENGTH_BIN_EDGES), dtype=np.int64)
-        self.clusters: set[str] = set()
+        # cluster ids per shard, on disk: a cluster never spans shards, so the distinct count is the sum of
+        # the shards' counts, and memory holds one shard's ids at a time instead of every cluster id
+        self._cluster_logs: list = [None] * num_shards
         self._executor = executor
         self._pending: deque[Future] = deque()
 
     def name(self, shard: int) -> str:
         return f"part-{shard:05d}-of-{self.num_shards:05d}.parquet"
 
-    def add(self, record_id: str, cluster_id: str, token_bytes: bytes) -> None:
-        # once per record: shard_of() inlined, no method calls beyond the appends
-        shard = zlib.crc32(cluster_id.encode()) % self.num_shards
-        buf = self.buffers[shard]
-        buf.ids.append(record_id)
-        buf.clusters.append(cluster_id)
-        buf.tokens.append(token_bytes)
-        if len(buf.ids) >= self.row_group_size:
-            self._flush(shard)
-
-    def _flush(self, shard: int) -> None:
+    def flush(self, shard: int) -> None:
         buf = self.buffers[shard]
         if not len(buf):
             return
@@ -136,7 +151,7 @@ class SplitWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        lengths = np.fromiter((len(t) for t in buf.tokens), dtype=np.int32, count=len(buf))
+        lengths = np.array(list(map(len, buf.tokens)), dtype=np.int32)
         offsets = np.zeros(len(buf) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         values = np.frombuffer(b"".join(buf.tokens), dtype=np.uint8)
@@ -146,13 +161,16 @@ class SplitWriter:
                 pa.array(buf.clusters, type=pa.string()),
                 pa.array(lengths, type=pa.int32()),
                 pa.BinaryArray.from_buffers(pa.binary(), len(buf), [None, pa.py_buffer(offsets), pa.py_buffer(values)]),
+                _optional(buf.members, pa.int32()),
+                _optional(buf.taxa, pa.int32()),
+                _optional(buf.families, pa.string()),
             ],
             schema=arrow_schema(),
         )
         if self.writers[shard] is None:
             self.writers[shard] = pq.ParquetWriter(
                 self.dir / self.name(shard), arrow_schema(), compression="zstd",
-                compression_level=self.compression_level, use_dictionary=["cluster_id"],
+                compression_level=self.compression_level, use_dictionary=["cluster_id", "family"],
             )
         self.writers[shard].write_table(table, row_group_size=self.row_group_size)
         self.rows[shard] += len(buf)
@@ -161,13 +179,29 @@ class SplitWriter:
         self.length_counts += np.bincount(
             np.searchsorted(LENGTH_BIN_EDGES, lengths, side="right") - 1, minlength=len(LENGTH_BIN_EDGES)
         )
-        self.clusters.update(buf.clusters)
+        if self._cluster_logs[shard] is None:
+            self._cluster_logs[shard] = open(self._cluster_log(shard), "wb")
+        self._cluster_logs[shard].write(b"\n".join(buf.clusters) + b"\n")
+
+    def _cluster_log(self, shard: int) -> Path:
+        return self.dir / f".clusters-{shard:05d}"
+
+    def _distinct_clusters(self) -> int:
+        total = 0
+        for shard, fh in enumerate(self._cluster_logs):
+            if fh is None:
+                continue
+            fh.close()
+            path = self._cluster_log(shard)
+            total += len(set(path.read_bytes().split(b"\n")) - {b""})
+            path.unlink()
+        return total
 
     def close(self) -> dict:
         import pyarrow.parquet as pq
 
         for shard in range(self.num_shards):
-            self._flush(shard)
+            self.flush(shard)
         while self._pending:
             self._pending.popleft().result()
         for shard in range(self.num_shards):
@@ -191,7 +225,7 @@ class SplitWriter:
             "files": files,
             "rows": int(self.rows.sum()),
             "residues": int(self.residues.sum()),
-            "clusters": len(self.clusters),
+            "clusters": self._distinct_clusters(),
             "residue_counts": {
                 alphabet.TOKENS[i]: int(c) for i, c in enumerate(self.residue_counts) if c or
                 alphabet.FIRST_RESIDUE_ID <= i <= alphabet.X_ID
@@ -200,12 +234,80 @@ class SplitWriter:
         }
 
 
-def _cluster_from_words(words: list[str]) -> str | None:
-    """The ``cluster=ID`` annotation of a header split into words, if any."""
-    for word in words[1:]:
-        if word.startswith("cluster="):
-            return word[8:]
-    return None
+def _annotations(words: list[bytes]) -> tuple[bytes | None, int | None, int | None, bytes | None]:
+    """(cluster, members, taxon, family) from a header's ``key=value`` words (None where absent)."""
+    cluster = members = taxon = family = None
+    for word in words:
+        key, sep, value = word.partition(b"=")
+        if not sep:
+            continue
+        if key == b"cluster":
+            cluster = value
+        elif key == b"members" and value.isdigit():
+            members = int(value)
+        elif key == b"taxon" and value.isdigit():
+            taxon = int(value)
+        elif key == b"family":
+            family = value
+    return cluster, members, taxon, family
+
+
+def _tokenize_file(path: str, writer: SplitWriter) -> int:
+    """Add every record of one FASTA to ``writer``; returns how many took their cluster from the header.
+
+    The hot loop of ``pmlm tokenize``: SplitWriter.add is inlined (appends to the shard's buffer).
+    """
+    table, invalid = alphabet.TRANSLATE_TABLE, bytes([alphabet.INVALID_BYTE])
+    buffers, num_shards, row_group_size, flush = writer.buffers, writer.num_shards, writer.row_group_size, writer.flush
+    crc32 = zlib.crc32
+    from_header = 0
+    for records, line in fasta_blocks(path):
+        for text in records:
+            nl = text.find(b"\n")
+            header, body = (text, b"") if nl < 0 else (text[:nl], text[nl + 1:])
+            # one call: whitespace of wrapped sequence lines deleted, residues mapped to token ids
+            encoded = body.translate(table, WHITESPACE)
+            words = header.split()
+            if not words:
+                raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
+            record_id = words[0]
+            if invalid in encoded or not encoded:
+                _bad_record(path, record_id, body, encoded, line)
+            members = taxon = family = None
+            if len(words) == 1:
+                cluster = record_id
+            elif len(words) == 2 and words[1].startswith(b"cluster="):  # pmlm split's output, plain FASTA source
+                cluster = words[1][8:]
+                from_header += 1
+            else:
+                cluster, members, taxon, family = _annotations(words[1:])
+                if cluster is None:
+                    cluster = record_id
+                else:
+                    from_header += 1
+            shard = crc32(cluster) % num_shards
+            buf = buffers[shard]
+            buf.ids.append(record_id)
+            buf.clusters.append(cluster)
+            buf.tokens.append(encoded)
+            buf.members.append(members)
+            buf.taxa.append(taxon)
+            buf.families.append(family)
+            if len(buf.ids) >= row_group_size:
+                flush(shard)
+                buffers = writer.buffers
+            line += text.count(b"\n") + 1
+    return from_header
+
+
+def _bad_record(path: str, record_id: bytes, body: bytes, encoded: bytes, line: int):
+    name = record_id.decode(errors="replace")
+    if not encoded:
+        raise InputError(path, f"record {name!r} has no residues", line=line)
+    residues = body.translate(None, WHITESPACE)
+    pos = encoded.index(bytes([alphabet.INVALID_BYTE]))
+    raise InputError(path, f"record {name!r}: character {chr(residues[pos])!r} at residue {pos + 1} is not "
+                     "a normalised residue letter (run pmlm ingest first)", line=line)
 
 
 def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, row_group_size: int = 2048,
@@ -215,8 +317,6 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         raise ConfigError(f"tokenize: num_shards must be >= 1, got {num_shards}")
     if row_group_size < 1:
         raise ConfigError(f"tokenize: row_group_size must be >= 1, got {row_group_size}")
-    table = alphabet.TRANSLATE_TABLE
-    invalid = bytes([alphabet.INVALID_BYTE])
     manifest: dict = {
         "format": FORMAT,
         "alphabet": {"tokens": list(alphabet.TOKENS), "vocab_size": alphabet.VOCAB_SIZE},
@@ -233,26 +333,7 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         root = Path(tmp)
         for split, paths in inputs.items():
             writer = SplitWriter(root, split, num_shards, row_group_size, compression_level, executor)
-            clusters_from_header = 0
-            for path in paths:
-                for rec in read_fasta(path):
-                    words = rec.title.split()
-                    record_id = words[0] if words else ""
-                    encoded = rec.sequence.encode("ascii", "replace").translate(table)
-                    if invalid in encoded:
-                        pos = encoded.index(invalid)
-                        raise InputError(
-                            path, f"record {record_id!r}: character {rec.sequence[pos]!r} at residue {pos + 1} is not "
-                            "a normalised residue letter (run pmlm ingest first)", line=rec.line,
-                        )
-                    if not encoded:
-                        raise InputError(path, f"record {record_id!r} has no residues", line=rec.line)
-                    cluster = _cluster_from_words(words)
-                    if cluster is None:
-                        cluster = record_id
-                    else:
-                        clusters_from_header += 1
-                    writer.add(record_id, cluster, encoded)
+            clusters_from_header = sum(_tokenize_file(str(path), writer) for path in paths)
             summary = writer.close()
             summary["clusters_from_header"] = clusters_from_header
             manifest["splits"][split] = summary
