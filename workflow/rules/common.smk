@@ -52,6 +52,8 @@ def checksum_args(wildcards):
     for algo in ("md5", "sha256"):
         if src.get(algo):
             args += [f"--{algo}", src[algo]]
+    if src.get("checksums_from"):
+        args += ["--checksums-from", shlex.quote(src["checksums_from"])]
     return " ".join(args)
 
 
@@ -68,6 +70,52 @@ def dataset_sources(wildcards):
 
 def decontamination_sources(wildcards):
     return [source_file(s) for s in DATASETS[wildcards.dataset].get("decontaminate") or []]
+
+
+def ingest_formats(wildcards):
+    """One --format per input, in the order of dataset_sources (auto: detected by content)."""
+    return ",".join(SOURCES[s].get("format") or "auto" for s in DATASETS[wildcards.dataset]["sources"])
+
+
+# --- resources that grow with the input (bench/bench_data_scale.py measured the rates; README
+# "Reproducing the paper: data" gives the full-scale figures). Before the inputs exist the sizes
+# cannot be read; Snakemake then evaluates these when the job is ready to run.
+
+
+def input_mib(input):
+    return sum(os.path.getsize(f) for f in input) / 2**20
+
+
+def ingest_mem_mb(wildcards, input, attempt):
+    # ~10 bytes per record, <= 3,500 records per MiB of compressed input (UniRef XML: ~3,100), x3 headroom
+    return attempt * (1000 + int(0.1 * input_mib(input)))
+
+
+def ingest_runtime(wildcards, input, attempt):
+    # UniRef XML, the slowest format: ~2 MiB of compressed input per second on one core; budget 1 MiB/s
+    return attempt * (15 + int(input_mib(input) / 60))
+
+
+def split_mem_mb(wildcards, input, attempt):
+    # MMseqs2 linclust: peak ~3.3 MiB per MiB of clean FASTA at 10^6 records
+    return attempt * (2000 + int(4 * input_mib(input)))
+
+
+def split_runtime(wildcards, input, attempt):
+    # linclust + the split's own passes: ~0.3 s per MiB of clean FASTA on 2 cores; budget 1.5 s on 8 threads
+    return attempt * (30 + int(input_mib(input) / 40))
+
+
+def tokenize_mem_mb(wildcards, input, attempt):
+    # rows waiting for a row group (num_shards x row_group_size, ~500 bytes each, never more than the
+    # input) plus one shard's cluster ids when counting them
+    shards = shard_setting(wildcards.dataset, "num_shards", 8) * shard_setting(wildcards.dataset, "row_group_size", 2048)
+    return attempt * (1000 + int(min(input_mib(input), shards * 500 / 2**20) + 0.1 * input_mib(input)))
+
+
+def tokenize_runtime(wildcards, input, attempt):
+    # ~20 MiB of FASTA per second; budget 2 MiB/s
+    return attempt * (15 + int(input_mib(input) / 120))
 
 
 def ingest_args(wildcards):
