@@ -241,3 +241,12 @@ def test_malformed_xml_leaves_no_output(tmp_path):
     with pytest.raises(InputError, match=r"in\.fa:\d+: malformed XML"):
         ingest([str(xml)], str(tmp_path / "clean.fa"), str(tmp_path / "stats.json"), IngestPolicy())
     assert_no_output(tmp_path)
+
+
+
+def test_duplicate_id_lines_counted_again_across_blocks(tmp_path, monkeypatch):
+    """Clean blocks do not keep their lines; an error counts them again from the input, exactly."""
+    monkeypatch.setattr("pmlm.data.formats.BLOCK_SIZE", 64)
+    text = "".join(f">r{i}\nMKV{'A' * i}\nGG\n" for i in range(200)) + ">r150\nCCCC\n"
+    with pytest.raises(InputError, match=r"in\.fa:601: record 'r150': duplicate id \(first seen at line 451\)"):
+        run_ingest(tmp_path, text)

@@ -134,3 +134,4 @@ def test_source_annotations_become_columns(tmp_path):
     manifest = load_manifest(tmp_path / "out")
     assert manifest["splits"]["train"]["clusters"] == 3 and manifest["splits"]["train"]["clusters_from_header"] == 3
     assert set(manifest["schema"]) == {"id", "cluster_id", "length", "tokens", "members", "taxon_id", "family"}
+

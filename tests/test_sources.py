@@ -12,8 +12,8 @@ from archives import tar_bytes, uniprot_release_archive
 from pmlm.cli import main
 from pmlm.data.archive import extract_member
 from pmlm.data.checksums import published_checksums
-from pmlm.data.formats import detect_format, read_fasta_source, read_source
-from pmlm.data.uniref import read_uniref_xml
+from pmlm.data.formats import detect_format, read_fasta_source, read_source, records_of
+from pmlm.data.uniref import read_uniref_xml as uniref_blocks
 from pmlm.errors import InputError
 
 DATA = Path(__file__).parent / "data" / "sources"
@@ -74,7 +74,7 @@ def test_uniref_xml_layouts_read_the_same(tmp_path, path):
     gz = tmp_path / "uniref50.xml.gz"
     gz.write_bytes(gzip.compress(path.read_bytes()))
     assert detect_format(gz) == "uniref_xml"
-    records = list(read_uniref_xml(gz))
+    records = list(records_of(uniref_blocks(gz)))
     assert [r[0] for r in records] == [b"UniRef50_Q6GZX4", b"UniRef50_Q6GZX3", b"UniRef50_P0DMW5"]
     assert [len(r[1]) for r in records] == [256, 71, 24]
     assert records[0][1].startswith(b"MAFSAEDVLKEYDRRRRMEALLLSLYYPNDRKLLDYKEWSPPRVQVECPKAPVEWNNPPSEKGL")  # lines joined
@@ -84,9 +84,9 @@ def test_uniref_xml_layouts_read_the_same(tmp_path, path):
 
 
 def test_uniref_entry_split_across_blocks(tmp_path):
-    whole = list(read_uniref_xml(OLD_XML))
+    whole = list(records_of(uniref_blocks(OLD_XML)))
     for block in (7, 64, 333):
-        assert list(read_uniref_xml(OLD_XML, block_size=block)) == whole
+        assert list(records_of(uniref_blocks(OLD_XML, block_size=block))) == whole
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_bad_uniref_xml_is_one_line_naming_file_and_line(tmp_path, edit, match):
     bad = tmp_path / "uniref50.xml"
     bad.write_bytes(edit(OLD_XML.read_bytes()))
     with pytest.raises(InputError, match=r"uniref50\.xml" + match):
-        list(read_source(bad))
+        list(read_source(bad))  # a generator of blocks: the error comes while reading
 
 
 def test_forced_uniref_format_checks_the_root(tmp_path):
@@ -118,7 +118,7 @@ def test_forced_uniref_format_checks_the_root(tmp_path):
 def test_latin1_text_is_read_as_declared(tmp_path):
     xml = tmp_path / "latin1.xml"
     xml.write_bytes(OLD_XML.read_bytes().replace(b"Ranavirus", b"Ranavir\xe9", 1))
-    assert len(list(read_uniref_xml(xml))) == 3
+    assert len(list(records_of(uniref_blocks(xml)))) == 3
 
 
 # ------------------------------------------------------------------ FASTA, Pfam-A, detection
@@ -126,7 +126,7 @@ def test_latin1_text_is_read_as_declared(tmp_path):
 
 def test_pfam_headers_detected_and_family_kept():
     assert detect_format(PFAM) == "pfam_fasta"
-    records = list(read_source(PFAM))
+    records = list(records_of(read_source(PFAM)))
     assert [r[0] for r in records][:2] == [b"A0A0A0MT78_9CAUL/22-94", b"F0S5U5_PSESL/156-195"]
     assert [r[3] for r in records] == [b"family=PF10417.8"] * 2 + [b"family=PF00085.19"] * 2 + [b"family=PF00578.20"]
     assert len(records[0][1]) == 73 and [r[2] for r in records] == [1, 4, 6, 9, 12]
@@ -138,7 +138,7 @@ def test_pfam_format_forced_on_other_headers_names_the_line(tmp_path):
     with pytest.raises(InputError, match=r"x\.fa:4: record 'F0S5U5_PSESL/156-195': not a Pfam-A FASTA header"):
         list(read_source(fasta, "pfam_fasta"))
     assert detect_format(fasta) == "pfam_fasta"  # the first header decides
-    assert len(list(read_source(fasta, "fasta"))) == 5  # an override reads it as plain FASTA
+    assert len(list(records_of(read_source(fasta, "fasta")))) == 5  # an override reads it as plain FASTA
 
 
 TRICKY = [
@@ -154,7 +154,7 @@ def test_fast_fasta_reader_reads_what_biopython_reads(tmp_path, text, block, mon
     path = tmp_path / "t.fa"
     path.write_text(text)
     monkeypatch.setattr("pmlm.data.formats.BLOCK_SIZE", block)
-    ours = [(rid.decode(), seq.decode()) for rid, seq, _, _ in read_fasta_source(path)]
+    ours = [(rid.decode(), seq.decode()) for rid, seq, _, _ in records_of(read_fasta_source(path))]
     theirs = [(title.split()[0], seq) for title, seq in SimpleFastaParser(io.StringIO(text))]
     assert ours == theirs
 
@@ -163,7 +163,7 @@ def test_fasta_lines_survive_block_boundaries(tmp_path, monkeypatch):
     path = tmp_path / "t.fa"
     path.write_text("".join(f">s{i}\n{'MKV' * (i % 7 + 1)}\nLA\n" for i in range(50)))
     monkeypatch.setattr("pmlm.data.formats.BLOCK_SIZE", 5)
-    assert [line for _, _, line, _ in read_fasta_source(path)] == list(range(1, 150, 3))
+    assert [line for _, _, line, _ in records_of(read_fasta_source(path))] == list(range(1, 150, 3))
 
 
 # ------------------------------------------------------------------ publisher checksum listings

@@ -31,21 +31,31 @@ _CHUNK = 1 << 20  # hash values read back per step
 
 
 class HashLog:
-    """int64 values appended one at a time (``log.append(v)``), spilled to ``path`` in blocks."""
+    """int64 values added a block at a time (``log.extend(values)``), spilled to ``path`` when the buffer
+    holds ``block`` values or more: memory stays constant whatever the number of records."""
 
     def __init__(self, path: str, block: int = 1 << 16):
         self.path = path
         self.block = block
         self._fh = open(path, "wb")
         self._buf = array("q")
-        self.append = self._buf.append  # the hot path: a C method, no Python frame
+        self.extend = self._buf.extend  # a C method: no Python frame per value
         self.count = 0
+
+    def extend_bytes(self, raw: bytes) -> None:
+        """Add values given as native int64 bytes (array('q').tobytes() of a worker)."""
+        self._buf.frombytes(raw)
+        self.spill_if_full()
 
     def spill(self) -> None:
         if self._buf:
             self._buf.tofile(self._fh)
             self.count += len(self._buf)
             del self._buf[:]
+
+    def spill_if_full(self) -> None:
+        if len(self._buf) >= self.block:
+            self.spill()
 
     def close(self) -> None:
         self.spill()

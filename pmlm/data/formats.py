@@ -7,9 +7,9 @@ Three formats, told apart by their first bytes (after gzip, detected by magic by
 - ``pfam_fasta``: Pfam-A's ``Pfam-A.fasta`` (``>A0A0A0MT78_9CAUL/22-94 A0A0A0MT78.1 PF10417.8;1-cysPrx_C;``);
 - ``fasta``: any other FASTA.
 
-Every reader yields ``(id, residues, line, annotation)``: the record id and its residues as bytes
-(whitespace removed, case kept), the 1-based line of the record's start, and ``key=value`` words
-to carry into the clean FASTA header (``members=12 taxon=9606``, ``family=PF10417.8``; b"" if none).
+Every reader yields :class:`Block` s of consecutive records: ids and residues as bytes (whitespace
+removed, case kept), the 1-based line of each record's start, and ``key=value`` words to carry
+into the clean FASTA header (``members=12 taxon=9606``, ``family=PF10417.8``).
 
 The FASTA reader is the hot path of ``pmlm ingest`` and ``pmlm tokenize``: it splits 4 MiB blocks
 at ``\\n>`` with bytes operations instead of visiting every line in Python (~4x faster than a
@@ -22,7 +22,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
+from typing import NamedTuple
 
 from pmlm.data.fasta import GZIP_ERRORS, open_binary
 from pmlm.errors import ConfigError, InputError
@@ -88,10 +90,13 @@ def _text_check(path: str, body: bytes, line: int) -> None:
                              line=line + body.count(b"\n", 0, exc.start)) from None
 
 
-def fasta_blocks(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Iterator[tuple[list[bytes], int]]:
+def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: bool = True) -> Iterator[tuple]:
     """Yield ``(records, line)``: the raw text of consecutive records (without their '>') and the
     line of the first one. A record's text is its header line, a newline and its sequence lines.
+    With ``split=False`` the records come as one bytes object, from the first '>' to the end of the
+    last record, for callers that cut it themselves.
     """
+    block_size = block_size or BLOCK_SIZE
     path = str(path)
     if not Path(path).is_file():
         raise InputError(path, "no such file")
@@ -100,7 +105,7 @@ def fasta_blocks(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Itera
     line = 1  # line of the first byte of `pending`
     pending = b""
     started = False
-    raw = open_binary(path)
+    raw = open_binary(path, threaded=True)
     try:
         while True:
             block = raw.read(block_size)
@@ -127,7 +132,7 @@ def fasta_blocks(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Itera
             if not body:
                 break
             _text_check(path, body, line)
-            yield body[1:].split(b"\n>"), line
+            yield (body[1:].split(b"\n>") if split else body), line
             line += body.count(b"\n") + 1
             if not block:
                 break
@@ -142,36 +147,80 @@ def fasta_blocks(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Itera
         raise InputError(path, "no FASTA records found (no line starts with '>')")
 
 
-def split_record(text: bytes) -> tuple[bytes, bytes]:
-    """(header line, sequence lines) of one record's text."""
-    nl = text.find(b"\n")
-    return (text, b"") if nl < 0 else (text[:nl], text[nl + 1:])
+class Block(NamedTuple):
+    """Consecutive records of one source, column by column (readers and ingest work a block at a time:
+    list comprehensions and C calls instead of Python statements per record)."""
+
+    ids: list[bytes]
+    seqs: list[bytes]  # residues, whitespace removed, case kept
+    lines: list[int] | None  # 1-based line of each record's start (None: not counted, see fasta_block)
+    annotations: list[bytes] | None  # key=value words to carry per record; None when the format has none
 
 
-def read_fasta_source(path: str | os.PathLike, pfam: bool = False) -> Iterator[tuple[bytes, bytes, int, bytes]]:
-    """Records of a FASTA file; with ``pfam`` every header must be Pfam-A's and gives ``family=``."""
-    path = str(path)
-    strip = WHITESPACE
-    for records, line in fasta_blocks(path):
-        for text in records:
-            nl = text.find(b"\n")
-            header, body = (text, b"") if nl < 0 else (text[:nl], text[nl + 1:])
-            words = header.split(None, 1)
-            if not words:
-                raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
-            annotation = b""
-            if pfam:
-                match = PFAM_HEADER.match(header)
-                if match is None:
-                    raise InputError(path, f"record {words[0].decode()!r}: not a Pfam-A FASTA header "
-                                     "(expected 'NAME/START-END ACCESSION PFxxxxx.V;ID;')", line=line)
-                annotation = b"family=" + match.group(1)
-            yield words[0], body.translate(None, strip), line, annotation
-            line += text.count(b"\n") + 1
+def records_of(blocks: Iterator[Block]) -> Iterator[tuple[bytes, bytes, int, bytes | None]]:
+    """``(id, residues, line, annotation)`` per record of a stream of blocks."""
+    for ids, seqs, lines, annotations in blocks:
+        yield from zip(ids, seqs, lines, annotations if annotations is not None else [None] * len(ids))
 
 
-def read_source(path: str | os.PathLike, fmt: str = AUTO) -> Iterator[tuple[bytes, bytes, int, bytes]]:
-    """Records of ``path`` in ``fmt`` (``auto``: detected by content)."""
+def record_lines(body: bytes, line: int) -> list[int]:
+    """The line of each record of ``body`` (FASTA text from a '>'), the first on ``line``."""
+    return list(accumulate([text.count(b"\n") + 1 for text in body[1:].split(b"\n>")[:-1]], initial=line))
+
+
+def fasta_block(path: str, body: bytes, line: int, pfam: bool = False, lines: bool = True) -> Block:
+    """The records of ``body`` (FASTA text from a '>' to the end of a record, first line ``line``);
+    with ``pfam`` every header must be Pfam-A's and gives ``family=``. ``lines=False`` leaves the
+    block's lines None (counting them is a fifth of the parsing; errors count them when needed)."""
+    records = body[1:].split(b"\n>")
+    parts = [text.partition(b"\n") for text in records]
+    words = [p[0].split(None, 1) for p in parts]
+    if not all(words):
+        raise InputError(path, "header has no identifier ('>' followed by nothing)",
+                         line=record_lines(body, line)[words.index([])])
+    annotations = None
+    if pfam:
+        matches = [PFAM_HEADER.match(p[0]) for p in parts]
+        if None in matches:
+            at = matches.index(None)
+            raise InputError(path, f"record {words[at][0].decode(errors='replace')!r}: not a Pfam-A FASTA header "
+                             "(expected 'NAME/START-END ACCESSION PFxxxxx.V;ID;')", line=record_lines(body, line)[at])
+        annotations = [b"family=" + m.group(1) for m in matches]
+    # the sequence lines of all records in one translate call (NUL, which _text_check rules out, between them)
+    seqs = b"\0".join([p[2] for p in parts]).translate(None, WHITESPACE).split(b"\0")
+    return Block([w[0] for w in words], seqs, record_lines(body, line) if lines else None, annotations)
+
+
+def read_fasta_source(path: str | os.PathLike, pfam: bool = False) -> Iterator[Block]:
+    """Blocks of a FASTA file; with ``pfam`` every header must be Pfam-A's and gives ``family=``."""
+    for body, line in fasta_blocks(path, split=False):
+        yield fasta_block(str(path), body, line, pfam)
+
+
+def source_chunks(path: str | os.PathLike, fmt: str) -> Iterator:
+    """The raw pieces of a source that :func:`parse_chunk` turns into blocks, cut in this process
+    (decompression, record boundaries, XML well-formedness) so workers can parse them."""
+    from pmlm.data.uniref import entry_chunks
+
+    return entry_chunks(path) if fmt == "uniref_xml" else fasta_blocks(path, split=False)
+
+
+def parse_chunk(path: str, fmt: str, chunk, lines: bool = True) -> Block:
+    """The block of one chunk of :func:`source_chunks`; ``lines=False``: see :func:`fasta_block`."""
+    from pmlm.data.uniref import parse_entries
+
+    if fmt == "uniref_xml":
+        return parse_entries(path, chunk)
+    body, line = chunk
+    return fasta_block(path, body, line, pfam=fmt == "pfam_fasta", lines=lines)
+
+
+def chunk_first_line(fmt: str, chunk) -> int:
+    return chunk[0][1] if fmt == "uniref_xml" else chunk[1]
+
+
+def read_source(path: str | os.PathLike, fmt: str = AUTO) -> Iterator[Block]:
+    """Blocks of records of ``path`` in ``fmt`` (``auto``: detected by content)."""
     from pmlm.data.uniref import read_uniref_xml
 
     fmt = detect_format(path) if check_format(fmt) == AUTO else fmt

@@ -19,20 +19,26 @@ Clean FASTA: one line per sequence, header ``>ID`` plus the source's annotations
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import shutil
 import sys
 import tempfile
+from array import array
 from collections import Counter
+from itertools import chain, repeat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
 from pmlm.data import dedup
-from pmlm.data.formats import AUTO, check_format, detect_format, read_source
+from pmlm.data.formats import (
+    AUTO, check_format, chunk_first_line, detect_format, parse_chunk, record_lines, source_chunks,
+)
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output
 
@@ -43,7 +49,6 @@ _STOP = ord("*")
 _NONSTANDARD = "".join(NONSTANDARD_MAP).encode()
 _MAP_TABLE = bytes.maketrans(_NONSTANDARD, "".join(NONSTANDARD_MAP.values()).encode())
 _X_TABLE = bytes.maketrans(_NONSTANDARD, UNKNOWN_RESIDUE.encode() * len(_NONSTANDARD))
-_SPILL_EVERY = 1 << 16  # records between flushes of the hash logs
 
 
 @dataclass
@@ -171,15 +176,28 @@ class Normaliser:
 
 
 class _Origins:
-    """Where record ``i`` of the first pass came from: its input and line (lines kept on disk)."""
+    """Where record ``i`` of the first pass came from: its input and line.
 
-    def __init__(self, workdir: str):
-        self.lines = dedup.HashLog(os.path.join(workdir, "lines.i64"))
-        self.starts: list[tuple[int, str]] = []  # (first record index, path) per input
+    Per chunk of input: the index of its first kept record, and its kept records' lines when they were
+    counted (a chunk the normaliser repaired); for a clean chunk the lines are counted again from the
+    input only when an error needs one.
+    """
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.chunks: list[tuple[str, str, int, np.ndarray | None]] = []  # (path, format, first line, lines)
+
+    def add(self, start: int, path: str, fmt: str, first_line: int, lines: bytes) -> None:
+        self.starts.append(start)
+        self.chunks.append((path, fmt, first_line, np.frombuffer(lines, dtype=np.int64) if lines else None))
 
     def where(self, index: int) -> tuple[str, int]:
-        path = next(p for start, p in reversed(self.starts) if start <= index)
-        return path, int(np.memmap(self.lines.path, dtype=np.int64, mode="r")[index])
+        at = bisect.bisect_right(self.starts, index) - 1
+        path, fmt, first_line, lines = self.chunks[at]
+        if lines is None:
+            chunk = next(c for c in source_chunks(path, fmt) if chunk_first_line(fmt, c) == first_line)
+            lines = parse_chunk(path, fmt, chunk).lines
+        return path, int(lines[index - self.starts[at]])
 
 
 def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy,
@@ -199,11 +217,11 @@ def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPol
     try:
         with atomic_output(out_fasta) as tmp:
             first = os.path.join(work, "pass1.fasta")
-            origins = _Origins(work)
+            origins = _Origins()
             seq_log = dedup.HashLog(os.path.join(work, "seq.i64"))
             id_log = dedup.HashLog(os.path.join(work, "id.i64"))
             read, tally = _first_pass(inputs, formats, first, norm, origins, seq_log, id_log)
-            for log in (seq_log, id_log, origins.lines):
+            for log in (seq_log, id_log):
                 log.close()
             if tally.kept == 0:
                 raise InputError(inputs[0], f"no record survived normalisation (dropped: {dict(norm.dropped)})")
@@ -236,36 +254,96 @@ class _Tally:
     longest: int = 0
 
     def add(self, n: int) -> None:
-        self.kept += 1
-        self.residues += n
-        if self.shortest is None or n < self.shortest:
-            self.shortest = n
-        if n > self.longest:
-            self.longest = n
+        self.merge(_Tally(1, n, n, n))
+
+    def merge(self, other: _Tally) -> None:
+        if not other.kept:
+            return
+        self.kept += other.kept
+        self.residues += other.residues
+        self.shortest = other.shortest if self.shortest is None else min(self.shortest, other.shortest)
+        self.longest = max(self.longest, other.longest)
+
+
+class _Cleaned(NamedTuple):
+    """What one chunk of a source becomes: clean FASTA text, logs as raw int64 bytes, counts."""
+
+    read: int
+    first_line: int
+    fasta: bytes
+    seq_hashes: bytes
+    id_hashes: bytes
+    lines: bytes  # the kept records' lines when the chunk was repaired, else b"" (counted on demand)
+    tally: _Tally
+    dropped: Counter
+    repaired: Counter
+
+
+def _clean_chunk(path: str, fmt: str, policy: IngestPolicy, chunk) -> _Cleaned:
+    """Parse and normalise one chunk of a source.
+
+    A block whose records are all clean (uppercase standard letters, lengths in range: almost every
+    block of a real source) is checked with a few C calls on the whole block and written as it is;
+    any other block goes record by record through the normaliser.
+    """
+    first_line = chunk_first_line(fmt, chunk)
+    ids, seqs, lines, annotations = parse_chunk(path, fmt, chunk, lines=False)
+    norm = Normaliser(policy)
+    read = len(ids)
+    joined = b"".join(seqs)
+    lengths = list(map(len, seqs))
+    kept_lines = b""
+    # deleting the standard letters leaves nothing: uppercase, no gap, stop or other character
+    if joined.translate(None, _STANDARD) or not policy.min_length <= min(lengths) <= max(lengths) <= policy.max_length:
+        if lines is None:  # a FASTA chunk: count them now
+            lines = record_lines(*chunk)
+        ids, seqs, lines, annotations = _normalise_block(norm, path, ids, seqs, lines, annotations)
+        if not ids:
+            return _Cleaned(read, first_line, b"", b"", b"", b"", _Tally(), norm.dropped, norm.repaired)
+        joined = b"".join(seqs)
+        lengths = list(map(len, seqs))
+        kept_lines = array("q", lines).tobytes()
+    headers = ids if annotations is None else [b"%s %s" % pair if pair[1] else pair[0] for pair in zip(ids, annotations)]
+    fasta = b"".join(chain.from_iterable(zip(repeat(b">"), headers, repeat(b"\n"), seqs, repeat(b"\n"))))
+    tally = _Tally(len(ids), len(joined), min(lengths), max(lengths))
+    return _Cleaned(read, first_line, fasta, array("q", map(hash, seqs)).tobytes(), array("q", map(hash, ids)).tobytes(),
+                    kept_lines, tally, norm.dropped, norm.repaired)
+
+
+def _normalise_block(norm, path, ids, seqs, lines, annotations):
+    """The records of a block that survive the normaliser, repaired (columns as in the block)."""
+    kept = ([], [], [], None if annotations is None else [])
+    for i, (record_id, seq, line) in enumerate(zip(ids, seqs, lines)):
+        seq = norm(seq, path, line, record_id)
+        if seq is None:
+            continue
+        kept[0].append(record_id)
+        kept[1].append(seq)
+        kept[2].append(line)
+        if annotations is not None:
+            kept[3].append(annotations[i])
+    return kept
 
 
 def _first_pass(inputs, formats, first, norm, origins, seq_log, id_log) -> tuple[int, _Tally]:
-    """Stream every record through the normaliser into ``first``; returns (records read, tally)."""
+    """Stream every chunk of every input through the normaliser into ``first``, in input order;
+    returns (records read, tally)."""
     read = 0
     tally = _Tally()
-    add = tally.add
-    seq_hash, id_hash, line_of = seq_log.append, id_log.append, origins.lines.append
     with open(first, "wb", buffering=1 << 22) as out:
-        write = out.write
         for path, fmt in zip(inputs, formats):
-            origins.starts.append((tally.kept, path))
-            for record_id, seq, line, annotation in read_source(path, fmt):
-                read += 1
-                seq = norm(seq, path, line, record_id)
-                if seq is None:
+            for chunk in source_chunks(path, fmt):
+                cleaned = _clean_chunk(path, fmt, norm.policy, chunk)
+                read += cleaned.read
+                norm.dropped.update(cleaned.dropped)
+                norm.repaired.update(cleaned.repaired)
+                if not cleaned.fasta:
                     continue
-                seq_hash(hash(seq))
-                id_hash(hash(record_id))
-                line_of(line)
-                write(b">%s %s\n%s\n" % (record_id, annotation, seq) if annotation else b">%s\n%s\n" % (record_id, seq))
-                add(len(seq))
-                if not tally.kept % _SPILL_EVERY:
-                    seq_log.spill(), id_log.spill(), origins.lines.spill()
+                origins.add(tally.kept, path, fmt, cleaned.first_line, cleaned.lines)
+                out.write(cleaned.fasta)
+                seq_log.extend_bytes(cleaned.seq_hashes)
+                id_log.extend_bytes(cleaned.id_hashes)
+                tally.merge(cleaned.tally)
     return read, tally
 
 

@@ -31,8 +31,8 @@ import argparse
 import json
 import sys
 import zlib
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
+from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +53,7 @@ SCHEMA_DOC = {
     "taxon_id": "int32 or null: NCBI id of the source cluster's common taxon (UniRef)",
     "family": "string or null: Pfam family accession with version (Pfam-A FASTA)",
 }
-# header words carried into the optional columns: key= prefix -> column
-ANNOTATIONS = {b"members": "members", b"taxon": "taxon_id", b"family": "family"}
+
 
 
 def arrow_schema():
@@ -79,121 +78,100 @@ def shard_of(cluster_id: str, num_shards: int) -> int:
     return zlib.crc32(cluster_id.encode()) % num_shards
 
 
-def _optional(values: list, type_):
-    """An optional column; all-null (plain FASTA sources) without converting a list of Nones."""
-    import pyarrow as pa
-
-    return pa.array(values, type=type_) if any(v is not None for v in values) else pa.nulls(len(values), type_)
-
-
-class _ShardBuffer:
-    """Rows of one shard waiting to become a row group."""
-
-    __slots__ = ("ids", "clusters", "tokens", "members", "taxa", "families")
-
-    def __init__(self):
-        self.ids: list[bytes] = []
-        self.clusters: list[bytes] = []
-        self.tokens: list[bytes] = []
-        self.members: list[int | None] = []
-        self.taxa: list[int | None] = []
-        self.families: list[bytes | None] = []
-
-    def __len__(self):
-        return len(self.ids)
+def _byte_counts(values: np.ndarray) -> np.ndarray:
+    """Occurrences of each byte value (256,): bincount over byte pairs, half the elements to widen."""
+    pairs = np.bincount(values[: values.size // 2 * 2].view(np.uint16), minlength=1 << 16).reshape(256, 256)
+    counts = pairs.sum(axis=0) + pairs.sum(axis=1)  # little-endian: column = first byte, row = second
+    if values.size % 2:
+        counts[values[-1]] += 1
+    return counts
 
 
 class SplitWriter:
     """Streams the rows of one split into ``num_shards`` Parquet files.
 
-    Row groups are encoded and written by one background thread (pyarrow releases the GIL while it
-    encodes and compresses), overlapping with FASTA parsing in the caller; a single worker keeps the
-    write order, so the files are byte-identical to a sequential run. At most ``MAX_PENDING`` row
-    groups wait for the writer, which bounds memory.
+    Rows arrive as blocks already ordered by shard (from :func:`_shard_block`); each
+    shard's rows wait as Arrow slices until they fill a row group, which is then written. Blocks come
+    in input order.
     """
 
-    MAX_PENDING = 4
-
-    def __init__(self, directory: Path, split: str, num_shards: int, row_group_size: int, compression_level: int,
-                 executor: ThreadPoolExecutor):
+    def __init__(self, directory: Path, split: str, num_shards: int, row_group_size: int, compression_level: int):
         self.dir = directory / split
         self.dir.mkdir(parents=True, exist_ok=True)
         self.split = split
         self.num_shards = num_shards
         self.row_group_size = row_group_size
         self.compression_level = compression_level
-        self.buffers = [_ShardBuffer() for _ in range(num_shards)]
+        self.buffers: list[list] = [[] for _ in range(num_shards)]  # per shard: RecordBatch slices waiting
+        self.buffered = np.zeros(num_shards, dtype=np.int64)
         self.writers: list = [None] * num_shards
         self.rows = np.zeros(num_shards, dtype=np.int64)
         self.residues = np.zeros(num_shards, dtype=np.int64)
         self.residue_counts = np.zeros(alphabet.VOCAB_SIZE, dtype=np.int64)
         self.length_counts = np.zeros(len(LENGTH_BIN_EDGES), dtype=np.int64)
+        self.from_header = 0
         # cluster ids per shard, on disk: a cluster never spans shards, so the distinct count is the sum of
         # the shards' counts, and memory holds one shard's ids at a time instead of every cluster id
         self._cluster_logs: list = [None] * num_shards
-        self._executor = executor
-        self._pending: deque[Future] = deque()
 
     def name(self, shard: int) -> str:
         return f"part-{shard:05d}-of-{self.num_shards:05d}.parquet"
 
-    def flush(self, shard: int) -> None:
-        buf = self.buffers[shard]
-        if not len(buf):
-            return
-        self.buffers[shard] = _ShardBuffer()
-        self._pending.append(self._executor.submit(self._write, shard, buf))
-        while len(self._pending) > self.MAX_PENDING:
-            self._pending.popleft().result()  # re-raises a writer error here, in the caller
+    def add(self, block: _Sharded) -> None:
+        """Take a block's rows into their shards; write every row group that fills."""
+        self.residue_counts += block.residue_counts
+        self.length_counts += block.length_counts
+        self.from_header += block.from_header
+        for shard, lo, hi, residues, clusters in block.runs:
+            self.buffers[shard].append(block.batch.slice(lo, hi - lo))
+            self.buffered[shard] += hi - lo
+            self.rows[shard] += hi - lo
+            self.residues[shard] += residues
+            if self._cluster_logs[shard] is None:
+                self._cluster_logs[shard] = open(self._cluster_log(shard), "wb")
+            self._cluster_logs[shard].write(clusters)
+            while self.buffered[shard] >= self.row_group_size:
+                self.flush(shard, self.row_group_size)
 
-    def _write(self, shard: int, buf: _ShardBuffer) -> None:
-        """Runs on the writer thread; the only code touching writers and statistics until close()."""
+    def flush(self, shard: int, rows: int | None = None) -> None:
+        """Write the first ``rows`` waiting rows of ``shard`` (all when None) as one row group."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        lengths = np.array(list(map(len, buf.tokens)), dtype=np.int32)
-        offsets = np.zeros(len(buf) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        values = np.frombuffer(b"".join(buf.tokens), dtype=np.uint8)
-        table = pa.Table.from_arrays(
-            [
-                pa.array(buf.ids, type=pa.string()),
-                pa.array(buf.clusters, type=pa.string()),
-                pa.array(lengths, type=pa.int32()),
-                pa.BinaryArray.from_buffers(pa.binary(), len(buf), [None, pa.py_buffer(offsets), pa.py_buffer(values)]),
-                _optional(buf.members, pa.int32()),
-                _optional(buf.taxa, pa.int32()),
-                _optional(buf.families, pa.string()),
-            ],
-            schema=arrow_schema(),
-        )
+        if not self.buffered[shard]:
+            return
+        table = pa.Table.from_batches(self.buffers[shard], schema=arrow_schema())
+        rows = int(self.buffered[shard]) if rows is None else rows
         if self.writers[shard] is None:
             self.writers[shard] = pq.ParquetWriter(
                 self.dir / self.name(shard), arrow_schema(), compression="zstd",
                 compression_level=self.compression_level, use_dictionary=["cluster_id", "family"],
             )
-        self.writers[shard].write_table(table, row_group_size=self.row_group_size)
-        self.rows[shard] += len(buf)
-        self.residues[shard] += int(offsets[-1])
-        self.residue_counts += np.bincount(values, minlength=alphabet.VOCAB_SIZE)
-        self.length_counts += np.bincount(
-            np.searchsorted(LENGTH_BIN_EDGES, lengths, side="right") - 1, minlength=len(LENGTH_BIN_EDGES)
-        )
-        if self._cluster_logs[shard] is None:
-            self._cluster_logs[shard] = open(self._cluster_log(shard), "wb")
-        self._cluster_logs[shard].write(b"\n".join(buf.clusters) + b"\n")
+        self.writers[shard].write_table(table.slice(0, rows), row_group_size=self.row_group_size)
+        self.buffers[shard] = table.slice(rows).to_batches()
+        self.buffered[shard] -= rows
 
     def _cluster_log(self, shard: int) -> Path:
         return self.dir / f".clusters-{shard:05d}"
 
     def _distinct_clusters(self) -> int:
+        """Distinct cluster ids, shard by shard, counted by Arrow's hash kernel on the shard's log
+        (one id per line) without a Python object per id."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         total = 0
         for shard, fh in enumerate(self._cluster_logs):
             if fh is None:
                 continue
             fh.close()
             path = self._cluster_log(shard)
-            total += len(set(path.read_bytes().split(b"\n")) - {b""})
+            text = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+            ends = np.flatnonzero(text == ord("\n"))
+            offsets = np.concatenate([[0], ends - np.arange(ends.size)]).astype(np.int64)  # newlines dropped
+            ids = pa.LargeBinaryArray.from_buffers(pa.large_binary(), ends.size,
+                                                   [None, pa.py_buffer(offsets), pa.py_buffer(text[text != ord("\n")])])
+            total += pc.count_distinct(ids).as_py()
             path.unlink()
         return total
 
@@ -202,9 +180,6 @@ class SplitWriter:
 
         for shard in range(self.num_shards):
             self.flush(shard)
-        while self._pending:
-            self._pending.popleft().result()
-        for shard in range(self.num_shards):
             if self.writers[shard] is None:  # an empty shard is still a valid, readable file
                 pq.write_table(arrow_schema().empty_table(), self.dir / self.name(shard), compression="zstd")
             else:
@@ -231,6 +206,7 @@ class SplitWriter:
                 alphabet.FIRST_RESIDUE_ID <= i <= alphabet.X_ID
             },
             "length_histogram": [int(c) for c in self.length_counts],
+            "clusters_from_header": self.from_header,
         }
 
 
@@ -252,62 +228,142 @@ def _annotations(words: list[bytes]) -> tuple[bytes | None, int | None, int | No
     return cluster, members, taxon, family
 
 
-def _tokenize_file(path: str, writer: SplitWriter) -> int:
-    """Add every record of one FASTA to ``writer``; returns how many took their cluster from the header.
+# token ids with '\n' kept apart (as 254, no token id): one translate call for a whole block of sequences
+_NEWLINE_TOKEN = 254
+_TABLE_KEEP_NEWLINE = alphabet.TRANSLATE_TABLE[:10] + bytes([_NEWLINE_TOKEN]) + alphabet.TRANSLATE_TABLE[11:]
+_ANNOTATION_KEYS = (b"cluster=", b"members=", b"taxon=", b"family=")
 
-    The hot loop of ``pmlm tokenize``: SplitWriter.add is inlined (appends to the shard's buffer).
-    """
+
+class _Columns(NamedTuple):
+    """A block's rows, column by column; tokens as one array of values with per-row lengths."""
+
+    ids: list[bytes]
+    clusters: list[bytes]
+    lengths: np.ndarray  # (n,) int32
+    values: np.ndarray  # (sum(lengths),) uint8 token ids
+    members: list | None  # None: no row of the block has one
+    taxa: list | None
+    families: list | None
+    from_header: int  # rows whose cluster came from a cluster= word
+
+
+class _Sharded(NamedTuple):
+    """A block ordered by shard, as the SplitWriter takes it."""
+
+    batch: object  # pyarrow.RecordBatch, rows grouped by shard (input order within a shard)
+    runs: list  # (shard, first row, end row, residues, cluster ids joined by newlines) per shard present
+    residue_counts: np.ndarray
+    length_counts: np.ndarray
+    from_header: int
+
+
+def _one_line_columns(body: bytes) -> _Columns | None:
+    """The columns of a block of one-line records (what ingest and split write), by bulk byte
+    operations on the whole block; None when the block is laid out otherwise or has a bad record."""
+    lines = body.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    n = len(lines) // 2
+    if len(lines) != 2 * n:
+        return None
+    headers = b"\n".join(lines[0::2])
+    sequences = b"\n".join(lines[1::2])
+    # every even line a header, no odd line one: headers and sequences alternate
+    if headers.count(b"\n>") != n - 1 or sequences.startswith(b">") or b"\n>" in sequences:
+        return None
+    encoded = np.frombuffer(sequences.translate(_TABLE_KEEP_NEWLINE), dtype=np.uint8)
+    breaks = np.flatnonzero(encoded == _NEWLINE_TOKEN)
+    lengths = np.diff(breaks, prepend=-1, append=encoded.size).astype(np.int32) - 1  # separators between rows
+    if (encoded == alphabet.INVALID_BYTE).any() or not lengths.all():
+        return None  # an invalid letter, an empty sequence: the record path reports it
+    words = headers[1:].replace(b"\n>", b"\n").replace(b" ", b"\n").split(b"\n")
+    if len(words) % n:
+        return None
+    width = len(words) // n
+    ids = words[0::width]
+    if not all(ids):
+        return None
+    columns = {"clusters": ids, "members": None, "taxa": None, "families": None}
+    for position in range(1, width):
+        text = b"\n".join(words[position::width])
+        key = text[:text.find(b"=") + 1]
+        # every word of this column starts with the same key= (a header with other words misaligns the
+        # columns, which this catches too)
+        if key not in _ANNOTATION_KEYS or text.count(b"\n" + key) != n - 1:
+            return None
+        values = text.replace(b"\n" + key, b"\n")[len(key):].split(b"\n")
+        if key in (b"members=", b"taxon="):
+            if not b"".join(values).isdigit():
+                return None
+            values = list(map(int, values))
+        columns[("clusters", "members", "taxa", "families")[_ANNOTATION_KEYS.index(key)]] = values
+    return _Columns(ids, columns["clusters"], lengths, encoded[encoded != _NEWLINE_TOKEN], columns["members"],
+                    columns["taxa"], columns["families"], n if columns["clusters"] is not ids else 0)
+
+
+def _record_columns(path: str, records: list[bytes], line: int) -> _Columns:
+    """The columns of any block of records, one record at a time."""
     table, invalid = alphabet.TRANSLATE_TABLE, bytes([alphabet.INVALID_BYTE])
-    buffers, num_shards, row_group_size, flush = writer.buffers, writer.num_shards, writer.row_group_size, writer.flush
-    crc32 = zlib.crc32
-    from_header = 0
-    for records, line in fasta_blocks(path):
-        for text in records:
-            nl = text.find(b"\n")
-            header, body = (text, b"") if nl < 0 else (text[:nl], text[nl + 1:])
-            # one call: whitespace of wrapped sequence lines deleted, residues mapped to token ids
-            encoded = body.translate(table, WHITESPACE)
-            words = header.split()
-            if not words:
-                raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
-            record_id = words[0]
-            if invalid in encoded or not encoded:
-                _bad_record(path, record_id, body, encoded, line)
-            members = taxon = family = None
-            if len(words) == 1:
-                cluster = record_id
-            elif len(words) == 2 and words[1].startswith(b"cluster="):  # pmlm split's output, plain FASTA source
-                cluster = words[1][8:]
-                from_header += 1
-            else:
-                cluster, members, taxon, family = _annotations(words[1:])
-                if cluster is None:
-                    cluster = record_id
-                else:
-                    from_header += 1
-            shard = crc32(cluster) % num_shards
-            buf = buffers[shard]
-            buf.ids.append(record_id)
-            buf.clusters.append(cluster)
-            buf.tokens.append(encoded)
-            buf.members.append(members)
-            buf.taxa.append(taxon)
-            buf.families.append(family)
-            if len(buf.ids) >= row_group_size:
-                flush(shard)
-                buffers = writer.buffers
-            line += text.count(b"\n") + 1
-    return from_header
+    parts = [t.partition(b"\n") for t in records]
+    encoded = [p[2].translate(table, WHITESPACE) for p in parts]
+    words = [p[0].split() for p in parts]
+    if not all(words) or not all(encoded) or invalid in b"".join(encoded):
+        _bad_record(path, records, line)
+    ids = [w[0] for w in words]
+    parsed = [_annotations(w[1:]) for w in words]
+    clusters = [p[0] if p[0] is not None else i for p, i in zip(parsed, ids)]
+    optional = [[p[k] for p in parsed] for k in (1, 2, 3)]
+    optional = [col if col.count(None) < len(col) else None for col in optional]
+    return _Columns(ids, clusters, np.array(list(map(len, encoded)), dtype=np.int32),
+                    np.frombuffer(b"".join(encoded), dtype=np.uint8), *optional,
+                    sum(p[0] is not None for p in parsed))
 
 
-def _bad_record(path: str, record_id: bytes, body: bytes, encoded: bytes, line: int):
-    name = record_id.decode(errors="replace")
-    if not encoded:
-        raise InputError(path, f"record {name!r} has no residues", line=line)
-    residues = body.translate(None, WHITESPACE)
-    pos = encoded.index(bytes([alphabet.INVALID_BYTE]))
-    raise InputError(path, f"record {name!r}: character {chr(residues[pos])!r} at residue {pos + 1} is not "
-                     "a normalised residue letter (run pmlm ingest first)", line=line)
+def _shard_block(path: str, body: bytes, line: int, num_shards: int) -> _Sharded:
+    """Parse one block of a split's FASTA and order its rows by shard."""
+    import pyarrow as pa
+
+    c = _one_line_columns(body) or _record_columns(path, body[1:].split(b"\n>"), line)
+    n = len(c.ids)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(c.lengths, out=offsets[1:])
+    optional = [pa.nulls(n, t) if v is None else pa.array(v, type=t)
+                for v, t in ((c.members, pa.int32()), (c.taxa, pa.int32()), (c.families, pa.string()))]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(c.ids, type=pa.string()), pa.array(c.clusters, type=pa.string()), pa.array(c.lengths),
+         pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(c.values)]),
+         *optional], schema=arrow_schema())
+    shard = np.fromiter(map(zlib.crc32, c.clusters), dtype=np.uint32, count=n) % num_shards
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange(num_shards + 1))
+    clusters = itemgetter(*order.tolist())(c.clusters) if n > 1 else tuple(c.clusters)
+    residues = np.concatenate([[0], np.cumsum(c.lengths[order], dtype=np.int64)])
+    runs = [(s, int(bounds[s]), int(bounds[s + 1]), int(residues[bounds[s + 1]] - residues[bounds[s]]),
+             b"\n".join(clusters[bounds[s]:bounds[s + 1]]) + b"\n")
+            for s in np.flatnonzero(np.diff(bounds)).tolist()]
+    length_counts = np.bincount(np.searchsorted(LENGTH_BIN_EDGES, c.lengths, side="right") - 1,
+                                minlength=len(LENGTH_BIN_EDGES))
+    return _Sharded(batch.take(pa.array(order)), runs, _byte_counts(c.values)[: alphabet.VOCAB_SIZE], length_counts,
+                    c.from_header)
+
+
+def _bad_record(path: str, records: list[bytes], line: int):
+    """The error for the first record of a block that cannot be tokenized, with its line."""
+    for text in records:
+        header, _, body = text.partition(b"\n")
+        words = header.split()
+        residues = body.translate(None, WHITESPACE)
+        if not words:
+            raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
+        name = words[0].decode(errors="replace")
+        if not residues:
+            raise InputError(path, f"record {name!r} has no residues", line=line)
+        bad = residues.translate(alphabet.TRANSLATE_TABLE).find(bytes([alphabet.INVALID_BYTE]))
+        if bad >= 0:
+            raise InputError(path, f"record {name!r}: character {chr(residues[bad])!r} at residue {bad + 1} is not "
+                             "a normalised residue letter (run pmlm ingest first)", line=line)
+        line += text.count(b"\n") + 1
+    raise AssertionError("no bad record in the block")
 
 
 def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, row_group_size: int = 2048,
@@ -329,14 +385,14 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         "inputs": {k: [str(p) for p in v] for k, v in inputs.items()},
         "splits": {},
     }
-    with atomic_output(out_dir, directory=True) as tmp, ThreadPoolExecutor(max_workers=1) as executor:
+    with atomic_output(out_dir, directory=True) as tmp:
         root = Path(tmp)
         for split, paths in inputs.items():
-            writer = SplitWriter(root, split, num_shards, row_group_size, compression_level, executor)
-            clusters_from_header = sum(_tokenize_file(str(path), writer) for path in paths)
-            summary = writer.close()
-            summary["clusters_from_header"] = clusters_from_header
-            manifest["splits"][split] = summary
+            writer = SplitWriter(root, split, num_shards, row_group_size, compression_level)
+            for path in map(str, paths):
+                for body, line in fasta_blocks(path, split=False):
+                    writer.add(_shard_block(path, body, line, num_shards))
+            manifest["splits"][split] = writer.close()
         (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -44,10 +44,12 @@ import re
 from collections.abc import Iterator
 
 from pmlm.data.fasta import GZIP_ERRORS, open_binary
+from pmlm.data.formats import Block
 from pmlm.errors import InputError
 
 NAMESPACE = "http://uniprot.org/uniref"
 BLOCK_SIZE = 1 << 22
+_BLOCK_ENTRIES = 4096  # entries per Block handed to ingest
 _WHITESPACE = b" \t\r\n\v\f"
 _ROOTS = ("UniRef50", "UniRef90", "UniRef100")
 # encodings whose bytes for '<', '>', '"' and letters are ASCII's, so the fields can be cut out as bytes
@@ -134,8 +136,31 @@ def _entry(path: str, text: bytes, line: int) -> tuple[bytes, bytes, int, bytes]
     return entry_id, residues, line, annotation
 
 
-def read_uniref_xml(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Iterator[tuple[bytes, bytes, int, bytes]]:
-    """Yield ``(id, residues, line, annotation)`` per entry of a UniRef XML file (plain or gzip)."""
+def read_uniref_xml(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Iterator[Block]:
+    """Yield :class:`~pmlm.data.formats.Block` s of the entries of a UniRef XML file (plain or gzip)."""
+    for chunk in entry_chunks(path, block_size):
+        yield parse_entries(str(path), chunk)
+
+
+def entry_chunks(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Iterator[list[tuple[bytes, int]]]:
+    """Lists of ``(entry text, line)``: the document checked and cut into entries, not parsed."""
+    chunk = []
+    for entry in _entries(path, block_size):
+        chunk.append(entry)
+        if len(chunk) == _BLOCK_ENTRIES:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def parse_entries(path: str, chunk: list[tuple[bytes, int]]) -> Block:
+    """The block of records of a list of ``(entry text, line)``."""
+    return Block(*map(list, zip(*(_entry(path, text, line) for text, line in chunk))))
+
+
+def _entries(path: str | os.PathLike, block_size: int) -> Iterator[tuple[bytes, int]]:
+    """``(entry text, line)`` per entry, while expat checks the whole document."""
     path = str(path)
     if not os.path.isfile(path):
         raise InputError(path, "no such file")
@@ -143,7 +168,7 @@ def read_uniref_xml(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> It
     buf = b""
     line = 1  # line of buf[0]
     entries = 0
-    raw = open_binary(path)
+    raw = open_binary(path, threaded=True)
     try:
         while True:
             try:
@@ -167,7 +192,7 @@ def read_uniref_xml(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> It
                 if end < 0:
                     break
                 line += buf.count(b"\n", pos, start)
-                yield _entry(path, buf[start:end], line)
+                yield buf[start:end], line
                 entries += 1
                 line += buf.count(b"\n", start, end)
                 pos = end + 8
