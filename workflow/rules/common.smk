@@ -87,34 +87,35 @@ def input_mib(input):
 
 
 def ingest_mem_mb(wildcards, input, attempt):
-    # ~10 bytes per record, <= 3,500 records per MiB of compressed input (UniRef XML: ~3,100), x3 headroom
+    # measured: ~110 MB plus ~4 bytes per record (10^5 -> 10^6 records), <= 5,000 records per MiB of
+    # compressed input; the headroom covers UniRef's largest entries, which are read whole
     return attempt * (1000 + int(0.1 * input_mib(input)))
 
 
 def ingest_runtime(wildcards, input, attempt):
-    # UniRef XML, the slowest format: ~2 MiB of compressed input per second on one core; budget 1 MiB/s
+    # measured: UniRef XML, the slowest format, ~5 MiB of compressed input per second; budget 1 MiB/s
     return attempt * (15 + int(input_mib(input) / 60))
 
 
 def split_mem_mb(wildcards, input, attempt):
-    # MMseqs2 linclust: peak ~3.3 MiB per MiB of clean FASTA at 10^6 records
+    # measured: MMseqs2 linclust peaks at ~2.8 MiB per MiB of clean FASTA (1.0 GB at 10^6 records)
     return attempt * (2000 + int(4 * input_mib(input)))
 
 
 def split_runtime(wildcards, input, attempt):
-    # linclust + the split's own passes: ~0.3 s per MiB of clean FASTA on 2 cores; budget 1.5 s on 8 threads
+    # measured: ~0.5 s per MiB of clean FASTA on 2 threads; budget 1.5 s per MiB
     return attempt * (30 + int(input_mib(input) / 40))
 
 
 def tokenize_mem_mb(wildcards, input, attempt):
-    # rows waiting for a row group (num_shards x row_group_size, ~500 bytes each, never more than the
-    # input) plus one shard's cluster ids when counting them
+    # measured: ~250 MB at 8 shards, flat in the records; plus the rows waiting for row groups
+    # (num_shards x row_group_size, ~500 bytes each, never more than the input)
     shards = shard_setting(wildcards.dataset, "num_shards", 8) * shard_setting(wildcards.dataset, "row_group_size", 2048)
     return attempt * (1000 + int(min(input_mib(input), shards * 500 / 2**20) + 0.1 * input_mib(input)))
 
 
 def tokenize_runtime(wildcards, input, attempt):
-    # ~20 MiB of FASTA per second; budget 2 MiB/s
+    # measured: ~30 MiB of FASTA per second; budget 2 MiB/s
     return attempt * (15 + int(input_mib(input) / 120))
 
 
