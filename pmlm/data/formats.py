@@ -11,10 +11,10 @@ Every reader yields :class:`Block` s of consecutive records: ids and residues as
 removed, case kept), the 1-based line of each record's start, and ``key=value`` words to carry
 into the clean FASTA header (``members=12 taxon=9606``, ``family=PF10417.8``).
 
-The FASTA reader is the hot path of ``pmlm ingest`` and ``pmlm tokenize``: it splits 4 MiB blocks
-at ``\\n>`` with bytes operations instead of visiting every line in Python (~4x faster than a
-line-by-line parser), and counts lines only per record. It reads what Biopython's
-``SimpleFastaParser`` reads (tests compare the two), with the errors of :func:`pmlm.data.fasta.read_fasta`.
+The FASTA reader is the hot path of ``pmlm ingest`` and ``pmlm tokenize``: it cuts 4 MiB blocks at
+record boundaries and parses a block with list comprehensions and C calls rather than visiting every
+line in Python; lines are counted only when asked for. It reads what Biopython's ``SimpleFastaParser``
+reads (tests compare the two), with the errors of :func:`pmlm.data.fasta.read_fasta`.
 """
 
 from __future__ import annotations
