@@ -32,8 +32,8 @@ import json
 import sys
 import zlib
 from operator import itemgetter
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,7 +53,6 @@ SCHEMA_DOC = {
     "taxon_id": "int32 or null: NCBI id of the source cluster's common taxon (UniRef)",
     "family": "string or null: Pfam family accession with version (Pfam-A FASTA)",
 }
-
 
 
 def arrow_schema():

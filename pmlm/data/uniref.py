@@ -69,6 +69,7 @@ class _Document:
         self.root_xmlns: str | None = None
         self.version: str | None = None
         self.encoding: str | None = None
+        self._checked = False
         self.parser = pyexpat.ParserCreate()
         self.parser.XmlDeclHandler = self._decl
         self.parser.StartElementHandler = self._root
@@ -87,7 +88,7 @@ class _Document:
             what = pyexpat.ErrorString(exc.code)
             hint = "; the file is truncated: re-download it" if final and exc.code in (3, 5) else ""
             raise InputError(self.path, f"malformed XML ({what}, column {exc.offset + 1}){hint}", line=exc.lineno) from None
-        if self.root is not None and not getattr(self, "_checked", False):
+        if self.root is not None and not self._checked:
             self._checked = True
             self._check_root()
 
@@ -106,6 +107,8 @@ def _entry(path: str, text: bytes, line: int) -> tuple[bytes, bytes, int, bytes]
     if match is None or not match.group(1):
         raise InputError(path, "<entry> without an id attribute", line=line)
     entry_id = match.group(1)
+    if not entry_id.isascii():  # UniRef ids are ASCII; anything else would not survive as a FASTA id
+        raise InputError(path, f"entry id {entry_id.decode('latin-1')!r} is not ASCII", line=line)
     if b"<!--" in text or b"<![CDATA[" in text:
         raise InputError(path, f"entry {entry_id.decode('latin-1')}: comments or CDATA inside an entry are not "
                          "supported (UniProt's files have none)", line=line)
