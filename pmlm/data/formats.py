@@ -26,6 +26,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
 
+from pmlm.data.columns import fasta_columns
 from pmlm.data.fasta import GZIP_ERRORS, open_binary
 from pmlm.errors import ConfigError, InputError
 
@@ -171,24 +172,34 @@ def record_lines(body: bytes, line: int) -> list[int]:
 def fasta_block(path: str, body: bytes, line: int, pfam: bool = False, lines: bool = True) -> Block:
     """The records of ``body`` (FASTA text from a '>' to the end of a record, first line ``line``);
     with ``pfam`` every header must be Pfam-A's and gives ``family=``. ``lines=False`` leaves the
-    block's lines None (counting them is a fifth of the parsing; errors count them when needed)."""
-    records = body[1:].split(b"\n>")
-    parts = [text.partition(b"\n") for text in records]
-    words = [p[0].split(None, 1) for p in parts]
-    if not all(words):
-        raise InputError(path, "header has no identifier ('>' followed by nothing)",
-                         line=record_lines(body, line)[words.index([])])
+    block's lines None (counting them is a fifth of the parsing; errors count them when needed).
+
+    Blocks are parsed by numpy on the whole block (:func:`pmlm.data.columns.fasta_columns`) unless
+    they hold what only the record-by-record parser here reads (tabs, carriage returns, spaces in
+    sequence lines) or something wrong, which it reports with the line.
+    """
+    fast = fasta_columns(body, headers=pfam)
+    if fast is not None:
+        ids, seqs, headers = fast
+    else:
+        records = body[1:].split(b"\n>")
+        parts = [text.partition(b"\n") for text in records]
+        words = [p[0].split(None, 1) for p in parts]
+        if not all(words):
+            raise InputError(path, "header has no identifier ('>' followed by nothing)",
+                             line=record_lines(body, line)[words.index([])])
+        ids, headers = [w[0] for w in words], [p[0] for p in parts]
+        # the sequence lines of all records in one translate call (NUL, which _text_check rules out, between them)
+        seqs = b"\0".join([p[2] for p in parts]).translate(None, WHITESPACE).split(b"\0")
     annotations = None
     if pfam:
-        matches = [PFAM_HEADER.match(p[0]) for p in parts]
+        matches = [PFAM_HEADER.match(h) for h in headers]
         if None in matches:
             at = matches.index(None)
-            raise InputError(path, f"record {words[at][0].decode(errors='replace')!r}: not a Pfam-A FASTA header "
+            raise InputError(path, f"record {ids[at].decode(errors='replace')!r}: not a Pfam-A FASTA header "
                              "(expected 'NAME/START-END ACCESSION PFxxxxx.V;ID;')", line=record_lines(body, line)[at])
         annotations = [b"family=" + m.group(1) for m in matches]
-    # the sequence lines of all records in one translate call (NUL, which _text_check rules out, between them)
-    seqs = b"\0".join([p[2] for p in parts]).translate(None, WHITESPACE).split(b"\0")
-    return Block([w[0] for w in words], seqs, record_lines(body, line) if lines else None, annotations)
+    return Block(ids, seqs, record_lines(body, line) if lines else None, annotations)
 
 
 def read_fasta_source(path: str | os.PathLike, pfam: bool = False) -> Iterator[Block]:

@@ -31,13 +31,13 @@ import argparse
 import json
 import sys
 import zlib
-from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from pmlm import alphabet
+from pmlm.data.columns import Columns, one_line_columns
 from pmlm.data.formats import WHITESPACE, fasta_blocks
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output, file_digest
@@ -121,14 +121,13 @@ class SplitWriter:
         self.residue_counts += block.residue_counts
         self.length_counts += block.length_counts
         self.from_header += block.from_header
-        for shard, lo, hi, residues, clusters in block.runs:
-            self.buffers[shard].append(block.batch.slice(lo, hi - lo))
+        for shard, lo, hi, residues in block.runs:
+            rows = block.batch.slice(lo, hi - lo)
+            self.buffers[shard].append(rows)
             self.buffered[shard] += hi - lo
             self.rows[shard] += hi - lo
             self.residues[shard] += residues
-            if self._cluster_logs[shard] is None:
-                self._cluster_logs[shard] = open(self._cluster_log(shard), "wb")
-            self._cluster_logs[shard].write(clusters)
+            self._log_clusters(shard, rows)
             while self.buffered[shard] >= self.row_group_size:
                 self.flush(shard, self.row_group_size)
 
@@ -151,26 +150,28 @@ class SplitWriter:
         self.buffered[shard] -= rows
 
     def _cluster_log(self, shard: int) -> Path:
-        return self.dir / f".clusters-{shard:05d}"
+        return self.dir / f".clusters-{shard:05d}.arrows"
+
+    def _log_clusters(self, shard: int, rows) -> None:
+        import pyarrow as pa
+
+        if self._cluster_logs[shard] is None:
+            self._cluster_logs[shard] = pa.ipc.new_stream(str(self._cluster_log(shard)), pa.schema([("cluster_id", pa.string())]))
+        self._cluster_logs[shard].write_batch(pa.record_batch([rows.column(1)], names=["cluster_id"]))
 
     def _distinct_clusters(self) -> int:
-        """Distinct cluster ids, shard by shard, counted by Arrow's hash kernel on the shard's log
-        (one id per line) without a Python object per id."""
+        """Distinct cluster ids, shard by shard (a cluster never spans shards), by Arrow's hash kernel."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         total = 0
-        for shard, fh in enumerate(self._cluster_logs):
-            if fh is None:
+        for shard, log in enumerate(self._cluster_logs):
+            if log is None:
                 continue
-            fh.close()
+            log.close()
             path = self._cluster_log(shard)
-            text = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-            ends = np.flatnonzero(text == ord("\n"))
-            offsets = np.concatenate([[0], ends - np.arange(ends.size)]).astype(np.int64)  # newlines dropped
-            ids = pa.LargeBinaryArray.from_buffers(pa.large_binary(), ends.size,
-                                                   [None, pa.py_buffer(offsets), pa.py_buffer(text[text != ord("\n")])])
-            total += pc.count_distinct(ids).as_py()
+            with pa.ipc.open_stream(str(path)) as reader:
+                total += pc.count_distinct(reader.read_all().column(0)).as_py()
             path.unlink()
         return total
 
@@ -227,81 +228,20 @@ def _annotations(words: list[bytes]) -> tuple[bytes | None, int | None, int | No
     return cluster, members, taxon, family
 
 
-# token ids with '\n' kept apart (as 254, no token id): one translate call for a whole block of sequences
-_NEWLINE_TOKEN = 254
-_TABLE_KEEP_NEWLINE = alphabet.TRANSLATE_TABLE[:10] + bytes([_NEWLINE_TOKEN]) + alphabet.TRANSLATE_TABLE[11:]
-_ANNOTATION_KEYS = (b"cluster=", b"members=", b"taxon=", b"family=")
-
-
-class _Columns(NamedTuple):
-    """A block's rows, column by column; tokens as one array of values with per-row lengths."""
-
-    ids: list[bytes]
-    clusters: list[bytes]
-    lengths: np.ndarray  # (n,) int32
-    values: np.ndarray  # (sum(lengths),) uint8 token ids
-    members: list | None  # None: no row of the block has one
-    taxa: list | None
-    families: list | None
-    from_header: int  # rows whose cluster came from a cluster= word
-
-
 class _Sharded(NamedTuple):
     """A block ordered by shard, as the SplitWriter takes it."""
 
     batch: object  # pyarrow.RecordBatch, rows grouped by shard (input order within a shard)
-    runs: list  # (shard, first row, end row, residues, cluster ids joined by newlines) per shard present
+    runs: list  # (shard, first row, end row, residues) per shard present
     residue_counts: np.ndarray
     length_counts: np.ndarray
     from_header: int
 
 
-def _one_line_columns(body: bytes) -> _Columns | None:
-    """The columns of a block of one-line records (what ingest and split write), by bulk byte
-    operations on the whole block; None when the block is laid out otherwise or has a bad record."""
-    lines = body.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    n = len(lines) // 2
-    if len(lines) != 2 * n:
-        return None
-    headers = b"\n".join(lines[0::2])
-    sequences = b"\n".join(lines[1::2])
-    # every even line a header, no odd line one: headers and sequences alternate
-    if headers.count(b"\n>") != n - 1 or sequences.startswith(b">") or b"\n>" in sequences:
-        return None
-    encoded = np.frombuffer(sequences.translate(_TABLE_KEEP_NEWLINE), dtype=np.uint8)
-    breaks = np.flatnonzero(encoded == _NEWLINE_TOKEN)
-    lengths = np.diff(breaks, prepend=-1, append=encoded.size).astype(np.int32) - 1  # separators between rows
-    if (encoded == alphabet.INVALID_BYTE).any() or not lengths.all():
-        return None  # an invalid letter, an empty sequence: the record path reports it
-    words = headers[1:].replace(b"\n>", b"\n").replace(b" ", b"\n").split(b"\n")
-    if len(words) % n:
-        return None
-    width = len(words) // n
-    ids = words[0::width]
-    if not all(ids):
-        return None
-    columns = {"clusters": ids, "members": None, "taxa": None, "families": None}
-    for position in range(1, width):
-        text = b"\n".join(words[position::width])
-        key = text[:text.find(b"=") + 1]
-        # every word of this column starts with the same key= (a header with other words misaligns the
-        # columns, which this catches too)
-        if key not in _ANNOTATION_KEYS or text.count(b"\n" + key) != n - 1:
-            return None
-        values = text.replace(b"\n" + key, b"\n")[len(key):].split(b"\n")
-        if key in (b"members=", b"taxon="):
-            if not b"".join(values).isdigit():
-                return None
-            values = list(map(int, values))
-        columns[("clusters", "members", "taxa", "families")[_ANNOTATION_KEYS.index(key)]] = values
-    return _Columns(ids, columns["clusters"], lengths, encoded[encoded != _NEWLINE_TOKEN], columns["members"],
-                    columns["taxa"], columns["families"], n if columns["clusters"] is not ids else 0)
+def _record_columns(path: str, records: list[bytes], line: int) -> Columns:
+    """The columns of any block of records, one record at a time (what one_line_columns declines)."""
+    import pyarrow as pa
 
-
-def _record_columns(path: str, records: list[bytes], line: int) -> _Columns:
-    """The columns of any block of records, one record at a time."""
     table, invalid = alphabet.TRANSLATE_TABLE, bytes([alphabet.INVALID_BYTE])
     parts = [t.partition(b"\n") for t in records]
     encoded = [p[2].translate(table, WHITESPACE) for p in parts]
@@ -312,37 +252,37 @@ def _record_columns(path: str, records: list[bytes], line: int) -> _Columns:
     parsed = [_annotations(w[1:]) for w in words]
     clusters = [p[0] if p[0] is not None else i for p, i in zip(parsed, ids)]
     optional = [[p[k] for p in parsed] for k in (1, 2, 3)]
-    optional = [col if col.count(None) < len(col) else None for col in optional]
-    return _Columns(ids, clusters, np.array(list(map(len, encoded)), dtype=np.int32),
-                    np.frombuffer(b"".join(encoded), dtype=np.uint8), *optional,
-                    sum(p[0] is not None for p in parsed))
+    optional = [pa.array(col, type=t) if col.count(None) < len(col) else None
+                for col, t in zip(optional, (pa.int32(), pa.int32(), pa.string()))]
+    return Columns(pa.array(ids, type=pa.string()), pa.array(clusters, type=pa.string()),
+                   np.fromiter(map(zlib.crc32, clusters), dtype=np.uint32, count=len(clusters)),
+                   np.array(list(map(len, encoded)), dtype=np.int32), np.frombuffer(b"".join(encoded), dtype=np.uint8),
+                   *optional, sum(p[0] is not None for p in parsed))
 
 
 def _shard_block(path: str, body: bytes, line: int, num_shards: int) -> _Sharded:
     """Parse one block of a split's FASTA and order its rows by shard."""
     import pyarrow as pa
 
-    c = _one_line_columns(body) or _record_columns(path, body[1:].split(b"\n>"), line)
-    n = len(c.ids)
+    c = one_line_columns(body) or _record_columns(path, body[1:].split(b"\n>"), line)
+    n = len(c.lengths)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(c.lengths, out=offsets[1:])
-    optional = [pa.nulls(n, t) if v is None else pa.array(v, type=t)
+    optional = [pa.nulls(n, t) if v is None else v
                 for v, t in ((c.members, pa.int32()), (c.taxa, pa.int32()), (c.families, pa.string()))]
     batch = pa.RecordBatch.from_arrays(
-        [pa.array(c.ids, type=pa.string()), pa.array(c.clusters, type=pa.string()), pa.array(c.lengths),
-         pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(c.values)]),
+        [c.ids, c.clusters, pa.array(c.lengths),
+         pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(c.tokens)]),
          *optional], schema=arrow_schema())
-    shard = np.fromiter(map(zlib.crc32, c.clusters), dtype=np.uint32, count=n) % num_shards
+    shard = c.cluster_crc32 % num_shards
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(num_shards + 1))
-    clusters = itemgetter(*order.tolist())(c.clusters) if n > 1 else tuple(c.clusters)
     residues = np.concatenate([[0], np.cumsum(c.lengths[order], dtype=np.int64)])
-    runs = [(s, int(bounds[s]), int(bounds[s + 1]), int(residues[bounds[s + 1]] - residues[bounds[s]]),
-             b"\n".join(clusters[bounds[s]:bounds[s + 1]]) + b"\n")
+    runs = [(s, int(bounds[s]), int(bounds[s + 1]), int(residues[bounds[s + 1]] - residues[bounds[s]]))
             for s in np.flatnonzero(np.diff(bounds)).tolist()]
     length_counts = np.bincount(np.searchsorted(LENGTH_BIN_EDGES, c.lengths, side="right") - 1,
                                 minlength=len(LENGTH_BIN_EDGES))
-    return _Sharded(batch.take(pa.array(order)), runs, _byte_counts(c.values)[: alphabet.VOCAB_SIZE], length_counts,
+    return _Sharded(batch.take(pa.array(order)), runs, _byte_counts(c.tokens)[: alphabet.VOCAB_SIZE], length_counts,
                     c.from_header)
 
 
