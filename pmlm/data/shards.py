@@ -148,6 +148,9 @@ class SplitWriter:
         self.writers[shard].write_table(table.slice(0, rows), row_group_size=self.row_group_size)
         self.buffers[shard] = table.slice(rows).to_batches()
         self.buffered[shard] -= rows
+        # hand the encoder's buffers back at once: the allocator would keep them, and the shards fill
+        # (and flush) in step, so the kept ones add up to a peak that grows with the run's length
+        pa.default_memory_pool().release_unused()
 
     def _cluster_log(self, shard: int) -> Path:
         return self.dir / f".clusters-{shard:05d}.arrows"
