@@ -87,7 +87,7 @@ def input_mib(input):
 
 
 def ingest_mem_mb(wildcards, input, attempt):
-    # measured: ~110 MB plus ~4 bytes per record (10^5 -> 10^6 records), <= 5,000 records per MiB of
+    # measured: 105-140 MB plus < 10 bytes per record (10^5 -> 10^6 records), <= 5,000 records per MiB of
     # compressed input; the headroom covers UniRef's largest entries, which are read whole
     return attempt * (1000 + int(0.1 * input_mib(input)))
 
@@ -108,7 +108,7 @@ def split_runtime(wildcards, input, attempt):
 
 
 def tokenize_mem_mb(wildcards, input, attempt):
-    # measured: ~250 MB at 8 shards, flat in the records; plus the rows waiting for row groups
+    # measured: ~220 MB at 8 shards, flat in the records; plus the rows waiting for row groups
     # (num_shards x row_group_size, ~500 bytes each, never more than the input)
     shards = shard_setting(wildcards.dataset, "num_shards", 8) * shard_setting(wildcards.dataset, "row_group_size", 2048)
     return attempt * (1000 + int(min(input_mib(input), shards * 500 / 2**20) + 0.1 * input_mib(input)))
