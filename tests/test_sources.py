@@ -209,6 +209,38 @@ def test_block_parser_matches_biopython_on_wrapped_records(tmp_path):
     assert ours == theirs
 
 
+def test_clean_block_cut_matches_biopython():
+    """Ingest's bulk cut of an all-clean plain FASTA block writes '>ID' and the residues Biopython reads,
+    and declines (for the normaliser) every block with a record it would have to repair or drop."""
+    import random
+
+    from pmlm.data.columns import clean_one_line_fasta
+    from pmlm.data.normalise import STANDARD
+
+    rng = random.Random(11)
+    parts = []
+    for i in range(300):
+        seq = "".join(rng.choice("ACDEFGHIKLMNPQRSTVWYX") for _ in range(rng.randint(1, 150)))
+        width = rng.choice([7, 60, 1000])
+        rid = rng.choice([f"id{i}", f"UniRef50_{'A' * 40}{i}", f"a>b{i}"])  # longer than the 32-byte window too
+        desc = rng.choice(["", " desc", " n=3 Tax=Homo sapiens", "   ", " a>b"])
+        parts.append(f">{rid}{desc}\n" + "".join(f"{seq[k:k + width]}\n" for k in range(0, len(seq), width)))
+    text = "".join(parts)
+    for body in (text.encode(), text.encode().rstrip(b"\n")):  # a block ends with or without its newline
+        cut = clean_one_line_fasta(body, 1, 1000, STANDARD)
+        assert cut is not None
+        theirs = list(SimpleFastaParser(io.StringIO(text)))
+        assert cut[0].decode() == "".join(f">{title.split()[0]}\n{seq}\n" for title, seq in theirs)
+        assert [i.decode() for i in cut[1]] == [title.split()[0] for title, _ in theirs]
+        assert [s.decode() for s in cut[2]] == [seq for _, seq in theirs]
+        assert cut[3].tolist() == [len(seq) for _, seq in theirs]
+    for bad in ("ACDa", "AC*", "AC-D", "A CD", "ACU", "AC>D"):
+        assert clean_one_line_fasta(f">x\nMK\n>y d\n{bad}\n".encode(), 1, 1000, STANDARD) is None, bad
+    for body in (b">x\nMK\n", b">x\nMKV\n>y\n", b"> x\nMKV\n", b">x\nMKV\n\nMKV\n", b">x\r\nMKV\n"):
+        assert clean_one_line_fasta(body, 3, 1000, STANDARD) is None, body
+    assert clean_one_line_fasta(b">x\nMKVL\n", 1, 3, STANDARD) is None
+
+
 def test_one_line_columns_match_the_record_path():
     """Tokenize's bulk parser gives the columns its record-by-record parser gives."""
     import numpy as np

@@ -186,3 +186,68 @@ def fasta_columns(body: bytes, headers: bool = False) -> tuple[list[bytes], list
     ids = _string_array(data, head_start, id_len, binary=True).to_pylist()
     lines = _string_array(data, head_start - 1, head_end - head_start + 1, binary=True).to_pylist() if headers else None
     return ids, seqs, lines
+
+
+def clean_one_line_fasta(body: bytes, min_length: int, max_length: int, allowed: bytes
+                         ) -> tuple[bytes, list[bytes], list[bytes], np.ndarray] | None:
+    """``pmlm ingest``'s output for a block of plain FASTA whose every record is already clean:
+    (one-line FASTA ``>ID\\nRESIDUES\\n`` per record, ids, residues, residues per record).
+
+    None when any record would need the normaliser (a residue outside ``allowed``, a length outside
+    ``min_length..max_length``) or the block holds what :func:`fasta_columns` leaves to the
+    record-by-record parser (blank lines too). The output is cut from the block by one boolean mask
+    (header descriptions and the newlines inside sequences out), so no Python object is made per
+    record but the two that hashing needs, split from the output in one C call.
+    """
+    lines = _lines(body)
+    if lines is None:
+        return None
+    data, newlines, starts, ends = lines
+    line_len = ends - starts
+    if not line_len.all():
+        return None
+    is_head = data[starts] == _GT
+    heads = np.flatnonzero(is_head)
+    if not heads.size or heads[0] != 0:
+        return None
+    lengths = np.add.reduceat(np.where(is_head, 0, line_len), heads)  # (records,) residues
+    if lengths.min() < min_length or lengths.max() > max_length:
+        return None
+    id_len = _id_lengths(body, data, starts[heads] + 1, ends[heads])
+    if (id_len <= 0).any():
+        return None
+    # per line three runs of bytes: kept text ('>' + id, or the residues), dropped text (the header's
+    # description), the newline: kept after a header and after the last line of a record
+    keep_text = line_len.copy()
+    keep_text[heads] = id_len + 1
+    last_line = np.append(is_head[1:], True)
+    runs = np.column_stack([keep_text, line_len - keep_text, np.ones_like(line_len)]).ravel()
+    kept = np.column_stack([np.ones_like(is_head), np.zeros_like(is_head), is_head | last_line]).ravel()
+    mask = np.repeat(kept, runs)[:data.size]
+    out = data[mask].tobytes()
+    if not out.endswith(b"\n"):
+        out += b"\n"
+    parts = out.split(b"\n")
+    ids, seqs = [p[1:] for p in parts[0:-1:2]], parts[1:-1:2]
+    # every residue allowed: deleting the allowed letters and newlines from the output leaves the
+    # '>' of each record and what the ids leave, nothing more
+    drop = allowed + b"\n"
+    if len(seqs) != heads.size or len(out.translate(None, drop)) != heads.size + len(b"".join(ids).translate(None, drop)):
+        return None
+    return out, ids, seqs, lengths.astype(np.int64)
+
+
+def _id_lengths(body: bytes, data: np.ndarray, start: np.ndarray, end: np.ndarray, window: int = 32) -> np.ndarray:
+    """Length of each header's first word, header ``i`` being ``body[start[i]:end[i]]``: the first space
+    among the header's first ``window`` bytes, by numpy on (headers, window) bytes; a C call for each
+    header whose first word is longer."""
+    width = end - start
+    at = np.minimum(start[:, None] + np.arange(window), data.size - 1)  # (headers, window)
+    space = (data[at] == _SPACE) & (np.arange(window) < width[:, None])
+    found = space.any(axis=1)
+    length = np.where(found, space.argmax(axis=1), width)
+    for i in np.flatnonzero(~found & (width > window)).tolist():
+        a, b = int(start[i]), int(end[i])
+        space_at = body.find(b" ", a, b)
+        length[i] = (space_at if space_at >= 0 else b) - a
+    return length

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pmlm.data import dedup
+from pmlm.data.columns import clean_one_line_fasta
 from pmlm.data.formats import (
     AUTO, check_format, chunk_first_line, detect_format, parse_chunk, record_lines, source_chunks,
 )
@@ -150,10 +151,17 @@ def _clean_chunk(path: str, fmt: str, policy: IngestPolicy, chunk) -> _Cleaned:
     """Parse and normalise one chunk of a source.
 
     A block whose records are all clean (uppercase standard letters, lengths in range: almost every
-    block of a real source) is checked with a few C calls on the whole block and written as it is;
-    any other block goes record by record through the normaliser.
+    block of a real source) is checked with a few C calls on the whole block and written as it is
+    (plain FASTA: cut from the block's bytes by numpy, no Python object per record but the two
+    hashed); any other block goes record by record through the normaliser.
     """
     first_line = chunk_first_line(fmt, chunk)
+    if fmt == "fasta":
+        clean = clean_one_line_fasta(chunk[0], policy.min_length, policy.max_length, STANDARD)
+        if clean is not None:
+            fasta, ids, seqs, lengths = clean
+            return _Cleaned(len(ids), first_line, fasta, _hashes(seqs), _hashes(ids), b"",
+                            _Tally(len(ids), int(lengths.sum()), int(lengths.min()), int(lengths.max())), Counter(), Counter())
     ids, seqs, lines, annotations = parse_chunk(path, fmt, chunk, lines=False)
     norm = Normaliser(policy)
     read = len(ids)
@@ -173,8 +181,13 @@ def _clean_chunk(path: str, fmt: str, policy: IngestPolicy, chunk) -> _Cleaned:
     headers = ids if annotations is None else [b"%s %s" % pair if pair[1] else pair[0] for pair in zip(ids, annotations)]
     fasta = b"".join(chain.from_iterable(zip(repeat(b">"), headers, repeat(b"\n"), seqs, repeat(b"\n"))))
     tally = _Tally(len(ids), len(joined), min(lengths), max(lengths))
-    return _Cleaned(read, first_line, fasta, array("q", map(hash, seqs)).tobytes(), array("q", map(hash, ids)).tobytes(),
-                    kept_lines, tally, norm.dropped, norm.repaired)
+    return _Cleaned(read, first_line, fasta, _hashes(seqs), _hashes(ids), kept_lines, tally, norm.dropped, norm.repaired)
+
+
+def _hashes(values: list[bytes]) -> bytes:
+    """64-bit hashes of ``values`` as native int64 bytes: what the duplicate logs hold, one home for
+    every path that fills them (duplicates are confirmed by content, so the hash only has to agree)."""
+    return array("q", map(hash, values)).tobytes()
 
 
 def _normalise_block(norm, path, ids, seqs, lines, annotations):
