@@ -1,12 +1,13 @@
 # pmlm: Pairwise Masked Language Model reproduction workflow.
 #   snakemake --cores 2                                   the embedded demo (config/config.yaml)
-#   snakemake --profile slurm --configfile config/paper.yaml   the paper, on a SLURM cluster
+#   snakemake --profile slurm --configfile config/paper.yaml   the paper, on a SLURM cluster (profiles/slurm)
 from snakemake.utils import min_version, validate
 from pmlm.workflow_config import check_config
 
 min_version("9.0")
 
-# The demo's config/config.yaml comes from profiles/default; a --configfile on the command line replaces it.
+# The demo's config/config.yaml comes from the workflow profile (profiles/default, loaded on every run); a
+# --configfile on the command line replaces it.
 check_config(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
 validate(config, "workflow/schemas/config.schema.yaml")
 

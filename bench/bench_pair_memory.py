@@ -20,8 +20,18 @@ autograd keeps, more than this CPU machine can spare, so on CPU it is measured a
 keep, a lower bound on its peak) and extrapolated from the measured points (peak ~ L^2).
 Bar (design §7.2): ours <= 1/20 of the reference at L = 1024.
 
+Share of step time (on CUDA by default, on CPU with ``--step-share``): a PMLM model of base dims
+(``--share-layers`` x ``--hidden``, ffn 4C, heads C / 64) at max length L takes training steps
+(masking + forward + both losses + backward + AdamW; bf16 autocast on CUDA) on a batch of
+``--share-batch`` sequences of L tokens (default 16,384 tokens, the recipes' budget). Timed
+separately, with the same masks: the pair loss alone (``masked_pair_terms`` forward + backward
+from the step's detached encoder output) and the MLM step. Reported: pair loss / PMLM step, and
+(PMLM step - MLM step) / PMLM step, the pair objective's marginal cost. Times are medians of
+``--share-steps`` steps (CUDA events on a GPU).
+
     python bench/bench_pair_memory.py           # ours at L=1024, reference at L=256 and 384 (CPU)
     python bench/bench_pair_memory.py --quick   # ours at L=512, reference at L=128 and 256
+    python bench/bench_pair_memory.py --out bench/out/pair_memory.json   # on a GPU: measured at L=1024, step share
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +50,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
+from pmlm.model import build_model, model_config, pretraining_losses
 from pmlm.model.heads import PairHead
 from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens, masked_pair_terms
 
@@ -146,6 +159,83 @@ def run_one(kind: str, head: PairHead, length: int, args, device: torch.device) 
     }
 
 
+class Timer:
+    """Elapsed seconds of a region: CUDA events on a GPU (no host sync inside), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.end.record()
+        else:
+            self.seconds = time.perf_counter() - self.t0
+
+    def elapsed(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end) / 1000
+        return self.seconds
+
+
+def step_share(args, device: torch.device) -> dict:
+    """The pair loss's share of a PMLM training step (module docstring)."""
+    L, C = args.length, args.hidden
+    dims = {"num_layers": args.share_layers, "hidden": C, "ffn": 4 * C, "heads": max(1, C // 64), "max_len": L}
+    batch = args.share_batch or max(1, 16384 // L)
+    g = torch.Generator().manual_seed(args.seed)
+    tokens = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (batch, L), generator=g)
+    tokens[:, 0], tokens[:, -1] = CLS_ID, EOS_ID
+    tokens = tokens.to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    times = {"pmlm_step": [], "mlm_step": [], "pair_loss": []}
+    for name in ("pmlm", "mlm"):
+        torch.manual_seed(args.seed)
+        objective = ObjectiveConfig(name=name, mask_prob=args.mask_prob)
+        model = build_model(model_config("base", **dims), objective).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+        for step in range(args.share_warmup + args.share_steps):
+            seed = args.seed + step  # the same masks for both models, step by step
+            with Timer(device) as full:
+                with autocast:
+                    out = pretraining_losses(model, tokens, objective, torch.Generator(device).manual_seed(seed))
+                optimizer.zero_grad(set_to_none=True)
+                out["loss"].backward()
+                optimizer.step()
+            if name == "pmlm":
+                with torch.no_grad(), autocast:
+                    inputs, targets, _ = mask_tokens(tokens, objective, torch.Generator(device).manual_seed(seed))
+                    reps = model.encode(inputs)  # (B, L, C), the step's encoder output
+                reps = reps.detach().requires_grad_(True)
+                with Timer(device) as pair:
+                    with autocast:
+                        ce_sum, n_pairs, _ = masked_pair_terms(model.pair_head, reps, targets)
+                    (ce_sum / max(n_pairs, 1)).backward()
+            if step >= args.share_warmup:
+                times[f"{name}_step"].append(full.elapsed())
+                if name == "pmlm":
+                    times["pair_loss"].append(pair.elapsed())
+        model = optimizer = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "dims": dims, "batch": batch, "tokens_per_step": batch * L, "bf16": device.type == "cuda",
+        "median_s": {k: round(v, 5) for k, v in median.items()},
+        "pair_loss_over_pmlm_step": round(median["pair_loss"] / median["pmlm_step"], 4),
+        "pmlm_minus_mlm_over_pmlm_step": round((median["pmlm_step"] - median["mlm_step"]) / median["pmlm_step"], 4),
+        "pmlm_over_mlm_step": round(median["pmlm_step"] / median["mlm_step"], 4),
+    }
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="ours at L=512, reference at L=128,256")
@@ -156,11 +246,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ref-lengths", default=None,
                    help="comma-separated L at which to run the reference (default: 256,384 on CPU, the target L on CUDA)")
     p.add_argument("--device", default="auto", help="auto (cuda if present), cpu or cuda")
+    p.add_argument("--step-share", action="store_true", help="also measure the step-time share on CPU (always on CUDA)")
+    p.add_argument("--share-layers", type=int, default=12, help="encoder layers of the step-share model")
+    p.add_argument("--share-batch", type=int, default=None, help="sequences per step (default 16384 // L)")
+    p.add_argument("--share-warmup", type=int, default=2)
+    p.add_argument("--share-steps", type=int, default=5)
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
         args.length = 512
         args.ref_lengths = args.ref_lengths or "128,256"
+        args.share_layers, args.share_warmup, args.share_steps = 2, 1, 2
     return args
 
 
@@ -220,7 +317,14 @@ def main(argv=None) -> int:
         "pass": None if args.quick else ratio <= BAR,  # --quick is not the bar's setting
         "loadavg_1min": round(os.getloadavg()[0], 2),
     }
+    if device.type == "cuda":
+        result["device_name"] = torch.cuda.get_device_name(device)
+    if device.type == "cuda" or args.step_share:
+        result["step_share"] = step_share(args, device)
     print(json.dumps(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     verdict = "not judged: --quick" if args.quick else ("PASS" if ratio <= BAR else "FAIL")
     print(
         f"pair-loss peak at L={args.length}, C={args.hidden}: ours {ours_target / GIB:.3f} GiB measured vs "
@@ -228,6 +332,11 @@ def main(argv=None) -> int:
         f"(bar <= 1/20: {verdict}); measured side by side: "
         + ", ".join(f"L={L}: 1/{1 / r:.0f}" for L, r in side_by_side.items())
     )
+    if "step_share" in result:
+        share = result["step_share"]
+        print(f"pair loss = {share['pair_loss_over_pmlm_step']:.1%} of a PMLM step (PMLM - MLM: "
+              f"{share['pmlm_minus_mlm_over_pmlm_step']:.1%}; PMLM / MLM {share['pmlm_over_mlm_step']:.3f}) at "
+              f"{share['dims']['num_layers']}x{share['dims']['hidden']}, {share['batch']} x L={args.length}, on {device.type}")
     return 0
 
 

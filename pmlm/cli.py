@@ -1,7 +1,9 @@
 """Command-line entry point: ``pmlm <subcommand> ...`` (also ``python -m pmlm``).
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; modules are imported lazily so ``pmlm fetch`` never pays for torch.
+``run(args) -> int``; only the chosen subcommand's module is imported, so ``pmlm fetch`` never
+pays for torch and ``pmlm pretrain`` / ``finetune`` / ``evaluate`` run where the data stage's
+dependencies (Biopython, Snakemake) are not installed, e.g. on a bare GPU image.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command`` only that subcommand's module is imported (all of them otherwise)."""
     parser = _OneLineErrors(
         prog="pmlm",
         description="Pairwise Masked Language Model: data preparation, pre-training and evaluation.",
@@ -50,13 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
-        # argument definitions are cheap; only run() pulls in heavy dependencies
-        importlib.import_module(module_name).add_arguments(p)
+        if command is None or name == command:
+            # argument definitions are cheap; only run() pulls in heavy dependencies
+            importlib.import_module(module_name).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the first word that is not an option names the subcommand (options before it take no values)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -53,7 +53,9 @@ if ! command -v mmseqs >/dev/null 2>&1; then
 fi
 
 if [ "$want_slurm" = 1 ]; then
-    if ! command -v slurmctld >/dev/null 2>&1; then
+    # the test cluster (tests/slurm/cluster.sh) runs SLURM with accounting: slurmdbd on MariaDB
+    if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmdbd >/dev/null 2>&1 ||
+        ! command -v mariadbd >/dev/null 2>&1; then
         if is_root_debian; then
             say "installing SLURM (munge, slurmctld, slurmd, slurmdbd, mariadb) from Debian"
             apt_install munge slurm-wlm slurmdbd mariadb-server slurm-client

@@ -1,21 +1,33 @@
-"""Shared fixtures: small Parquet shard folders in the layout `pmlm tokenize` writes."""
+"""Shared fixtures: small Parquet shard folders in the layout `pmlm tokenize` writes; the tolerance for
+comparing floating-point results that differ only in the order of their additions."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, RESIDUES
 
 # UniProt-like background residue frequencies (ACDEFGHIKLMNPQRSTVWY), so sequences look protein-like
 _FREQ = np.array([8.3, 1.4, 5.5, 6.7, 3.9, 7.1, 2.3, 5.9, 5.8, 9.7, 2.4, 4.1, 4.7, 3.9, 5.3, 6.6, 5.3, 6.9, 1.1, 2.9])
 _FREQ = _FREQ / _FREQ.sum()
+
+
+def reorder_tolerance(reference: torch.Tensor, n_terms: int, dtype: torch.dtype = torch.float32) -> float:
+    """How far two evaluations of the same arithmetic in ``dtype`` may differ when only the order of additions
+    differs (chunking, blocking, the thread count): each value is a sum of up to ``n_terms`` rounded terms, and
+    rounding errors of random sign add up like a random walk, sqrt(n_terms) times the machine epsilon times the
+    size of the terms (n_terms times at worst). The largest |value| of ``reference`` stands for that size; the
+    factor 8 covers the two evaluations compared and the tail over many values."""
+    return 8.0 * math.sqrt(n_terms) * torch.finfo(dtype).eps * float(reference.detach().abs().max())
 
 
 def make_sequences(n: int, seed: int, min_len: int = 8, max_len: int = 60, families: int = 6) -> list[np.ndarray]:

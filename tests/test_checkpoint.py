@@ -74,8 +74,11 @@ def test_loading_never_runs_pickled_code(tmp_path):
     path = save_checkpoint(tmp_path, 1, _weights(1), _state(1), {}, keep_last=1)
     # a state file carrying an arbitrary object (pickled code path) must be refused, not executed
     torch.save({"step": 1, "payload": random.Random(0)}, path / "state.pt")
-    with pytest.raises(InputError, match=r"state.pt: unreadable training state"):
+    with pytest.raises(InputError, match=r"state.pt: unreadable training state") as refused:
         load_checkpoint(path)
+    # one line naming the refused type, not torch's advice to load it with weights_only=False
+    assert "\n" not in str(refused.value) and "pickled random.Random object" in str(refused.value)
+    assert "weights_only" not in str(refused.value)
 
 
 def test_damaged_weights_are_reported(tmp_path):

@@ -1,5 +1,5 @@
-"""Two CPU ranks under torchrun (gloo), with DDP and with FSDP: synchronised weights, disjoint data,
-coordinated stop and bit-identical resume."""
+"""Two CPU ranks under torchrun (gloo), with DDP, FSDP and FSDP over the packed encoder layout:
+synchronised weights, disjoint data, coordinated stop and bit-identical resume; FSDP on one process."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ DRIVER = textwrap.dedent(
     cfg_path, shards, out, stop_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     cfg = TrainConfig.from_yaml(cfg_path)
     rank = int(os.environ["RANK"])
-    seen = []
+    seen, sharded = [], None
 
     def on_batch(step, batch):
         seen.append({"step": step, "epoch": batch.epoch, "tokens": batch.tokens.tolist()})
@@ -45,6 +45,8 @@ DRIVER = textwrap.dedent(
         if step == stop_at and rank == 1:  # a stop signal that reaches one rank only
             os.kill(os.getpid(), signal.SIGTERM)
         if step == cfg.optim.total_steps:
+            global sharded
+            sharded = any(hasattr(v, "full_tensor") for v in model.state_dict().values())
             # under FSDP each rank holds shards (DTensors): gather them (collective) to compare whole tensors
             state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).contiguous()
                      for k, v in model.state_dict().items()}
@@ -53,14 +55,15 @@ DRIVER = textwrap.dedent(
     code = train(cfg, shards, out, final_path=f"{out}/final/model.safetensors",
                  hooks=TrainHooks(on_batch=on_batch, after_step=after_step))
     with open(f"{out}/rank{rank}-{stop_at}.json", "w") as fh:
-        json.dump({"code": code, "seen": seen}, fh)
+        json.dump({"code": code, "seen": seen, "sharded": sharded}, fh)
     """
 )
 
 
-def _config(fsdp: bool = False) -> dict:
+def _config(fsdp: bool = False, attention: str = "auto") -> dict:
     return {
         "fsdp": fsdp,
+        "attention": attention,
         "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
         "optim": {"lr": 3e-3, "warmup_steps": 1, "total_steps": STEPS},
         "data": {"tokens_per_batch": 256, "buffer_rows": 32, "num_workers": 0},
@@ -86,18 +89,22 @@ def shard_case(tmp_path_factory):
     return root, shards
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+@pytest.fixture(scope="module", params=["ddp", "fsdp", "fsdp-packed"])
 def ddp_case(request, shard_case):
-    """(run folder of this mode, shards, config path); the run itself is made by the first test."""
+    """(run folder of this mode, shards, config path); the run itself is made by the first test.
+
+    "fsdp-packed" runs the encoder's packed layout (the one a GPU takes under bf16) through its CPU
+    kernel, so the sharded, per-layer wrapped model is exercised with (T, C) activations too."""
     root, shards = shard_case
     cfg_path = root / f"{request.param}.yaml"
-    cfg_path.write_text(yaml.safe_dump(_config(fsdp=request.param == "fsdp")))
+    attention = "packed" if request.param.endswith("packed") else "auto"
+    cfg_path.write_text(yaml.safe_dump(_config(fsdp=request.param.startswith("fsdp"), attention=attention)))
     return root / request.param, shards, cfg_path
 
 
-def _torchrun(cfg_path: Path, shards: Path, out: Path, stop_at: int = -1) -> subprocess.CompletedProcess:
+def _torchrun(cfg_path: Path, shards: Path, out: Path, stop_at: int = -1, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
            str(cfg_path.parent / "driver.py"), str(cfg_path), str(shards), str(out), str(stop_at)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cfg_path.parent)
 
@@ -168,4 +175,30 @@ def test_fsdp_and_ddp_train_the_same_model(shard_case):
     assert a.keys() == b.keys()
     # same data, masks and initial weights; only the order of floating-point reductions may differ
     for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_fsdp_runs_on_a_single_process_under_torchrun(shard_case):
+    """One GPU's case: `torchrun --nproc_per_node 1` with fsdp: true shards (trivially) and trains the
+    model a plain single-process run trains."""
+    root, shards = shard_case
+    cfg_path = root / "fsdp-single.yaml"
+    cfg_path.write_text(yaml.safe_dump(_config(fsdp=True)))
+    sharded_out, plain_out = root / "fsdp-single", root / "plain-single"
+    done = _torchrun(cfg_path, shards, sharded_out, ranks=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": "0"}  # no MASTER_ADDR: no process group, no FSDP
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    cmd = [sys.executable, str(root / "driver.py"), str(cfg_path), str(shards), str(plain_out), "-1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sharded = json.loads((sharded_out / "rank0--1.json").read_text())
+    plain = json.loads((plain_out / "rank0--1.json").read_text())
+    assert sharded["sharded"] is True and plain["sharded"] is False
+    assert [b["tokens"] for b in sharded["seen"]] == [b["tokens"] for b in plain["seen"]]
+    assert sorted(p.name for p in (sharded_out / "checkpoints").iterdir()) == [f"step-{STEPS}"]
+    a, b = load_file(sharded_out / "final" / "model.safetensors"), load_file(plain_out / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:  # same data, masks, dropout and weights; only reduction order may differ
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)

@@ -176,6 +176,7 @@ def test_head_on_a_different_encoder_is_refused(tmp_path, encoders, capsys):
     train = write_structures(tmp_path / "train.jsonl", 4, seed=1, lengths=(12, 20))
     head = _constant_head(tmp_path, encoders["pmlm"], "contact", train, [0.0])
     other = make_encoder(tmp_path / "other" / "model.safetensors", max_len=24, seed=3)
+    capsys.readouterr()  # the fine-tuning above reported its progress; what follows is evaluate's alone
     code = main(["evaluate", "--head", str(head), "--encoder", str(other), "--test", f"t={train}",
                  "--out", str(tmp_path / "x.tsv")])
     err = capsys.readouterr().err

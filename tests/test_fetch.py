@@ -233,7 +233,10 @@ def test_cli_bad_checksum_is_one_line(tmp_path, capsys):
     code = cli.main(["fetch", src.as_uri(), "-o", str(dest), "--sha256", "f" * 64])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.count("\n") == 1 and err.startswith("pmlm fetch: error:") and "checksum mismatch" in err
+    # progress lines may come first (the whole file arrived); the error itself is the last line, and one line
+    *progress, last = err.splitlines()
+    assert last.startswith("pmlm fetch: error:") and "checksum mismatch" in last and "Traceback" not in err, err
+    assert all(line.startswith("pmlm fetch file://") for line in progress), err
     assert not dest.exists() and not _part(dest).exists()
 
 

@@ -59,6 +59,22 @@ def test_binary_junk(tmp_path):
     assert_no_output(tmp_path)
 
 
+def test_latin1_header_is_decoded_and_counted(tmp_path):
+    """Old tools write Latin-1 names into headers: read as Latin-1 (every byte is a character), counted."""
+    text = ">P1 M\xfcller lab\nMKV\n>\xe9t\xe9 protein\nACDE\n>P3 caf\xc3\xa9\nWY\n".encode("latin-1")
+    stats, recs = run_ingest(tmp_path, text, binary=True, gz=True)
+    assert recs == [("P1", "MKV"), ("\u00e9t\u00e9", "ACDE"), ("P3", "WY")]  # the id keeps its letters, now UTF-8
+    assert stats["repaired"] == {"header_latin1": 2}  # P3's header is valid UTF-8 (caf\u00e9): no repair
+    titles = [r.title for r in read_fasta(write(tmp_path / "raw.fa", text, binary=True))]
+    assert titles == ["P1 M\u00fcller lab", "\u00e9t\u00e9 protein", "P3 caf\u00e9"]
+
+
+def test_latin1_in_a_sequence_line_is_binary_junk(tmp_path):
+    with pytest.raises(InputError, match=r"in\.fa:4: binary data \(not UTF-8 text\)"):
+        run_ingest(tmp_path, b">a\nMK\n>b caf\xe9\nMK\xe9\n", binary=True)
+    assert_no_output(tmp_path)
+
+
 def test_truncated_gzip(tmp_path):
     data = gzip.compress(("".join(f">s{i}\n{'MKVLA' * 40}\n" for i in range(2000))).encode())
     src = tmp_path / "in.fa.gz"

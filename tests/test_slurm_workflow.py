@@ -1,7 +1,8 @@
-"""The demo workflow's data and pre-training stages on a real one-node SLURM cluster (tests/slurm/cluster.sh)
-through profiles/slurm-local: data rules as CPU jobs, pre-training as GPU jobs launched by `pmlm launch` in
-their own srun step, and a pre-training job stopped with SIGUSR1 that is resubmitted and resumes from its
-checkpoint."""
+"""The demo workflow's data and pre-training stages on a real one-node SLURM cluster (tests/slurm/cluster.sh),
+run as a user runs it: `snakemake --profile slurm` from the repository root, with only the cluster's CPU
+partition and account on the command line. Data rules go as CPU jobs, pre-training as 4-GPU jobs in the GPU
+partition whose trainers `pmlm launch` starts in their own srun step, and a pre-training job stopped with
+SIGUSR1 is resubmitted and resumes from its checkpoint."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 from local_cluster import (  # noqa: E402
-    LOCAL_PROFILE,
+    CLUSTER_ACCOUNT,
+    CLUSTER_GPU_PARTITION,
+    CLUSTER_PARTITION,
     REPO,
     LocalCluster,
+    cluster_default_resources,
     scontrol_job,
     slurm_cluster,  # noqa: F401  (module-scoped fixture)
     snakemake_command,
@@ -46,6 +50,8 @@ SHORT = {
 }  # fmt: skip
 # A third model, long enough to be stopped mid-run: small batches, a checkpoint every 10 steps.
 RESUME_TOTAL_STEPS = 200
+# the GPUs profiles/slurm gives a pre-training job: one trainer each
+PRETRAIN_GPUS = 4
 RESUME = {
     "pretrain": {
         "models": [{"dataset": "demo", "objective": "pmlm_pair_only", "preset": "tiny"}],
@@ -56,10 +62,11 @@ RESUME = {
 RESUME_RUN_DIR = f"{RESULTS}/pretrain_runs/demo/pmlm_pair_only-tiny"
 RESUME_WEIGHTS = f"{RESULTS}/pretrain/demo/pmlm_pair_only-tiny/model.safetensors"
 
-# bounds against a hang only (the demo took ~2 min here, the resume case ~80 s)
-DEMO_TIMEOUT_S = 420
-RESUME_TIMEOUT_S = 300
-CHECKPOINT_WAIT_S = 180
+# bounds against a hang only (the demo took ~5 min here, the resume case ~3 min: the profile's first
+# status query comes 40 s after a submission, later ones 10 s further apart each)
+DEMO_TIMEOUT_S = 900
+RESUME_TIMEOUT_S = 600
+CHECKPOINT_WAIT_S = 300
 POLL_S = 0.5
 
 DATA_RULES = {"ingest_sequences", "split_clusters", "tokenize_shards"}
@@ -68,14 +75,14 @@ RESUMED = re.compile(r"pmlm pretrain: resuming from (\S+)/checkpoints/step-(\d+)
 
 
 def _snakemake_args(workdir: Path, configfiles: list[Path], *targets: str) -> list[str]:
+    """`snakemake --profile slurm` as the README gives it, run from the repository root: the profile and the
+    workflow profile as they are, the cluster's partition and account, and what to run where."""
     return [
-        "-s", str(REPO / "Snakefile"),
+        "--profile", "slurm",
+        "--default-resources", *cluster_default_resources(),
         "--directory", str(workdir),
         "--configfile", str(REPO / "config" / "config.yaml"), *map(str, configfiles),
-        "--executor", "slurm",
-        "--profile", str(LOCAL_PROFILE),
-        "--workflow-profile", "none",
-        "--verbose",
+        "--verbose",  # logs each sbatch call
         *targets,
     ]  # fmt: skip
 
@@ -91,10 +98,12 @@ def demo_run(slurm_cluster: LocalCluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm-demo")
     workdir = root / "work"
     short = _write_yaml(root / "short.yaml", SHORT)
+    started = time.monotonic()
     result = subprocess.run(
         snakemake_command(_snakemake_args(workdir, [short], DEMO_TARGET), DEMO_TIMEOUT_S),
-        cwd=root, capture_output=True, text=True, env=snakemake_env(),
+        cwd=REPO, capture_output=True, text=True, env=snakemake_env(),
     )  # fmt: skip
+    print(f"demo up to pre-training through SLURM: {time.monotonic() - started:.0f} s")
     return root, workdir, short, result
 
 
@@ -104,7 +113,8 @@ def test_demo_dag_runs_as_slurm_jobs(demo_run, slurm_cluster: LocalCluster):
     assert result.returncode == 0, (
         f"snakemake exited {result.returncode} (124: timed out)\n{tail(log)}\n{slurm_cluster.log_tails()}"
     )
-    assert "command=squeue" in log and "Falling back to 'sacct'" not in log
+    assert "Using profiles slurm and workflow specific profile" in log  # both profiles, as a user gets them
+    assert "command=sacct" in log  # jobs seen to finish through the accounting database
 
     for name in ("tables/pretrain_scores.md", "tables/pretrain_scores.csv", "figures/kl_histogram.png",
                  "pretrain/demo/mlm-tiny/model.safetensors", "pretrain/demo/pmlm-tiny/model.safetensors"):
@@ -123,12 +133,17 @@ def test_demo_dag_runs_as_slurm_jobs(demo_run, slurm_cluster: LocalCluster):
         record = slurm_cluster.jobcomp_record(job.job_id)
         assert record["JobState"] == "COMPLETED", record
         assert Path(record["WorkDir"]) == workdir, record
+        # the profile's settings reached sbatch: partitions, account, requeue
+        assert f"-A {CLUSTER_ACCOUNT}" in job.sbatch and "--requeue" in job.sbatch, job.sbatch
         controller = scontrol_job(job.job_id)
         tres = controller.get("TresPerJob", "")
         if job.rule == "pretrain":
             assert controller, f"job {job.job_id} already gone from the controller"  # they end last
-            assert "--gpus=1" in job.sbatch and "gres:gpu:1" in tres, (job.sbatch, tres)
+            assert record["Partition"] == CLUSTER_GPU_PARTITION, record
+            assert f"--gpus={PRETRAIN_GPUS}" in job.sbatch and f"gres:gpu:{PRETRAIN_GPUS}" in tres, (job.sbatch, tres)
+            assert "--ntasks-per-gpu" not in job.sbatch, job.sbatch
         else:
+            assert record["Partition"] == CLUSTER_PARTITION, record
             assert "--gpus" not in job.sbatch and "gpu" not in tres, (job.rule, job.sbatch, tres)
 
     # the rule's shell ran in the batch script (`mpi`), and `pmlm launch` started the trainer in its own step
@@ -136,7 +151,11 @@ def test_demo_dag_runs_as_slurm_jobs(demo_run, slurm_cluster: LocalCluster):
         assert "--ntasks-per-node=" in job.sbatch and "--signal=USR1@" in job.sbatch, job.sbatch
     for model in ("mlm-tiny", "pmlm-tiny"):
         rule_log = (workdir / "logs" / "demo" / "pretrain" / "demo" / f"{model}.log").read_text()
-        assert re.search(r"^pmlm launch: .*inside SLURM's srun step: srun ", rule_log, re.M), rule_log[:2000]
+        launch = f"^pmlm launch: 1 node\\(s\\) x {PRETRAIN_GPUS} process\\(es\\), inside SLURM's srun step: srun "
+        assert re.search(launch, rule_log, re.M), rule_log[:2000]
+        # the job says how far it is: a progress line at each tenth of the 30 steps
+        steps = [int(s) for s in re.findall(r"^pmlm pretrain: (\d+)/30 steps", rule_log, re.M)]
+        assert steps == [3 * k for k in range(1, 11)], rule_log[-3000:]
 
 
 def _first_checkpoint(run_dir: Path, snakemake: subprocess.Popen) -> int:
@@ -165,28 +184,34 @@ def test_stopped_pretraining_is_resubmitted_and_resumes(demo_run, slurm_cluster:
         pytest.fail("the demo run failed (see test_demo_dag_runs_as_slurm_jobs); its data is needed here")
     resume = _write_yaml(root / "resume.yaml", RESUME)
     out_path = root / "resume.out"
+    started = time.monotonic()
     with out_path.open("w") as out:
         snakemake = subprocess.Popen(
             snakemake_command(_snakemake_args(workdir, [short, resume], RESUME_WEIGHTS), RESUME_TIMEOUT_S),
-            cwd=root, stdout=out, stderr=subprocess.STDOUT, text=True, env=snakemake_env(),
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, env=snakemake_env(),
         )  # fmt: skip
         try:
             first_step = _first_checkpoint(workdir / RESUME_RUN_DIR, snakemake)
-            # to the job's steps only: the srun step of `pmlm launch`, i.e. the trainer
+            # to the job's steps only: the srun step of `pmlm launch`, i.e. the trainers
             job_id = _running_job("rule_pretrain_wildcards_demo_pmlm_pair_only_tiny")
             subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True, text=True)
         finally:
             returncode = snakemake.wait()
+    print(f"stop, resubmission and resume through SLURM: {time.monotonic() - started:.0f} s")
     log = out_path.read_text()
     assert returncode == 0, f"snakemake exited {returncode} (124: timed out)\n{tail(log)}\n{slurm_cluster.log_tails()}"
 
-    # the stopped job failed with the trainer's exit 99 in its step; Snakemake submitted it again
+    # the stopped job failed and Snakemake submitted it again. Its rule's command ended with the requeue exit
+    # 99 (torchrun reports its workers' 99 as 1 for the srun step; `pmlm launch` maps it back from the marker
+    # the workers left), as the job's SLURM log says, which the executor keeps for a failed job
     jobs = [job for job in submissions(log) if job.rule == "pretrain"]
     assert [job.job_id for job in jobs][:1] == [job_id] and len(jobs) == 2, jobs
     stopped, resumed = (slurm_cluster.jobcomp_record(job.job_id) for job in jobs)
-    assert stopped["JobState"] == "FAILED" and stopped["DerivedExitCode"].startswith("99:"), stopped
+    assert stopped["JobState"] == "FAILED", stopped
+    job_log = jobs[0].log if jobs[0].log.is_absolute() else workdir / jobs[0].log
+    assert "returned non-zero exit status 99" in job_log.read_text(), job_log
     assert resumed["JobState"] == "COMPLETED", resumed
-    assert "--requeue" in jobs[0].sbatch
+    assert "--requeue" in jobs[0].sbatch and "--signal=USR1@" in jobs[0].sbatch
 
     # the second job's trainer resumed from the checkpoint the stop signal left, not from scratch
     rule_log = (workdir / "logs" / "demo" / "pretrain" / "demo" / "pmlm_pair_only-tiny.log").read_text()

@@ -146,6 +146,26 @@ def test_other_objectives_run_and_report_their_metrics(tmp_path, shard_dir, obje
         assert scores["l_pmlm"] > 0 and scores["dacc"] is not None
 
 
+@pytest.mark.slow
+def test_compiled_layers_train_like_eager_layers(tmp_path, shard_dir):
+    """compile: true on CPU (inductor): the run trains, keeps the parameter names, and its first loss
+    equals the eager run's up to fp32 rounding (inductor fuses and reorders the same sums)."""
+    overrides = {"num_layers": 2, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64, "dropout": 0.0}  # no RNG
+    runs = {}
+    for compiled in (False, True):
+        cfg = TrainConfig.from_dict(_config(model__overrides=overrides, compile=compiled, optim__total_steps=3,
+                                            save_every=0, eval_every=0))
+        out = tmp_path / f"compile-{compiled}"
+        assert train(cfg, shard_dir, out, final_path=out / "model.safetensors") == 0
+        runs[compiled] = ([float(r["loss"]) for r in _rows(out)], load_file(out / "model.safetensors"))
+    (eager_losses, eager_weights), (compiled_losses, compiled_weights) = runs[False], runs[True]
+    assert compiled_weights.keys() == eager_weights.keys()  # checkpoints stay interchangeable
+    assert all(math.isfinite(x) for x in compiled_losses) and len(compiled_losses) == 3
+    # reductions of length <= ffn + max_len per layer, relative bound K * eps each (metrics.csv keeps 6 digits)
+    tol = max(2 * (64 + 64) * torch.finfo(torch.float32).eps, 1e-5)
+    assert math.isclose(compiled_losses[0], eager_losses[0], rel_tol=tol)
+
+
 def test_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, resume_case):
     shards, cfg_path, ref = resume_case
     out = tmp_path / "run"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,6 +146,15 @@ def test_demo_workflow(tmp_path):
     assert "| ours | PMLM-tiny | demo | pair-kl | demo_test |" in tables["unsupervised_contact"]
     assert "MLM-tiny" not in tables["unsupervised_contact"].replace("PMLM-tiny", "")
     assert "| paper | PMLM-base | Pfam | - | 0.199 | 0.446 | 0.946 |" in tables["remote_homology"]
+    # every long job says how far it is in its rule's log: a line per tenth of pre-training and fine-tuning
+    logs = tmp_path / "logs" / "demo"
+    for objective in ("mlm", "pmlm"):
+        text = (logs / "pretrain" / "demo" / f"{objective}-tiny.log").read_text()
+        steps = [int(s) for s in re.findall(r"^pmlm pretrain: (\d+)/30 steps \(\d+%\) loss ", text, re.M)]
+        assert steps == [3 * k for k in range(1, 11)], text
+        text = (logs / "finetune" / "demo" / f"{objective}-tiny" / "ss3.log").read_text()
+        assert re.search(r"^pmlm finetune: 6/6 steps \(100%\) loss \S+ lr ", text, re.M), text
+    assert "pmlm ingest: 6,000 records" in (logs / "ingest" / "demo.log").read_text()
     # a second run has nothing to do: outputs are complete and up to date
     again = snakemake(*args, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -19,6 +19,7 @@ from pmlm.errors import ConfigError
 from pmlm.evaluation.kl import residue_joint
 from pmlm.evaluation.metrics import contact_precision
 from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
+from pmlm.model.encoder import key_padding_mask
 from pmlm.synth.potts import chance_precision, top_k_precision
 
 
@@ -155,12 +156,7 @@ def attention_probabilities(model, tokens: torch.Tensor) -> tuple[torch.Tensor, 
     encoder = model.encoder
     B, T = tokens.shape
     x = encoder.dropout(encoder.embed(tokens) + encoder.positions[:T])  # (B, T, C)
-    pad = tokens.eq(alphabet.PAD_ID)
-    attn_mask = None
-    if bool(pad.any()):
-        keep = ~pad
-        keep[:, 0] = True  # as the encoder does, so all-<pad> rows stay finite
-        attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
+    attn_mask = key_padding_mask(tokens)  # (B, 1, 1, T) or None: the encoder's padded layout
     maps = []
     for layer in encoder.layers:
         attn = layer.attn

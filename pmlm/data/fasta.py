@@ -3,6 +3,11 @@
 Records are parsed by Biopython's ``SimpleFastaParser``; this module adds what a pipeline
 needs around it: gzip detected by magic bytes (not by file name), fast ISA-L decompression,
 binary-junk and truncated-gzip detection, and the 1-based line number of each record's header.
+
+Text is UTF-8. A header line that is not (real files carry Latin-1 names such as ``Müller`` written by
+old tools; UniProt's own XML is declared ISO-8859-1) is decoded as Latin-1, which maps every byte to
+a character, and counted as the repair ``header_latin1``; a sequence line that is not UTF-8 is binary
+junk and an error.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import gzip
 import io
 import os
 import zlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +38,7 @@ GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, _isal_error)
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_BUFFER = 1 << 20
+LATIN1_REPAIR = "header_latin1"
 
 
 class FastaRecord(NamedTuple):
@@ -65,10 +71,11 @@ def open_binary(path: str | os.PathLike, threaded: bool = False):
     return open(path, "rb", buffering=READ_BUFFER)
 
 
-def _counted_lines(path: str, text: io.TextIOBase, header_lines: deque) -> Iterator[str]:
+def _counted_lines(path: str, text: io.TextIOBase, header_lines: deque, repairs: Counter | None) -> Iterator[str]:
     """Lines for the parser; appends the 1-based line number of every header to ``header_lines``.
 
     A generator rather than an iterator class: this runs once per input line, so it stays lean.
+    ``text`` decodes with surrogateescape: bytes that are not UTF-8 arrive as lone surrogates.
     """
     n = 0
     try:
@@ -80,22 +87,30 @@ def _counted_lines(path: str, text: io.TextIOBase, header_lines: deque) -> Itera
                 raise InputError(path, "expected a FASTA header starting with '>'", line=n)
             if "\x00" in line:
                 raise InputError(path, "binary data (NUL byte): is this a FASTA file?", line=n)
+            if not line.isascii():  # rare; the check below costs only then
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError:  # undecodable bytes, kept as surrogates
+                    if line[:1] != ">":
+                        raise InputError(path, "binary data (not UTF-8 text): is this a FASTA file?", line=n) from None
+                    line = line.encode("utf-8", "surrogateescape").decode("latin-1")
+                    if repairs is not None:
+                        repairs[LATIN1_REPAIR] += 1
             yield line
     except GZIP_ERRORS as exc:
         raise InputError(path, f"corrupt or truncated gzip stream after line {n} ({exc}); re-download the file", line=n + 1) from None
-    except UnicodeDecodeError:
-        raise InputError(path, "binary data (not UTF-8 text): is this a FASTA file?", line=n + 1) from None
     except InputError:
         raise
     except OSError as exc:
         raise InputError(path, f"cannot read after line {n} ({exc})", line=n + 1) from None
 
 
-def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord]:
+def read_fasta(path: str | os.PathLike, repairs: Counter | None = None) -> Iterator[FastaRecord]:
     """Yield records of a FASTA or FASTA.gz file in constant memory (one record at a time).
 
     Raises InputError (file and line) for: no header before sequence data, binary content,
-    corrupt or truncated gzip, and a file with no record at all.
+    corrupt or truncated gzip, and a file with no record at all. Headers decoded as Latin-1
+    are counted in ``repairs`` (key ``header_latin1``).
     """
     # imported here: Biopython's import costs ~0.5 s, which the readers of pmlm.data.formats don't pay
     from Bio.SeqIO.FastaIO import SimpleFastaParser
@@ -106,12 +121,12 @@ def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord]:
     if os.path.getsize(path) == 0:
         raise InputError(path, "file is empty (no FASTA records)")
     raw = open_binary(path)
-    # strict UTF-8: real headers are text; binary junk fails to decode (or has NUL bytes)
-    text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+    # UTF-8; bytes that are not UTF-8 become surrogates, which _counted_lines repairs (header) or rejects
+    text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline=None)
     header_lines: deque[int] = deque()
     n = 0
     try:
-        for title, seq in SimpleFastaParser(_counted_lines(path, text, header_lines)):
+        for title, seq in SimpleFastaParser(_counted_lines(path, text, header_lines, repairs)):
             n += 1
             yield FastaRecord(title=title, sequence=seq, line=header_lines.popleft())
     finally:

@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pmlm import __version__
 from pmlm.errors import ConfigError, DownloadError
+from pmlm.progress import Progress
 
 # progress(bytes_in_part_file, total_bytes_or_None), called after every chunk
 ProgressFn = Callable[[int, "int | None"], None]
@@ -451,22 +452,6 @@ def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions
 
 # ----------------------------------------------------------------------------------------- CLI
 
-class _ProgressLog:
-    """Prints a progress line at most every ``every`` seconds, so cluster logs stay short."""
-
-    def __init__(self, url: str, every: float):
-        self.url, self.every = redact(url), every
-        self._last = time.monotonic()
-
-    def __call__(self, done: int, total: int | None) -> None:
-        now = time.monotonic()
-        if now - self._last < self.every:
-            return
-        self._last = now
-        of = f" of {total / 2**20:.1f} MiB ({100 * done / total:.0f}%)" if total else ""
-        _log(f"{self.url}: {done / 2**20:.1f} MiB{of}")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = FetchOptions()
     parser.add_argument("url", help="source URL: http://, https://, ftp:// or file://")
@@ -484,7 +469,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=defaults.timeout,
                         help="socket timeout in seconds (default: %(default)s)")
     parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
-                        help="print progress at most this often (default: %(default)s)")
+                        help="off a terminal, a progress line this often (default: %(default)s)")
 
 
 def _listed_digests(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -508,7 +493,7 @@ def _listed_digests(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     md5, sha256 = _listed_digests(args)
-    fetch(args.url, args.dest, md5=md5, sha256=sha256, retries=args.retries,
-          backoff=args.backoff, timeout=args.timeout,
-          progress=_ProgressLog(args.url, args.progress_every))
+    with Progress(f"pmlm fetch {redact(args.url)}", unit="bytes", every_s=args.progress_every) as progress:
+        fetch(args.url, args.dest, md5=md5, sha256=sha256, retries=args.retries,
+              backoff=args.backoff, timeout=args.timeout, progress=progress.update)
     return 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pmlm.data.columns import fasta_columns
-from pmlm.data.fasta import GZIP_ERRORS, open_binary
+from pmlm.data.fasta import GZIP_ERRORS, LATIN1_REPAIR, open_binary
 from pmlm.errors import ConfigError, InputError
 
 FORMATS = ("fasta", "pfam_fasta", "uniref_xml")
@@ -80,17 +81,33 @@ def detect_format(path: str | os.PathLike) -> str:
     return "fasta"
 
 
-def _text_check(path: str, body: bytes, line: int) -> None:
-    """Binary junk fails here with its line, as in read_fasta (NUL bytes, invalid UTF-8)."""
+def _text_check(path: str, body: bytes, line: int, repairs: Counter | None = None) -> bytes:
+    """Binary junk fails here with its line, as in read_fasta (NUL bytes, invalid UTF-8). A header line
+    that is not UTF-8 is read as Latin-1, as read_fasta does, re-encoded as UTF-8 and counted in
+    ``repairs`` (``header_latin1``); returns the block's text."""
     pos = body.find(b"\x00")
     if pos >= 0:
         raise InputError(path, "binary data (NUL byte): is this a FASTA file?", line=line + body.count(b"\n", 0, pos))
-    if not body.isascii():
+    if body.isascii():
+        return body
+    try:
+        body.decode("utf-8")
+        return body
+    except UnicodeDecodeError:
+        pass
+    lines = body.split(b"\n")  # rare: line by line only for a block that holds a non-UTF-8 byte
+    for i, text in enumerate(lines):
+        if text.isascii():
+            continue
         try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(path, "binary data (not UTF-8 text): is this a FASTA file?",
-                             line=line + body.count(b"\n", 0, exc.start)) from None
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            if not text.startswith(b">"):
+                raise InputError(path, "binary data (not UTF-8 text): is this a FASTA file?", line=line + i) from None
+            lines[i] = text.decode("latin-1").encode("utf-8")
+            if repairs is not None:
+                repairs[LATIN1_REPAIR] += 1
+    return b"\n".join(lines)
 
 
 def _newlines(body: bytes) -> int:
@@ -98,11 +115,12 @@ def _newlines(body: bytes) -> int:
     return int(np.count_nonzero(np.frombuffer(body, dtype=np.uint8) == 10))
 
 
-def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: bool = True) -> Iterator[tuple]:
+def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: bool = True,
+                 repairs: Counter | None = None) -> Iterator[tuple]:
     """Yield ``(records, line)``: the raw text of consecutive records (without their '>') and the
     line of the first one. A record's text is its header line, a newline and its sequence lines.
     With ``split=False`` the records come as one bytes object, from the first '>' to the end of the
-    last record, for callers that cut it themselves.
+    last record, for callers that cut it themselves. Latin-1 headers are counted in ``repairs``.
     """
     block_size = block_size or BLOCK_SIZE
     path = str(path)
@@ -139,7 +157,7 @@ def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: 
                 body, pending = data, b""
             if not body:
                 break
-            _text_check(path, body, line)
+            body = _text_check(path, body, line, repairs)
             yield (body[1:].split(b"\n>") if split else body), line
             line += _newlines(body) + 1
             if not block:
@@ -215,12 +233,13 @@ def read_fasta_source(path: str | os.PathLike, pfam: bool = False) -> Iterator[B
         yield fasta_block(str(path), body, line, pfam)
 
 
-def source_chunks(path: str | os.PathLike, fmt: str) -> Iterator:
+def source_chunks(path: str | os.PathLike, fmt: str, repairs: Counter | None = None) -> Iterator:
     """The raw pieces of a source that :func:`parse_chunk` turns into blocks, cut in this process
-    (decompression, record boundaries, XML well-formedness) so workers can parse them."""
+    (decompression, record boundaries, XML well-formedness) so workers can parse them; FASTA headers
+    read as Latin-1 are counted in ``repairs``."""
     from pmlm.data.uniref import entry_chunks
 
-    return entry_chunks(path) if fmt == "uniref_xml" else fasta_blocks(path, split=False)
+    return entry_chunks(path) if fmt == "uniref_xml" else fasta_blocks(path, split=False, repairs=repairs)
 
 
 def parse_chunk(path: str, fmt: str, chunk, lines: bool = True) -> Block:

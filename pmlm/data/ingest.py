@@ -41,6 +41,7 @@ from pmlm.data.formats import (
 )
 from pmlm.data.normalise import STANDARD, IngestPolicy, Normaliser
 from pmlm.errors import ConfigError, InputError
+from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
 class _Origins:
@@ -210,11 +211,13 @@ def _first_pass(inputs, formats, first, norm, origins, seq_log, id_log) -> tuple
     returns (records read, tally)."""
     read = 0
     tally = _Tally()
+    progress = Progress("pmlm ingest")  # records read, a line a minute in the rule's log
     with open(first, "wb", buffering=1 << 22) as out:
         for path, fmt in zip(inputs, formats):
-            for chunk in source_chunks(path, fmt):
+            for chunk in source_chunks(path, fmt, norm.repaired):  # counts headers read as Latin-1
                 cleaned = _clean_chunk(path, fmt, norm.policy, chunk)
                 read += cleaned.read
+                progress.advance(cleaned.read)
                 norm.dropped.update(cleaned.dropped)
                 norm.repaired.update(cleaned.repaired)
                 if not cleaned.fasta:
@@ -224,6 +227,7 @@ def _first_pass(inputs, formats, first, norm, origins, seq_log, id_log) -> tuple
                 seq_log.extend_bytes(cleaned.seq_hashes)
                 id_log.extend_bytes(cleaned.id_hashes)
                 tally.merge(cleaned.tally)
+    progress.close()  # on success only: an error stays the run's one line
     return read, tally
 
 

@@ -40,6 +40,7 @@ from pmlm import alphabet
 from pmlm.data.columns import Columns, one_line_columns
 from pmlm.data.formats import WHITESPACE, fasta_blocks
 from pmlm.errors import ConfigError, InputError
+from pmlm.progress import Progress
 from pmlm.utils import atomic_output, file_digest
 
 FORMAT = "pmlm-shards/2"
@@ -334,9 +335,13 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         root = Path(tmp)
         for split, paths in inputs.items():
             writer = SplitWriter(root, split, num_shards, row_group_size, compression_level)
+            progress = Progress(f"pmlm tokenize {split}")  # records, a line a minute in the rule's log
             for path in map(str, paths):
                 for body, line in fasta_blocks(path, split=False):
-                    writer.add(_shard_block(path, body, line, num_shards))
+                    block = _shard_block(path, body, line, num_shards)
+                    writer.add(block)
+                    progress.advance(block.batch.num_rows)
+            progress.close()  # on success only: an error stays the run's one line
             manifest["splits"][split] = writer.close()
         (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -22,6 +22,7 @@ import numpy as np
 
 from pmlm.data.fasta import open_binary, read_fasta
 from pmlm.errors import ConfigError, InputError, PmlmError
+from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
 
@@ -184,10 +185,12 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
     counts = {"train": 0, "valid": 0}
     clusters = {"train": set(), "valid": set()}
     seen = 0
+    progress = Progress("pmlm split: writing train / valid", len(ids))
     with atomic_output(out / "train.fasta") as t_tmp, atomic_output(out / "valid.fasta") as v_tmp, \
             open(t_tmp, "w", buffering=1 << 20) as train_fh, open(v_tmp, "w", buffering=1 << 20) as valid_fh:
         for index, rec in enumerate(read_fasta(fasta)):
             seen += 1
+            progress.advance()
             if index in removed:
                 continue
             rep = int(rep_of[index])
@@ -196,6 +199,7 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
             (valid_fh if side == "valid" else train_fh).write(f">{rec.title} cluster={ids[rep]}\n{rec.sequence}\n")
             counts[side] += 1
             clusters[side].add(rep)
+    progress.close()
     assert not clusters["train"] & clusters["valid"], "a cluster ended up on both sides of the split"
     stats = {
         "input": fasta,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pmlm import alphabet
+from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
 SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 24"), (24, None, "s >= 24")]
@@ -40,15 +41,17 @@ def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues:
     return out
 
 
-def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: int, device: str = "cpu") -> dict:
-    """KL and separation for sampled pairs (i < j, both standard residues) of each sequence."""
+def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: int, device: str = "cpu",
+            progress=None) -> dict:
+    """KL and separation for sampled pairs (i < j, both standard residues) of each sequence;
+    ``progress`` (a pmlm.progress.Progress) counts the sequences."""
     import torch
 
     with torch.inference_mode():
-        return _pair_kl(model, sequences, pairs_per_sequence, seed, device)
+        return _pair_kl(model, sequences, pairs_per_sequence, seed, device, progress)
 
 
-def _pair_kl(model, sequences, pairs_per_sequence, seed, device) -> dict:
+def _pair_kl(model, sequences, pairs_per_sequence, seed, device, progress) -> dict:
     import torch
 
     from pmlm.evaluation.unsupervised import kl_independence, mutual_information
@@ -56,6 +59,8 @@ def _pair_kl(model, sequences, pairs_per_sequence, seed, device) -> dict:
     rng = np.random.default_rng(seed)
     kls, seps = [], []
     for residues in sequences:
+        if progress is not None:
+            progress.advance()
         standard = np.flatnonzero(alphabet.residue_class(residues) >= 0)
         if standard.size < 2:
             continue
@@ -190,7 +195,8 @@ def run(args) -> int:
             raise ConfigError(f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model")
         max_res = min(args.max_residues, model.cfg.max_len - 2)
         seqs = read_sequences(shards[name], args.split, args.sequences, max_res)
-        results[name] = pair_kl(model, seqs, args.pairs, args.seed)
+        with Progress(f"pmlm kl {name}", len(seqs), unit="sequences") as progress:
+            results[name] = pair_kl(model, seqs, args.pairs, args.seed, progress=progress)
         summary[name] = {"weights": weights, "sequences": len(seqs), **summarise(results[name]["kl"], results[name]["separation"])}
     plot_histogram(results, args.out_prefix, "Pair head vs independence on validation pairs")
     with atomic_output(args.out_prefix + ".json") as tmp:

@@ -30,6 +30,7 @@ import numpy as np
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.progress import Progress
 
 PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
 TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
@@ -63,8 +64,9 @@ def contact_summary(proteins) -> dict[str, tuple[float, int]]:
 
 
 def score_task(model, data, *, batch_size: int, window: int, too_long: str, threshold: float, device,
-               autocast=nullcontext) -> tuple[dict[str, tuple[float, int]], int]:
-    """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long)."""
+               autocast=nullcontext, progress=None) -> tuple[dict[str, tuple[float, int]], int]:
+    """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long).
+    ``progress`` (a pmlm.progress.Progress) counts the proteins scored."""
     import torch
 
     from pmlm.evaluation.metrics import q3_accuracy, top1_accuracy
@@ -80,6 +82,8 @@ def score_task(model, data, *, batch_size: int, window: int, too_long: str, thre
                 batch = batch.to(device)
                 with autocast():
                     logits = model(batch.tokens, batch.mask)
+                if progress is not None:
+                    progress.advance(len(batch.lengths))
                 yield batch, logits.float().cpu()
 
     try:
@@ -170,7 +174,8 @@ def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, ma
 
 
 def score_unsupervised(model, data, measure: str, *, window: int, too_long: str, threshold: float,
-                       mask_pairs: bool, pair_batch: int, device) -> tuple[dict[str, tuple[float, int]], int]:
+                       mask_pairs: bool, pair_batch: int, device,
+                       progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
     from pmlm.finetune.data import evaluation_batches
 
@@ -182,6 +187,8 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
             residues = batch.tokens[0, 1:k + 1].numpy()
             scores = unsupervised_contact_scores(model, residues, measure, mask_pairs=mask_pairs,
                                                  pair_batch=pair_batch, device=device)
+            if progress is not None:
+                progress.advance()
             yield scores, batch.targets[0, :k, :k].numpy(), batch.valid[0, :k, :k].numpy()
 
     return contact_summary(proteins()), n_long
@@ -343,13 +350,15 @@ def run(args: argparse.Namespace) -> int:
     for name, path in tests.items():
         data = read_task_data(path, task, fmt=args.format, contact_atom=atom, threshold=threshold,
                               num_classes=None if unsupervised else cfg.num_classes)
-        if unsupervised:
-            metrics, n_long = score_unsupervised(model, data, PAIR_HEADS[args.head], window=window,
-                                                 too_long=args.too_long, threshold=threshold,
-                                                 mask_pairs=args.mask_pairs, pair_batch=args.pair_batch, device=device)
-        else:
-            metrics, n_long = score_task(model, data, batch_size=args.batch_size, window=window,
-                                         too_long=args.too_long, threshold=threshold, device=device, autocast=autocast)
+        with Progress(f"pmlm evaluate {name}", len(data.examples), unit="proteins") as progress:
+            if unsupervised:
+                metrics, n_long = score_unsupervised(
+                    model, data, PAIR_HEADS[args.head], window=window, too_long=args.too_long, threshold=threshold,
+                    mask_pairs=args.mask_pairs, pair_batch=args.pair_batch, device=device, progress=progress)
+            else:
+                metrics, n_long = score_task(
+                    model, data, batch_size=args.batch_size, window=window, too_long=args.too_long,
+                    threshold=threshold, device=device, autocast=autocast, progress=progress)
         metrics["n_too_long"] = (n_long, len(data.examples))
         for metric, (value, n) in metrics.items():
             rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})

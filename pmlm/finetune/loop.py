@@ -29,6 +29,7 @@ from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskLoader, contact_rate, re
 from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.finetune.evaluate import HEADLINE, score_task
 from pmlm.finetune.heads import TaskModel, build_head, resolve_features, set_contact_prior
+from pmlm.progress import Progress
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import (
     capture_rng, gather_states, latest_checkpoint, load_checkpoint, load_states, restore_rng, save_checkpoint,
@@ -88,7 +89,7 @@ def finetune(
     device = pick_device(cfg.device, 0)
     stop = {"signal": None}
     previous_handlers = install_stop_handlers(stop)
-    log = None
+    log = progress = None
     try:
         use_bf16 = device.type == "cuda" if cfg.bf16 == "auto" else cfg.bf16
         if use_bf16 and device.type != "cuda":
@@ -159,6 +160,9 @@ def finetune(
             del ckpt
         out_dir.mkdir(parents=True, exist_ok=True)
         log = _MetricsLog(out_dir / METRICS_CSV, step)
+        progress = Progress("pmlm finetune", o.total_steps, unit="steps", start=step, rates=("proteins",),
+                            each_tenth=True)
+        seen = 0
 
         def save(at_step: int) -> None:
             weights, optim_state = gather_states(None, trainable, optimizer)
@@ -195,6 +199,7 @@ def finetune(
                 window_sums["loss"] += float(loss.detach())
                 window_sums["batches"] += 1
                 window_sums["proteins"] += len(batch.ids)
+                seen += len(batch.ids)
             max_norm = o.clip_norm or math.inf  # inf measures the norm without clipping
             grad_norm = nn.utils.clip_grad_norm_(trained_params, max_norm)
             if not (torch.isfinite(grad_norm) and math.isfinite(window_sums["loss"])):
@@ -206,6 +211,8 @@ def finetune(
             norms.append(float(grad_norm))
             if hooks.after_step:
                 hooks.after_step(step, model)
+            progress.update(step, loss=window_sums["loss"] / window_sums["batches"], lr=o.lr * scale,
+                            head_lr=o.head_lr * scale, proteins=seen)
 
             if step % cfg.log_every == 0 or step == o.total_steps:
                 log.write({"split": "train", "step": step, "epoch": loader.epoch, "lr": o.lr * scale,
@@ -247,6 +254,8 @@ def finetune(
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
+        if progress is not None:
+            progress.close()
         if log is not None:
             log.close()
 

@@ -21,7 +21,8 @@ class ModelConfig:
     heads: int  # attention heads; hidden must be divisible by it
     max_len: int  # longest input in tokens, <cls> and <eos> included (so max_len - 2 residues)
     dropout: float = 0.1  # dropout on embeddings, attention output and feed-forward output
-    attention_dropout: float = 0.0  # dropout on attention probabilities
+    # dropout on attention probabilities; the fused variable-length kernel has none, so > 0 trains in the padded layout
+    attention_dropout: float = 0.0
     token_head: bool = True  # 20-class masked-token head; False for the pmlm_pair_only objective
     pair_head: bool = True  # masked-pair head; False for plain MLM models
     # "standard": 20 * 20 = 400 residue-pair classes (the paper);

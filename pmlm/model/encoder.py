@@ -12,9 +12,15 @@ Choices (documented here once):
   [-1, 1]) enter the first LayerNorm at a comparable scale; the ``<pad>`` row is zero.
   Linear weights are N(0, 0.02) with zero bias and LayerNorms start at (1, 0), the
   BERT/fairseq-RoBERTa initialisation.
-* Attention uses ``scaled_dot_product_attention`` with a key-padding mask, so no query
-  ever attends to ``<pad>``; when a batch has no padding the mask is dropped, which lets
-  fused kernels run.
+* No query ever attends to ``<pad>``. Three layouts give that (``Encoder.attention``):
+  a batch without padding runs ``scaled_dot_product_attention`` with no mask (fused kernels);
+  ``"packed"`` drops the pads, runs every layer on the T real tokens and attention per
+  sequence over ``cu_seqlens`` (see ``pmlm.model.attention``), then scatters back to (B, L, C)
+  with zeros at ``<pad>``; ``"padded"`` keeps (B, L, C) and passes a key-padding mask to
+  ``scaled_dot_product_attention`` (the reference; on a GPU the mask rules out the flash
+  kernel). ``"auto"`` packs where the fused variable-length kernel runs (CUDA under bf16 /
+  fp16, attention dropout off) and stays padded elsewhere, e.g. on CPU, where packing would
+  mean a per-sequence attention loop.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from torch import nn
 
 from pmlm.alphabet import PAD_ID, VOCAB_SIZE
 from pmlm.errors import PmlmError
+from pmlm.model.attention import HALF_DTYPES, Packing, pack, packed_attention, unpack, varlen_kernel_usable
 from pmlm.model.config import ModelConfig
 
 INIT_STD = 0.02  # std of Linear weights (BERT / fairseq RoBERTa)
 POSITION_BASE = 10000.0  # wavelength base of the sinusoidal positions
+ATTENTION_LAYOUTS = ("auto", "packed", "padded")
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
@@ -43,8 +51,21 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (T, C)
 
 
+def key_padding_mask(tokens: torch.Tensor) -> torch.Tensor | None:
+    """(B, 1, 1, L) True where a key may be attended to, or None when ``tokens`` has no <pad>."""
+    pad = tokens.eq(PAD_ID)  # (B, L)
+    # one host sync per forward buys mask-free (fused) attention for unpadded batches
+    if not bool(pad.any()):
+        return None
+    keep = ~pad
+    # position 0 always stays visible so an all-<pad> filler row yields finite values, not NaN
+    # (a NaN row would poison weight gradients through 0 * NaN)
+    keep[:, 0] = True
+    return keep[:, None, None, :]
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention over a key-padding mask."""
+    """Multi-head self-attention over (B, L, C) with a key-padding mask, or over packed (T, C) rows."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -53,14 +74,19 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: torch.Tensor | Packing | None) -> torch.Tensor:
+        dropout_p = self.attention_dropout if self.training else 0.0
+        if isinstance(layout, Packing):
+            T, C = x.shape
+            q, k, v = self.qkv(x).view(T, 3, self.heads, C // self.heads).unbind(1)  # 3 x (T, H, D)
+            return self.proj(packed_attention(q, k, v, layout, dropout_p).reshape(T, C))
         B, L, C = x.shape
         # (B, L, 3C) -> 3 x (B, H, L, D)
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(
             q, k, v,
-            attn_mask=attn_mask,  # (B, 1, 1, L) True = may attend, or None
-            dropout_p=self.attention_dropout if self.training else 0.0,
+            attn_mask=layout,  # (B, 1, 1, L) True = may attend, or None
+            dropout_p=dropout_p,
         )  # (B, H, L, D)
         return self.proj(out.transpose(1, 2).reshape(B, L, C))
 
@@ -77,17 +103,24 @@ class EncoderLayer(nn.Module):
         self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.attn_norm(x), attn_mask))
+    def forward(self, x: torch.Tensor, layout: torch.Tensor | Packing | None) -> torch.Tensor:
+        """x (B, L, C) with a mask (or None), or packed (T, C) with its Packing; same shape out."""
+        x = x + self.dropout(self.attn(self.attn_norm(x), layout))
         return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
 
 
 class Encoder(nn.Module):
-    """Token ids (B, L) -> contextual representations (B, L, C)."""
+    """Token ids (B, L) -> contextual representations (B, L, C).
+
+    ``attention`` ("auto", "packed", "padded") picks the layout of padded batches (module
+    docstring); it is a run-time setting, not part of the weights or the config.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.attention = "auto"
+        self.compiled = False  # set by compile_layers
         self.embed = nn.Embedding(VOCAB_SIZE, cfg.hidden, padding_idx=PAD_ID)
         # not a parameter and not saved: rebuilt from the config on load
         self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.hidden), persistent=False)
@@ -102,19 +135,46 @@ class Encoder(nn.Module):
                 f"batch of {L} tokens exceeds the model's max_len {self.cfg.max_len} "
                 "(which counts <cls> and <eos>); crop the sequences or use a larger max_len"
             )
+        attn_mask = key_padding_mask(tokens)  # (B, 1, 1, L) or None
+        if attn_mask is not None and self._packs(tokens.device):
+            packing = pack(tokens.ne(PAD_ID))
+            x = self.embed(tokens.reshape(-1).index_select(0, packing.index)) + self.positions[packing.positions]
+            x = self.dropout(x)  # (T, C)
+            if self.compiled:
+                torch._dynamo.maybe_mark_dynamic(x, 0)  # T changes every batch: compile for any T at once
+            for layer in self.layers:
+                x = layer(x, packing)
+            return unpack(self.final_norm(x), packing)  # (B, L, C)
         x = self.dropout(self.embed(tokens) + self.positions[:L])  # (B, L, C)
-        attn_mask = None
-        pad = tokens.eq(PAD_ID)  # (B, L)
-        # one host sync per forward buys mask-free (fused) attention for unpadded batches
-        if bool(pad.any()):
-            keep = ~pad
-            # position 0 always stays visible so an all-<pad> filler row yields finite values, not NaN
-            # (a NaN row would poison weight gradients through 0 * NaN)
-            keep[:, 0] = True
-            attn_mask = keep[:, None, None, :]  # (B, 1, 1, L)
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(x, 0)  # length-bucketed batches: rows and width vary
+            torch._dynamo.maybe_mark_dynamic(x, 1)
         for layer in self.layers:
             x = layer(x, attn_mask)
         return self.final_norm(x)
+
+    def compile_layers(self) -> None:
+        """``torch.compile`` every layer in place (parameter names unchanged).
+
+        Per layer rather than the whole model: the layers share one graph, free of graph breaks,
+        while the objective's data-dependent steps (masking, pair selection, packing) run eagerly
+        around it. Compiling the whole objective breaks its graph at each of those.
+        """
+        for layer in self.layers:
+            layer.compile()
+        self.compiled = True
+
+    def _packs(self, device: torch.device) -> bool:
+        """Whether a padded batch takes the packed layout (see the module docstring)."""
+        if self.attention not in ATTENTION_LAYOUTS:
+            raise PmlmError(f"attention must be one of {', '.join(ATTENTION_LAYOUTS)}, got {self.attention!r}")
+        if self.attention != "auto":
+            return self.attention == "packed"
+        # the dtype attention will see: autocast's, else the weights'
+        autocast = device.type == "cuda" and torch.is_autocast_enabled("cuda")
+        dtype = torch.get_autocast_dtype("cuda") if autocast else self.embed.weight.dtype
+        dropout_p = self.cfg.attention_dropout if self.training else 0.0
+        return dtype in HALF_DTYPES and varlen_kernel_usable(device, dtype, self.cfg.head_dim, dropout_p)
 
 
 def init_weights(module: nn.Module) -> None:

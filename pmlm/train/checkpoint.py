@@ -116,12 +116,23 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError / RuntimeError / EOFError on damaged files
-        raise InputError(path / STATE_FILE, f"unreadable training state: {type(exc).__name__}: {exc}") from None
+        raise InputError(path / STATE_FILE, f"unreadable training state: {_load_failure(exc)}") from None
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
     except json.JSONDecodeError as exc:
         raise InputError(path / CONFIG_FILE, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
     return Checkpoint(path=path, step=int(m.group(1)), model=model, state=state, config=config)
+
+
+def _load_failure(exc: Exception) -> str:
+    """torch.load's reason in one line. A refused pickled object gets torch's name for it instead of torch's
+    multi-paragraph advice (which suggests loading with weights_only=False, i.e. running the file's code)."""
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    if refused:
+        return (f"it holds a pickled {refused.group(1)} object, which loading without running code refuses "
+                "(not a file pmlm wrote?)")
+    first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else 'no details'}"
 
 
 def save_weights(path: str | os.PathLike, model_state: dict[str, torch.Tensor], info: dict) -> tuple[Path, Path]:

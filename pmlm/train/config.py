@@ -12,6 +12,7 @@ import yaml
 
 from pmlm.errors import ConfigError
 from pmlm.model.config import PRESETS, ModelConfig, model_config
+from pmlm.model.encoder import ATTENTION_LAYOUTS
 from pmlm.model.objectives import ObjectiveConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -149,8 +150,12 @@ class TrainConfig(YamlConfig):
     seed: int = 1  # seeds model init, data order, crops and masks
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda
     bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false
-    compile: bool = False  # torch.compile the model
-    fsdp: bool = False  # shard parameters and optimizer state with FSDP instead of DDP (for xl)
+    compile: bool = False  # torch.compile the encoder layers (see Encoder.compile_layers)
+    # layout of padded batches: auto (packed with the fused variable-length kernel on CUDA under bf16,
+    # padded with a key mask elsewhere) | packed | padded; see pmlm.model.encoder
+    attention: str = "auto"
+    # shard parameters and optimizer state with FSDP instead of DDP (for xl); also on one GPU under torchrun
+    fsdp: bool = False
     tensorboard: bool = True  # also write TensorBoard events to <out>/tb
 
     def __post_init__(self) -> None:
@@ -159,6 +164,8 @@ class TrainConfig(YamlConfig):
         for name in ("eval_every", "save_every", "seed"):
             _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
+        _require(self.attention in ATTENTION_LAYOUTS, "attention", f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
+                 self.attention)
         _require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
         model_max = self.model.build().max_len
         _require(

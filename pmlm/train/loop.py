@@ -31,6 +31,7 @@ from torch import nn
 
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.model.objectives import build_model, pretraining_losses
+from pmlm.progress import Progress
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import (
     capture_rng,
@@ -106,13 +107,15 @@ def train(
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(cfg.device, local_rank)
-    own_group = world > 1 and not dist.is_initialized()  # a caller's own process group is left alone
+    # FSDP also runs at world size 1 under torchrun (MASTER_ADDR set), so its code path runs on one GPU
+    distributed = world > 1 or (cfg.fsdp and "MASTER_ADDR" in os.environ)
+    own_group = distributed and not dist.is_initialized()  # a caller's own process group is left alone
     if own_group:
         on_gpu = device.type == "cuda"
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
     stop = {"signal": None}
     previous_handlers = install_stop_handlers(stop)
-    train_stream = log = None
+    train_stream = log = progress = None
     try:
         use_bf16 = device.type == "cuda" if cfg.bf16 == "auto" else cfg.bf16
         if use_bf16 and device.type != "cuda":
@@ -134,12 +137,16 @@ def train(
         # -- model: identical initial weights on every rank, then DDP / FSDP ----------------------------
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model.build(), cfg.objective).to(device)
+        model.encoder.attention = cfg.attention
         objective = PretrainingObjective(model, cfg.objective)
         decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
-        use_fsdp = cfg.fsdp and world > 1
+        use_fsdp = cfg.fsdp and distributed
         if use_fsdp:
             from torch.distributed.fsdp import fully_shard
 
+            if rank == 0:
+                print(f"pmlm pretrain: sharding parameters and optimizer state with FSDP over {world} rank(s)",
+                      file=sys.stderr)
             # per-layer units bound the gathered memory to about one layer; the root holds embeddings and heads
             for layer in model.encoder.layers:
                 fully_shard(layer)
@@ -150,7 +157,9 @@ def train(
             )
         else:
             wrapped = objective
-        forward = torch.compile(wrapped) if cfg.compile else wrapped
+        if cfg.compile:
+            model.encoder.compile_layers()  # per layer: the objective's dynamic shapes stay out of the graphs
+        forward = wrapped
         # plain module for validation: FSDP's own hooks gather the shards, DDP's hooks are not needed
         evaluate_with = objective
 
@@ -188,6 +197,10 @@ def train(
             del ckpt
 
         log = _MetricsLog(out_dir, step, cfg.tensorboard) if is_main else None
+        # a line per tenth of the run (and per minute) in the rule's log; rank 0's residues x ranks as tokens
+        progress = Progress("pmlm pretrain", cfg.optim.total_steps, unit="steps", start=step, rates=("tokens",),
+                            each_tenth=True) if is_main else None
+        seen = 0
 
         def save(at_step: int) -> None:
             """Every rank contributes its state; rank 0 writes the folder."""
@@ -235,6 +248,7 @@ def train(
                         out = forward(tokens, generator)
                     (out["loss"] / cfg.grad_accum).backward()
                 window += _sums(out, batch.residues, device)
+                seen += batch.residues * world
             max_norm = cfg.optim.clip_norm or math.inf  # inf measures the norm without clipping
             grad_norm = nn.utils.clip_grad_norm_(objective.parameters(), max_norm)
             if use_fsdp:
@@ -251,6 +265,8 @@ def train(
             norms.append(float(grad_norm))
             if hooks.after_step:
                 hooks.after_step(step, model)
+            if progress is not None:  # loss: mean since the last metrics row, read only when a line is due
+                progress.update(step, loss=lambda: float(window[0] / window[-1]), lr=optim_lr, tokens=seen)
 
             if step % cfg.log_every == 0 or step == cfg.optim.total_steps:
                 if world > 1:
@@ -261,7 +277,6 @@ def train(
                     metrics["grad_norm"] = sum(norms) / len(norms)
                     metrics["residues_per_s"] = metrics["residues"] / max(elapsed, 1e-9)
                     log.write("train", step, train_stream.epoch, optim_lr, metrics)
-                    log.progress(step, cfg.optim.total_steps, metrics)
                 window.zero_()
                 norms.clear()
                 window_start = time.perf_counter()
@@ -300,6 +315,8 @@ def train(
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
+        if progress is not None:
+            progress.close()
         if log is not None:
             log.close()
         if train_stream is not None:
@@ -392,7 +409,6 @@ class _MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(out_dir / "tb"), purge_step=start_step + 1 if start_step else None)
-        self.tty = sys.stderr.isatty()
 
     def write(self, split: str, step: int, epoch: int, lr: float, metrics: dict) -> None:
         row = {"split": split, "step": step, "epoch": epoch, "lr": f"{lr:.6g}",
@@ -408,12 +424,6 @@ class _MetricsLog:
             if split == "train":
                 self.tb.add_scalar("train/lr", lr, step)
             self.tb.flush()
-
-    def progress(self, step: int, total: int, metrics: dict) -> None:
-        if self.tty:  # a progress line for people; logs and schedulers get the CSV only
-            loss = metrics.get("loss")
-            print(f"\rstep {step}/{total} loss {loss:.4f}" if loss is not None else f"\rstep {step}/{total}",
-                  end="\n" if step == total else "", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.fh.close()

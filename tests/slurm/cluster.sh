@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Start, stop or query a real one-node SLURM cluster on this machine (munged, slurmctld, slurmd,
-# all state under one directory in /tmp) for the workflow's SLURM integration tests.
+# Start, stop or query a real one-node SLURM cluster on this machine (munged, MariaDB, slurmdbd,
+# slurmctld, slurmd; all state under one directory in /tmp) for the workflow's SLURM integration tests.
+# The node is a pretend GPU node, sized like the machines profiles/slurm asks for (64 CPUs, 256 GB,
+# 4 GPUs: booked, not enforced), in two partitions (debug, the default, and gpu), with an accounting
+# database and an account `pmlm-test`: `snakemake --profile slurm` runs on it as on a real cluster.
 #
 # Usage: tests/slurm/cluster.sh start|stop|status
 #
@@ -12,6 +15,11 @@
 #   PMLM_SLURM_DIR              state, configs, logs, pid files    [/tmp/pmlm-slurm]
 #   PMLM_SLURM_CTLD_PORT        slurmctld port                     [6817]
 #   PMLM_SLURM_SLURMD_PORT      slurmd port                        [6818]
+#   PMLM_SLURM_DBD_PORT         slurmdbd port                      [6819]
+#   PMLM_SLURM_DB_PORT          MariaDB port (127.0.0.1 only)      [6820]
+#   PMLM_SLURM_NODE_CPUS        CPUs the node claims (at least this machine's)  [64]
+#   PMLM_SLURM_NODE_MEMORY_MB   memory the node claims (at least this machine's) [262144]
+#   PMLM_SLURM_NODE_GPUS        fake GPUs                          [4]
 #   PMLM_SLURM_MIN_JOB_AGE      seconds a finished job stays visible to squeue [300]
 #   PMLM_SLURM_DEF_MEM_PER_CPU  MB given to a job that requests no memory      [1024]
 #   PMLM_SLURM_START_TIMEOUT    seconds to wait for the node to become idle    [60]
@@ -24,6 +32,11 @@ export PATH=$PATH:/usr/sbin:/sbin
 STATE_DIR=${PMLM_SLURM_DIR:-/tmp/pmlm-slurm}
 CTLD_PORT=${PMLM_SLURM_CTLD_PORT:-6817}
 SLURMD_PORT=${PMLM_SLURM_SLURMD_PORT:-6818}
+DBD_PORT=${PMLM_SLURM_DBD_PORT:-6819}
+DB_PORT=${PMLM_SLURM_DB_PORT:-6820}
+NODE_CPUS=${PMLM_SLURM_NODE_CPUS:-64}
+NODE_MEMORY_MB=${PMLM_SLURM_NODE_MEMORY_MB:-262144}
+NODE_GPUS=${PMLM_SLURM_NODE_GPUS:-4}
 MIN_JOB_AGE=${PMLM_SLURM_MIN_JOB_AGE:-300}
 DEF_MEM_PER_CPU=${PMLM_SLURM_DEF_MEM_PER_CPU:-1024}
 START_TIMEOUT=${PMLM_SLURM_START_TIMEOUT:-60}
@@ -35,6 +48,11 @@ RUN_DIR=$STATE_DIR/run
 LOG_DIR=$STATE_DIR/log
 MUNGE_DIR=$STATE_DIR/munge
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket.2
+DB_DIR=$STATE_DIR/mysql
+DB_SOCKET=$STATE_DIR/run/mysqld.sock
+DEV_DIR=$STATE_DIR/dev
+# the account the tests charge jobs to (a real cluster's users get theirs from its admins)
+TEST_ACCOUNT=pmlm-test
 SLURM_CONF_FILE=$ETC_DIR/slurm.conf
 # Commands inside jobs find the cluster through the default config path only: the
 # executor's job step strips every SLURM_* variable (SLURM_CONF included) before its srun.
@@ -47,10 +65,11 @@ STOP_GRACE_SECONDS=10
 # configured memory exceeds what it measures.
 MEMORY_HEADROOM_PERCENT=5
 
-DEBIAN_PACKAGES=(munge slurm-wlm slurm-client)
-REQUIRED_COMMANDS=(munged slurmctld slurmd sinfo sbatch squeue scontrol srun)
+DEBIAN_PACKAGES=(munge slurm-wlm slurm-client slurmdbd mariadb-server)
+REQUIRED_COMMANDS=(munged slurmctld slurmd slurmdbd mariadbd mariadb-install-db mariadb sinfo sbatch squeue scontrol
+    srun sacct sacctmgr)
 # in start order
-DAEMONS=(munged slurmctld slurmd)
+DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
 
 say() { printf 'pmlm-slurm: %s\n' "$*"; }
 fail() { printf 'pmlm-slurm: error: %s\n' "$*" >&2; exit 1; }
@@ -59,6 +78,8 @@ unsupported() { printf 'pmlm-slurm: cannot run here: %s\n' "$*" >&2; exit 2; }
 pid_file() {
     case $1 in
         munged) echo "$RUN_DIR/munged.pid" ;;
+        mariadbd) echo "$RUN_DIR/mariadbd.pid" ;;
+        slurmdbd) echo "$RUN_DIR/slurmdbd.pid" ;;
         slurmctld) echo "$RUN_DIR/slurmctld.pid" ;;
         slurmd) echo "$RUN_DIR/slurmd.pid" ;;
     esac
@@ -117,19 +138,20 @@ ensure_installed() {
     [[ -z $missing ]] || fail "still missing after install: $missing"
 }
 
-# Node facts read from the machine: CPUs usable by this process, memory minus headroom.
+# The node: this host, claiming at least the CPUs and memory of the GPU nodes profiles/slurm sizes its
+# jobs for (slurm.conf's SlurmdParameters=config_overrides makes slurmd accept the claim). Jobs book
+# these resources; nothing enforces them (no cgroups), so the machine itself may be small.
 detect_node() {
     NODE_NAME=$(hostname -s)
     [[ -n $NODE_NAME ]] || fail "hostname -s printed nothing; cannot name the node"
     CPUS=$(nproc)
+    ((CPUS >= NODE_CPUS)) || CPUS=$NODE_CPUS
     local mem_kb
     mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
     [[ -n $mem_kb ]] || fail "cannot read MemTotal from /proc/meminfo"
     REAL_MEMORY=$((mem_kb * (100 - MEMORY_HEADROOM_PERCENT) / 100 / 1024))
-    local per_cpu=$((REAL_MEMORY / CPUS))
-    if ((DEF_MEM_PER_CPU > per_cpu)); then
-        DEF_MEM_PER_CPU=$per_cpu
-    fi
+    ((REAL_MEMORY >= NODE_MEMORY_MB)) || REAL_MEMORY=$NODE_MEMORY_MB
+    ((NODE_GPUS >= 1)) || fail "PMLM_SLURM_NODE_GPUS must be at least 1"
 }
 
 render() {
@@ -145,6 +167,10 @@ render() {
         -e "s|@REAL_MEMORY@|$REAL_MEMORY|g" \
         -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g" \
         -e "s|@MIN_JOB_AGE@|$MIN_JOB_AGE|g" \
+        -e "s|@DBD_PORT@|$DBD_PORT|g" \
+        -e "s|@DB_PORT@|$DB_PORT|g" \
+        -e "s|@GPUS@|$NODE_GPUS|g" \
+        -e "s|@LAST_GPU@|$((NODE_GPUS - 1))|g" \
         "$template" >"$target.tmp"
     if grep -q '@[A-Z_]*@' "$target.tmp"; then
         fail "unreplaced placeholder in $target: $(grep -o '@[A-Z_]*@' "$target.tmp" | head -n 1)"
@@ -172,7 +198,8 @@ unlink_system_conf() {
 
 log_tails() {
     local f
-    for f in "$LOG_DIR"/munged.log "$LOG_DIR"/slurmctld.log "$LOG_DIR"/slurmd.log; do
+    for f in "$LOG_DIR"/munged.log "$LOG_DIR"/mariadbd.log "$LOG_DIR"/slurmdbd.log "$LOG_DIR"/slurmctld.log \
+        "$LOG_DIR"/slurmd.log; do
         [[ -s $f ]] || continue
         printf -- '--- last lines of %s ---\n' "$f" >&2
         tail -n 15 "$f" >&2
@@ -198,6 +225,57 @@ start_daemon() {
         fi
         sleep 0.1
         waited=$((waited + 1))
+    done
+}
+
+# MariaDB stays in the foreground: run it in a session of its own and wait for its socket. A fresh
+# data directory each start (mariadb-install-db, a few seconds); loopback only.
+start_database() {
+    mariadb-install-db --no-defaults --user=root --datadir="$DB_DIR" --auth-root-authentication-method=normal \
+        --skip-test-db >>"$LOG_DIR/mariadbd.stdout" 2>&1 || {
+        cat "$LOG_DIR/mariadbd.stdout" >&2
+        fail "mariadb-install-db failed"
+    }
+    setsid mariadbd --no-defaults --user=root --datadir="$DB_DIR" --socket="$DB_SOCKET" --port="$DB_PORT" \
+        --bind-address=127.0.0.1 --pid-file="$(pid_file mariadbd)" --log-error="$LOG_DIR/mariadbd.log" \
+        --skip-log-bin --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 </dev/null >>"$LOG_DIR/mariadbd.stdout" 2>&1 &
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until [[ -S $DB_SOCKET && -n $(live_pid mariadbd) ]] &&
+        mariadb --no-defaults -S "$DB_SOCKET" -u root -e 'select 1' >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            log_tails
+            fail "MariaDB not answering on $DB_SOCKET after ${START_TIMEOUT}s"
+        fi
+        sleep 0.2
+    done
+}
+
+# The cluster and the test account in the accounting database, before slurmctld registers.
+wait_for_dbd_and_add_account() {
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until sacctmgr -n list cluster >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)) || [[ -z $(live_pid slurmdbd) ]]; then
+            log_tails
+            fail "slurmdbd not answering after ${START_TIMEOUT}s"
+        fi
+        sleep 0.2
+    done
+    {
+        sacctmgr -i add cluster pmlm-local &&
+            sacctmgr -i add account "$TEST_ACCOUNT" cluster=pmlm-local description="pmlm tests" organization=pmlm &&
+            sacctmgr -i add user root account="$TEST_ACCOUNT" cluster=pmlm-local
+    } >>"$LOG_DIR/sacctmgr.stdout" 2>&1 || {
+        cat "$LOG_DIR/sacctmgr.stdout" >&2
+        fail "sacctmgr could not add the cluster and the account $TEST_ACCOUNT"
+    }
+}
+
+# Stand-ins for /dev/nvidiaN: character devices like /dev/null (or links to it where mknod is not allowed).
+make_gpu_devices() {
+    mkdir -p "$DEV_DIR"
+    local i
+    for ((i = 0; i < NODE_GPUS; i++)); do
+        mknod "$DEV_DIR/gpu$i" c 1 3 2>/dev/null || ln -sfn /dev/null "$DEV_DIR/gpu$i"
     done
 }
 
@@ -295,7 +373,7 @@ do_stop() {
 }
 
 do_start() {
-    [[ $EUID -eq 0 ]] || unsupported "must run as root (it starts munged, slurmctld and slurmd)"
+    [[ $EUID -eq 0 ]] || unsupported "must run as root (it starts munged, MariaDB, slurmdbd, slurmctld and slurmd)"
     ensure_installed
     check_system_conf
     detect_node
@@ -320,21 +398,29 @@ do_start() {
 
     render "$TEMPLATE_DIR/slurm.conf" "$SLURM_CONF_FILE"
     render "$TEMPLATE_DIR/gres.conf" "$ETC_DIR/gres.conf"
+    # slurmdbd reads slurmdbd.conf beside $SLURM_CONF and wants it private to its user
+    render "$TEMPLATE_DIR/slurmdbd.conf" "$ETC_DIR/slurmdbd.conf"
+    chmod 0600 "$ETC_DIR/slurmdbd.conf"
+    make_gpu_devices
     link_system_conf
     export SLURM_CONF=$SLURM_CONF_FILE
 
-    say "starting munged, slurmctld, slurmd for node $NODE_NAME ($CPUS CPUs, ${REAL_MEMORY} MB, 1 fake gpu)"
+    say "starting munged, MariaDB, slurmdbd, slurmctld, slurmd for node $NODE_NAME ($CPUS CPUs," \
+        "${REAL_MEMORY} MB, $NODE_GPUS fake GPUs)"
     start_daemon munged munged --force \
         --key-file="$MUNGE_DIR/munge.key" \
         --socket="$MUNGE_SOCKET" \
         --pid-file="$(pid_file munged)" \
         --log-file="$LOG_DIR/munged.log" \
         --seed-file="$MUNGE_DIR/munged.seed"
+    start_database
+    start_daemon slurmdbd slurmdbd
+    wait_for_dbd_and_add_account
     start_daemon slurmctld slurmctld -f "$SLURM_CONF_FILE"
     wait_for_controller
     start_daemon slurmd slurmd -f "$SLURM_CONF_FILE" -N "$NODE_NAME"
     wait_for_idle
-    say "up: node $NODE_NAME $(node_state), partition debug"
+    say "up: node $NODE_NAME $(node_state), partitions debug (default) and gpu, account $TEST_ACCOUNT"
     say "config: $SLURM_CONF_FILE (linked from $SYSTEM_CONF); logs: $LOG_DIR"
 }
 

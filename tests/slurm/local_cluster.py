@@ -1,5 +1,7 @@
 """Helpers for tests that run Snakemake on the one-node SLURM cluster of cluster.sh: the module-scoped
-``slurm_cluster`` fixture, a bounded Snakemake call, and readers for what SLURM and the executor record.
+``slurm_cluster`` fixture, the command-line values of that cluster (its CPU partition and account, the only
+settings a run gives beside ``--profile slurm``), a bounded Snakemake call, and readers for what SLURM and
+the executor record.
 
 Import from a test module with ``sys.path.insert(0, str(Path(__file__).parent / "slurm"))``.
 """
@@ -14,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
-LOCAL_PROFILE = REPO / "profiles" / "slurm-local"
+SITE_PROFILE = REPO / "profiles" / "slurm"
+# what cluster.sh sets up: the default (CPU) partition, the GPU partition under the name profiles/slurm gives
+# its GPU rules, and the account the tests charge
+CLUSTER_PARTITION = "debug"
+CLUSTER_GPU_PARTITION = "gpu"
+CLUSTER_ACCOUNT = "pmlm-test"
 # the snakemake (and python) of the interpreter running the tests: the project's venv
 VENV_BIN = Path(sys.executable).parent
 SNAKEMAKE = VENV_BIN / "snakemake"
@@ -80,6 +88,14 @@ def slurm_cluster():
         if not was_running:
             stop = _cluster("stop", CLUSTER_STOP_TIMEOUT_S)
             assert stop.returncode == 0, f"cluster.sh stop failed:\n{stop.stdout}\n{stop.stderr}"
+
+
+def cluster_default_resources() -> list[str]:
+    """``--default-resources`` values for the local cluster: profiles/slurm's own, with this cluster's partition
+    and account in place of the placeholders (a key on the command line replaces the profile's whole key)."""
+    profile = yaml.safe_load((SITE_PROFILE / "config.yaml").read_text())["default-resources"]
+    values = {**profile, "slurm_partition": CLUSTER_PARTITION, "slurm_account": CLUSTER_ACCOUNT}
+    return [f"{key}={value}" for key, value in values.items()]
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

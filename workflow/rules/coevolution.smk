@@ -10,9 +10,14 @@ rule synthesize_families:
         args=coevolution_synth_args,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/synthesize_families.log",
+    benchmark:
+        f"{BENCH}/coevolution/seed{{seed}}/synthesize_families.tsv"
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
+    resources:
+        mem_mb=lambda wildcards, attempt: 2000 * attempt,
+        runtime=lambda wildcards, attempt: 30 * attempt,
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -32,9 +37,14 @@ rule tokenize_families:
         shards=coevolution_shard_args,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/tokenize_families.log",
+    benchmark:
+        f"{BENCH}/coevolution/seed{{seed}}/tokenize_families.tsv"
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
+    resources:
+        mem_mb=lambda wildcards, attempt: 2000 * attempt,
+        runtime=lambda wildcards, attempt: 30 * attempt,
     conda:
         "../../envs/pmlm.yaml"
     shell:

@@ -32,6 +32,8 @@ rule split_structures:
         seed=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("seed", 0),
     log:
         f"{LOGS}/split_structures/{{taskdata}}.log",
+    benchmark:
+        f"{BENCH}/split_structures/{{taskdata}}.tsv"
     threads: 2
     resources:
         mem_mb=lambda wildcards, attempt: 4000 * attempt,
@@ -113,6 +115,8 @@ rule evaluate_unsupervised:
         label=lambda wildcards: encoder_label(model_of(wildcards)),
     log:
         f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.log",
+    benchmark:
+        f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.tsv"
     wildcard_constraints:
         objective="pmlm|pmlm_pair_only",
         preset=r"[A-Za-z0-9_]+",

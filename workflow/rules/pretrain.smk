@@ -82,6 +82,9 @@ rule plot_kl_histogram:
         f"{LOGS}/figures/kl_histogram.log",
     benchmark:
         f"{BENCH}/figures/kl_histogram.tsv"
+    resources:
+        mem_mb=lambda wildcards, attempt: 8000 * attempt,
+        runtime=lambda wildcards, attempt: 60 * attempt,
     conda:
         "../../envs/pmlm.yaml"
     shell:

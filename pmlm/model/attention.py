@@ -1,0 +1,108 @@
+"""Self-attention over packed (unpadded) sequences: the packing of a padded batch and its kernels.
+
+A padded batch (B, L) holds T <= B * L real tokens. Packed, the encoder runs its LayerNorms,
+projections and feed-forward blocks on T rows instead of B * L, and attention runs per sequence
+over ``cu_seqlens`` (the layout of FlashAttention's variable-length kernels), so no query sees a
+``<pad>`` key and no boolean mask is built. Two kernels take the packed layout:
+
+* ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention 2; torch >= 2.9, CUDA, bf16 / fp16,
+  head dim a multiple of 8 up to 256, compute capability >= 8.0). It has **no dropout on the
+  attention probabilities**: with ``attention_dropout > 0`` while training it is not used.
+* ``reference_varlen_attention``: one ``scaled_dot_product_attention`` call per sequence. It
+  runs anywhere (CPU, fp32), supports attention dropout and is the numerical reference the
+  fused kernel is tested against; it is slow for batches of many short sequences.
+
+Positions stay per sequence (``<cls>`` is position 0 of each row), so packing changes no result
+beyond the order of floating-point sums.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+try:  # torch >= 2.9; the keyword-only extras changed between releases, the 7 positional arguments did not
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    varlen_attn = None
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+MAX_FLASH_HEAD_DIM = 256  # FlashAttention 2 kernels exist for head dims up to 256, in steps of 8
+MIN_FLASH_CAPABILITY = (8, 0)  # Ampere and later
+
+
+@dataclass
+class Packing:
+    """Where the T real tokens of a padded (B, L) batch sit, and their sequence boundaries."""
+
+    index: torch.Tensor  # (T,) int64 positions in the row-major (B * L) flattening, row by row
+    positions: torch.Tensor  # (T,) int64 position of each token in its own sequence (<cls> = 0)
+    cu_seqlens: torch.Tensor  # (B + 1,) int32 offsets of each sequence's first packed row; last = T
+    max_len: int  # tokens in the longest sequence
+    batch: int  # B
+    width: int  # L
+
+    @property
+    def tokens(self) -> int:
+        return int(self.index.numel())
+
+
+def pack(keep: torch.Tensor) -> Packing:
+    """Packing of the ``keep`` (B, L) bool tokens; rows may be empty (an all-<pad> filler row)."""
+    B, L = keep.shape
+    lengths = keep.sum(dim=1)  # (B,)
+    index = keep.reshape(-1).nonzero().squeeze(1)  # (T,) one host sync: T sizes every later tensor
+    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # (B + 1,)
+    return Packing(index=index, positions=index % L, cu_seqlens=cu_seqlens,
+                   max_len=int(lengths.max()) if B else 0, batch=B, width=L)
+
+
+def unpack(x: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """(T, C) packed rows -> (B, L, C), zeros at <pad>; differentiable (the backward is a gather)."""
+    C = x.shape[-1]
+    out = x.new_zeros(packing.batch * packing.width, C).index_copy(0, packing.index, x)
+    return out.view(packing.batch, packing.width, C)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_ok(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= MIN_FLASH_CAPABILITY
+
+
+def varlen_kernel_usable(device: torch.device, dtype: torch.dtype, head_dim: int, dropout_p: float) -> bool:
+    """Whether ``varlen_attn`` can compute attention for these inputs (else the reference is used)."""
+    return (
+        varlen_attn is not None
+        and device.type == "cuda"
+        and dtype in HALF_DTYPES
+        and dropout_p == 0.0
+        and head_dim % 8 == 0
+        and head_dim <= MAX_FLASH_HEAD_DIM
+        and _capability_ok(device.index if device.index is not None else torch.cuda.current_device())
+    )
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing,
+                     dropout_p: float = 0.0) -> torch.Tensor:
+    """Softmax attention of each packed sequence over itself: q, k, v (T, H, D) -> (T, H, D)."""
+    if varlen_kernel_usable(q.device, q.dtype, q.shape[-1], dropout_p):
+        cu = packing.cu_seqlens
+        return varlen_attn(q, k, v, cu, cu, packing.max_len, packing.max_len)
+    return reference_varlen_attention(q, k, v, packing.cu_seqlens, dropout_p)
+
+
+@torch.compiler.disable  # a Python loop over data-dependent offsets: run eagerly, never traced
+def reference_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                               dropout_p: float = 0.0) -> torch.Tensor:
+    """Per-sequence ``scaled_dot_product_attention``: the semantics of ``varlen_attn``, on any device."""
+    bounds = cu_seqlens.tolist()
+    parts = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:  # an empty (all-<pad>) row owns no packed rows
+            qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, n, D)
+            parts.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
+    # every packed row belongs to exactly one sequence, in order, so the parts tile (T, H, D)
+    return torch.cat(parts) if parts else torch.empty_like(q)

@@ -1,0 +1,79 @@
+"""The GPU benchmarks' CPU modes: the FLOP formula on a hand-counted case, the throughput smoke run
+(synthetic and shard lengths; HF ESM when transformers is installed) and the pair-loss step share."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_model_flops_on_a_hand_counted_batch():
+    gpu = load("bench_gpu_throughput")
+    dims = {"num_layers": 1, "hidden": 4, "ffn": 8}
+    # two sequences of 3 and 5 tokens; 1 and 2 masked residues
+    encoder = 6 * (4 * 16 + 2 * 4 * 8) * 8  # 6 x (4C^2 + 2CF) x T
+    attention = 12 * 4 * (3 * 3 + 5 * 5)  # 12 x layers x C x sum n^2
+    token_head = 6 * (16 + 20 * 4) * 3  # 6 x (C^2 + 20C) x M
+    assert gpu.model_flops(dims, "mlm", [3, 5], [1, 2]) == encoder + attention + token_head
+    # pair head: U = 2 positions with a partner, P = 1 unordered pair, 2P = 2 ordered rows of K = 400 classes
+    pair_head = 6 * (2 * 16 * (2 + 1) + 2 * 4 * 400 * 2)
+    assert gpu.model_flops(dims, "pmlm", [3, 5], [1, 2]) == encoder + attention + token_head + pair_head
+
+
+def _has_transformers() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+def test_throughput_smoke_run_writes_its_tables(tmp_path, shard_dir):
+    gpu = load("bench_gpu_throughput")
+    out = tmp_path / "gpu_throughput"
+    assert gpu.main(["--smoke", "--shards", str(shard_dir), "--peak-tflops", "1", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert "| tiny | 64 | ours | pmlm | packed |" in out.with_suffix(".md").read_text()
+    ours = [r for r in result["rows"] if r["model"] == "ours"]
+    assert {(r["objective"], r["layout"]) for r in ours} == {(o, lay) for o in ("mlm", "pmlm") for lay in ("padded", "packed")}
+    for row in ours:
+        assert row["non_pad_tokens_per_s"] > 0 and 0 < row["mfu"] and row["padding_fraction"] > 0
+    by = {(r["objective"], r["layout"]): r for r in ours}
+    # the pair head adds model FLOPs on the same sequences and masks; the layout changes none
+    assert by["pmlm", "padded"]["model_tflops_per_pass"] > by["mlm", "padded"]["model_tflops_per_pass"]
+    assert by["pmlm", "packed"]["model_tflops_per_pass"] == by["pmlm", "padded"]["model_tflops_per_pass"]
+    assert result["summary"]["tiny/L64"]["pmlm_over_mlm_step"] > 0
+    hf = [r for r in result["rows"] if r["model"] == "hf_esm"]
+    if _has_transformers():
+        # the same sequences, padded to L: more padding, the same non-pad tokens
+        assert len(hf) == 1 and hf[0]["non_pad_tokens"] == ours[0]["non_pad_tokens"]
+        assert hf[0]["padding_fraction"] > ours[0]["padding_fraction"]
+    else:
+        assert hf == []
+
+
+def test_throughput_smoke_run_on_synthetic_lengths_without_a_peak(tmp_path):
+    gpu = load("bench_gpu_throughput")
+    out = tmp_path / "synthetic"
+    assert gpu.main(["--smoke", "--objectives", "mlm", "--layouts", "padded", "--no-hf", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    (row,) = result["rows"]
+    assert row["mfu"] is None and result["peak_flops"] is None  # no peak known for a CPU
+    assert row["non_pad_tokens"] <= row["padded_tokens"]
+
+
+def test_pair_memory_step_share_on_cpu(tmp_path):
+    pair = load("bench_pair_memory")
+    out = tmp_path / "pair.json"
+    args = ["--quick", "--hidden", "64", "--ref-lengths", "64", "--step-share", "--share-batch", "2",
+            "--device", "cpu", "--out", str(out)]
+    assert pair.main(args) == 0
+    share = json.loads(out.read_text())["step_share"]
+    assert 0 < share["pair_loss_over_pmlm_step"] < 1
+    assert share["tokens_per_step"] == 2 * 512 and share["bf16"] is False
