@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from Bio.SeqIO.FastaIO import SimpleFastaParser
-
-from pmlm.data.ingest import IngestPolicy, Normaliser, ingest
+from pmlm.data.formats import read_source, records_of
+from pmlm.data.ingest import IngestPolicy, ingest
+from pmlm.data.normalise import Normaliser
 from pmlm.data.shards import tokenize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,9 +30,9 @@ CANDIDATES = [Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz"), REPO / "d
 
 
 def build_input(src: Path, dst: Path, copies: int) -> tuple[int, int]:
-    norm = Normaliser(IngestPolicy(dedup_sequences=False))  # the tokenizer reads normalised FASTA
-    with gzip.open(src, "rt") as fh:
-        records = [kept for i, (t, s) in enumerate(SimpleFastaParser(fh)) if (kept := norm.record(t, s, str(src), i))]
+    norm = Normaliser(IngestPolicy())  # the tokenizer reads normalised FASTA
+    records = [(rid.decode(), clean.decode()) for rid, seq, line, _ in records_of(read_source(src, "fasta"))
+               if (clean := norm(seq, str(src), line, rid)) is not None]
     n = residues = 0
     with gzip.open(dst, "wt", compresslevel=6) as out:
         for c in range(copies):

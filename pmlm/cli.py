@@ -18,10 +18,11 @@ from pmlm.errors import PmlmError
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("pmlm.data.fetch", "download a source (http/https/ftp/file) with resume and checksum"),
-    "extract": ("pmlm.data.archive", "extract one member of a tar archive (e.g. uniref50.fasta.gz)"),
-    "ingest": ("pmlm.data.ingest", "normalise FASTA / FASTA.gz into clean FASTA plus a stats JSON"),
+    "extract": ("pmlm.data.archive", "extract one member of a (nested) tar archive (e.g. uniref50.tar/uniref50.xml.gz)"),
+    "ingest": ("pmlm.data.ingest", "normalise FASTA, Pfam-A FASTA or UniRef XML into clean FASTA plus a stats JSON"),
     "split": ("pmlm.data.split", "cluster with MMseqs2, decontaminate, split train/valid by cluster"),
     "split-structures": ("pmlm.data.structsplit", "train/valid/test split of a structure set by sequence identity"),
+    "contacts-from-pdb": ("pmlm.tasks.pdbchains", "C-beta contact set (JSONL) of listed PDB chains from coordinate files"),
     "tokenize": ("pmlm.data.shards", "write tokenized Parquet shards and a manifest"),
     "pretrain": ("pmlm.train.cli", "pre-train an MLM or PMLM encoder from Parquet shards"),
     "launch": ("pmlm.train.launch", "run a command once per GPU across the nodes of a SLURM allocation (torchrun rendezvous from SLURM's environment)"),

@@ -12,7 +12,8 @@ import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from functools import partial
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -135,6 +136,27 @@ def http_server(behaviour: Behaviour) -> Iterator[LoopbackHTTPServer]:
         yield server
     finally:
         server.stop.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class _QuietStaticHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+@contextmanager
+def static_http_server(root: Path) -> Iterator[str]:
+    """Serve the files under ``root`` (several, unlike LoopbackHTTPServer); yields ``http://127.0.0.1:PORT``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietStaticHandler, directory=str(root)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield f"http://{host}:{port}"
+    finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)

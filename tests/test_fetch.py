@@ -247,3 +247,21 @@ def test_cli_success(tmp_path, capsys):
     assert cli.main(["fetch", src.as_uri(), "-o", str(dest), "--sha256", SHA, "--md5", MD5]) == 0
     assert dest.read_bytes() == PAYLOAD
     assert f"({len(PAYLOAD)} bytes, md5 {MD5}, sha256 {SHA})" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("listed, code", [(MD5, 0), ("0" * 32, 2)])
+def test_cli_publisher_checksum_listing(tmp_path, capsys, listed, code):
+    """--checksums-from: the digest of the file as the publisher's RELEASE.metalink lists it."""
+    src = tmp_path / "uniref2018_03.tar.gz"
+    src.write_bytes(PAYLOAD)
+    metalink = tmp_path / "RELEASE.metalink"
+    metalink.write_text(f'<?xml version="1.0"?>\n<metalink version="3.0" xmlns="http://www.metalinker.org/"><files>'
+                        f'<file name="uniref2018_03.tar.gz"><size>{len(PAYLOAD)}</size><verification>'
+                        f'<hash type="md5">{listed}</hash></verification></file></files></metalink>\n')
+    dest = tmp_path / "out" / "uniref2018_03.tar.gz"
+    assert cli.main(["fetch", src.as_uri(), "-o", str(dest), "--checksums-from", metalink.as_uri()]) == code
+    err = capsys.readouterr().err
+    assert f"lists md5 {listed}" in err
+    assert dest.exists() == (code == 0) and sorted(p.name for p in dest.parent.iterdir()) == (["uniref2018_03.tar.gz"] if code == 0 else [])
+    if code:
+        assert err.strip().splitlines()[-1].startswith("pmlm fetch: error:") and "checksum mismatch" in err

@@ -38,7 +38,12 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_blocker_blocks(tmp_path):
-    done = _run(tmp_path, "ingest", "--help")  # the data stage does need Biopython
+    """Reading PDB coordinates needs Biopython (ingest and tokenize no longer do: their FASTA reader is our own)."""
+    (tmp_path / "chains.txt").write_text("1abcA\n")
+    (tmp_path / "pdb").mkdir()
+    (tmp_path / "pdb" / "1abc.pdb").write_text("ATOM\n")
+    done = _run(tmp_path, "contacts-from-pdb", "--chains", str(tmp_path / "chains.txt"), "--pdb-dir", str(tmp_path / "pdb"),
+                "-o", str(tmp_path / "contacts.jsonl"))
     assert done.returncode != 0 and "blocked: not on the GPU image" in done.stderr
 
 

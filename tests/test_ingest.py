@@ -191,3 +191,78 @@ def test_cli_one_line_error_and_success(tmp_path, capsys):
     rc = main(["ingest", good, "-o", str(tmp_path / "o.fa"), "--stats", str(tmp_path / "s.json"), "--set", "nope=1"])
     assert rc == 2 and "unknown key(s) nope" in capsys.readouterr().err
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
+
+
+# ------------------------------------------------------------------ sources as published, bounded-memory dedup
+
+SOURCES = os.path.join(os.path.dirname(__file__), "data", "sources")
+
+
+def test_uniref_xml_and_pfam_sources(tmp_path):
+    xml = tmp_path / "uniref50.xml.gz"
+    xml.write_bytes(gzip.compress(open(os.path.join(SOURCES, "uniref50_2018_03_excerpt.xml"), "rb").read()))
+    stats = ingest([str(xml)], str(tmp_path / "u.fa"), str(tmp_path / "u.json"), IngestPolicy())
+    assert stats["formats"] == ["uniref_xml"] and stats["read"] == stats["kept"] == 3
+    assert stats["repaired"] == {"nonstandard_mapped": 1}  # U -> C in the selenoprotein
+    headers = [r.title for r in read_fasta(tmp_path / "u.fa")]
+    assert headers == ["UniRef50_Q6GZX4 members=3 taxon=10492", "UniRef50_Q6GZX3 members=1 taxon=654924",
+                       "UniRef50_P0DMW5 members=2 taxon=2759"]
+    pfam = os.path.join(SOURCES, "pfam_a_31_excerpt.fasta")
+    stats = ingest([pfam], str(tmp_path / "p.fa"), str(tmp_path / "p.json"), IngestPolicy())
+    assert stats["formats"] == ["pfam_fasta"] and stats["dropped"] == {"duplicate_sequence": 1}
+    titles = [r.title for r in read_fasta(tmp_path / "p.fa")]
+    assert "Q9X0V2_THEMA/3-120 family=PF00085.19" in titles  # the first of two identical domains is kept
+    assert not any(t.startswith("B1XQJ1_SYNP2") for t in titles)
+
+
+def test_first_occurrence_across_inputs_is_kept(tmp_path):
+    one = write(tmp_path / "one.fa", ">x\nMKV\n>y\nAAA\n")
+    two = write(tmp_path / "two.fa", ">z\nAAA\n>w\nMKV\n>v\nCC\n")
+    stats = ingest([two, one], str(tmp_path / "o.fa"), str(tmp_path / "s.json"), IngestPolicy())
+    assert [r.id for r in read_fasta(tmp_path / "o.fa")] == ["z", "w", "v"]
+    assert stats["dropped"] == {"duplicate_sequence": 2} and stats["kept"] + stats["dropped_total"] == 5
+    assert stats["length_min"] == 2 and stats["residues_kept"] == 8
+
+
+def test_hash_candidates_are_confirmed_by_content(tmp_path):
+    """Records whose 64-bit hashes collide but whose sequences differ are never merged."""
+    import numpy as np
+
+    from pmlm.data import dedup
+
+    fasta = write(tmp_path / "p.fa", ">a\nMKV\n>b\nMKW\n>c\nMKV\n>d\nMKW\n")
+    reason = bytearray(4)
+    marked = dedup.mark_duplicate_sequences(fasta, np.arange(4), reason, str(tmp_path), mean_length=3)
+    assert marked == 2 and list(reason) == [0, 0, dedup.DUPLICATE_SEQUENCE, dedup.DUPLICATE_SEQUENCE]
+    reason = bytearray(4)
+    assert dedup.mark_duplicate_sequences(fasta, np.array([0, 1]), reason, str(tmp_path), 3) == 0
+
+
+def test_renamed_ids_never_clash_with_input_ids(tmp_path):
+    _, recs = run_ingest(tmp_path, ">a\nMKV\n>a\nAAA\n>a_dup2\nCC\n>a\nDD\n", IngestPolicy(duplicate_ids="rename"))
+    assert [r[0] for r in recs] == ["a", "a_dup3", "a_dup2", "a_dup4"]
+
+
+def test_duplicate_id_in_another_input_names_both_files(tmp_path):
+    one = write(tmp_path / "one.fa", ">x\nMKV\n")
+    two = write(tmp_path / "two.fa", ">y\nAA\n>x\nCC\n")
+    with pytest.raises(InputError, match=r"two\.fa:3: record 'x': duplicate id \(first seen at .*one\.fa:1\)"):
+        ingest([one, two], str(tmp_path / "o.fa"), str(tmp_path / "s.json"), IngestPolicy())
+    assert sorted(os.listdir(tmp_path)) == ["one.fa", "two.fa"]
+
+
+def test_malformed_xml_leaves_no_output(tmp_path):
+    xml = tmp_path / "in.fa"  # the name says FASTA, the content decides
+    xml.write_bytes(open(os.path.join(SOURCES, "uniref50_2020_02_excerpt.xml"), "rb").read()[:-40])
+    with pytest.raises(InputError, match=r"in\.fa:\d+: malformed XML"):
+        ingest([str(xml)], str(tmp_path / "clean.fa"), str(tmp_path / "stats.json"), IngestPolicy())
+    assert_no_output(tmp_path)
+
+
+
+def test_duplicate_id_lines_counted_again_across_blocks(tmp_path, monkeypatch):
+    """Clean blocks do not keep their lines; an error counts them again from the input, exactly."""
+    monkeypatch.setattr("pmlm.data.formats.BLOCK_SIZE", 64)
+    text = "".join(f">r{i}\nMKV{'A' * i}\nGG\n" for i in range(200)) + ">r150\nCCCC\n"
+    with pytest.raises(InputError, match=r"in\.fa:601: record 'r150': duplicate id \(first seen at line 451\)"):
+        run_ingest(tmp_path, text)

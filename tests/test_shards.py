@@ -40,7 +40,8 @@ def test_layout_schema_and_pandas(shards):
     out, manifest, train = shards
     assert sorted(os.listdir(out / "train")) == [f"part-{i:05d}-of-00004.parquet" for i in range(4)]
     df = pd.read_parquet(out / "train")
-    assert list(df.columns) == ["id", "cluster_id", "length", "tokens"]
+    assert list(df.columns) == ["id", "cluster_id", "length", "tokens", "members", "taxon_id", "family"]
+    assert df["members"].isna().all() and df["family"].isna().all()  # plain FASTA carries no annotations
     assert len(df) == 500 == manifest["splits"]["train"]["rows"]
     first = df.set_index("id").loc["seq1_0"]
     with open(train) as fh:
@@ -120,3 +121,18 @@ def test_outputs_get_the_usual_file_mode(tmp_path):
         os.umask(umask)
     assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_source_annotations_become_columns(tmp_path):
+    src = tmp_path / "train.fasta"
+    src.write_text(">u1 members=3 taxon=10492 cluster=u1\nMKV\n>p1/2-9 family=PF00085.19 cluster=u1\nACD\n"
+                   ">x cluster=x\nKK\n>y\nGG\n")
+    tokenize({"train": [str(src)]}, str(tmp_path / "out"), num_shards=1)
+    df = pd.read_parquet(tmp_path / "out" / "train").set_index("id")
+    assert df.loc["u1", "members"] == 3 and df.loc["u1", "taxon_id"] == 10492 and pd.isna(df.loc["u1", "family"])
+    assert df.loc["p1/2-9", "family"] == "PF00085.19" and df.loc["p1/2-9", "cluster_id"] == "u1"
+    assert df[["members", "taxon_id", "family"]].loc[["x", "y"]].isna().all().all()
+    manifest = load_manifest(tmp_path / "out")
+    assert manifest["splits"]["train"]["clusters"] == 3 and manifest["splits"]["train"]["clusters_from_header"] == 3
+    assert set(manifest["schema"]) == {"id", "cluster_id", "length", "tokens", "members", "taxon_id", "family"}
+

@@ -459,6 +459,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="destination file; data is staged in DEST.part and renamed when verified")
     parser.add_argument("--md5", help="expected MD5 digest (32 hex digits)")
     parser.add_argument("--sha256", help="expected SHA-256 digest (64 hex digits)")
+    parser.add_argument("--checksums-from", metavar="URL",
+                        help="the publisher's checksum listing (RELEASE.metalink or md5sum output) naming this file; "
+                             "its digest is checked like --md5 / --sha256")
     parser.add_argument("--retries", type=int, default=defaults.retries,
                         help="retries after failed attempts that made no progress (default: %(default)s)")
     parser.add_argument("--backoff", type=float, default=defaults.backoff,
@@ -469,8 +472,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="off a terminal, a progress line this often (default: %(default)s)")
 
 
+def _listed_digests(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """--md5 / --sha256, completed from the publisher's listing when --checksums-from is given."""
+    if not args.checksums_from:
+        return args.md5, args.sha256
+    from pmlm.data.checksums import published_checksums
+
+    listing = args.dest.with_name(args.dest.name + ".checksums")
+    fetch(args.checksums_from, listing, retries=args.retries, backoff=args.backoff, timeout=args.timeout)
+    try:
+        entry = published_checksums(listing, Path(urlsplit(args.url).path).name)
+    finally:
+        listing.unlink(missing_ok=True)  # fetched fresh each time: it may change with the file
+    for algo, given in (("md5", args.md5), ("sha256", args.sha256)):
+        if given and entry.get(algo) and given.lower() != entry[algo]:
+            raise ConfigError(f"--{algo} {given} differs from {redact(args.checksums_from)}: {entry[algo]}")
+    _log(f"{redact(args.checksums_from)} lists {', '.join(f'{k} {v}' for k, v in sorted(entry.items()))}")
+    return args.md5 or entry.get("md5"), args.sha256 or entry.get("sha256")
+
+
 def run(args: argparse.Namespace) -> int:
+    md5, sha256 = _listed_digests(args)
     with Progress(f"pmlm fetch {redact(args.url)}", unit="bytes", every_s=args.progress_every) as progress:
-        fetch(args.url, args.dest, md5=args.md5, sha256=args.sha256, retries=args.retries,
+        fetch(args.url, args.dest, md5=md5, sha256=sha256, retries=args.retries,
               backoff=args.backoff, timeout=args.timeout, progress=progress.update)
     return 0

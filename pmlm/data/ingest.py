@@ -1,224 +1,326 @@
-"""``pmlm ingest``: normalise raw FASTA into clean, uniquely named sequences plus an accounting JSON.
+"""``pmlm ingest``: normalise sequence sources (FASTA, Pfam-A FASTA, UniRef XML) into clean, uniquely
+named sequences plus an accounting JSON.
 
 Every input record ends up either kept or dropped with a named reason, and every repair is
 counted, so ``kept + sum(dropped) == read`` always holds in the stats file.
+
+Memory stays at a few bytes per record whatever the input size: the first pass streams records
+through the normaliser into a temporary FASTA and logs 64-bit hashes of sequences and ids to disk;
+duplicates are then found by sorting one hash array at a time and confirmed by content
+(:mod:`pmlm.data.dedup`); a second pass over the temporary file drops or renames them, and is
+skipped when there is nothing to drop. Of duplicate sequences or ids, the first occurrence in
+input order is kept (inputs in the order given, records in file order).
+
+Clean FASTA: one line per sequence, header ``>ID`` plus the source's annotations as
+``key=value`` words (``members=``/``taxon=`` from UniRef XML, ``family=`` from Pfam-A), which
+``pmlm split`` keeps and ``pmlm tokenize`` turns into shard columns.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import bisect
 import json
 import os
+import shutil
 import sys
+import tempfile
+from array import array
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from itertools import chain, repeat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
-from pmlm.data.fasta import read_fasta
+import numpy as np
+
+from pmlm.data import dedup
+from pmlm.data.columns import clean_one_line_fasta
+from pmlm.data.formats import (
+    AUTO, check_format, chunk_first_line, detect_format, parse_chunk, record_lines, source_chunks,
+)
+from pmlm.data.normalise import STANDARD, IngestPolicy, Normaliser
 from pmlm.errors import ConfigError, InputError
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
-_STANDARD = RESIDUES + UNKNOWN_RESIDUE
-_LOWER = "abcdefghijklmnopqrstuvwxyz"
-_GAPS = "-."
-_STOP = "*"
-# str.translate tables: delete the characters a record may legitimately contain, what remains is invalid
-_DELETE_STANDARD = str.maketrans("", "", _STANDARD)
-_NONSTANDARD = "".join(NONSTANDARD_MAP)
+class _Origins:
+    """Where record ``i`` of the first pass came from: its input and line.
+
+    Per chunk of input: the index of its first kept record, and its kept records' lines when they were
+    counted (a chunk the normaliser repaired); for a clean chunk the lines are counted again from the
+    input only when an error needs one.
+    """
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.chunks: list[tuple[str, str, int, np.ndarray | None]] = []  # (path, format, first line, lines)
+
+    def add(self, start: int, path: str, fmt: str, first_line: int, lines: bytes) -> None:
+        self.starts.append(start)
+        self.chunks.append((path, fmt, first_line, np.frombuffer(lines, dtype=np.int64) if lines else None))
+
+    def where(self, index: int) -> tuple[str, int]:
+        at = bisect.bisect_right(self.starts, index) - 1
+        path, fmt, first_line, lines = self.chunks[at]
+        if lines is None:
+            chunk = next(c for c in source_chunks(path, fmt) if chunk_first_line(fmt, c) == first_line)
+            lines = parse_chunk(path, fmt, chunk).lines
+        return path, int(lines[index - self.starts[at]])
 
 
-@dataclass
-class IngestPolicy:
-    """What to do with each kind of irregular input. Defaults suit UniRef50 / Pfam pre-training."""
+def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy,
+           formats: list[str] | None = None) -> dict:
+    """Normalise ``inputs`` into ``out_fasta`` (one line per sequence); both outputs appear atomically.
 
-    case: str = "upper"  # lowercase residues: "upper" (repair, counted) | "error"
-    nonstandard: str = "map"  # U->C, O->K, B/Z/J->X: "map" | "x" (all to X) | "drop" (record) | "error"
-    gaps: str = "remove"  # '-' and '.' (alignment gaps): "remove" (counted) | "drop" | "error"
-    stop: str = "strip"  # a trailing '*': "strip" (counted) | "error"; an internal '*' is invalid
-    invalid: str = "drop"  # any other character (digits, punctuation): "drop" (record) | "error"
-    min_length: int = 1  # residues after normalisation; shorter records are dropped ("too_short")
-    max_length: int = 100_000  # longer records: see too_long
-    too_long: str = "drop"  # "drop" (counted) | "error"
-    dedup_sequences: bool = True  # drop exact duplicate sequences (first occurrence kept)
-    duplicate_ids: str = "error"  # "error" | "drop" (later record) | "rename" (append _dupN, counted)
-
-    _CHOICES = {
-        "case": ("upper", "error"),
-        "nonstandard": ("map", "x", "drop", "error"),
-        "gaps": ("remove", "drop", "error"),
-        "stop": ("strip", "error"),
-        "invalid": ("drop", "error"),
-        "too_long": ("drop", "error"),
-        "duplicate_ids": ("error", "drop", "rename"),
-    }
-
-    def __post_init__(self):
-        for key, choices in self._CHOICES.items():
-            if getattr(self, key) not in choices:
-                raise ConfigError(f"ingest.{key}: {getattr(self, key)!r} is not one of {', '.join(choices)}")
-        if not (isinstance(self.min_length, int) and self.min_length >= 1):
-            raise ConfigError(f"ingest.min_length must be an integer >= 1, got {self.min_length!r}")
-        if not (isinstance(self.max_length, int) and self.max_length >= self.min_length):
-            raise ConfigError(f"ingest.max_length must be an integer >= min_length, got {self.max_length!r}")
-
-    @classmethod
-    def from_dict(cls, values: dict) -> IngestPolicy:
-        known = {f.name for f in fields(cls) if not f.name.startswith("_")}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"ingest: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**values)
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-
-
-class _Drop(Exception):
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-class Normaliser:
-    """Applies an IngestPolicy to one record at a time and keeps the counts."""
-
-    def __init__(self, policy: IngestPolicy):
-        self.policy = policy
-        self.read = 0
-        self.kept = 0
-        self.residues = 0
-        self.dropped: Counter[str] = Counter()
-        self.repaired: Counter[str] = Counter()
-        self.min_len: int | None = None
-        self.max_len = 0
-        self._seen_seq: set[bytes] = set()
-        self._seen_ids: dict[str, int] = {}
-
-    def _fail(self, path: str, line: int, record_id: str, message: str):
-        raise InputError(path, f"record {record_id!r}: {message}", line=line)
-
-    def sequence(self, seq: str, path: str, line: int, record_id: str) -> str:
-        p = self.policy
-        if seq and seq[-1] == _STOP:
-            if p.stop == "error":
-                self._fail(path, line, record_id, "trailing '*' (stop codon); set ingest.stop: strip to remove it")
-            seq = seq.rstrip(_STOP)
-            self.repaired["stop_stripped"] += 1
-        if not seq.isupper() and any(c in _LOWER for c in seq):
-            if p.case == "error":
-                self._fail(path, line, record_id, "lowercase residues; set ingest.case: upper to convert them")
-            seq = seq.upper()
-            self.repaired["uppercased"] += 1
-        leftover = seq.translate(_DELETE_STANDARD)
-        if not leftover:
-            return seq
-        if any(c in _GAPS for c in leftover):
-            if p.gaps == "error":
-                self._fail(path, line, record_id, "alignment gap characters ('-' or '.'); set ingest.gaps: remove")
-            if p.gaps == "drop":
-                raise _Drop("gaps")
-            seq = seq.replace("-", "").replace(".", "")
-            leftover = leftover.replace("-", "").replace(".", "")
-            self.repaired["gaps_removed"] += 1
-        nonstandard = [c for c in leftover if c in _NONSTANDARD]
-        if nonstandard:
-            if p.nonstandard == "error":
-                self._fail(path, line, record_id, f"non-standard residue {nonstandard[0]!r}; see ingest.nonstandard")
-            if p.nonstandard == "drop":
-                raise _Drop("nonstandard_residue")
-            table = str.maketrans({c: (NONSTANDARD_MAP[c] if p.nonstandard == "map" else UNKNOWN_RESIDUE) for c in _NONSTANDARD})
-            seq = seq.translate(table)
-            leftover = "".join(c for c in leftover if c not in _NONSTANDARD)
-            self.repaired["nonstandard_mapped"] += 1
-        if leftover:
-            bad = leftover[0]
-            pos = seq.index(bad) + 1
-            if p.invalid == "error" or (bad == _STOP and p.stop == "error"):
-                self._fail(path, line, record_id, f"invalid character {bad!r} at residue {pos}")
-            raise _Drop("invalid_character")
-        return seq
-
-    def record(self, title: str, seq: str, path: str, line: int) -> tuple[str, str] | None:
-        """Return (id, clean sequence) to keep, or None when dropped (reason counted)."""
-        self.read += 1
-        record_id = title.split(None, 1)[0] if title.strip() else ""
-        try:
-            if not record_id:
-                raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
-            if not seq:
-                raise _Drop("empty")
-            seq = self.sequence(seq, path, line, record_id)
-            n = len(seq)
-            if n < self.policy.min_length:
-                raise _Drop("too_short" if n else "empty")
-            if n > self.policy.max_length:
-                if self.policy.too_long == "error":
-                    self._fail(path, line, record_id, f"{n} residues exceeds ingest.max_length={self.policy.max_length}")
-                raise _Drop("too_long")
-            if self.policy.dedup_sequences:
-                digest = hashlib.blake2b(seq.encode(), digest_size=12).digest()
-                if digest in self._seen_seq:
-                    raise _Drop("duplicate_sequence")
-                self._seen_seq.add(digest)
-            if record_id in self._seen_ids:
-                first = self._seen_ids[record_id]
-                if self.policy.duplicate_ids == "error":
-                    self._fail(path, line, record_id, f"duplicate id (first seen at line {first}); see ingest.duplicate_ids")
-                if self.policy.duplicate_ids == "drop":
-                    raise _Drop("duplicate_id")
-                k = 2
-                while f"{record_id}_dup{k}" in self._seen_ids:
-                    k += 1
-                record_id = f"{record_id}_dup{k}"
-                self.repaired["id_renamed"] += 1
-            self._seen_ids[record_id] = line
-        except _Drop as drop:
-            self.dropped[drop.reason] += 1
-            return None
-        self.kept += 1
-        self.residues += len(seq)
-        self.min_len = len(seq) if self.min_len is None else min(self.min_len, len(seq))
-        self.max_len = max(self.max_len, len(seq))
-        return record_id, seq
-
-    def stats(self, inputs: list[str]) -> dict:
-        dropped = dict(sorted(self.dropped.items()))
-        assert self.kept + sum(dropped.values()) == self.read, "ingest accounting is inconsistent"
-        return {
-            "inputs": inputs,
-            "policy": self.policy.as_dict(),
-            "read": self.read,
-            "kept": self.kept,
-            "dropped": dropped,
-            "dropped_total": sum(dropped.values()),
-            "repaired": dict(sorted(self.repaired.items())),
-            "residues_kept": self.residues,
-            "length_min": self.min_len,
-            "length_max": self.max_len,
-            "length_mean": round(self.residues / self.kept, 2) if self.kept else None,
-        }
-
-
-def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy) -> dict:
-    """Normalise ``inputs`` into ``out_fasta`` (one line per sequence); both outputs appear atomically."""
+    ``formats``: one per input (``auto``, ``fasta``, ``pfam_fasta``, ``uniref_xml``), or None for auto.
+    """
+    formats = [check_format(f) for f in (formats or [AUTO] * len(inputs))]
+    if len(formats) != len(inputs):
+        raise ConfigError(f"ingest: {len(formats)} formats given for {len(inputs)} inputs")
+    formats = [detect_format(p) if f == AUTO else f for p, f in zip(inputs, formats)]
     norm = Normaliser(policy)
-    progress = Progress("pmlm ingest")  # records read, a line a minute in the rule's log
-    with atomic_output(out_fasta) as tmp, open(tmp, "w", buffering=1 << 20) as out:
-        for path in inputs:
-            for rec in read_fasta(path, repairs=norm.repaired):  # counts headers read as Latin-1
-                progress.advance()
-                kept = norm.record(rec.title, rec.sequence, path, rec.line)
-                if kept is not None:
-                    out.write(f">{kept[0]}\n{kept[1]}\n")
-        progress.close()
-        stats = norm.stats([str(p) for p in inputs])
-        if stats["kept"] == 0:
-            raise InputError(inputs[0], f"no record survived normalisation (dropped: {stats['dropped']})")
+    out_dir = Path(out_fasta).resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".ingest.", dir=out_dir)
+    try:
+        with atomic_output(out_fasta) as tmp:
+            first = os.path.join(work, "pass1.fasta")
+            origins = _Origins()
+            seq_log = dedup.HashLog(os.path.join(work, "seq.i64"))
+            id_log = dedup.HashLog(os.path.join(work, "id.i64"))
+            read, tally = _first_pass(inputs, formats, first, norm, origins, seq_log, id_log)
+            for log in (seq_log, id_log):
+                log.close()
+            if tally.kept == 0:
+                raise InputError(inputs[0], f"no record survived normalisation (dropped: {dict(norm.dropped)})")
+            reason = bytearray(tally.kept)  # one byte per record: KEEP or why it goes
+            if policy.dedup_sequences:
+                candidates = dedup.positions_of(seq_log.path, dedup.repeated_values(seq_log.path))
+                marked = dedup.mark_duplicate_sequences(first, candidates, reason, work, tally.residues / tally.kept)
+                if marked:
+                    norm.dropped["duplicate_sequence"] += marked
+            renames = _duplicate_ids(first, id_log.path, reason, policy, norm, origins)
+            if any(reason) or renames:
+                tally = _second_pass(first, tmp, reason, renames)
+            else:
+                os.replace(first, tmp)
+            stats = _stats(inputs, formats, policy, norm, read, tally)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     with atomic_output(stats_path) as tmp:
         Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
     return stats
+
+
+@dataclass
+class _Tally:
+    """Records written so far and their lengths."""
+
+    kept: int = 0
+    residues: int = 0
+    shortest: int | None = None
+    longest: int = 0
+
+    def add(self, n: int) -> None:
+        self.merge(_Tally(1, n, n, n))
+
+    def merge(self, other: _Tally) -> None:
+        if not other.kept:
+            return
+        self.kept += other.kept
+        self.residues += other.residues
+        self.shortest = other.shortest if self.shortest is None else min(self.shortest, other.shortest)
+        self.longest = max(self.longest, other.longest)
+
+
+class _Cleaned(NamedTuple):
+    """What one chunk of a source becomes: clean FASTA text, logs as raw int64 bytes, counts."""
+
+    read: int
+    first_line: int
+    fasta: bytes
+    seq_hashes: bytes
+    id_hashes: bytes
+    lines: bytes  # the kept records' lines when the chunk was repaired, else b"" (counted on demand)
+    tally: _Tally
+    dropped: Counter
+    repaired: Counter
+
+
+def _clean_chunk(path: str, fmt: str, policy: IngestPolicy, chunk) -> _Cleaned:
+    """Parse and normalise one chunk of a source.
+
+    A block whose records are all clean (uppercase standard letters, lengths in range: almost every
+    block of a real source) is checked with a few C calls on the whole block and written as it is
+    (plain FASTA: cut from the block's bytes by numpy, no Python object per record but the two
+    hashed); any other block goes record by record through the normaliser.
+    """
+    first_line = chunk_first_line(fmt, chunk)
+    if fmt == "fasta":
+        clean = clean_one_line_fasta(chunk[0], policy.min_length, policy.max_length, STANDARD)
+        if clean is not None:
+            fasta, ids, seqs, lengths = clean
+            return _Cleaned(len(ids), first_line, fasta, _hashes(seqs), _hashes(ids), b"",
+                            _Tally(len(ids), int(lengths.sum()), int(lengths.min()), int(lengths.max())), Counter(), Counter())
+    ids, seqs, lines, annotations = parse_chunk(path, fmt, chunk, lines=False)
+    norm = Normaliser(policy)
+    read = len(ids)
+    joined = b"".join(seqs)
+    lengths = list(map(len, seqs))
+    kept_lines = b""
+    # deleting the standard letters leaves nothing: uppercase, no gap, stop or other character
+    if joined.translate(None, STANDARD) or not policy.min_length <= min(lengths) <= max(lengths) <= policy.max_length:
+        if lines is None:  # a FASTA chunk: count them now
+            lines = record_lines(*chunk)
+        ids, seqs, lines, annotations = _normalise_block(norm, path, ids, seqs, lines, annotations)
+        if not ids:
+            return _Cleaned(read, first_line, b"", b"", b"", b"", _Tally(), norm.dropped, norm.repaired)
+        joined = b"".join(seqs)
+        lengths = list(map(len, seqs))
+        kept_lines = array("q", lines).tobytes()
+    headers = ids if annotations is None else [b"%s %s" % pair if pair[1] else pair[0] for pair in zip(ids, annotations)]
+    fasta = b"".join(chain.from_iterable(zip(repeat(b">"), headers, repeat(b"\n"), seqs, repeat(b"\n"))))
+    tally = _Tally(len(ids), len(joined), min(lengths), max(lengths))
+    return _Cleaned(read, first_line, fasta, _hashes(seqs), _hashes(ids), kept_lines, tally, norm.dropped, norm.repaired)
+
+
+def _hashes(values: list[bytes]) -> bytes:
+    """64-bit hashes of ``values`` as native int64 bytes: what the duplicate logs hold, one home for
+    every path that fills them (duplicates are confirmed by content, so the hash only has to agree)."""
+    return array("q", map(hash, values)).tobytes()
+
+
+def _normalise_block(norm, path, ids, seqs, lines, annotations):
+    """The records of a block that survive the normaliser, repaired (columns as in the block)."""
+    kept = ([], [], [], None if annotations is None else [])
+    for i, (record_id, seq, line) in enumerate(zip(ids, seqs, lines)):
+        seq = norm(seq, path, line, record_id)
+        if seq is None:
+            continue
+        kept[0].append(record_id)
+        kept[1].append(seq)
+        kept[2].append(line)
+        if annotations is not None:
+            kept[3].append(annotations[i])
+    return kept
+
+
+def _first_pass(inputs, formats, first, norm, origins, seq_log, id_log) -> tuple[int, _Tally]:
+    """Stream every chunk of every input through the normaliser into ``first``, in input order;
+    returns (records read, tally)."""
+    read = 0
+    tally = _Tally()
+    progress = Progress("pmlm ingest")  # records read, a line a minute in the rule's log
+    with open(first, "wb", buffering=1 << 22) as out:
+        for path, fmt in zip(inputs, formats):
+            for chunk in source_chunks(path, fmt, norm.repaired):  # counts headers read as Latin-1
+                cleaned = _clean_chunk(path, fmt, norm.policy, chunk)
+                read += cleaned.read
+                progress.advance(cleaned.read)
+                norm.dropped.update(cleaned.dropped)
+                norm.repaired.update(cleaned.repaired)
+                if not cleaned.fasta:
+                    continue
+                origins.add(tally.kept, path, fmt, cleaned.first_line, cleaned.lines)
+                out.write(cleaned.fasta)
+                seq_log.extend_bytes(cleaned.seq_hashes)
+                id_log.extend_bytes(cleaned.id_hashes)
+                tally.merge(cleaned.tally)
+    progress.close()  # on success only: an error stays the run's one line
+    return read, tally
+
+
+def _duplicate_ids(first: str, id_log: str, reason: bytearray, policy: IngestPolicy, norm: Normaliser,
+                   origins: _Origins) -> dict[int, bytes]:
+    """Apply ``duplicate_ids`` to records whose id occurred earlier; returns {index: new id} for renames."""
+    hashes = dedup.repeated_values(id_log)
+    candidates = dedup.positions_of(id_log, hashes)
+    if candidates.size == 0:
+        return {}
+    wanted = set(candidates.tolist())
+    seen: dict[bytes, int] = {}
+    later: list[tuple[int, bytes]] = []
+    for index, header, _ in dedup.indexed_records(first):
+        if index not in wanted or reason[index]:
+            continue
+        record_id = header.split(None, 1)[0]
+        if record_id not in seen:
+            seen[record_id] = index
+            continue
+        if policy.duplicate_ids == "error":
+            path, line = origins.where(index)
+            first_path, first_line = origins.where(seen[record_id])
+            where = f"line {first_line}" if first_path == path else f"{first_path}:{first_line}"
+            raise InputError(path, f"record {record_id.decode(errors='replace')!r}: duplicate id (first seen at {where}); "
+                             "see ingest.duplicate_ids", line=line)
+        if policy.duplicate_ids == "drop":
+            reason[index] = dedup.DUPLICATE_ID
+            norm.dropped["duplicate_id"] += 1
+        else:
+            later.append((index, record_id))
+    return _rename(first, later, norm)
+
+
+def _rename(first: str, later: list[tuple[int, bytes]], norm: Normaliser) -> dict[int, bytes]:
+    """ID_dupK for each later duplicate: the smallest K >= 2 not taken by a kept id or an earlier rename."""
+    if not later:
+        return {}
+    taken: set[bytes] = set()
+    while True:
+        renames: dict[int, bytes] = {}
+        next_k: dict[bytes, int] = {}
+        used = set(taken)
+        for index, base in later:
+            k = next_k.get(base, 2)
+            while (name := b"%s_dup%d" % (base, k)) in used:
+                k += 1
+            renames[index], next_k[base] = name, k + 1
+            used.add(name)
+        # exact check against the ids of the input, in one pass; repeat in the rare case of a clash
+        proposed = set(renames.values())
+        clashes = {header.split(None, 1)[0] for i, header, _ in dedup.indexed_records(first)
+                   if i not in renames and header.split(None, 1)[0] in proposed}
+        if not clashes:
+            norm.repaired["id_renamed"] += len(renames)
+            return renames
+        taken |= clashes
+
+
+def _second_pass(first: str, out: str, reason: bytearray, renames: dict[int, bytes]) -> _Tally:
+    """Copy the kept records of ``first`` to ``out``, renaming where asked."""
+    tally = _Tally()
+    with open(out, "wb", buffering=1 << 22) as fh:
+        for index, header, seq in dedup.indexed_records(first):
+            if reason[index]:
+                continue
+            if index in renames:
+                words = header.split(None, 1)
+                header = renames[index] + (b" " + words[1] if len(words) > 1 else b"")
+            fh.write(b">%s\n%s\n" % (header, seq))
+            tally.add(len(seq))
+    return tally
+
+
+def _stats(inputs: list[str], formats: list[str], policy: IngestPolicy, norm: Normaliser, read: int,
+           tally: _Tally) -> dict:
+    dropped = dict(sorted(norm.dropped.items()))
+    if tally.kept + sum(dropped.values()) != read:
+        raise AssertionError(f"ingest accounting is inconsistent: kept {tally.kept} + dropped {dropped} != read {read}")
+    return {
+        "inputs": [str(p) for p in inputs],
+        "formats": formats,
+        "policy": policy.as_dict(),
+        "read": read,
+        "kept": tally.kept,
+        "dropped": dropped,
+        "dropped_total": sum(dropped.values()),
+        "repaired": dict(sorted(norm.repaired.items())),
+        "residues_kept": tally.residues,
+        "length_min": tally.shortest,
+        "length_max": tally.longest,
+        "length_mean": round(tally.residues / tally.kept, 2) if tally.kept else None,
+    }
 
 
 def policy_from_args(args) -> IngestPolicy:
@@ -241,11 +343,14 @@ def policy_from_args(args) -> IngestPolicy:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="FASTA or FASTA.gz files (gzip detected by content)")
+    p.add_argument("inputs", nargs="+", help="FASTA, Pfam-A FASTA or UniRef XML files, plain or gzip (detected by content)")
     p.add_argument("-o", "--output", required=True, help="clean FASTA to write")
     p.add_argument("--stats", required=True, help="JSON accounting of read / kept / dropped-by-reason records")
     p.add_argument("--policy", help="YAML mapping of ingest policy keys (see pmlm.data.ingest.IngestPolicy)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one policy key (repeatable)")
+    p.add_argument("--format", default=AUTO, metavar="FMT[,FMT...]",
+                   help=f"source format: {AUTO} (by content, the default) or one of fasta, pfam_fasta, uniref_xml; "
+                        "one for all inputs or one per input, comma-separated")
 
 
 def run(args) -> int:
@@ -253,7 +358,10 @@ def run(args) -> int:
     for path in args.inputs:
         if not os.path.isfile(path):
             raise InputError(path, "no such file")
-    stats = ingest(args.inputs, args.output, args.stats, policy)
+    formats = args.format.split(",")
+    if len(formats) == 1:
+        formats *= len(args.inputs)
+    stats = ingest(args.inputs, args.output, args.stats, policy, formats)
     dropped = ", ".join(f"{k}={v}" for k, v in stats["dropped"].items()) or "none"
     print(f"ingest: read {stats['read']}, kept {stats['kept']}, dropped {stats['dropped_total']} ({dropped})", file=sys.stderr)
     return 0

@@ -14,6 +14,11 @@ Schema (one row per sequence; readable with ``pandas.read_parquet``):
                             WITHOUT <cls>/<eos> (``np.frombuffer(tokens, np.uint8)``); loaders
                             add the specials and crop. One byte per id rather than list<uint8>
                             (stored as INT32 in Parquet): ~4x faster to write and ~6x to read.
+    members     int32       source cluster size (UniRef XML ``member count``; ``members=`` in the
+                            header), null when the source has none
+    taxon_id    int32       NCBI id of the source cluster's common taxon (UniRef XML ``common
+                            taxon ID``; ``taxon=``), null when the source has none
+    family      string      Pfam family accession with version (Pfam-A FASTA; ``family=``), or null
 
 A row's shard is ``crc32(cluster_id) % num_shards``: members of one cluster share a shard, so
 per-rank sharding of files never splits a cluster. Row groups hold ``row_group_size`` rows,
@@ -25,15 +30,15 @@ from __future__ import annotations
 import argparse
 import sys
 import zlib
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from pmlm import alphabet
 from pmlm.artefacts import SHARDS_FORMAT, write_manifest
-from pmlm.data.fasta import read_fasta
+from pmlm.data.columns import Columns, one_line_columns
+from pmlm.data.formats import WHITESPACE, fasta_blocks
 from pmlm.errors import ConfigError, InputError
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output, file_digest
@@ -44,6 +49,9 @@ SCHEMA_DOC = {
     "cluster_id": "string: MMseqs2 cluster representative id",
     "length": "int32: number of residues",
     "tokens": "binary: residue token ids (pmlm.alphabet), one byte each, no <cls>/<eos>",
+    "members": "int32 or null: source cluster size (UniRef member count)",
+    "taxon_id": "int32 or null: NCBI id of the source cluster's common taxon (UniRef)",
+    "family": "string or null: Pfam family accession with version (Pfam-A FASTA)",
 }
 
 
@@ -56,6 +64,9 @@ def arrow_schema():
             pa.field("cluster_id", pa.string(), nullable=False),
             pa.field("length", pa.int32(), nullable=False),
             pa.field("tokens", pa.binary(), nullable=False),
+            pa.field("members", pa.int32(), nullable=True),
+            pa.field("taxon_id", pa.int32(), nullable=True),
+            pa.field("family", pa.string(), nullable=True),
         ],
         metadata={b"pmlm.format": SHARDS_FORMAT.encode(), b"pmlm.alphabet": " ".join(alphabet.TOKENS).encode()},
     )
@@ -66,111 +77,115 @@ def shard_of(cluster_id: str, num_shards: int) -> int:
     return zlib.crc32(cluster_id.encode()) % num_shards
 
 
-class _ShardBuffer:
-    """Rows of one shard waiting to become a row group."""
-
-    __slots__ = ("ids", "clusters", "tokens")
-
-    def __init__(self):
-        self.ids: list[str] = []
-        self.clusters: list[str] = []
-        self.tokens: list[bytes] = []
-
-    def __len__(self):
-        return len(self.ids)
+def _byte_counts(values: np.ndarray) -> np.ndarray:
+    """Occurrences of each byte value (256,): bincount over byte pairs, half the elements to widen."""
+    pairs = np.bincount(values[: values.size // 2 * 2].view(np.uint16), minlength=1 << 16).reshape(256, 256)
+    counts = pairs.sum(axis=0) + pairs.sum(axis=1)  # little-endian: column = first byte, row = second
+    if values.size % 2:
+        counts[values[-1]] += 1
+    return counts
 
 
 class SplitWriter:
     """Streams the rows of one split into ``num_shards`` Parquet files.
 
-    Row groups are encoded and written by one background thread (pyarrow releases the GIL while it
-    encodes and compresses), overlapping with FASTA parsing in the caller; a single worker keeps the
-    write order, so the files are byte-identical to a sequential run. At most ``MAX_PENDING`` row
-    groups wait for the writer, which bounds memory.
+    Rows arrive as blocks already ordered by shard (from :func:`_shard_block`); each
+    shard's rows wait as Arrow slices until they fill a row group, which is then written. Blocks come
+    in input order.
     """
 
-    MAX_PENDING = 4
-
-    def __init__(self, directory: Path, split: str, num_shards: int, row_group_size: int, compression_level: int,
-                 executor: ThreadPoolExecutor):
+    def __init__(self, directory: Path, split: str, num_shards: int, row_group_size: int, compression_level: int):
         self.dir = directory / split
         self.dir.mkdir(parents=True, exist_ok=True)
         self.split = split
         self.num_shards = num_shards
         self.row_group_size = row_group_size
         self.compression_level = compression_level
-        self.buffers = [_ShardBuffer() for _ in range(num_shards)]
+        self.buffers: list[list] = [[] for _ in range(num_shards)]  # per shard: RecordBatch slices waiting
+        self.buffered = np.zeros(num_shards, dtype=np.int64)
         self.writers: list = [None] * num_shards
         self.rows = np.zeros(num_shards, dtype=np.int64)
         self.residues = np.zeros(num_shards, dtype=np.int64)
         self.residue_counts = np.zeros(alphabet.VOCAB_SIZE, dtype=np.int64)
         self.length_counts = np.zeros(len(LENGTH_BIN_EDGES), dtype=np.int64)
-        self.clusters: set[str] = set()
-        self._executor = executor
-        self._pending: deque[Future] = deque()
+        self.from_header = 0
+        # cluster ids per shard, on disk: a cluster never spans shards, so the distinct count is the sum of
+        # the shards' counts, and memory holds one shard's ids at a time instead of every cluster id
+        self._cluster_logs: list = [None] * num_shards
 
     def name(self, shard: int) -> str:
         return f"part-{shard:05d}-of-{self.num_shards:05d}.parquet"
 
-    def add(self, record_id: str, cluster_id: str, token_bytes: bytes) -> None:
-        # once per record: shard_of() inlined, no method calls beyond the appends
-        shard = zlib.crc32(cluster_id.encode()) % self.num_shards
-        buf = self.buffers[shard]
-        buf.ids.append(record_id)
-        buf.clusters.append(cluster_id)
-        buf.tokens.append(token_bytes)
-        if len(buf.ids) >= self.row_group_size:
-            self._flush(shard)
+    def add(self, block: _Sharded) -> None:
+        """Take a block's rows into their shards; write every row group that fills."""
+        self.residue_counts += block.residue_counts
+        self.length_counts += block.length_counts
+        self.from_header += block.from_header
+        for shard, lo, hi, residues in block.runs:
+            rows = block.batch.slice(lo, hi - lo)
+            self.buffers[shard].append(rows)
+            self.buffered[shard] += hi - lo
+            self.rows[shard] += hi - lo
+            self.residues[shard] += residues
+            self._log_clusters(shard, rows)
+            while self.buffered[shard] >= self.row_group_size:
+                self.flush(shard, self.row_group_size)
 
-    def _flush(self, shard: int) -> None:
-        buf = self.buffers[shard]
-        if not len(buf):
-            return
-        self.buffers[shard] = _ShardBuffer()
-        self._pending.append(self._executor.submit(self._write, shard, buf))
-        while len(self._pending) > self.MAX_PENDING:
-            self._pending.popleft().result()  # re-raises a writer error here, in the caller
-
-    def _write(self, shard: int, buf: _ShardBuffer) -> None:
-        """Runs on the writer thread; the only code touching writers and statistics until close()."""
+    def flush(self, shard: int, rows: int | None = None) -> None:
+        """Write the first ``rows`` waiting rows of ``shard`` (all when None) as one row group."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        lengths = np.fromiter((len(t) for t in buf.tokens), dtype=np.int32, count=len(buf))
-        offsets = np.zeros(len(buf) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        values = np.frombuffer(b"".join(buf.tokens), dtype=np.uint8)
-        table = pa.Table.from_arrays(
-            [
-                pa.array(buf.ids, type=pa.string()),
-                pa.array(buf.clusters, type=pa.string()),
-                pa.array(lengths, type=pa.int32()),
-                pa.BinaryArray.from_buffers(pa.binary(), len(buf), [None, pa.py_buffer(offsets), pa.py_buffer(values)]),
-            ],
-            schema=arrow_schema(),
-        )
+        if not self.buffered[shard]:
+            return
+        table = pa.Table.from_batches(self.buffers[shard], schema=arrow_schema())
+        rows = int(self.buffered[shard]) if rows is None else rows
         if self.writers[shard] is None:
+            # a dictionary pays for cluster ids that repeat (cluster= words, from pmlm split); without them
+            # every cluster id is its row's own id, all distinct, and encoding one costs ~20 % of the write
+            dictionary = ["cluster_id", "family"] if self.from_header else ["family"]
             self.writers[shard] = pq.ParquetWriter(
                 self.dir / self.name(shard), arrow_schema(), compression="zstd",
-                compression_level=self.compression_level, use_dictionary=["cluster_id"],
+                compression_level=self.compression_level, use_dictionary=dictionary,
             )
-        self.writers[shard].write_table(table, row_group_size=self.row_group_size)
-        self.rows[shard] += len(buf)
-        self.residues[shard] += int(offsets[-1])
-        self.residue_counts += np.bincount(values, minlength=alphabet.VOCAB_SIZE)
-        self.length_counts += np.bincount(
-            np.searchsorted(LENGTH_BIN_EDGES, lengths, side="right") - 1, minlength=len(LENGTH_BIN_EDGES)
-        )
-        self.clusters.update(buf.clusters)
+        self.writers[shard].write_table(table.slice(0, rows), row_group_size=self.row_group_size)
+        self.buffers[shard] = table.slice(rows).to_batches()
+        self.buffered[shard] -= rows
+        # hand the encoder's buffers back at once: the allocator would keep them, and the shards fill
+        # (and flush) in step, so the kept ones add up to a peak that grows with the run's length
+        pa.default_memory_pool().release_unused()
+
+    def _cluster_log(self, shard: int) -> Path:
+        return self.dir / f".clusters-{shard:05d}.arrows"
+
+    def _log_clusters(self, shard: int, rows) -> None:
+        import pyarrow as pa
+
+        if self._cluster_logs[shard] is None:
+            self._cluster_logs[shard] = pa.ipc.new_stream(str(self._cluster_log(shard)), pa.schema([("cluster_id", pa.string())]))
+        self._cluster_logs[shard].write_batch(pa.record_batch([rows.column(1)], names=["cluster_id"]))
+
+    def _distinct_clusters(self) -> int:
+        """Distinct cluster ids, shard by shard (a cluster never spans shards), by Arrow's hash kernel."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        total = 0
+        for shard, log in enumerate(self._cluster_logs):
+            if log is None:
+                continue
+            log.close()
+            path = self._cluster_log(shard)
+            with pa.ipc.open_stream(str(path)) as reader:
+                total += pc.count_distinct(reader.read_all().column(0)).as_py()
+            path.unlink()
+        return total
 
     def close(self) -> dict:
         import pyarrow.parquet as pq
 
         for shard in range(self.num_shards):
-            self._flush(shard)
-        while self._pending:
-            self._pending.popleft().result()
-        for shard in range(self.num_shards):
+            self.flush(shard)
             if self.writers[shard] is None:  # an empty shard is still a valid, readable file
                 pq.write_table(arrow_schema().empty_table(), self.dir / self.name(shard), compression="zstd")
             else:
@@ -191,21 +206,109 @@ class SplitWriter:
             "files": files,
             "rows": int(self.rows.sum()),
             "residues": int(self.residues.sum()),
-            "clusters": len(self.clusters),
+            "clusters": self._distinct_clusters(),
             "residue_counts": {
                 alphabet.TOKENS[i]: int(c) for i, c in enumerate(self.residue_counts) if c or
                 alphabet.FIRST_RESIDUE_ID <= i <= alphabet.X_ID
             },
             "length_histogram": [int(c) for c in self.length_counts],
+            "clusters_from_header": self.from_header,
         }
 
 
-def _cluster_from_words(words: list[str]) -> str | None:
-    """The ``cluster=ID`` annotation of a header split into words, if any."""
-    for word in words[1:]:
-        if word.startswith("cluster="):
-            return word[8:]
-    return None
+def _annotations(words: list[bytes]) -> tuple[bytes | None, int | None, int | None, bytes | None]:
+    """(cluster, members, taxon, family) from a header's ``key=value`` words (None where absent)."""
+    cluster = members = taxon = family = None
+    for word in words:
+        key, sep, value = word.partition(b"=")
+        if not sep:
+            continue
+        if key == b"cluster":
+            cluster = value
+        elif key == b"members" and value.isdigit():
+            members = int(value)
+        elif key == b"taxon" and value.isdigit():
+            taxon = int(value)
+        elif key == b"family":
+            family = value
+    return cluster, members, taxon, family
+
+
+class _Sharded(NamedTuple):
+    """A block ordered by shard, as the SplitWriter takes it."""
+
+    batch: object  # pyarrow.RecordBatch, rows grouped by shard (input order within a shard)
+    runs: list  # (shard, first row, end row, residues) per shard present
+    residue_counts: np.ndarray
+    length_counts: np.ndarray
+    from_header: int
+
+
+def _record_columns(path: str, records: list[bytes], line: int) -> Columns:
+    """The columns of any block of records, one record at a time (what one_line_columns declines)."""
+    import pyarrow as pa
+
+    table, invalid = alphabet.TRANSLATE_TABLE, bytes([alphabet.INVALID_BYTE])
+    parts = [t.partition(b"\n") for t in records]
+    encoded = [p[2].translate(table, WHITESPACE) for p in parts]
+    words = [p[0].split() for p in parts]
+    if not all(words) or not all(encoded) or invalid in b"".join(encoded):
+        _bad_record(path, records, line)
+    ids = [w[0] for w in words]
+    parsed = [_annotations(w[1:]) for w in words]
+    clusters = [p[0] if p[0] is not None else i for p, i in zip(parsed, ids)]
+    optional = [[p[k] for p in parsed] for k in (1, 2, 3)]
+    optional = [pa.array(col, type=t) if col.count(None) < len(col) else None
+                for col, t in zip(optional, (pa.int32(), pa.int32(), pa.string()))]
+    return Columns(pa.array(ids, type=pa.string()), pa.array(clusters, type=pa.string()),
+                   np.fromiter(map(zlib.crc32, clusters), dtype=np.uint32, count=len(clusters)),
+                   np.array(list(map(len, encoded)), dtype=np.int32), np.frombuffer(b"".join(encoded), dtype=np.uint8),
+                   *optional, sum(p[0] is not None for p in parsed))
+
+
+def _shard_block(path: str, body: bytes, line: int, num_shards: int) -> _Sharded:
+    """Parse one block of a split's FASTA and order its rows by shard."""
+    import pyarrow as pa
+
+    c = one_line_columns(body) or _record_columns(path, body[1:].split(b"\n>"), line)
+    n = len(c.lengths)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(c.lengths, out=offsets[1:])
+    optional = [pa.nulls(n, t) if v is None else v
+                for v, t in ((c.members, pa.int32()), (c.taxa, pa.int32()), (c.families, pa.string()))]
+    batch = pa.RecordBatch.from_arrays(
+        [c.ids, c.clusters, pa.array(c.lengths),
+         pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(c.tokens)]),
+         *optional], schema=arrow_schema())
+    shard = c.cluster_crc32 % num_shards
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange(num_shards + 1))
+    residues = np.concatenate([[0], np.cumsum(c.lengths[order], dtype=np.int64)])
+    runs = [(s, int(bounds[s]), int(bounds[s + 1]), int(residues[bounds[s + 1]] - residues[bounds[s]]))
+            for s in np.flatnonzero(np.diff(bounds)).tolist()]
+    length_counts = np.bincount(np.searchsorted(LENGTH_BIN_EDGES, c.lengths, side="right") - 1,
+                                minlength=len(LENGTH_BIN_EDGES))
+    return _Sharded(batch.take(pa.array(order)), runs, _byte_counts(c.tokens)[: alphabet.VOCAB_SIZE], length_counts,
+                    c.from_header)
+
+
+def _bad_record(path: str, records: list[bytes], line: int):
+    """The error for the first record of a block that cannot be tokenized, with its line."""
+    for text in records:
+        header, _, body = text.partition(b"\n")
+        words = header.split()
+        residues = body.translate(None, WHITESPACE)
+        if not words:
+            raise InputError(path, "header has no identifier ('>' followed by nothing)", line=line)
+        name = words[0].decode(errors="replace")
+        if not residues:
+            raise InputError(path, f"record {name!r} has no residues", line=line)
+        bad = residues.translate(alphabet.TRANSLATE_TABLE).find(bytes([alphabet.INVALID_BYTE]))
+        if bad >= 0:
+            raise InputError(path, f"record {name!r}: character {chr(residues[bad])!r} at residue {bad + 1} is not "
+                             "a normalised residue letter (run pmlm ingest first)", line=line)
+        line += text.count(b"\n") + 1
+    raise AssertionError("no bad record in the block")
 
 
 def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, row_group_size: int = 2048,
@@ -215,8 +318,6 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         raise ConfigError(f"tokenize: num_shards must be >= 1, got {num_shards}")
     if row_group_size < 1:
         raise ConfigError(f"tokenize: row_group_size must be >= 1, got {row_group_size}")
-    table = alphabet.TRANSLATE_TABLE
-    invalid = bytes([alphabet.INVALID_BYTE])
     manifest: dict = {
         "format": SHARDS_FORMAT,
         "alphabet": {"tokens": list(alphabet.TOKENS), "vocab_size": alphabet.VOCAB_SIZE},
@@ -229,36 +330,18 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
         "inputs": {k: [str(p) for p in v] for k, v in inputs.items()},
         "splits": {},
     }
-    with atomic_output(out_dir, directory=True) as tmp, ThreadPoolExecutor(max_workers=1) as executor:
+    with atomic_output(out_dir, directory=True) as tmp:
         root = Path(tmp)
         for split, paths in inputs.items():
-            writer = SplitWriter(root, split, num_shards, row_group_size, compression_level, executor)
-            clusters_from_header = 0
-            progress = Progress(f"pmlm tokenize {split}")
-            for path in paths:
-                for rec in read_fasta(path):
-                    progress.advance()
-                    words = rec.title.split()
-                    record_id = words[0] if words else ""
-                    encoded = rec.sequence.encode("ascii", "replace").translate(table)
-                    if invalid in encoded:
-                        pos = encoded.index(invalid)
-                        raise InputError(
-                            path, f"record {record_id!r}: character {rec.sequence[pos]!r} at residue {pos + 1} is not "
-                            "a normalised residue letter (run pmlm ingest first)", line=rec.line,
-                        )
-                    if not encoded:
-                        raise InputError(path, f"record {record_id!r} has no residues", line=rec.line)
-                    cluster = _cluster_from_words(words)
-                    if cluster is None:
-                        cluster = record_id
-                    else:
-                        clusters_from_header += 1
-                    writer.add(record_id, cluster, encoded)
-            progress.close()
-            summary = writer.close()
-            summary["clusters_from_header"] = clusters_from_header
-            manifest["splits"][split] = summary
+            writer = SplitWriter(root, split, num_shards, row_group_size, compression_level)
+            progress = Progress(f"pmlm tokenize {split}")  # records, a line a minute in the rule's log
+            for path in map(str, paths):
+                for body, line in fasta_blocks(path, split=False):
+                    block = _shard_block(path, body, line, num_shards)
+                    writer.add(block)
+                    progress.advance(block.batch.num_rows)
+            progress.close()  # on success only: an error stays the run's one line
+            manifest["splits"][split] = writer.close()
         write_manifest(root, manifest)
     return manifest
 

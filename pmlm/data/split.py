@@ -1,8 +1,8 @@
 """``pmlm split``: MMseqs2 clustering, optional decontamination against evaluation sets, and a
 deterministic cluster-level train/valid split (no cluster ever has members on both sides).
 
-Outputs FASTA files whose headers carry the cluster id (``>ID cluster=REP``) so the tokenizer
-can stream them, plus a JSON with the counts of every step.
+Outputs FASTA files whose headers carry the cluster id (``>ID [key=value ...] cluster=REP``, the
+input header followed by the cluster) so the tokenizer can stream them, plus a JSON with the counts of every step.
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
                 continue
             rep = int(rep_of[index])
             side = "valid" if is_valid_rep[rep] else "train"
-            (valid_fh if side == "valid" else train_fh).write(f">{rec.id} cluster={ids[rep]}\n{rec.sequence}\n")
+            # the header keeps ingest's key=value annotations (members=, taxon=, family=) for the shards
+            (valid_fh if side == "valid" else train_fh).write(f">{rec.title} cluster={ids[rep]}\n{rec.sequence}\n")
             counts[side] += 1
             clusters[side].add(rep)
     progress.close()

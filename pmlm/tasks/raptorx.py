@@ -13,6 +13,11 @@ from C-beta, virtual C-beta for glycine, distance <= 8 A):
   Loaded with ``allow_pickle=False``.
 - ``.pkl`` files in ESM's layout (``seq`` plus ``dist``), decoded with an allow-list
   unpickler so no code runs on load.
+- ``.pkl`` files as RaptorX distributes its data sets (Python 2 cPickle; see its
+  ``DL4DistancePrediction2/DataProcessor.py`` and ``config.py``): a list of dicts, one per
+  protein, with ``name``, ``sequence`` and ``atomDistMatrix`` (a dict of (L, L) matrices by atom
+  pair; ``CbCb`` is read, -1 marks an unknown distance). RaptorX's ``CbCb`` uses C-alpha for
+  glycine where pmlm's own files use a virtual C-beta; the matrices are used as published.
 - a JSONL file (plain or gzip), one object a line: ``id``, ``seq`` and ``cb`` (a list of
   [x, y, z] or null per residue).
 """
@@ -121,18 +126,37 @@ def record_from_fields(fields: dict, default_id: str, threshold: float = CONTACT
     raise RecordError(f"needs one of {', '.join(repr(k) for k in _CONTACT_SOURCES)}", "missing key")
 
 
-def _load_per_protein(path: Path) -> dict:
+def _raptorx_fields(item) -> dict:
+    """RaptorX's per-protein dict -> the fields read here (C-beta distances, NaN where unknown)."""
+    if not isinstance(item, dict) or "sequence" not in item:
+        raise RecordError("expected RaptorX's per-protein dict with 'name', 'sequence', 'atomDistMatrix'",
+                          "not an object")
+    matrices = item.get("atomDistMatrix")
+    if not isinstance(matrices, dict) or matrices.get("CbCb") is None:
+        raise RecordError("no atomDistMatrix['CbCb'] (C-beta distances) for this protein", "missing key")
+    try:
+        dist = np.array(matrices["CbCb"], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise RecordError("atomDistMatrix['CbCb'] must be a numeric (L, L) matrix", "bad field") from None
+    dist[dist < 0] = np.nan  # RaptorX writes -1 where a residue has no coordinates
+    return {"id": item.get("name"), "seq": item["sequence"], "distances": dist}
+
+
+def _load_per_protein(path: Path) -> list[dict]:
+    """The protein(s) of one file: an NPZ or an ESM pickle hold one, a RaptorX pickle a list."""
     if path.suffix == ".pkl":
         try:
             obj = safe_unpickle(path.read_bytes())
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, UnicodeDecodeError) as exc:
             raise RecordError(f"cannot decode pickle: {exc}", "unreadable") from None
+        if isinstance(obj, list):
+            return obj
         if not isinstance(obj, dict):
-            raise RecordError(f"expected a dict, got {type(obj).__name__}", "not an object")
-        return obj
+            raise RecordError(f"expected a dict or RaptorX's list of dicts, got {type(obj).__name__}", "not an object")
+        return [obj]
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
+            return [{key: npz[key] for key in npz.files}]
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise RecordError(f"cannot read NPZ: {exc}", "unreadable") from None
 
@@ -142,15 +166,20 @@ def _per_protein_records(
 ) -> Iterator[ContactRecord]:
     for path in paths:
         try:
-            record = record_from_fields(_load_per_protein(path), path.stem, threshold)
+            items = _load_per_protein(path)
         except RecordError as exc:
-            error = InputError(path, str(exc))
-            if on_error == "raise":
-                raise error from None
-            counts.skip(error, exc.reason)
+            counts.reject(InputError(path, str(exc)), exc.reason, on_error)
             continue
-        counts.read += 1
-        yield record
+        listed = len(items) > 1 or (items and isinstance(items[0], dict) and "atomDistMatrix" in items[0])
+        for index, item in enumerate(items):
+            try:
+                fields = _raptorx_fields(item) if listed else item
+                record = record_from_fields(fields, f"{path.stem}:{index}" if listed else path.stem, threshold)
+            except RecordError as exc:
+                counts.reject(InputError(path, f"protein {index}: {exc}" if listed else str(exc)), exc.reason, on_error)
+                continue
+            counts.read += 1
+            yield record
 
 
 def _jsonl_records(path: Path, threshold: float, on_error: str, counts: ReadCounts) -> Iterator[ContactRecord]:
@@ -169,10 +198,7 @@ def _jsonl_records(path: Path, threshold: float, on_error: str, counts: ReadCoun
                         raise RecordError(f"expected a JSON object, got {type(obj).__name__}", "not an object")
                     record = record_from_fields(obj, f"{path.name}:{line_no}", threshold)
                 except RecordError as exc:
-                    error = InputError(path, str(exc), line=line_no)
-                    if on_error == "raise":
-                        raise error from None
-                    counts.skip(error, exc.reason)
+                    counts.reject(InputError(path, str(exc), line=line_no), exc.reason, on_error)
                     continue
                 counts.read += 1
                 yield record

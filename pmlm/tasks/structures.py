@@ -121,6 +121,12 @@ class ReadCounts:
         if self.first_skip is None:
             self.first_skip = str(error)
 
+    def reject(self, error: InputError, reason: str, on_error: str) -> None:
+        """A bad record: raise ``error`` (on_error="raise") or count it as skipped."""
+        if on_error == "raise":
+            raise error from None
+        self.skip(error, reason)
+
     def as_dict(self) -> dict:
         return {"read": self.read, "skipped": dict(self.skipped), "repaired": dict(self.repaired),
                 "first_skip": self.first_skip}
@@ -237,10 +243,7 @@ def read_structure_jsonl(
                         raise RecordError(f"bad JSON: {exc.msg} (column {exc.colno})", "bad JSON") from None
                     record = _parse_structure(obj)
                 except RecordError as exc:
-                    error = InputError(path, str(exc), line=line_no)
-                    if on_error == "raise":
-                        raise error from None
-                    counts.skip(error, exc.reason)
+                    counts.reject(InputError(path, str(exc), line=line_no), exc.reason, on_error)
                     continue
                 counts.read += 1
                 yield record

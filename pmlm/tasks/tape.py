@@ -264,8 +264,12 @@ class _AllowListUnpickler(pickle.Unpickler):
 
 
 def safe_unpickle(data: bytes):
-    """Unpickle plain data and numpy arrays; anything else raises pickle.UnpicklingError."""
-    return _AllowListUnpickler(io.BytesIO(data)).load()
+    """Unpickle plain data and numpy arrays; anything else raises pickle.UnpicklingError.
+
+    Python 2 pickles (RaptorX's cPickle files) store array data and text as 8-bit ``str``: they are
+    read as Latin-1, which gives numpy the original bytes.
+    """
+    return _AllowListUnpickler(io.BytesIO(data), encoding="latin1").load()
 
 
 def _json_items(path: Path) -> Iterator[tuple[int, object]]:
@@ -343,10 +347,7 @@ def read_tape(
                 item = {**item, "id": item["id"].decode("utf-8", "replace")}
             record = parse(item, counts)
         except RecordError as exc:
-            error = InputError(path, f"record {index} (id {item.get('id') if isinstance(item, dict) else '?'}): {exc}")
-            if on_error == "raise":
-                raise error from None
-            counts.skip(error, exc.reason)
+            counts.reject(InputError(path, f"record {index} (id {item.get('id') if isinstance(item, dict) else '?'}): {exc}"), exc.reason, on_error)
             continue
         counts.read += 1
         yield record

@@ -26,7 +26,8 @@ rule extract_member:
     log:
         "logs/extract/{source}/{member}.log",
     wildcard_constraints:
-        member=r"[^/]+",
+        # a path inside the archive; nested tar archives on the way are opened in place
+        member=r"[^/].*",
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -41,17 +42,19 @@ rule ingest_sequences:
         stats=f"{RESULTS}/data/{{dataset}}/ingest_stats.json",
     params:
         policy=ingest_args,
+        formats=ingest_formats,
     log:
         f"{LOGS}/ingest/{{dataset}}.log",
     benchmark:
         f"{BENCH}/ingest/{{dataset}}.tsv"
     resources:
-        mem_mb=lambda wildcards, attempt: 4000 * attempt,
-        runtime=lambda wildcards, attempt: 240 * attempt,
+        mem_mb=ingest_mem_mb,
+        runtime=ingest_runtime,
     conda:
         "../../envs/pmlm.yaml"
     shell:
-        "python -m pmlm ingest {input:q} -o {output.fasta:q} --stats {output.stats:q} {params.policy} 2> {log:q}"
+        "python -m pmlm ingest {input:q} -o {output.fasta:q} --stats {output.stats:q} --format {params.formats} "
+        "{params.policy} 2> {log:q}"
 
 
 rule split_clusters:
@@ -72,8 +75,8 @@ rule split_clusters:
         f"{BENCH}/split/{{dataset}}.tsv"
     threads: 8
     resources:
-        mem_mb=lambda wildcards, attempt: 8000 * attempt,
-        runtime=lambda wildcards, attempt: 720 * attempt,
+        mem_mb=split_mem_mb,
+        runtime=split_runtime,
     conda:
         "../../envs/mmseqs2.yaml"
     shell:
@@ -96,8 +99,8 @@ rule tokenize_shards:
     benchmark:
         f"{BENCH}/tokenize/{{dataset}}.tsv"
     resources:
-        mem_mb=lambda wildcards, attempt: 4000 * attempt,
-        runtime=lambda wildcards, attempt: 240 * attempt,
+        mem_mb=tokenize_mem_mb,
+        runtime=tokenize_runtime,
     conda:
         "../../envs/pmlm.yaml"
     shell:
