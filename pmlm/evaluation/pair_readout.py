@@ -21,7 +21,7 @@ import torch
 
 from pmlm import alphabet
 from pmlm.evaluation.unsupervised import kl_independence, mutual_information
-from pmlm.tokens import RESIDUE_OFFSET, batch_tokens
+from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, token_positions
 
 
 def residue_joint(pair_logits: torch.Tensor) -> torch.Tensor:
@@ -56,8 +56,8 @@ def sequence_row(residues: np.ndarray) -> torch.Tensor:
 def masked_copies(tokens: torch.Tensor, pairs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One copy of ``tokens`` (T,) per pair with exactly that pair set to <mask>: (P, T), and the
     pairs' token positions i, j (P,) each."""
-    pos_i = torch.as_tensor(pairs[:, 0] + RESIDUE_OFFSET)
-    pos_j = torch.as_tensor(pairs[:, 1] + RESIDUE_OFFSET)
+    pos_i = torch.as_tensor(token_positions(pairs[:, 0]))
+    pos_j = torch.as_tensor(token_positions(pairs[:, 1]))
     rows = torch.arange(len(pairs))
     copies = tokens.repeat(len(pairs), 1)  # (P, T)
     copies[rows, pos_i] = alphabet.MASK_ID
