@@ -14,7 +14,7 @@ import torch
 
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.coevolution.evaluate import probe_folds
+from pmlm.coevolution.study import probe_folds
 from pmlm.coevolution.families import StudyConfig, heldout_draw, load_families
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,

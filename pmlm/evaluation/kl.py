@@ -14,12 +14,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
-import torch
 
 from pmlm import alphabet
 from pmlm.errors import ConfigError
-from pmlm.evaluation.pair_readout import pair_dependence
 from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
@@ -29,7 +26,11 @@ SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 
 
 def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues: int) -> list[np.ndarray]:
     """The first ``limit`` sequences of a split in manifest order (deterministic), cropped to ``max_residues``."""
-    # here, not at the top: pmlm.data.shards imports Biopython, which `pmlm kl` runs without (GPU image)
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    import pyarrow.parquet as pq
+
+    # and pmlm.data.shards imports Biopython, which `pmlm kl` runs without (GPU image)
     from pmlm.data.shards import load_manifest
 
     manifest = load_manifest(shards_dir)
@@ -49,6 +50,12 @@ def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: i
             progress=None) -> dict:
     """KL and separation for sampled pairs (i < j, both standard residues) of each sequence;
     ``progress`` (a pmlm.progress.Progress) counts the sequences."""
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    import torch
+
+    from pmlm.evaluation.pair_readout import pair_dependence
+
     rng = np.random.default_rng(seed)
     kls, seps = [], []
     for residues in sequences:

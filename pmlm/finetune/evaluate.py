@@ -27,17 +27,11 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics, q3_accuracy, top1_accuracy
-from pmlm.evaluation.pair_readout import all_pairs, pair_dependence
 from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.evaluation.unsupervised import apc, symmetrize
-from pmlm.finetune.config import FinetuneConfig
-from pmlm.finetune.data import evaluation_batches, read_task_data
-from pmlm.finetune.heads import TaskModel, build_head
 from pmlm.progress import Progress
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.utils import atomic_output, file_digest, versions
@@ -75,6 +69,12 @@ def score_task(model, data, *, batch_size: int, window: int, too_long: str, thre
                autocast=nullcontext, progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long).
     ``progress`` (a pmlm.progress.Progress) counts the proteins scored."""
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    import torch
+
+    from pmlm.finetune.data import evaluation_batches
+
     batches, n_long = evaluation_batches(data.examples, data.task, batch_size, window, too_long, threshold)
     was_training = model.training
     model.eval()
@@ -121,6 +121,12 @@ def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, ma
                                 pair_batch: int = 4096, device="cpu") -> np.ndarray:
     """(L, L) contact scores from the pair head's joints (see the module docstring): both orders of
     every pair i < j, symmetrised, then APC (which zeroes the diagonal)."""
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    import torch
+
+    from pmlm.evaluation.pair_readout import all_pairs, pair_dependence
+
     length = int(residues.size)
     pairs = all_pairs(length)  # (P, 2) rows (i, j), i < j
     values = pair_dependence(model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch,
@@ -136,6 +142,10 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
                        mask_pairs: bool, pair_batch: int, device,
                        progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    from pmlm.finetune.data import evaluation_batches
+
     batches, n_long = evaluation_batches(data.examples, "contact", 1, window, too_long, threshold)
 
     def proteins():
@@ -173,6 +183,13 @@ def load_finetuned(head_path: str | Path, encoder_path: str | Path | None = None
 
     The encoder defaults to the path recorded at fine-tuning time; its sha256 must match.
     """
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    from safetensors.torch import load_file
+
+    from pmlm.finetune.config import FinetuneConfig
+    from pmlm.finetune.heads import TaskModel, build_head
+
     head_path = Path(head_path)
     info = read_head_info(head_path)
     sidecar = head_path.with_suffix(".json")
@@ -242,6 +259,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
+    import torch
+
+    from pmlm.finetune.data import read_task_data
+
     tests = {}
     for item in args.test:
         name, sep, path = item.partition("=")
