@@ -14,11 +14,11 @@ import torch
 
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.coevolution.evaluate import StudyConfig, heldout_draw, load_families, probe_folds
+from pmlm.coevolution.study import probe_folds
+from pmlm.coevolution.families import StudyConfig, heldout_draw, load_families
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
     ProbeConfig,
-    all_pairs,
     attention_probabilities,
     chain_rule_dependence,
     dependence_map,
@@ -30,6 +30,7 @@ from pmlm.coevolution.readouts import (
 )
 from pmlm.coevolution.report import load_results, table_rows
 from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.pair_readout import all_pairs
 from pmlm.model.config import model_config
 from pmlm.model.objectives import ObjectiveConfig, build_model
 

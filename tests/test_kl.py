@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from pmlm import alphabet
-from pmlm.evaluation.kl import residue_joint, pair_kl, summarise
+from pmlm.evaluation.kl import pair_kl, summarise
+from pmlm.evaluation.pair_readout import residue_joint
 from pmlm.model.config import model_config
 from pmlm.model.objectives import ObjectiveConfig, build_model
 
@@ -16,11 +17,12 @@ class Recorder(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.token_head, self.pair_head = model.token_head, model.pair_head
         self.calls = []
 
-    def forward(self, tokens, pair_index=None):
+    def forward(self, tokens, pair_index=None, **kwargs):
         self.calls.append((tokens.clone(), pair_index.clone()))
-        return self.model(tokens, pair_index=pair_index)
+        return self.model(tokens, pair_index=pair_index, **kwargs)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pmlm.evaluation.metrics import (
-    CONTACT_RANGES, contact_metrics, contact_precision, q3_accuracy, top1_accuracy,
+    CONTACT_RANGES, chance_precision, contact_metrics, contact_precision, q3_accuracy, top1_accuracy, top_k_precision,
 )
 
 
@@ -191,3 +191,15 @@ def test_top1_accuracy():
     assert top1_accuracy(logits, np.array([1, 0, 0, -1])) == pytest.approx(2 / 3)
     assert top1_accuracy(np.array([2, 2]), np.array([2, 1])) == 0.5
     assert math.isnan(top1_accuracy(np.array([1]), np.array([-1])))
+
+
+def test_top_k_precision_and_chance_hand_case():
+    contacts = np.zeros((10, 10), dtype=bool)
+    contacts[0, 6] = contacts[6, 0] = contacts[1, 9] = contacts[9, 1] = True
+    scores = np.zeros((10, 10))
+    scores[0, 3] = 9.0  # |i-j| = 3: outside the range, must be ignored
+    scores[0, 6] = 5.0
+    scores[2, 8] = 4.0
+    assert top_k_precision(scores, contacts, k=2) == 0.5
+    assert top_k_precision(scores, contacts, k=1) == 1.0
+    assert chance_precision(contacts) == pytest.approx(2 / 10)  # 10 pairs with |i-j| >= 6

@@ -12,7 +12,7 @@ from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.model import PRESETS, ObjectiveConfig, PMLMModel, build_model, model_config
 from pmlm.model.heads import PairHead
-from pmlm.model.objectives import ordered_pairs
+from pmlm.model.objectives import swap_pairs, upper_pairs
 
 # (preset, objective) -> parameter count stated by the paper / design table
 PAPER_PARAMS = {
@@ -21,6 +21,12 @@ PAPER_PARAMS = {
     ("large", "pmlm"): 250e6,
     ("xl", "pmlm"): 713e6,
 }
+
+
+def ordered_pairs_of(valid):
+    """All ordered pairs (b, i, j), i != j, of flagged positions: the upper pairs, then their swaps."""
+    upper = upper_pairs(valid)
+    return torch.cat([upper, swap_pairs(upper)])
 
 
 def make_tokens(lengths: list[int], total_len: int | None = None, seed: int = 0) -> torch.Tensor:
@@ -195,7 +201,7 @@ def test_pair_head_never_builds_an_all_pairs_tensor():
     reps = torch.randn(B, L, C, requires_grad=True)
     valid = torch.zeros(B, L, dtype=torch.bool)
     valid[:, 1:L:9] = True  # ~15 % of positions, like masking
-    pair_index = ordered_pairs(valid)
+    pair_index = ordered_pairs_of(valid)
     P = pair_index.shape[0]
     assert P < B * L * L // 20
     tracker = LargestTensor()

@@ -11,7 +11,13 @@ import torch.nn.functional as F
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, PAD_ID, VOCAB_SIZE, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model import ObjectiveConfig, build_model, mask_tokens, model_config, pretraining_losses
-from pmlm.model.objectives import IGNORE_INDEX, diagonal_pairs, ordered_pairs, pair_labels, upper_pairs
+from pmlm.model.objectives import IGNORE_INDEX, diagonal_pairs, pair_labels, swap_pairs, upper_pairs
+
+
+def ordered_pairs_of(valid):
+    """All ordered pairs (b, i, j), i != j, of flagged positions: the upper pairs, then their swaps."""
+    upper = upper_pairs(valid)
+    return torch.cat([upper, swap_pairs(upper)])
 
 
 def make_tokens(lengths: list[int], seed: int = 0, x_every: int = 0) -> torch.Tensor:
@@ -99,7 +105,7 @@ def test_pair_index_and_labels_match_brute_force():
             for j in range(9):
                 if i != j and valid[b, i] and valid[b, j]:
                     expected.add((b, i, j, NUM_RESIDUES * targets[b, i].item() + targets[b, j].item()))
-    index = ordered_pairs(valid)
+    index = ordered_pairs_of(valid)
     labels = pair_labels(index, targets)
     got = [(*row, lab) for row, lab in zip(index.tolist(), labels.tolist())]
     assert len(got) == len(expected) == (9 - 3) + (16 - 4)  # |M|^2 - |M| per sequence
@@ -127,7 +133,7 @@ def test_pmlm_loss_matches_reference_computation(pair_vocab):
 
     inputs, targets, _ = mask_tokens(tokens, cfg, gen(5))
     valid = targets.ne(IGNORE_INDEX)
-    index = ordered_pairs(valid)
+    index = ordered_pairs_of(valid)
     with torch.no_grad():
         ref = model(inputs, pair_index=index)
         l_mlm = F.cross_entropy(ref["logits"][valid], targets[valid])
@@ -154,7 +160,7 @@ def test_pair_only_uses_diagonal_and_its_marginal():
 
     inputs, targets, _ = mask_tokens(tokens, cfg, gen(2))
     valid = targets.ne(IGNORE_INDEX)
-    off, diag = ordered_pairs(valid), diagonal_pairs(valid)
+    off, diag = ordered_pairs_of(valid), diagonal_pairs(valid)
     with torch.no_grad():
         off_logits = model(inputs, pair_index=off)["pair_logits"]
         diag_logits = model(inputs, pair_index=diag)["pair_logits"]

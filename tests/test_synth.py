@@ -13,21 +13,16 @@ import pytest
 from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_RESIDUES, RESIDUES, encode
 from pmlm.cli import main
 from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.metrics import chance_precision, top_k_precision
+from pmlm.evaluation.unsupervised import msa_mi_apc, msa_mutual_information, pair_frequencies, site_frequencies
 from pmlm.synth.potts import (
     PottsConfig,
     PottsModel,
-    average_product_correction,
-    chance_precision,
     family_rng,
     generate_family,
     gibbs_sample,
-    mi_apc_scores,
-    mutual_information,
-    pair_frequencies,
     plant_edges,
     read_contacts,
-    site_frequencies,
-    top_k_precision,
 )
 
 SMALL = dict(length=32, num_sequences=256, chains=16, burn_in=20, thinning=2)
@@ -139,38 +134,10 @@ def test_frequencies_are_consistent(family):
     np.testing.assert_allclose(fij[4, 4], np.diag(fi[4]))
 
 
-def test_mutual_information_hand_cases():
-    x = np.array([[0, 0, 0], [0, 0, 1], [1, 1, 0], [1, 1, 1]])
-    mi = mutual_information(x, pseudocount=0.0, block=2)
-    np.testing.assert_allclose(mi[0, 1], math.log(2))  # identical balanced columns
-    np.testing.assert_allclose(mi[0, 2], 0.0, atol=1e-12)  # independent columns
-    np.testing.assert_allclose(mi, mi.T)
-    assert (np.diag(mi) == 0).all()
-
-
-def test_average_product_correction_hand_case():
-    s = np.array([[0.0, 1.0, 2.0], [1.0, 0.0, 3.0], [2.0, 3.0, 0.0]])
-    # row means 1.5, 2, 2.5; overall mean 2
-    expected = np.array([[0.0, -0.5, 0.125], [-0.5, 0.0, 0.5], [0.125, 0.5, 0.0]])
-    np.testing.assert_allclose(average_product_correction(s), expected)
-
-
-def test_top_k_precision_and_chance_hand_case():
-    contacts = np.zeros((10, 10), dtype=bool)
-    contacts[0, 6] = contacts[6, 0] = contacts[1, 9] = contacts[9, 1] = True
-    scores = np.zeros((10, 10))
-    scores[0, 3] = 9.0  # |i-j| = 3: outside the range, must be ignored
-    scores[0, 6] = 5.0
-    scores[2, 8] = 4.0
-    assert top_k_precision(scores, contacts, k=2) == 0.5
-    assert top_k_precision(scores, contacts, k=1) == 1.0
-    assert chance_precision(contacts) == pytest.approx(2 / 10)  # 10 pairs with |i-j| >= 6
-
-
 def test_coupled_positions_are_not_independent(family):
     # measured mean-MI ratio planted / non-planted (|i-j| >= 6), seeds 0, 1, 2: 5.1, 5.0, 4.3
     contacts = family.model.contact_map()
-    mi = mutual_information(family.sequences, pseudocount=0.01)
+    mi = msa_mutual_information(family.sequences, pseudocount=0.01)
     i, j = np.triu_indices(64, k=6)
     planted = mi[i, j][contacts[i, j]]
     other = mi[i, j][~contacts[i, j]]
@@ -181,7 +148,7 @@ def test_mi_apc_recovers_planted_contacts(family):
     # measured top-(#edges) precision, seeds 0, 1, 2: 0.92, 0.91, 0.91; chance 0.037
     contacts = family.model.contact_map()
     k = len(family.model.edges)
-    precision = top_k_precision(mi_apc_scores(family.sequences), contacts, k)
+    precision = top_k_precision(msa_mi_apc(family.sequences), contacts, k)
     chance = chance_precision(contacts)
     assert chance < 0.05
     assert precision > 0.6

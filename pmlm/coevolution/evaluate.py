@@ -14,252 +14,19 @@ halves swap: every family is scored by a probe that never saw its couplings.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from pmlm.alphabet import RESIDUES
+from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
+from pmlm.coevolution.report import run_report
 from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.utils import atomic_output, versions
-
-FAMILIES_FASTA = "families.fasta"
-CONTACTS_DIR = "contacts"
-_LETTER_CLASS = np.full(256, -1, dtype=np.int16)
-_LETTER_CLASS[np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)] = np.arange(len(RESIDUES))
-
-
-@dataclass
-class StudyConfig:
-    """How held-out sequences are chosen and how much of them each read-out uses."""
-
-    valid_fraction: float = 0.1  # share of each family's sequences held out (per-sequence hash draw)
-    split_seed: int = 0  # seed of that draw; the split rule and this evaluation must agree
-    seed: int = 0  # the study seed: recorded with the results; also seeds the probe's fold order
-    pair_sequences: int = 16  # held-out sequences per family for the pair head (all pairs, exactly the pair masked)
-    # held-out sequences per family for the token head's chain-rule joint (41 forwards per pair; 0 skips it)
-    chain_rule_sequences: int = 2
-    attention_sequences: int = 64  # held-out sequences per family averaged into the attention maps
-    probe_sequences: int = 64  # held-out sequences per family averaged into the probe's pair features
-    min_separation: int = 6  # contact metrics and KL groups use pairs with |i-j| >= this
-    k_divisor: int = 5  # P@L/k
-    probe_l2: float = 1e-2  # L2 weight of the logistic-regression probe
-    probe_max_iter: int = 200  # L-BFGS iterations of the probe
-    batch_rows: int = 4096  # sequences per forward pass (bounds memory)
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.valid_fraction < 1.0:
-            raise ConfigError(f"valid_fraction (--valid-fraction) must be in (0, 1), got {self.valid_fraction}")
-        if self.chain_rule_sequences < 0:
-            raise ConfigError(
-                f"chain_rule_sequences (--chain-rule-sequences) must be >= 0, got {self.chain_rule_sequences}"
-            )
-        for name in ("pair_sequences", "attention_sequences", "probe_sequences",
-                     "min_separation", "k_divisor", "probe_max_iter", "batch_rows"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
-        if self.probe_l2 < 0:
-            raise ConfigError(f"probe_l2 (--probe-l2) must be >= 0, got {self.probe_l2}")
-
-
-@dataclass
-class FamilyData:
-    """One family's sequences (residue classes) on both sides of the split, and its planted edges."""
-
-    name: str
-    train: np.ndarray  # (N, L) uint8
-    heldout: np.ndarray  # (M, L) uint8
-    contacts: np.ndarray  # (L, L) bool, symmetric
-
-    @property
-    def length(self) -> int:
-        return int(self.contacts.shape[0])
-
-
-def heldout_draw(sequence_id: str, split_seed: int) -> float:
-    """A uniform number in [0, 1) fixed by (split seed, sequence id)."""
-    digest = hashlib.blake2b(f"{split_seed}:{sequence_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0**64
-
-
-def _family_of(title: str) -> str | None:
-    for word in title.split()[1:]:
-        if word.startswith("family="):
-            return word[len("family="):] or None
-    return None
-
-
-def read_family_records(fasta: str | Path):
-    """Yield (id, family, residue letters, line) of ``pmlm synth``'s FASTA; every header needs ``family=``."""
-    from pmlm.data.fasta import read_fasta
-
-    for rec in read_fasta(fasta):
-        family = _family_of(rec.title)
-        if family is None:
-            raise InputError(fasta, f"record {rec.id!r}: header has no family=NAME (write it with pmlm synth)",
-                             line=rec.line)
-        yield rec.id, family, rec.sequence, rec.line
-
-
-def split_records(fasta: str | Path, cfg: StudyConfig):
-    """Yield (id, family, sequence, line, held_out) for every record of the FASTA."""
-    for seq_id, family, sequence, line in read_family_records(fasta):
-        yield seq_id, family, sequence, line, heldout_draw(seq_id, cfg.split_seed) < cfg.valid_fraction
-
-
-def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
-    """Read ``pmlm synth`` output, split each family, attach its planted contacts."""
-    from pmlm.synth.potts import read_contacts
-
-    synth_dir = Path(synth_dir)
-    fasta = synth_dir / FAMILIES_FASTA
-    sides: dict[str, tuple[list, list]] = {}
-    lengths: dict[str, int] = {}
-    for seq_id, family, sequence, line, held_out in split_records(fasta, cfg):
-        classes = _LETTER_CLASS[np.frombuffer(sequence.encode("ascii", "replace"), dtype=np.uint8)]
-        if (classes < 0).any():
-            pos = int(np.flatnonzero(classes < 0)[0])
-            raise InputError(fasta, f"record {seq_id!r}: {sequence[pos]!r} at residue {pos + 1} is not one of "
-                             f"the 20 standard residues", line=line)
-        if lengths.setdefault(family, len(classes)) != len(classes):
-            raise InputError(fasta, f"record {seq_id!r} has {len(classes)} residues but family {family} has "
-                             f"{lengths[family]}; a family's sequences must align position by position", line=line)
-        sides.setdefault(family, ([], []))[int(held_out)].append(classes.astype(np.uint8))
-    families = []
-    for name in sorted(sides):
-        train, heldout = sides[name]
-        if not train or not heldout:
-            side = "training" if not train else "held-out"
-            raise ConfigError(f"family {name} has no {side} sequences at valid_fraction {cfg.valid_fraction}; "
-                              "change --valid-fraction or sample more sequences")
-        length = lengths[name]
-        edges, _ = read_contacts(synth_dir / CONTACTS_DIR / f"{name}.tsv", length)
-        contacts = np.zeros((length, length), dtype=bool)
-        contacts[edges[:, 0], edges[:, 1]] = True
-        contacts |= contacts.T
-        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts))
-    return families
-
-
-# ------------------------------------------------------------------------------------------------
-# The evaluation
-
-
-def _first(sequences: np.ndarray, count: int) -> np.ndarray:
-    return sequences[: min(count, len(sequences))]
-
-
-def _group_values(values: np.ndarray, pairs: np.ndarray, contacts: np.ndarray, min_sep: int) -> dict[str, list]:
-    from pmlm.coevolution.readouts import split_pairs
-
-    planted, other = split_pairs(pairs, contacts, min_sep)
-    return {"planted": values[planted].tolist(), "non_planted": values[other].tolist()}
-
-
-def _dependence_readout(fn, model, family: FamilyData, count: int, batch: int, cfg: StudyConfig) -> tuple[dict, dict]:
-    """Averaged (L, L) MI and KL maps over held-out sequences, plus every KL / MI value grouped by planted."""
-    from pmlm.coevolution.readouts import all_pairs, dependence_map
-
-    pairs = all_pairs(family.length)
-    mi_map = np.zeros((family.length, family.length))
-    kl_map = np.zeros_like(mi_map)
-    kl_values, mi_values = [], []
-    for sequence in _first(family.heldout, count):
-        out = fn(model, sequence, pairs, batch)
-        mi_map += dependence_map(out["mi"], pairs, family.length)
-        kl_map += dependence_map(out["kl"], pairs, family.length)
-        kl_values.append(out["kl"])
-        mi_values.append(out["mi"])
-    tiled = np.tile(pairs, (len(kl_values), 1))
-    values = {
-        "kl": _group_values(np.concatenate(kl_values), tiled, family.contacts, cfg.min_separation),
-        "mi": _group_values(np.concatenate(mi_values), tiled, family.contacts, cfg.min_separation),
-    }
-    return {"mi": mi_map, "kl": kl_map}, values
-
-
-def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) -> dict:
-    """All read-outs for each family: precisions per (read-out, model) and KL / MI values for histograms.
-    Deterministic: nothing here draws random numbers."""
-    from pmlm.coevolution.readouts import (
-        ProbeConfig,
-        attention_contact_scores,
-        chain_rule_dependence,
-        fit_probe,
-        pair_features,
-        pair_head_dependence,
-        precisions,
-        probe_scores,
-    )
-    from pmlm.evaluation.unsupervised import apc
-    from pmlm.synth.potts import mi_apc_scores
-
-    def prec(scores: np.ndarray, fam: FamilyData) -> dict[str, float]:
-        return precisions(scores, fam.contacts, cfg.min_separation, cfg.k_divisor)
-
-    per_family: dict[str, dict] = {}
-    # read-out -> model -> measure (kl, mi) -> planted / non_planted values
-    dependence_values: dict[str, dict] = {}
-
-    def keep_values(readout: str, model: str, values: dict) -> None:
-        slot = dependence_values.setdefault(readout, {}).setdefault(model, {})
-        for kind, groups in values.items():
-            for group, items in groups.items():
-                slot.setdefault(kind, {}).setdefault(group, []).extend(items)
-
-    features: dict[str, dict[str, np.ndarray]] = {name: {} for name in models}
-    for fam in families:
-        row: dict[str, dict] = {"msa_mi_apc": {"msa": prec(mi_apc_scores(fam.train), fam)}}
-        maps, values = _dependence_readout(pair_head_dependence, models["pmlm"], fam, cfg.pair_sequences,
-                                           cfg.batch_rows, cfg)
-        # contacts from the MI of the pair head's own joint, not the paper's KL: the KL compares the
-        # pair head's joint with the *token* head's marginals, so any disagreement between the two
-        # heads (calibration, not coupling) inflates it at every pair; the MI measures dependence
-        # inside one distribution. With exactly the pair masked, that dependence given all other
-        # residues is what a Potts coupling J_ij creates, and it is zero for uncoupled pairs.
-        row["pair_head_mi_apc"] = {"pmlm": prec(apc(maps["mi"]), fam)}
-        row["pair_head_kl_apc"] = {"pmlm": prec(apc(maps["kl"]), fam)}
-        keep_values("pair_head", "pmlm", values)
-        row["attention_apc"] = {}
-        for name, model in models.items():
-            if cfg.chain_rule_sequences:
-                # the token head's joint by the chain rule: the MLM's only joint, and PMLM's like-for-like
-                maps, values = _dependence_readout(chain_rule_dependence, model, fam, cfg.chain_rule_sequences,
-                                                   cfg.batch_rows, cfg)
-                row.setdefault("chain_rule_mi_apc", {})[name] = prec(apc(maps["mi"]), fam)
-                keep_values("chain_rule", name, values)
-            scores = attention_contact_scores(model, _first(fam.heldout, cfg.attention_sequences), cfg.batch_rows)
-            row["attention_apc"][name] = prec(scores, fam)
-            features[name][fam.name] = pair_features(model, _first(fam.heldout, cfg.probe_sequences), cfg.batch_rows)
-        per_family[fam.name] = row
-        print(f"coevolution: {fam.name}: {_headline(row)}", file=sys.stderr)
-
-    # linear probe, two folds over families: fit on one half's planted maps, score the other half
-    folds = probe_folds([f.name for f in families], cfg.seed)
-    probe_cfg = ProbeConfig(l2=cfg.probe_l2, max_iter=cfg.probe_max_iter, min_separation=cfg.min_separation)
-    by_name = {f.name: f for f in families}
-    if len(folds) == 2:
-        for name in models:
-            for fit_on, score_on in ((folds[0], folds[1]), (folds[1], folds[0])):
-                probe = fit_probe([(features[name][f], by_name[f].contacts) for f in fit_on], probe_cfg)
-                for f in score_on:
-                    scores = probe_scores(probe, features[name][f])
-                    per_family[f].setdefault("linear_probe", {})[name] = prec(scores, by_name[f])
-    return {"per_family": per_family, "dependence": dependence_values, "probe_folds": folds}
-
-
-def probe_folds(names: list[str], seed: int) -> list[list[str]]:
-    """Families in two halves by a seeded shuffle; fewer than two families gives no probe."""
-    if len(names) < 2:
-        return []
-    order = np.random.default_rng(seed).permutation(sorted(names)).tolist()
-    half = len(order) // 2
-    return [sorted(order[:half]), sorted(order[half:])]
-
 
 def summarise(per_family: dict[str, dict]) -> dict:
     """Mean over families of every (read-out, model, metric)."""
@@ -314,13 +81,6 @@ def _rounded(values: dict):
     return [float(f"{v:.4g}") for v in values]
 
 
-def _headline(row: dict) -> str:
-    """One progress line: top-#edges precision of each read-out."""
-    parts = [f"{readout}/{model} {metrics['p_at_edges']:.3f}" for readout, by_model in row.items()
-             for model, metrics in by_model.items()]
-    return "P@#edges " + ", ".join(parts) + f"; chance {row['msa_mi_apc']['msa']['chance']:.3f}"
-
-
 def _tsv_rows(per_family: dict[str, dict]) -> list[str]:
     rows = ["family\treadout\tmodel\tp_at_edges\tp_at_l5\tchance"]
     for family, row in per_family.items():
@@ -332,7 +92,9 @@ def _tsv_rows(per_family: dict[str, dict]) -> list[str]:
 
 
 def run_evaluation(args: argparse.Namespace) -> int:
-    from pmlm.evaluation.pretrained import load_pretrained
+    # the engine (torch) is imported here, not at the top: pmlm/cli.py imports every command module to
+    # build its parser, and commands such as `pmlm split` run in environments without torch
+    from pmlm.coevolution.study import headline, evaluate_models
 
     missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
                                         ("--out-prefix", args.out_prefix)) if not value]
@@ -373,7 +135,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
         Path(tmp).write_text(json.dumps(_json_ready(document), indent=1, allow_nan=False) + "\n")
     with atomic_output(args.out_prefix + ".tsv") as tmp:
         Path(tmp).write_text("\n".join(_tsv_rows(result["per_family"])) + "\n")
-    print(f"coevolution: seed {cfg.seed}: {_headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
+    print(f"coevolution: seed {cfg.seed}: {headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
     return 0
 
 
@@ -440,7 +202,5 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "split":
         return run_split(args)
     if args.action == "report":
-        from pmlm.coevolution.report import run_report
-
         return run_report(args)
     return run_evaluation(args)

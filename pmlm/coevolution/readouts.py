@@ -16,76 +16,33 @@ import torch.nn.functional as F
 
 from pmlm import alphabet
 from pmlm.errors import ConfigError
-from pmlm.evaluation.kl import residue_joint
-from pmlm.evaluation.metrics import contact_precision
-from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
+from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_precision
+from pmlm.evaluation.pair_readout import joint_dependence, masked_copies, pair_dependence, pair_positions
+from pmlm.evaluation.unsupervised import apc, symmetrize
 from pmlm.model.encoder import key_padding_mask
-from pmlm.synth.potts import chance_precision, top_k_precision
+from pmlm.tokens import batch_tokens
+
+
+def residue_ids(classes: np.ndarray) -> np.ndarray:
+    """Residue classes 0..19 (any shape) -> token ids."""
+    return np.asarray(classes, dtype=np.int64) + alphabet.FIRST_RESIDUE_ID
 
 
 def sequence_tokens(classes: np.ndarray) -> torch.Tensor:
     """(N, L) residue classes -> (N, L + 2) token ids: <cls> residues <eos>."""
-    classes = torch.as_tensor(np.asarray(classes, dtype=np.int64))
-    n = classes.shape[0]
-    cls = torch.full((n, 1), alphabet.CLS_ID, dtype=torch.long)
-    eos = torch.full((n, 1), alphabet.EOS_ID, dtype=torch.long)
-    return torch.cat([cls, classes + alphabet.FIRST_RESIDUE_ID, eos], dim=1)
-
-
-def all_pairs(length: int) -> np.ndarray:
-    """Every unordered pair (i, j), i < j, of a sequence of ``length`` residues, (P, 2)."""
-    i, j = np.triu_indices(length, k=1)
-    return np.stack([i, j], axis=1)
+    return torch.from_numpy(batch_tokens(list(residue_ids(classes))).tokens)
 
 
 # ------------------------------------------------------------------------------------------------
 # Joints with exactly the pair masked
 
 
-def _masked_copies(tokens: torch.Tensor, pairs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One copy of ``tokens`` (T,) per pair with exactly that pair set to <mask>; token positions i, j."""
-    pos_i = torch.as_tensor(pairs[:, 0] + 1)  # +1: <cls> is token 0
-    pos_j = torch.as_tensor(pairs[:, 1] + 1)
-    rows = torch.arange(len(pairs))
-    copies = tokens.repeat(len(pairs), 1)  # (P, T)
-    copies[rows, pos_i] = alphabet.MASK_ID
-    copies[rows, pos_j] = alphabet.MASK_ID
-    return copies, pos_i, pos_j
-
-
-def _pair_positions(rows: int, pos_i: torch.Tensor, pos_j: torch.Tensor, length: int) -> torch.Tensor:
-    """(rows, T) bool selecting token positions i and j of each row (the token head then scores only those)."""
-    selected = torch.zeros(rows, length, dtype=torch.bool)
-    selected[torch.arange(rows), pos_i] = True
-    selected[torch.arange(rows), pos_j] = True
-    return selected
-
-
-@torch.no_grad()
 def pair_head_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_pairs: int) -> dict[str, np.ndarray]:
-    """For each pair (i, j), i < j, of one sequence, with exactly i and j masked: the paper's
-    KL(P(x_i) P(x_j) || P(x_i, x_j)) (token-head marginals, pair-head joint) and the mutual
-    information of the pair-head joint itself. Returns ``kl`` and ``mi``, each (P,)."""
-    if model.pair_head is None:
-        raise ValueError("pair_head_dependence needs a model with a pair head (objective pmlm)")
-    tokens = sequence_tokens(sequence[None])[0]  # (T,)
-    kls, mis = [], []
-    for start in range(0, len(pairs), batch_pairs):
-        chunk = pairs[start:start + batch_pairs]
-        copies, pos_i, pos_j = _masked_copies(tokens, chunk)  # (p, T)
-        rows = torch.arange(len(chunk))
-        has_token_head = model.token_head is not None
-        selected = _pair_positions(len(chunk), pos_i, pos_j, copies.shape[1]) if has_token_head else None
-        out = model(copies, pair_index=torch.stack([rows, pos_i, pos_j], dim=1), token_positions=selected)
-        joint = residue_joint(out["pair_logits"].float())  # (p, 20, 20)
-        mis.append(mutual_information(joint))
-        if has_token_head:
-            # row-major selection and i < j: each row's two logits are (i, j) in that order
-            marginals = torch.softmax(out["logits"].float(), dim=-1).view(len(chunk), 2, alphabet.NUM_RESIDUES)
-            kls.append(kl_independence(joint, marginals[:, 0], marginals[:, 1]))
-        else:  # a pair-only model has no token head: the joint's own marginals, so KL is MI
-            kls.append(mutual_information(joint))
-    return {"kl": torch.cat(kls).numpy(), "mi": torch.cat(mis).numpy()}
+    """For each pair (i, j), i < j, of one sequence of residue classes, with exactly i and j masked:
+    the paper's KL(P(x_i) P(x_j) || P(x_i, x_j)) and the mutual information of the pair-head joint,
+    ``kl`` and ``mi``, each (P,)."""
+    out = pair_dependence(model, residue_ids(sequence), pairs, mask_pairs=True, batch_pairs=batch_pairs)
+    return {key: value.numpy() for key, value in out.items()}
 
 
 # rows per pair of the chain rule: both masked, then x_i = a (20 rows), then x_j = b (20 rows)
@@ -108,11 +65,11 @@ def chain_rule_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_
     n = alphabet.NUM_RESIDUES
     letters = torch.arange(n) + alphabet.FIRST_RESIDUE_ID  # (20,)
     per_chunk = max(1, batch_rows // CHAIN_ROWS)
-    kls, mis = [], []
+    parts = []
     for start in range(0, len(pairs), per_chunk):
         chunk = pairs[start:start + per_chunk]
         p = len(chunk)
-        both, pos_i, pos_j = _masked_copies(tokens, chunk)  # (p, T)
+        both, pos_i, pos_j = masked_copies(tokens, chunk)  # (p, T)
         rows = torch.arange(p)
         given_i = both[:, None, :].repeat(1, n, 1)  # (p, 20, T)
         given_i[rows, :, pos_i] = letters
@@ -120,16 +77,15 @@ def chain_rule_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_
         given_j[rows, :, pos_j] = letters
         inputs = torch.cat([both[:, None], given_i, given_j], dim=1).view(p * CHAIN_ROWS, -1)  # (p * 41, T)
         pi, pj = pos_i.repeat_interleave(CHAIN_ROWS), pos_j.repeat_interleave(CHAIN_ROWS)
-        selected = _pair_positions(inputs.shape[0], pi, pj, inputs.shape[1])
+        selected = pair_positions(inputs.shape[0], pi, pj, inputs.shape[1])
         logits = model(inputs, token_positions=selected)["logits"].float()  # (p * 41 * 2, 20)
         probs = torch.softmax(logits, dim=-1).view(p, CHAIN_ROWS, 2, n)  # [..., 0, :] at i, [..., 1, :] at j
         p_i, p_j = probs[:, 0, 0], probs[:, 0, 1]  # (p, 20) with both masked
         j_given_i = probs[:, 1:1 + n, 1]  # (p, 20 a, 20 b): P(x_j=b | x_i=a)
         i_given_j = probs[:, 1 + n:, 0]  # (p, 20 b, 20 a): P(x_i=a | x_j=b)
         joint = 0.5 * (p_i[:, :, None] * j_given_i + (p_j[:, :, None] * i_given_j).transpose(1, 2))  # (p, 20, 20)
-        kls.append(kl_independence(joint, p_i, p_j))
-        mis.append(mutual_information(joint))
-    return {"kl": torch.cat(kls).numpy(), "mi": torch.cat(mis).numpy()}
+        parts.append(joint_dependence(joint, p_i, p_j))
+    return {key: torch.cat([part[key] for part in parts]).numpy() for key in ("kl", "mi")}
 
 
 def dependence_map(values: np.ndarray, pairs: np.ndarray, length: int) -> np.ndarray:

@@ -2,8 +2,8 @@
 head's marginals, KL(P(x_i) P(x_j) || P(x_i, x_j)), on validation sequences (the paper's histogram).
 
 For each sampled pair exactly the two positions i and j are masked (every other residue is
-visible), so both distributions condition on the same context X_/{i,j}. Pairs are batched by
-replicating a sequence once per pair.
+visible), so both distributions condition on the same context X_/{i,j}: the masked read-out of
+``pmlm.evaluation.pair_readout``, one batch of sequence copies per sequence.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from pmlm import alphabet
+from pmlm.errors import ConfigError
+from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
@@ -24,6 +26,8 @@ SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 
 
 def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues: int) -> list[np.ndarray]:
     """The first ``limit`` sequences of a split in manifest order (deterministic), cropped to ``max_residues``."""
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
     import pyarrow.parquet as pq
 
     from pmlm.artefacts import read_manifest as load_manifest
@@ -45,16 +49,11 @@ def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: i
             progress=None) -> dict:
     """KL and separation for sampled pairs (i < j, both standard residues) of each sequence;
     ``progress`` (a pmlm.progress.Progress) counts the sequences."""
+    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
+    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
     import torch
 
-    with torch.inference_mode():
-        return _pair_kl(model, sequences, pairs_per_sequence, seed, device, progress)
-
-
-def _pair_kl(model, sequences, pairs_per_sequence, seed, device, progress) -> dict:
-    import torch
-
-    from pmlm.evaluation.unsupervised import kl_independence, mutual_information
+    from pmlm.evaluation.pair_readout import pair_dependence
 
     rng = np.random.default_rng(seed)
     kls, seps = [], []
@@ -69,47 +68,14 @@ def _pair_kl(model, sequences, pairs_per_sequence, seed, device, progress) -> di
         while len(chosen) < n_pairs:
             i, j = sorted(rng.choice(standard, size=2, replace=False).tolist())
             chosen.add((i, j))
-        pairs = sorted(chosen)
-        length = residues.size + 2
-        tokens = torch.full((len(pairs), length), alphabet.PAD_ID, dtype=torch.long)
-        tokens[:, 0] = alphabet.CLS_ID
-        tokens[:, 1 : 1 + residues.size] = torch.from_numpy(residues.astype(np.int64))
-        tokens[:, 1 + residues.size] = alphabet.EOS_ID
-        rows = torch.arange(len(pairs))
-        pos_i = torch.tensor([p[0] + 1 for p in pairs])  # +1: <cls> at position 0
-        pos_j = torch.tensor([p[1] + 1 for p in pairs])
-        tokens[rows, pos_i] = alphabet.MASK_ID
-        tokens[rows, pos_j] = alphabet.MASK_ID
-        pair_index = torch.stack([rows, pos_i, pos_j], dim=1)
-        out = model(tokens.to(device), pair_index=pair_index.to(device))
-        joint = residue_joint(out["pair_logits"].float())  # (P, 20, 20)
-        if out.get("logits") is not None:
-            logits = out["logits"].float()
-            p_i = torch.softmax(logits[rows, pos_i], dim=-1)
-            p_j = torch.softmax(logits[rows, pos_j], dim=-1)
-            kl = kl_independence(joint, p_i, p_j)
-        else:  # pair-only models have no token head: marginals of the joint itself, KL becomes MI
-            kl = mutual_information(joint)
-        kls.append(kl.cpu().numpy())
-        seps.append((pos_j - pos_i).numpy())
+        pairs = np.array(sorted(chosen), dtype=np.int64)  # (P, 2) residue indices
+        with torch.inference_mode():
+            out = pair_dependence(model, residues, pairs, mask_pairs=True, batch_pairs=len(pairs), device=device)
+        kls.append(out["kl"].numpy())
+        seps.append(pairs[:, 1] - pairs[:, 0])
     kl_all = np.concatenate(kls) if kls else np.zeros(0)
     sep_all = np.concatenate(seps) if seps else np.zeros(0, dtype=np.int64)
     return {"kl": kl_all, "separation": sep_all}
-
-
-def residue_joint(pair_logits):
-    """Pair-head logits -> (P, 20, 20) joint over standard residues (also for the V^2 'full' vocabulary)."""
-    import torch
-
-    k = pair_logits.shape[-1]
-    if k == alphabet.NUM_PAIR_CLASSES:
-        return torch.softmax(pair_logits, dim=-1).reshape(-1, alphabet.NUM_RESIDUES, alphabet.NUM_RESIDUES)
-    if k == alphabet.VOCAB_SIZE**2:
-        full = torch.softmax(pair_logits, dim=-1).reshape(-1, alphabet.VOCAB_SIZE, alphabet.VOCAB_SIZE)
-        lo, hi = alphabet.FIRST_RESIDUE_ID, alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES
-        sub = full[:, lo:hi, lo:hi]
-        return sub / sub.sum(dim=(-2, -1), keepdim=True)
-    raise ValueError(f"unexpected number of pair classes {k}")
 
 
 def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
@@ -129,6 +95,8 @@ def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
 
 def plot_histogram(results: dict[str, dict], prefix: str | Path, title: str) -> list[Path]:
     """One histogram per model (log-spaced KL bins); PNG and SVG written atomically."""
+    # here, not at the top: matplotlib is optional where only training runs (the GPU image), and
+    # its backend must be chosen before pyplot is imported
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,9 +140,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from pmlm.errors import ConfigError
-    from pmlm.evaluation.pretrained import load_pretrained
-
     def pairs(items, flag):
         out = {}
         for item in items:

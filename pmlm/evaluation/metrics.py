@@ -120,6 +120,25 @@ def contact_precision(scores, contacts, valid, *, min_sep: int, max_sep: int | N
     return correct / k if k > 0 else math.nan
 
 
+def top_k_precision(scores, contacts, k: int, min_separation: int = 6) -> float:
+    """Fraction of true contacts among the k highest-scoring pairs with j - i >= min_separation,
+    every pair valid, ranked and tie-broken as :func:`contact_precision` (used with k = the number
+    of planted couplings of a synthetic family)."""
+    length = _as_numpy(scores).shape[0]
+    _, sep, is_contact = _ranked_candidates(scores, contacts, np.ones(length, dtype=bool))
+    in_range = is_contact[sep >= min_separation]
+    if k < 1 or k > in_range.size:
+        raise ValueError(f"k must be in [1, {in_range.size}] for length {length}, got {k}")
+    return float(in_range[:k].mean())
+
+
+def chance_precision(contacts, min_separation: int = 6) -> float:
+    """Expected precision of random scores: contacts / pairs with j - i >= min_separation."""
+    contacts = _as_numpy(contacts)
+    i, j = np.triu_indices(contacts.shape[0], k=min_separation)
+    return float((contacts[i, j] > 0).mean())
+
+
 @dataclass
 class PrecisionSummary:
     """One cell of a contact table: a separation range at one L/k over a set of proteins."""

@@ -1,10 +1,13 @@
-"""Contact scores without fine-tuning: dependence measures on a pair model's joint
-distribution P(x_i, x_j), average-product correction, and an MSA mutual-information baseline.
+"""Contact scores without fine-tuning, the one MI / APC stack: dependence measures on a joint
+distribution P(x_i, x_j) (a pair model's, or an MSA's column-pair frequencies), symmetrisation,
+average-product correction, and the MSA baseline built from them (MI + APC of the columns).
 
 The joint/marginal functions accept numpy arrays or torch tensors and return the same kind,
 so validation code can call them on model outputs directly. Pair classes follow the pair
 head's layout: class index ``a * NUM_RESIDUES + b`` is (x_i = a, x_j = b), residue classes
-as in ``pmlm.alphabet`` (token id - FIRST_RESIDUE_ID).
+as in ``pmlm.alphabet`` (token id - FIRST_RESIDUE_ID). The MSA baseline works on the same 20
+residue classes as the pair head (the paper's |V_res|^2 = 400 joint), one state per residue,
+every sequence weight 1: the families it serves are independent samples without gaps.
 """
 
 from __future__ import annotations
@@ -16,18 +19,14 @@ from pmlm.alphabet import NUM_PAIR_CLASSES, NUM_RESIDUES
 # Floor under probabilities before a log: keeps KL finite when the joint puts (numerically)
 # zero mass where the product of marginals does not.
 DEFAULT_EPS = 1e-12
-# MSA states: the 20 residue classes plus one state for gaps and anything else.
-GAP_STATE = NUM_RESIDUES
-NUM_MSA_STATES = NUM_RESIDUES + 1
-# Pseudocount weight lambda as in mean-field DCA (Morcos et al. 2011): f = (1-l) f_obs + l/q.
-DEFAULT_PSEUDOCOUNT = 0.5
-# Sequences at >= this fraction of identical columns share their weight (Morcos et al. 2011).
-DEFAULT_REWEIGHT_IDENTITY = 0.8
-# Upper bound on the temporary (block, q, L, q) pair-count array, in float64 elements.
-_PAIR_BLOCK_ELEMENTS = 8_000_000
+# Weight of the uniform distribution mixed into MSA frequencies: f = (1 - l) f_obs + l / 20.
+DEFAULT_PSEUDOCOUNT = 0.01
+# Rows of the (block, L, 20, 20) pair-frequency array the MSA baseline holds at once.
+DEFAULT_BLOCK = 32
 
 
 def _is_torch(x) -> bool:
+    # by module name, so numpy-only callers (the MSA baseline of `pmlm synth`) never load torch
     return type(x).__module__.split(".")[0] == "torch"
 
 
@@ -86,9 +85,7 @@ def symmetrize(matrix):
 def _off_diagonal(matrix):
     length = matrix.shape[-1]
     if _is_torch(matrix):
-        import torch
-
-        eye = torch.eye(length, dtype=torch.bool, device=matrix.device)
+        eye = matrix.new_ones(length).diag().bool()  # (L, L) on the matrix's device, no torch import
         return matrix.masked_fill(eye, 0)
     return np.where(np.eye(length, dtype=bool), 0.0, matrix)
 
@@ -121,89 +118,74 @@ def apc(matrix, *, exclude_diagonal: bool = True):
     return _off_diagonal(corrected) if exclude_diagonal else corrected
 
 
-def contact_scores_from_joint(joint, p=None, *, measure: str = "kl", use_apc: bool = True, eps: float = DEFAULT_EPS):
-    """Unsupervised contact scores (L, L) from a pair model's joints for all pairs.
+# ------------------------------------------------------------------------------------------------
+# MSA statistics and the MSA baseline
 
-    joint: (L, L, 20, 20) or (L, L, 400), joint[i, j] = P(x_i, x_j); p: optional (L, 20)
-    token-head marginals used by ``measure="kl"``; measure "kl" (the paper's
-    KL(P(x_i)P(x_j) || P(x_i, x_j))) or "mi". Symmetrised, diagonal zeroed, then APC.
+
+def _one_hot(sequences: np.ndarray) -> np.ndarray:
+    x = np.asarray(sequences, dtype=np.int64)  # (N, L)
+    if x.ndim != 2 or x.size == 0:
+        raise ValueError(f"sequences must be a non-empty (N, L) array of residue classes, got shape {x.shape}")
+    if x.min() < 0 or x.max() >= NUM_RESIDUES:
+        raise ValueError(f"residue classes must be in [0, {NUM_RESIDUES}), got [{x.min()}, {x.max()}]")
+    # float32 keeps co-occurrence counts exact (below 2**24 sequences) at twice the matmul speed
+    out = np.zeros((*x.shape, NUM_RESIDUES), dtype=np.float32)
+    np.put_along_axis(out, x[..., None], 1.0, axis=-1)
+    return out  # (N, L, 20)
+
+
+def _check_pseudocount(pseudocount: float) -> None:
+    if not 0.0 <= pseudocount <= 1.0:
+        raise ValueError(f"pseudocount must be in [0, 1], got {pseudocount}")
+
+
+def site_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
+    """(L, 20) residue frequencies, mixed with the uniform distribution at weight ``pseudocount``."""
+    _check_pseudocount(pseudocount)
+    f = _one_hot(sequences).sum(axis=0, dtype=np.float64) / len(sequences)
+    return (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES
+
+
+def _pair_block(flat: np.ndarray, start: int, stop: int, pseudocount: float) -> np.ndarray:
+    """Rows [start, stop) of the pair frequencies, (b, L, 20, 20), from the (N, L*20) one-hot."""
+    n, length = flat.shape[0], flat.shape[1] // NUM_RESIDUES
+    f = (flat[:, start * NUM_RESIDUES : stop * NUM_RESIDUES].T @ flat).astype(np.float64) / n
+    f = f.reshape(stop - start, NUM_RESIDUES, length, NUM_RESIDUES).transpose(0, 2, 1, 3)
+    return (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES**2
+
+
+def pair_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
+    """(L, L, 20, 20) pair frequencies f_ij(a, b), mixed with uniform at weight ``pseudocount``.
+
+    The diagonal blocks are diag(f_i), consistent with :func:`site_frequencies`.
     """
-    joint = as_joint(joint)
-    if measure == "kl":
-        p_i = None if p is None else p[:, None, :]  # (L, 1, 20)
-        p_j = None if p is None else p[None, :, :]  # (1, L, 20)
-        scores = kl_independence(joint, p_i, p_j, eps=eps)
-    elif measure == "mi":
-        scores = mutual_information(joint, eps=eps)
-    else:
-        raise ValueError(f"measure must be 'kl' or 'mi', got {measure!r}")
-    scores = _off_diagonal(symmetrize(scores))  # (L, L)
-    return apc(scores) if use_apc else scores
+    _check_pseudocount(pseudocount)
+    oh = _one_hot(sequences)  # (N, L, 20)
+    length = oh.shape[1]
+    f = _pair_block(oh.reshape(oh.shape[0], -1), 0, length, pseudocount)
+    fi = site_frequencies(sequences, pseudocount)
+    f[np.arange(length), np.arange(length)] = fi[:, :, None] * np.eye(NUM_RESIDUES)
+    return f
 
 
-def _msa_one_hot(msa: np.ndarray) -> np.ndarray:
-    """(N, L) residue classes, -1 or GAP_STATE for gaps -> (N, L, q) float64 one-hot."""
-    states = np.where(msa < 0, GAP_STATE, msa)
-    return np.eye(NUM_MSA_STATES)[states]
-
-
-def sequence_weights(msa, identity: float = DEFAULT_REWEIGHT_IDENTITY) -> np.ndarray:
-    """(N,) weights 1 / #{m : identity(n, m) >= threshold}, identity = fraction of identical
-    columns (gaps match gaps). Down-weights clusters of near-identical sequences."""
-    msa = _check_msa(msa)
-    n_seq, length = msa.shape
-    one_hot = _msa_one_hot(msa).reshape(n_seq, -1).astype(np.float32)  # (N, L*q)
-    neighbours = np.zeros(n_seq)
-    chunk = max(1, _PAIR_BLOCK_ELEMENTS // max(n_seq, 1))
-    for start in range(0, n_seq, chunk):
-        same = one_hot[start:start + chunk] @ one_hot.T  # (c, N) identical columns
-        neighbours[start:start + chunk] = (same >= identity * length - 1e-6).sum(axis=1)
-    return 1.0 / neighbours
-
-
-def _check_msa(msa) -> np.ndarray:
-    msa = np.asarray(msa)
-    if msa.ndim != 2 or msa.shape[0] == 0 or msa.shape[1] == 0:
-        raise ValueError(f"msa must be a non-empty (N, L) integer array, got shape {msa.shape}")
-    if not np.issubdtype(msa.dtype, np.integer):
-        raise ValueError(f"msa must hold integer residue classes, got dtype {msa.dtype}")
-    if msa.min() < -1 or msa.max() > GAP_STATE:
-        raise ValueError(f"msa values must be residue classes 0..{NUM_RESIDUES - 1}, or -1 / {GAP_STATE} for a gap")
-    return msa.astype(np.int64)
-
-
-def msa_mi_apc(
-    msa,
-    *,
-    pseudocount: float = DEFAULT_PSEUDOCOUNT,
-    reweight_identity: float | None = DEFAULT_REWEIGHT_IDENTITY,
+def msa_mutual_information(
+    sequences: np.ndarray, pseudocount: float = DEFAULT_PSEUDOCOUNT, block: int = DEFAULT_BLOCK
 ) -> np.ndarray:
-    """MSA baseline: APC-corrected mutual information between columns, (L, L) scores.
-
-    msa: (N, L) residue classes 0..19, -1 (or 20) for gaps and other symbols, which form a
-    21st state. Frequencies are weighted (``reweight_identity=None`` gives every sequence
-    weight 1) and mixed with a uniform pseudocount: f_i = (1-l) f_i_obs + l/q,
-    f_ij = (1-l) f_ij_obs + l/q^2, which keeps f_ij's marginals equal to f_i. Diagonal 0.
-    """
-    msa = _check_msa(msa)
-    if not 0.0 <= pseudocount < 1.0:
-        raise ValueError(f"pseudocount must be in [0, 1), got {pseudocount}")
-    n_seq, length = msa.shape
-    q = NUM_MSA_STATES
-    weights = np.ones(n_seq) if reweight_identity is None else sequence_weights(msa, reweight_identity)
-    weights = weights / weights.sum()
-    one_hot = _msa_one_hot(msa)  # (N, L, q)
-    f_i = (1 - pseudocount) * np.einsum("n,nla->la", weights, one_hot) + pseudocount / q  # (L, q)
-    flat = one_hot.reshape(n_seq, length * q)  # (N, L*q)
-    weighted = flat * weights[:, None]
+    """(L, L) mutual information between the columns of an alignment (nats), diagonal 0: the
+    joint :func:`mutual_information` of each column pair's frequencies. ``block`` rows at a time,
+    so memory stays O(block * L * 400) for long families."""
+    _check_pseudocount(pseudocount)
+    oh = _one_hot(sequences)  # (N, L, 20)
+    length = oh.shape[1]
+    flat = oh.reshape(oh.shape[0], -1)
     mi = np.zeros((length, length))
-    block = max(1, _PAIR_BLOCK_ELEMENTS // (q * length * q))
     for start in range(0, length, block):
-        stop = min(length, start + block)
-        counts = weighted[:, start * q:stop * q].T @ flat  # (b*q, L*q) weighted pair frequencies
-        f_ij = (1 - pseudocount) * counts.reshape(stop - start, q, length, q) + pseudocount / q**2  # (b, q, L, q)
-        expected = f_i[start:stop, :, None, None] * f_i[None, None, :, :]  # (b, q, L, q)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(f_ij > 0, f_ij * np.log(f_ij / expected), 0.0)
-        mi[start:stop] = terms.sum(axis=(1, 3))
-    return apc(mi)
+        stop = min(start + block, length)
+        mi[start:stop] = mutual_information(_pair_block(flat, start, stop, pseudocount))  # (b, L)
+    np.fill_diagonal(mi, 0.0)
+    return mi
+
+
+def msa_mi_apc(sequences: np.ndarray, pseudocount: float = DEFAULT_PSEUDOCOUNT) -> np.ndarray:
+    """The MSA baseline: column mutual information with average-product correction, (L, L)."""
+    return apc(msa_mutual_information(sequences, pseudocount))

@@ -32,9 +32,12 @@ import torch
 from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import IGNORE_LABEL  # per-residue label of unscored residues
+from pmlm.tasks.raptorx import read_contact_set
 from pmlm.tasks.structures import (
     CONTACT_ATOMS, CONTACT_THRESHOLD, ReadCounts, contact_map, read_structure_jsonl, ss3_to_labels,
 )
+from pmlm.tasks.tape import read_tape
+from pmlm.tokens import batch_tokens, crop_room
 
 # which formats can label which task
 FORMAT_TASKS: dict[str, tuple[str, ...]] = {
@@ -116,9 +119,6 @@ def read_task_data(
     on_error: str = "raise", limit: int | None = None, num_classes: int | None = None,
 ) -> TaskData:
     """Read labelled examples for ``task`` from ``path``; bad records raise InputError (or are counted with skip)."""
-    from pmlm.tasks.raptorx import read_contact_set
-    from pmlm.tasks.tape import read_tape
-
     path = Path(path)
     if fmt == "auto":
         fmt = detect_format(path)
@@ -203,9 +203,8 @@ class Batch:
 def collate(examples: list[Example], windows: list[tuple[int, int]], task: str, threshold: float) -> Batch:
     """Residues [start, stop) of each example -> one padded Batch."""
     n = len(examples)
-    length = max(stop - start for start, stop in windows)
-    tokens = np.full((n, length + 2), alphabet.PAD_ID, dtype=np.int64)
-    mask = np.zeros((n, length), dtype=bool)
+    rows = batch_tokens([ex.residues[start:stop] for ex, (start, stop) in zip(examples, windows)])
+    length = rows.tokens.shape[1] - 2  # the longest window
     valid = None
     if task == "contact":
         targets = np.zeros((n, length, length), dtype=bool)
@@ -216,10 +215,6 @@ def collate(examples: list[Example], windows: list[tuple[int, int]], task: str, 
         targets = np.zeros(n, dtype=np.int64)
     for b, (ex, (start, stop)) in enumerate(zip(examples, windows)):
         k = stop - start
-        tokens[b, 0] = alphabet.CLS_ID
-        tokens[b, 1:k + 1] = ex.residues[start:stop]
-        tokens[b, k + 1] = alphabet.EOS_ID
-        mask[b, :k] = True
         if task == "contact":
             targets[b, :k, :k], valid[b, :k, :k] = ex.contact_window(start, stop, threshold)
         elif task == "ss3":
@@ -227,7 +222,8 @@ def collate(examples: list[Example], windows: list[tuple[int, int]], task: str, 
         else:
             targets[b] = ex.label
     return Batch(
-        tokens=torch.from_numpy(tokens), mask=torch.from_numpy(mask), targets=torch.from_numpy(targets),
+        tokens=torch.from_numpy(rows.tokens), mask=torch.from_numpy(rows.residue_mask()),
+        targets=torch.from_numpy(targets),
         valid=None if valid is None else torch.from_numpy(valid),
         ids=[ex.id for ex in examples], lengths=[stop - start for start, stop in windows],
     )
@@ -253,7 +249,7 @@ class TaskLoader:
         order = rng.permutation(len(self.examples))
         lengths = np.array([len(self.examples[i]) for i in order])
         # one draw per protein, in order, whether or not it needs a crop: plans stay stable
-        starts = (rng.random(order.size) * np.maximum(lengths - self.crop + 1, 1)).astype(np.int64)
+        starts = (rng.random(order.size) * crop_room(lengths, self.crop)).astype(np.int64)
         items = list(zip(order.tolist(), starts.tolist()))
         return [items[k:k + self.batch_size] for k in range(0, len(items), self.batch_size)]
 

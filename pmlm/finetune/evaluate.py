@@ -48,61 +48,22 @@ def canonical_sha256(obj) -> str:
 
 def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False,
                                 pair_batch: int = 4096, device="cpu") -> np.ndarray:
-    """(L, L) contact scores from the pair head's joints (see the module docstring)."""
+    """(L, L) contact scores from the pair head's joints (see the module docstring): both orders of
+    every pair i < j, symmetrised, then APC (which zeroes the diagonal)."""
     import torch  # engines load in the functions of this command module (see the note under its imports)
 
-    from pmlm import alphabet
-    from pmlm.evaluation.kl import residue_joint
-    from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information, symmetrize
-    from pmlm.model.objectives import upper_pairs
+    from pmlm.evaluation.pair_readout import all_pairs, pair_dependence
+    from pmlm.evaluation.unsupervised import apc, symmetrize
 
     length = int(residues.size)
-    tokens = torch.full((1, length + 2), alphabet.PAD_ID, dtype=torch.long)
-    tokens[0, 0], tokens[0, length + 1] = alphabet.CLS_ID, alphabet.EOS_ID
-    tokens[0, 1:length + 1] = torch.from_numpy(residues.astype(np.int64))
-    tokens = tokens.to(device)
-    upper = upper_pairs(torch.ones(1, length, dtype=torch.bool, device=device))  # (P, 3) rows (0, i, j), i < j
+    pairs = all_pairs(length)  # (P, 2) rows (i, j), i < j
+    values = pair_dependence(model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch,
+                             device=device)[measure].double()  # (2P,): the (i, j) orders, then (j, i)
     scores = torch.zeros(length, length, dtype=torch.float64)
-
-    def dependence(logits, p_first, p_second):
-        joint = residue_joint(logits.float())  # (n, 20, 20)
-        if measure == "mi":
-            return mutual_information(joint)
-        return kl_independence(joint, p_first, p_second)
-
-    def marginals(token_logits):
-        return None if token_logits is None else torch.softmax(token_logits.float(), dim=-1)
-
-    with torch.no_grad():
-        if not mask_pairs:
-            reps = model.encode(tokens)  # (1, L + 2, C)
-            p = marginals(model.token_head(reps[0, 1:length + 1])) if model.token_head is not None else None
-            for start in range(0, upper.shape[0], pair_batch):
-                rows = upper[start:start + pair_batch]  # (n, 3)
-                n = rows.shape[0]
-                logits, _ = model.pair_head(reps, rows + torch.tensor([0, 1, 1], device=device), mirror=True)
-                i, j = rows[:, 1], rows[:, 2]
-                p_i = None if p is None else p[i]
-                p_j = None if p is None else p[j]
-                scores[i.cpu(), j.cpu()] = dependence(logits[:n], p_i, p_j).double().cpu()
-                scores[j.cpu(), i.cpu()] = dependence(logits[n:], p_j, p_i).double().cpu()
-        else:
-            for start in range(0, upper.shape[0], pair_batch):
-                rows = upper[start:start + pair_batch]
-                n = rows.shape[0]
-                batch = tokens.expand(n, -1).clone()  # (n, L + 2), one copy per pair
-                b = torch.arange(n, device=device)
-                pos_i, pos_j = rows[:, 1] + 1, rows[:, 2] + 1  # +1: <cls> at position 0
-                batch[b, pos_i] = alphabet.MASK_ID
-                batch[b, pos_j] = alphabet.MASK_ID
-                out = model(batch, pair_index=torch.stack([b, pos_i, pos_j], dim=1), mirror_pairs=True)
-                p_i = p_j = None
-                if out["logits"] is not None:
-                    p_i, p_j = marginals(out["logits"][b, pos_i]), marginals(out["logits"][b, pos_j])
-                i, j = rows[:, 1].cpu(), rows[:, 2].cpu()
-                scores[i, j] = dependence(out["pair_logits"][:n], p_i, p_j).double().cpu()
-                scores[j, i] = dependence(out["pair_logits"][n:], p_j, p_i).double().cpu()
-    return apc(symmetrize(scores)).numpy()  # apc zeroes the diagonal
+    i, j = torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1])
+    scores[i, j] = values[:len(pairs)]
+    scores[j, i] = values[len(pairs):]
+    return apc(symmetrize(scores)).numpy()
 
 
 def score_unsupervised(model, data, measure: str, *, window: int, too_long: str, threshold: float,

@@ -133,19 +133,6 @@ def diagonal_pairs(valid: Tensor) -> Tensor:
     return torch.stack([pos[:, 0], pos[:, 1], pos[:, 1]], dim=1)
 
 
-def ordered_pairs(valid: Tensor, diagonal: bool = False) -> Tensor:
-    """All ordered pairs (i, j), i != j, of flagged positions within a row (and (i, i) if asked).
-
-    Row order: upper pairs, then their swaps, then the diagonal; the same order the
-    objective feeds the mirrored pair head, so external code can line logits up with it.
-    """
-    upper = upper_pairs(valid)
-    parts = [upper, swap_pairs(upper)]
-    if diagonal:
-        parts.append(diagonal_pairs(valid))
-    return torch.cat(parts)
-
-
 def pair_labels(pair_index: Tensor, targets: Tensor, pair_vocab: str = "standard") -> Tensor:
     """Class of each ordered pair from residue-class targets; every row must have valid targets."""
     ti = targets[pair_index[:, 0], pair_index[:, 1]]

@@ -20,16 +20,9 @@ import numpy as np
 from pmlm import __version__
 from pmlm.alphabet import RESIDUES
 from pmlm.errors import ConfigError, InputError
-from pmlm.synth.potts import (
-    BACKGROUND,
-    Family,
-    PottsConfig,
-    chance_precision,
-    family_rng,
-    generate_family,
-    mi_apc_scores,
-    top_k_precision,
-)
+from pmlm.evaluation.metrics import chance_precision, top_k_precision
+from pmlm.evaluation.unsupervised import msa_mi_apc
+from pmlm.synth.potts import BACKGROUND, Family, PottsConfig, family_rng, generate_family
 
 FASTA_NAME = "families.fasta"
 CONTACTS_DIR = "contacts"
@@ -132,7 +125,7 @@ def validation_summary(family: Family, config: SynthConfig) -> dict:
     k = len(family.model.edges)
     if k == 0:
         return {"mi_apc_precision": None, "chance_precision": 0.0, "top_k": 0}
-    scores = mi_apc_scores(family.sequences, config.validation_pseudocount)
+    scores = msa_mi_apc(family.sequences, config.validation_pseudocount)
     sep = config.validation_min_separation
     return {
         "mi_apc_precision": top_k_precision(scores, contacts, k, sep),

@@ -1,5 +1,5 @@
-"""Synthetic protein families from Potts models with planted couplings, plus the MSA statistics
-(frequencies, MI with APC, top-k precision) that check the planted couplings are recoverable.
+"""Synthetic protein families from Potts models with planted couplings, and the reader of their
+planted-contact lists (the MSA statistics that check them live in ``pmlm.evaluation.unsupervised``).
 
 Sequences are arrays of residue classes 0..19 (``token_id - FIRST_RESIDUE_ID`` of
 :mod:`pmlm.alphabet`); positions and edges are 0-based. The model is
@@ -334,99 +334,6 @@ def generate_family(name: str, config: PottsConfig, rng: np.random.Generator) ->
         model, config.num_sequences, rng, chains=config.chains, burn_in=config.burn_in, thinning=config.thinning
     )
     return Family(name=name, model=model, sequences=sequences, stats=stats)
-
-
-# ----------------------------------------------------------------------------------------------
-# MSA statistics
-
-
-def _one_hot(sequences: np.ndarray) -> np.ndarray:
-    x = np.asarray(sequences, dtype=np.int64)  # (N, L)
-    if x.ndim != 2 or x.size == 0:
-        raise ValueError(f"sequences must be a non-empty (N, L) array of residue classes, got shape {x.shape}")
-    if x.min() < 0 or x.max() >= NUM_RESIDUES:
-        raise ValueError(f"residue classes must be in [0, {NUM_RESIDUES}), got [{x.min()}, {x.max()}]")
-    # float32 keeps co-occurrence counts exact (below 2**24 sequences) at twice the matmul speed
-    out = np.zeros((*x.shape, NUM_RESIDUES), dtype=np.float32)
-    np.put_along_axis(out, x[..., None], 1.0, axis=-1)
-    return out  # (N, L, 20)
-
-
-def site_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
-    """(L, 20) residue frequencies, mixed with the uniform distribution at weight ``pseudocount``."""
-    if not 0.0 <= pseudocount <= 1.0:
-        raise ValueError(f"pseudocount must be in [0, 1], got {pseudocount}")
-    f = _one_hot(sequences).sum(axis=0, dtype=np.float64) / len(sequences)
-    return (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES
-
-
-def pair_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
-    """(L, L, 20, 20) pair frequencies f_ij(a, b), mixed with uniform at weight ``pseudocount``.
-
-    The diagonal blocks are diag(f_i), consistent with :func:`site_frequencies`.
-    """
-    oh = _one_hot(sequences)  # (N, L, 20)
-    n, length, _ = oh.shape
-    flat = oh.reshape(n, -1)
-    f = (flat.T @ flat).astype(np.float64) / n
-    f = f.reshape(length, NUM_RESIDUES, length, NUM_RESIDUES).transpose(0, 2, 1, 3)
-    f = (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES**2
-    fi = site_frequencies(sequences, pseudocount)
-    f[np.arange(length), np.arange(length)] = fi[:, :, None] * np.eye(NUM_RESIDUES)
-    return f
-
-
-def mutual_information(sequences: np.ndarray, pseudocount: float = 0.01, block: int = 32) -> np.ndarray:
-    """(L, L) mutual information between columns (nats), diagonal 0; computed ``block`` rows at a
-    time so memory stays O(block * L * 400) for long families."""
-    oh = _one_hot(sequences)  # (N, L, 20)
-    n, length, _ = oh.shape
-    flat = oh.reshape(n, -1)
-    fi = site_frequencies(sequences, pseudocount)  # (L, 20)
-    mi = np.zeros((length, length))
-    for start in range(0, length, block):
-        stop = min(start + block, length)
-        fij = (flat[:, start * NUM_RESIDUES : stop * NUM_RESIDUES].T @ flat).astype(np.float64) / n
-        fij = fij.reshape(stop - start, NUM_RESIDUES, length, NUM_RESIDUES).transpose(0, 2, 1, 3)
-        fij = (1.0 - pseudocount) * fij + pseudocount / NUM_RESIDUES**2  # (b, L, 20, 20)
-        indep = fi[start:stop, None, :, None] * fi[None, :, None, :]
-        # 0 log 0 = 0: without a pseudocount unseen pairs contribute nothing
-        ratio = np.divide(fij, indep, out=np.ones_like(fij), where=fij > 0)
-        mi[start:stop] = (fij * np.log(ratio)).sum(axis=(2, 3))
-    np.fill_diagonal(mi, 0.0)
-    return mi
-
-
-def average_product_correction(scores: np.ndarray) -> np.ndarray:
-    """S_ij - S_i. S_.j / S_.. with means over off-diagonal entries; diagonal 0."""
-    s = np.array(scores, dtype=np.float64)
-    length = s.shape[0]
-    np.fill_diagonal(s, 0.0)
-    row_mean = s.sum(axis=1) / (length - 1)
-    overall = s.sum() / (length * (length - 1))
-    out = s - np.outer(row_mean, row_mean) / overall if overall > 0 else s
-    np.fill_diagonal(out, 0.0)
-    return out
-
-
-def mi_apc_scores(sequences: np.ndarray, pseudocount: float = 0.01) -> np.ndarray:
-    """The MSA baseline: mutual information with average-product correction, (L, L)."""
-    return average_product_correction(mutual_information(sequences, pseudocount))
-
-
-def top_k_precision(scores: np.ndarray, contacts: np.ndarray, k: int, min_separation: int = 6) -> float:
-    """Fraction of true contacts among the k highest-scoring pairs with |i-j| >= min_separation."""
-    i, j = np.triu_indices(scores.shape[0], k=min_separation)
-    if k < 1 or k > len(i):
-        raise ValueError(f"k must be in [1, {len(i)}] for length {scores.shape[0]}, got {k}")
-    order = np.argsort(-scores[i, j], kind="stable")[:k]
-    return float(contacts[i[order], j[order]].mean())
-
-
-def chance_precision(contacts: np.ndarray, min_separation: int = 6) -> float:
-    """Expected precision of random scores: contacts / pairs with |i-j| >= min_separation."""
-    i, j = np.triu_indices(contacts.shape[0], k=min_separation)
-    return float(contacts[i, j].mean())
 
 
 def read_contacts(path, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,6 @@ token budget. A position (epoch, buffer, batch) therefore restores the stream ex
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,9 +23,8 @@ import torch
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, PAD_ID, X_ID
 from pmlm.artefacts import MANIFEST, read_manifest
 from pmlm.errors import ConfigError, InputError
+from pmlm.tokens import SPECIALS_PER_SEQUENCE, batch_tokens, crop_room, max_residues, padded_width, round_up
 
-# <cls> and <eos> wrap every sequence, so a crop keeps max_len - SPECIALS_PER_SEQUENCE residues
-SPECIALS_PER_SEQUENCE = 2
 _STATE_VERSION = 1
 
 
@@ -145,7 +143,7 @@ class ShardStream:
             raise ConfigError(f"rank {rank} is outside world size {world_size}")
         if max_len <= SPECIALS_PER_SEQUENCE:
             raise ConfigError(f"data.max_len must exceed {SPECIALS_PER_SEQUENCE} (room for <cls>/<eos>), got {max_len}")
-        if _round_up(max_len, pad_to_multiple) > tokens_per_batch:
+        if round_up(max_len, pad_to_multiple) > tokens_per_batch:
             raise ConfigError(
                 f"data.tokens_per_batch ({tokens_per_batch}) must hold one sequence of max_len {max_len} "
                 f"padded to a multiple of {pad_to_multiple}"
@@ -215,10 +213,9 @@ class ShardStream:
         lengths = np.diff(np.append(starts, base))
 
         # random crop of long sequences to the residues that fit between <cls> and <eos>
-        max_residues = self.max_len - SPECIALS_PER_SEQUENCE
-        excess = np.maximum(lengths - max_residues, 0)
-        starts = starts + rng.integers(0, excess + 1)
-        lengths = np.minimum(lengths, max_residues)
+        window = max_residues(self.max_len)
+        starts = starts + rng.integers(0, crop_room(lengths, window))
+        lengths = np.minimum(lengths, window)
 
         # bucket by length: shuffle first so equal lengths are in random order, then stable sort
         order = rng.permutation(len(lengths))
@@ -233,7 +230,7 @@ class ShardStream:
         """Boundaries of consecutive runs whose count * padded(longest) fits tokens_per_batch."""
         cuts = [0]
         for i, length in enumerate(sorted_lengths.tolist()):
-            width = _round_up(length + SPECIALS_PER_SEQUENCE, self.pad_to_multiple)
+            width = padded_width(length, self.pad_to_multiple)
             # lengths ascend, so the current sequence sets the batch's padded width
             if (i - cuts[-1] + 1) * width > self.tokens_per_batch:
                 cuts.append(i)
@@ -241,14 +238,9 @@ class ShardStream:
         return cuts
 
     def _materialise(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        width = _round_up(int(lengths.max()) + SPECIALS_PER_SEQUENCE, self.pad_to_multiple)
         # uint8 while buffered (8x smaller than the int64 the model takes); widened when handed out
-        out = np.full((len(lengths), width), PAD_ID, dtype=np.uint8)  # (B, L)
-        out[:, 0] = CLS_ID
-        for row, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
-            out[row, 1 : 1 + length] = values[start : start + length]
-            out[row, 1 + length] = EOS_ID
-        return out
+        windows = [values[start : start + length] for start, length in zip(starts.tolist(), lengths.tolist())]
+        return batch_tokens(windows, pad_to_multiple=self.pad_to_multiple, dtype=np.uint8).tokens  # (B, L)
 
     # -- iteration -------------------------------------------------------------------------------
 
@@ -332,10 +324,6 @@ class ShardStream:
             self._ahead.clear()
             self._pool.shutdown(wait=True)
             self._pool = None
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return int(math.ceil(n / multiple) * multiple)
 
 
 def _count_residues(tokens: torch.Tensor) -> int:

@@ -1,0 +1,129 @@
+"""The planted-coupling study's data: which sequences of each ``pmlm synth`` family are held out, and
+the families read back with their planted contacts (see ``pmlm.coevolution.evaluate`` for the split rule).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pmlm.alphabet import RESIDUES
+from pmlm.data.fasta import read_fasta
+from pmlm.errors import ConfigError, InputError
+from pmlm.synth.potts import read_contacts
+
+FAMILIES_FASTA = "families.fasta"
+CONTACTS_DIR = "contacts"
+_LETTER_CLASS = np.full(256, -1, dtype=np.int16)
+_LETTER_CLASS[np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)] = np.arange(len(RESIDUES))
+
+
+@dataclass
+class StudyConfig:
+    """How held-out sequences are chosen and how much of them each read-out uses."""
+
+    valid_fraction: float = 0.1  # share of each family's sequences held out (per-sequence hash draw)
+    split_seed: int = 0  # seed of that draw; the split rule and this evaluation must agree
+    seed: int = 0  # the study seed: recorded with the results; also seeds the probe's fold order
+    pair_sequences: int = 16  # held-out sequences per family for the pair head (all pairs, exactly the pair masked)
+    # held-out sequences per family for the token head's chain-rule joint (41 forwards per pair; 0 skips it)
+    chain_rule_sequences: int = 2
+    attention_sequences: int = 64  # held-out sequences per family averaged into the attention maps
+    probe_sequences: int = 64  # held-out sequences per family averaged into the probe's pair features
+    min_separation: int = 6  # contact metrics and KL groups use pairs with |i-j| >= this
+    k_divisor: int = 5  # P@L/k
+    probe_l2: float = 1e-2  # L2 weight of the logistic-regression probe
+    probe_max_iter: int = 200  # L-BFGS iterations of the probe
+    batch_rows: int = 4096  # sequences per forward pass (bounds memory)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"valid_fraction (--valid-fraction) must be in (0, 1), got {self.valid_fraction}")
+        if self.chain_rule_sequences < 0:
+            raise ConfigError(
+                f"chain_rule_sequences (--chain-rule-sequences) must be >= 0, got {self.chain_rule_sequences}"
+            )
+        for name in ("pair_sequences", "attention_sequences", "probe_sequences",
+                     "min_separation", "k_divisor", "probe_max_iter", "batch_rows"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
+        if self.probe_l2 < 0:
+            raise ConfigError(f"probe_l2 (--probe-l2) must be >= 0, got {self.probe_l2}")
+
+
+@dataclass
+class FamilyData:
+    """One family's sequences (residue classes) on both sides of the split, and its planted edges."""
+
+    name: str
+    train: np.ndarray  # (N, L) uint8
+    heldout: np.ndarray  # (M, L) uint8
+    contacts: np.ndarray  # (L, L) bool, symmetric
+
+    @property
+    def length(self) -> int:
+        return int(self.contacts.shape[0])
+
+
+def heldout_draw(sequence_id: str, split_seed: int) -> float:
+    """A uniform number in [0, 1) fixed by (split seed, sequence id)."""
+    digest = hashlib.blake2b(f"{split_seed}:{sequence_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def _family_of(title: str) -> str | None:
+    for word in title.split()[1:]:
+        if word.startswith("family="):
+            return word[len("family="):] or None
+    return None
+
+
+def read_family_records(fasta: str | Path):
+    """Yield (id, family, residue letters, line) of ``pmlm synth``'s FASTA; every header needs ``family=``."""
+    for rec in read_fasta(fasta):
+        family = _family_of(rec.title)
+        if family is None:
+            raise InputError(fasta, f"record {rec.id!r}: header has no family=NAME (write it with pmlm synth)",
+                             line=rec.line)
+        yield rec.id, family, rec.sequence, rec.line
+
+
+def split_records(fasta: str | Path, cfg: StudyConfig):
+    """Yield (id, family, sequence, line, held_out) for every record of the FASTA."""
+    for seq_id, family, sequence, line in read_family_records(fasta):
+        yield seq_id, family, sequence, line, heldout_draw(seq_id, cfg.split_seed) < cfg.valid_fraction
+
+
+def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
+    """Read ``pmlm synth`` output, split each family, attach its planted contacts."""
+    synth_dir = Path(synth_dir)
+    fasta = synth_dir / FAMILIES_FASTA
+    sides: dict[str, tuple[list, list]] = {}
+    lengths: dict[str, int] = {}
+    for seq_id, family, sequence, line, held_out in split_records(fasta, cfg):
+        classes = _LETTER_CLASS[np.frombuffer(sequence.encode("ascii", "replace"), dtype=np.uint8)]
+        if (classes < 0).any():
+            pos = int(np.flatnonzero(classes < 0)[0])
+            raise InputError(fasta, f"record {seq_id!r}: {sequence[pos]!r} at residue {pos + 1} is not one of "
+                             f"the 20 standard residues", line=line)
+        if lengths.setdefault(family, len(classes)) != len(classes):
+            raise InputError(fasta, f"record {seq_id!r} has {len(classes)} residues but family {family} has "
+                             f"{lengths[family]}; a family's sequences must align position by position", line=line)
+        sides.setdefault(family, ([], []))[int(held_out)].append(classes.astype(np.uint8))
+    families = []
+    for name in sorted(sides):
+        train, heldout = sides[name]
+        if not train or not heldout:
+            side = "training" if not train else "held-out"
+            raise ConfigError(f"family {name} has no {side} sequences at valid_fraction {cfg.valid_fraction}; "
+                              "change --valid-fraction or sample more sequences")
+        length = lengths[name]
+        edges, _ = read_contacts(synth_dir / CONTACTS_DIR / f"{name}.tsv", length)
+        contacts = np.zeros((length, length), dtype=bool)
+        contacts[edges[:, 0], edges[:, 1]] = True
+        contacts |= contacts.T
+        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts))
+    return families
