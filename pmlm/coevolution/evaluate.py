@@ -25,7 +25,6 @@ import numpy as np
 from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.report import run_report
 from pmlm.errors import ConfigError, InputError
-from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.utils import atomic_output, versions
 
 def summarise(per_family: dict[str, dict]) -> dict:
@@ -95,6 +94,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
     # the engine (torch) is imported here, not at the top: pmlm/cli.py imports every command module to
     # build its parser, and commands such as `pmlm split` run in environments without torch
     from pmlm.coevolution.study import headline, evaluate_models
+    from pmlm.evaluation.pretrained import load_pretrained
 
     missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
                                         ("--out-prefix", args.out_prefix)) if not value]

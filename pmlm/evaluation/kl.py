@@ -17,7 +17,6 @@ import numpy as np
 
 from pmlm import alphabet
 from pmlm.errors import ConfigError
-from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
@@ -140,6 +139,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    # the engine (torch) is imported here, not at the top: pmlm/cli.py imports every command module to
+    # build its parser, and commands such as `pmlm split` run in environments without torch
+    from pmlm.evaluation.pretrained import load_pretrained
+
     def pairs(items, flag):
         out = {}
         for item in items:
