@@ -92,3 +92,50 @@ def batch_tokens(
         out[row, RESIDUE_OFFSET : RESIDUE_OFFSET + length] = seq[start : start + length]
         out[row, RESIDUE_OFFSET + length] = EOS_ID
     return TokenBatch(tokens=out, starts=starts, lengths=lengths)
+
+
+# --- sequences longer than one window -------------------------------------------------------------
+# A sequence longer than the model's window is read as overlapping windows of ``room`` residues,
+# ``stride`` apart (half a window by default), the last one flush with the sequence end; a per-residue
+# (or per-pair) quantity is the mean over the windows that hold the residue (or both residues of the
+# pair). With the default stride every pair closer than ``room // 2`` lies in some window; a pair that
+# no window holds has no value (NaN), which callers report or rank last.
+
+
+def window_starts(length: int, room: int, stride: int | None = None) -> list[int]:
+    """Starts of the windows that cover ``[0, length)``: one window (start 0) when it fits."""
+    if room <= 0:
+        raise ValueError("a window must hold at least one residue")
+    if length <= room:
+        return [0]
+    stride = max(room // 2, 1) if stride is None else stride
+    if not 0 < stride <= room:
+        raise ValueError(f"window stride {stride} must be in [1, {room}]")
+    starts = list(range(0, length - room, stride))
+    return starts + [length - room]
+
+
+class WindowMean:
+    """Running mean over overlapping windows of a per-residue ``(L, ...)`` or per-pair ``(L, L, ...)``
+    quantity of one sequence of ``length`` residues (float64 sums, so the order of windows does not
+    matter beyond rounding)."""
+
+    def __init__(self, length: int, trailing_shape: tuple[int, ...] = (), *, pairs: bool = False):
+        lead = (length, length) if pairs else (length,)
+        self.pairs = pairs
+        self.sums = np.zeros(lead + tuple(trailing_shape), dtype=np.float64)
+        self.counts = np.zeros(lead, dtype=np.int64)
+
+    def add(self, start: int, values: np.ndarray) -> None:
+        """Add one window's values, ``(n, ...)`` or ``(n, n, ...)`` for the residues ``[start, start + n)``."""
+        n = values.shape[0]
+        window = slice(start, start + n)
+        index = (window, window) if self.pairs else (window,)
+        self.sums[index] += values
+        self.counts[index] += 1
+
+    def mean(self) -> np.ndarray:
+        """The mean per residue (or pair); NaN where no window held it."""
+        counts = self.counts.reshape(self.counts.shape + (1,) * (self.sums.ndim - self.counts.ndim))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, self.sums / np.maximum(counts, 1), np.nan)
