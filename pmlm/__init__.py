@@ -1,3 +1,15 @@
 """pmlm: Pairwise Masked Language Model pre-training and evaluation for proteins."""
 
 __version__ = "0.1.0"
+
+
+def load(path, device: str = "cpu"):
+    """A trained encoder or contact head as an object with ``embed()``, ``contacts()`` and ``score()``
+    (see ``pmlm.inference.api``).
+
+    Imported here rather than at the top: ``import pmlm`` must not load torch, which the data stage's
+    environments do not have.
+    """
+    from pmlm.inference.api import load as load_model
+
+    return load_model(path, device)

@@ -32,6 +32,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "coevolution": ("pmlm.coevolution.evaluate", "planted-coupling read-outs of MLM vs PMLM encoders"),
     "finetune": ("pmlm.finetune.cli", "fine-tune a task head on a pre-trained encoder"),
     "evaluate": ("pmlm.finetune.evaluate", "evaluate a fine-tuned head or the pair head's unsupervised contacts"),
+    "embed": ("pmlm.commands.embed", "per-residue and per-sequence embeddings of a FASTA file (Parquet)"),
+    "contacts": ("pmlm.commands.contacts", "contact maps of FASTA sequences from a contact head or the pair head"),
+    "score": ("pmlm.commands.score", "single and double mutant scores (masked marginals, the pair head's joint)"),
 }
 
 
@@ -70,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(args._module)
     try:
-        return int(module.run(args) or 0)
+        # a command module names the engine that runs it; older modules run themselves
+        engine = importlib.import_module(getattr(module, "ENGINE", args._module))
+        return int(engine.run(args) or 0)
     except PmlmError as exc:
         print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)
         return 2

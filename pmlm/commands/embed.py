@@ -1,0 +1,25 @@
+"""``pmlm embed MODEL FASTA -o OUT.parquet``: per-residue and per-sequence embeddings (see pmlm.inference.embedding)."""
+
+from __future__ import annotations
+
+import argparse
+
+ENGINE = "pmlm.inference.embedding"
+DEFAULT_TOKENS_PER_BATCH = 8192
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("OUT: one row per residue (id, position 1-based, residue, embedding list<float32>); the per-sequence "
+                "file: id, length, embedding (mean over the residues). Sequences longer than the model's window are "
+                "read as overlapping windows, each residue averaged over the windows holding it.")
+    p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
+    p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz; residues ACDEFGHIKLMNPQRSTVWY or X)")
+    p.add_argument("-o", "--out", required=True, metavar="OUT.parquet", help="per-residue embeddings")
+    p.add_argument("--per-sequence", metavar="PATH.parquet",
+                   help="per-sequence means (default: OUT with .per_sequence.parquet)")
+    p.add_argument("--layer", type=int, default=-1,
+                   help="0 = token embeddings, k = output of layer k, -1 (default) = the final output after the "
+                        "last LayerNorm; negative values count from the end")
+    p.add_argument("--tokens-per-batch", type=int, default=DEFAULT_TOKENS_PER_BATCH,
+                   help="token budget of a forward pass: rows x padded width (default %(default)s)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

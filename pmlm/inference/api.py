@@ -1,0 +1,78 @@
+"""``pmlm.load(path)``: a trained encoder (or a fine-tuned contact head with its encoder) as one object with
+``embed``, ``contacts`` and ``score``, the same computations as ``pmlm embed``, ``pmlm contacts`` and
+``pmlm score``. Sequences are given as strings of residue letters (``ACDEFGHIKLMNPQRSTVWY`` or X); a head's
+encoder is found relative to the head's folder, as the head records it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pmlm.artefacts import read_encoder_info
+from pmlm.commands.embed import DEFAULT_TOKENS_PER_BATCH
+from pmlm.errors import ConfigError
+from pmlm.inference.contact_maps import head_map, readout_map
+from pmlm.inference.embedding import embed_residues, layer_index
+from pmlm.inference.loading import check_sequence, is_head, load_contact_head, load_encoder, pick_device
+from pmlm.inference.mutations import parse_mutant, score_mutants
+
+
+class TrainedModel:
+    """A loaded encoder; ``head`` (a contact TaskModel) when loaded from a fine-tuned contact head."""
+
+    def __init__(self, encoder, info: dict, path: Path, device: torch.device, head=None):
+        self.encoder, self.info, self.path, self.device, self.head = encoder, info, path, device, head
+
+    def __repr__(self) -> str:
+        cfg = self.encoder.cfg
+        return (f"TrainedModel({self.path}, {self.info['objective']['name']}, {cfg.num_layers} x {cfg.hidden}, "
+                f"window {cfg.max_len - 2}{', contact head' if self.head is not None else ''})")
+
+    def _residues(self, sequence: str, what: str = "sequence") -> np.ndarray:
+        return check_sequence(f"<{what}>", what, sequence, None)
+
+    def embed(self, sequences: str | list[str], *, layer: int = -1, mean: bool = False,
+              tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH):
+        """(L, C) float32 per-residue embeddings of a sequence (a list of them for a list), or the (C,) mean
+        over residues with ``mean=True``; ``layer`` as ``pmlm embed --layer``."""
+        single = isinstance(sequences, str)
+        seqs = [sequences] if single else list(sequences)
+        residues = [self._residues(s, f"sequence {k}") for k, s in enumerate(seqs)]
+        out = embed_residues(self.encoder, residues, layer=layer_index(layer, self.encoder.cfg.num_layers),
+                             tokens_per_batch=tokens_per_batch, device=self.device)
+        if mean:
+            out = [e.mean(axis=0, dtype=np.float64).astype(np.float32) for e in out]
+        return out[0] if single else out
+
+    def contacts(self, sequence: str) -> np.ndarray:
+        """(L, L) contact probabilities from the contact head, or the pair head's read-out without one
+        (see ``pmlm contacts``); NaN for pairs no window holds."""
+        residues = self._residues(sequence)
+        if self.head is not None:
+            return head_map(self.head, residues, self.device)
+        if self.encoder.pair_head is None:
+            raise ConfigError(f"{self.path}: an encoder without a pair head has no contact read-out; "
+                              "load a fine-tuned contact head instead")
+        return readout_map(self.encoder, residues, self.device)
+
+    def score(self, sequence: str, mutants: list[str], *, double: str = "auto") -> list[dict]:
+        """One dict per mutant (``A23G`` or ``A23G:L40P``, 1-based): mutant, kind, score, additive, epistasis,
+        double_from (see ``pmlm score``)."""
+        residues = self._residues(sequence)
+        parsed = [parse_mutant(m, sequence, "<mutants>", k + 1) for k, m in enumerate(mutants)]
+        return score_mutants(self.encoder, residues, parsed, double=double, device=self.device, path="<mutants>",
+                             model_name=str(self.path))
+
+
+def load(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
+    """An encoder (model.safetensors or its folder) or a contact head (head.safetensors or its folder)."""
+    dev = pick_device(device)
+    if is_head(path):
+        head, head_path, encoder_path = load_contact_head(path, None, dev)
+        return TrainedModel(head.encoder, read_encoder_info(encoder_path), head_path, dev, head)
+    encoder, info, weights = load_encoder(path, dev)
+    return TrainedModel(encoder, info, weights, dev)
+

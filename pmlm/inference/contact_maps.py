@@ -1,0 +1,190 @@
+"""``pmlm contacts``: a contact map per FASTA sequence, from a fine-tuned contact head or, without one, from the
+pair head's unsupervised read-out.
+
+* ``--head``: the head's contact probability, sigmoid of its (symmetrised) logit, for every pair.
+* no head: the read-out of ``pmlm evaluate --head pair-kl``: KL(P(x_i) P(x_j) || P(x_i, x_j)) of the pair
+  head's joint on the unmasked sequence, symmetrised, with average-product correction. A ranking score,
+  not a probability (it can be negative after APC).
+
+Sequences longer than the window are read as overlapping windows (``pmlm.tokens.window_starts``) and a
+pair's value is the mean over the windows that hold both residues (``WindowMean``, per window after APC);
+a pair no window holds (farther apart than about half a window) has no value: NaN in the NPZ, ``nan`` in
+the TSV, ranked last.
+
+Out folder (written under a temporary name, renamed at the end), per sequence ``NAME`` (its id, characters
+other than letters, digits, ``._-`` replaced by ``_``): ``NAME.tsv`` with every pair i < j, 1-based, by
+score (highest first): ``i j residue_i residue_j score`` (+ ``contact`` 1/0, empty where unresolved, with
+``--structure``); ``NAME.npz`` with ``scores`` (L, L) float32, ``sequence``, ``id``, ``score_kind``; with
+``--png`` ``NAME.png``: the map, and with ``--structure`` the true contacts in the lower triangle against
+the predicted top L pairs in the upper one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.metrics import contact_precision
+from pmlm.finetune.evaluate import unsupervised_contact_scores
+from pmlm.inference.loading import Sequence, load_contact_head, load_encoder, pick_device, read_sequences
+from pmlm.progress import Progress
+from pmlm.tasks.structures import CONTACT_ATOMS, CONTACT_THRESHOLD, read_structure_jsonl
+from pmlm.tokens import WindowMean, batch_tokens, max_residues, window_starts
+from pmlm.utils import atomic_output
+
+PROBABILITY, READOUT = "probability", "pair_kl_apc"
+LONG_RANGE = 24  # |i - j| of the precision printed with --structure (the paper's long range, P@L/5)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@torch.no_grad()
+def head_map(task_model, residues: np.ndarray, device: torch.device) -> np.ndarray:
+    """(L, L) contact probabilities of a contact TaskModel, windows averaged."""
+    room = max_residues(task_model.encoder.cfg.max_len)
+    length = int(residues.size)
+    mean = WindowMean(length, pairs=True)
+    for start in window_starts(length, room):
+        rows = batch_tokens([residues], [start], max_residues=room)
+        n = int(rows.lengths[0])
+        mask = torch.ones(1, n, dtype=torch.bool, device=device)
+        logits = task_model(torch.from_numpy(rows.tokens).to(device), mask)[0]  # (n, n)
+        mean.add(start, torch.sigmoid(logits.float()).double().cpu().numpy())
+    return mean.mean()
+
+
+@torch.no_grad()
+def readout_map(model, residues: np.ndarray, device: torch.device) -> np.ndarray:
+    """(L, L) unsupervised contact scores of the pair head (APC per window), windows averaged."""
+    room = max_residues(model.cfg.max_len)
+    length = int(residues.size)
+    mean = WindowMean(length, pairs=True)
+    for start in window_starts(length, room):
+        window = residues[start:start + room]
+        mean.add(start, unsupervised_contact_scores(model, window, "kl", device=device))
+    return mean.mean()
+
+
+def file_names(records: list[Sequence], fasta: str) -> list[str]:
+    names, seen = [], {}
+    for r in records:
+        name = _UNSAFE.sub("_", r.id)
+        if name in seen:
+            raise InputError(fasta, f"ids {seen[name]!r} and {r.id!r} give the same file name {name!r}", line=r.line)
+        seen[name] = r.id
+        names.append(name)
+    return names
+
+
+def true_contacts(path: str | None, records: list[Sequence]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{sequence id: (contacts, valid)} for the FASTA records found in a structure JSONL (by ``id_chain`` or
+    ``id``, with the same sequence); C-beta, 8 A."""
+    if path is None:
+        return {}
+    wanted = {r.id: r for r in records}
+    found = {}
+    for record in read_structure_jsonl(path):
+        for key in (record.name, record.id):
+            if key in wanted and key not in found:
+                if record.seq != wanted[key].letters:
+                    raise InputError(path, f"{record.name}: sequence differs from FASTA record {key!r}")
+                found[key] = record.contacts(CONTACT_ATOMS["structure_jsonl"], CONTACT_THRESHOLD)
+    return found
+
+
+def write_tsv(path: str, record: Sequence, scores: np.ndarray, truth) -> None:
+    i, j = np.triu_indices(len(record.letters), k=1)
+    values = scores[i, j]
+    order = np.lexsort((j, i, np.where(np.isnan(values), np.inf, -values)))  # highest first, NaN last
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+        writer.writerow(["i", "j", "residue_i", "residue_j", "score"] + (["contact"] if truth else []))
+        for k in order:
+            a, b = int(i[k]), int(j[k])
+            row = [a + 1, b + 1, record.letters[a], record.letters[b], repr(float(values[k]))]
+            if truth:
+                contacts, valid = truth
+                row.append(int(contacts[a, b]) if valid[a, b] else "")
+            writer.writerow(row)
+
+
+def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) -> None:
+    # here, not at the top: matplotlib is needed only with --png (the GPU image may lack it)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    length = len(record.letters)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    if truth is None:
+        image = ax.imshow(scores, cmap="Blues", origin="upper")
+        fig.colorbar(image, ax=ax, shrink=0.8, label=kind)
+        ax.set_title(f"{record.id} (L = {length})")
+    else:
+        contacts, valid = truth
+        ti, tj = np.nonzero(np.tril(contacts & valid, k=-6))
+        ax.scatter(tj, ti, s=4, c="0.6", marker="s", label="true (lower)")
+        i, j = np.triu_indices(length, k=6)
+        values = np.where(np.isnan(scores[i, j]), -np.inf, scores[i, j])
+        top = np.argsort(-values, kind="stable")[:length]
+        hit = contacts[i[top], j[top]] & valid[i[top], j[top]]
+        ax.scatter(j[top][hit], i[top][hit], s=6, c="tab:blue", label="top-L predicted, true")
+        ax.scatter(j[top][~hit], i[top][~hit], s=6, c="tab:red", label="top-L predicted, false")
+        ax.set_xlim(-0.5, length - 0.5)
+        ax.set_ylim(length - 0.5, -0.5)
+        ax.set_aspect("equal")
+        ax.legend(loc="lower left", fontsize=7, framealpha=0.8)
+        ax.set_title(f"{record.id}: predicted (upper) vs true (lower), |i-j| >= 6")
+    ax.set_xlabel("residue j")
+    ax.set_ylabel("residue i")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = pick_device(args.device)
+    if args.head is not None:
+        task_model, _, _ = load_contact_head(args.head, args.model, device)
+        kind = PROBABILITY
+
+        def compute(residues):
+            return head_map(task_model, residues, device)
+    else:
+        model, info, weights = load_encoder(args.model, device)
+        if model.pair_head is None:
+            raise ConfigError(f"{weights}: this encoder has no pair head (objective {info['objective']['name']}); "
+                              "pass --head with a fine-tuned contact head")
+        kind = READOUT
+
+        def compute(residues):
+            return readout_map(model, residues, device)
+    records = read_sequences(args.fasta)
+    names = file_names(records, args.fasta)
+    truth = true_contacts(args.structure, records)
+    with atomic_output(args.out, directory=True) as tmp, \
+            Progress("pmlm contacts", len(records), unit="sequences") as progress:
+        for record, name in zip(records, names):
+            scores = compute(record.residues)
+            known = truth.get(record.id)
+            write_tsv(str(Path(tmp) / f"{name}.tsv"), record, scores, known)
+            np.savez(Path(tmp) / f"{name}.npz", scores=scores.astype(np.float32), sequence=np.array(record.letters),
+                     id=np.array(record.id), score_kind=np.array(kind))
+            if args.png:
+                plot_map(str(Path(tmp) / f"{name}.png"), record, scores, known, kind)
+            if known is not None:
+                precision = contact_precision(np.nan_to_num(scores, nan=-np.inf), *known, min_sep=LONG_RANGE,
+                                              k_divisor=5)
+                print(f"pmlm contacts: {record.id}: P@L/5 long range {precision:.3f}", file=sys.stderr)
+            progress.advance()
+    missing = sum(r.id not in truth for r in records) if args.structure else 0
+    note = f"; {missing} without a structure in {args.structure}" if missing else ""
+    print(f"pmlm contacts: {len(records)} sequences ({kind}) -> {args.out}{note}", file=sys.stderr)
+    return 0

@@ -1,0 +1,225 @@
+"""``pmlm embed``: per-residue and per-sequence (mean over residues) embeddings of a FASTA file, as Parquet.
+
+Layers (``--layer``, as ESM's extract counts them): 0 is the token embedding plus positions, k in
+1..num_layers the output of layer k; the last one, num_layers (also -1, the default), is the encoder's
+output after its final LayerNorm, what the heads read. Negative values count from the end.
+
+Windows: a sequence longer than the model's window (max_len - 2 residues) is read as overlapping windows
+(``pmlm.tokens.window_starts``: half a window apart, the last one flush with the end) and each residue's
+embedding is the mean over the windows that hold it (``pmlm.tokens.WindowMean``). Windows are batched
+by a token budget: rows x padded width <= ``--tokens-per-batch``, longest first within a chunk of the
+input, so padding stays small; rows come out in input order.
+
+Outputs (written under temporary names, renamed at the end):
+
+* ``OUT`` (one row per residue): ``id`` string, ``position`` int32 (1-based), ``residue`` string,
+  ``embedding`` list<float32> (C values);
+* ``--per-sequence`` (default ``OUT`` with ``.per_sequence.parquet``): ``id``, ``length`` int32,
+  ``embedding`` list<float32>, the mean of the sequence's residue embeddings.
+
+Both carry the settings (model sha256, layer, window) as JSON under the schema metadata key ``pmlm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pmlm.errors import ConfigError
+from pmlm.inference.loading import Sequence, load_encoder, pick_device, read_sequences
+from pmlm.model.pmlm_model import PMLMModel
+from pmlm.progress import Progress
+from pmlm.tokens import RESIDUE_OFFSET, WindowMean, batch_tokens, max_residues, padded_width, window_starts
+from pmlm.utils import atomic_output, file_digest, versions
+
+# windows planned and batched together: enough batches that sorting by length pays, few enough that the
+# chunk's embeddings stay small in memory before they are written
+CHUNK_BATCHES = 16
+PER_SEQUENCE_SUFFIX = ".per_sequence.parquet"
+
+
+@dataclass(frozen=True)
+class Window:
+    seq: int  # index of the sequence in its chunk
+    start: int  # first residue
+    length: int  # residues
+
+
+class _Reached(Exception):
+    """Raised by the forward hook once the requested layer has run: the layers above it are not needed."""
+
+    def __init__(self, output: torch.Tensor):
+        self.output = output
+
+
+def layer_index(layer: int, num_layers: int) -> int:
+    """``--layer`` (negative counts from the end) -> 0..num_layers."""
+    if not -(num_layers + 1) <= layer <= num_layers:
+        raise ConfigError(f"--layer must be in [{-(num_layers + 1)}, {num_layers}] for this {num_layers}-layer "
+                          f"encoder, got {layer}")
+    return layer % (num_layers + 1)
+
+
+def representations(model: PMLMModel, tokens: torch.Tensor, layer: int) -> torch.Tensor:
+    """(B, T) token ids -> (B, T, C) representations after ``layer`` (0..num_layers, see the module docstring)."""
+    encoder = model.encoder
+    if layer == model.cfg.num_layers:
+        return model.encode(tokens)
+    module = encoder.dropout if layer == 0 else encoder.layers[layer - 1]
+
+    def hook(_module, _inputs, output):
+        raise _Reached(output)
+
+    handle = module.register_forward_hook(hook)
+    layout = encoder.attention
+    encoder.attention = "padded"  # the packed layout would hand the hook (tokens, C) rows, not (B, T, C)
+    try:
+        model.encode(tokens)
+    except _Reached as reached:
+        return reached.output
+    finally:
+        handle.remove()
+        encoder.attention = layout
+    raise RuntimeError("the forward pass did not reach the requested layer")
+
+
+def plan_windows(lengths: list[int], room: int) -> list[Window]:
+    return [Window(k, start, min(room, n - start)) for k, n in enumerate(lengths) for start in window_starts(n, room)]
+
+
+def plan_batches(windows: list[Window], tokens_per_batch: int) -> list[list[Window]]:
+    """Longest first; a batch's rows x padded width stays within the budget (one row at least)."""
+    batches: list[list[Window]] = []
+    for w in sorted(windows, key=lambda w: -w.length):
+        if batches and (len(batches[-1]) + 1) * padded_width(batches[-1][0].length) <= tokens_per_batch:
+            batches[-1].append(w)
+        else:
+            batches.append([w])
+    return batches
+
+
+def batch_inputs(batch: list[Window], sequences: list[np.ndarray], room: int) -> torch.Tensor:
+    """(B, T) int64 token rows of the batch's windows."""
+    rows = batch_tokens([sequences[w.seq] for w in batch], [w.start for w in batch], max_residues=room)
+    return torch.from_numpy(rows.tokens)
+
+
+@torch.no_grad()
+def embed_residues(model: PMLMModel, sequences: list[np.ndarray], *, layer: int, tokens_per_batch: int,
+                   device: torch.device, on_batch=None) -> list[np.ndarray]:
+    """(L, C) float32 embeddings of each sequence (token ids, no specials), windows averaged."""
+    room = max_residues(model.cfg.max_len)
+    lengths = [int(s.size) for s in sequences]
+    windows = plan_windows(lengths, room)
+    out: list[np.ndarray | None] = [None] * len(sequences)
+    means = {k: WindowMean(n, (model.cfg.hidden,)) for k, n in enumerate(lengths) if n > room}
+    for batch in plan_batches(windows, tokens_per_batch):
+        reps = representations(model, batch_inputs(batch, sequences, room).to(device), layer)
+        reps = reps.float().cpu().numpy()  # (B, T, C)
+        for row, w in enumerate(batch):
+            values = reps[row, RESIDUE_OFFSET:RESIDUE_OFFSET + w.length]  # (n, C)
+            if w.seq in means:
+                means[w.seq].add(w.start, values)
+            else:
+                out[w.seq] = values
+        if on_batch is not None:
+            on_batch(batch)
+    for k, mean in means.items():
+        out[k] = mean.mean().astype(np.float32)
+    return out
+
+
+def _vectors(values: np.ndarray) -> pa.Array:
+    """(N, C) float32 -> list<float32> array of N rows (offsets over the flat values, no per-row objects)."""
+    n, c = values.shape
+    offsets = pa.array(np.arange(0, (n + 1) * c, c, dtype=np.int32))  # chunks stay below 2**31 values
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1)))
+
+
+def residue_table(records: list[Sequence], embeddings: list[np.ndarray]) -> pa.Table:
+    ids = np.repeat(np.array([r.id for r in records], dtype=object), [len(r.letters) for r in records])
+    positions = np.concatenate([np.arange(1, len(r.letters) + 1, dtype=np.int32) for r in records])
+    residues = [c for r in records for c in r.letters]
+    return pa.table({"id": pa.array(ids, pa.string()), "position": pa.array(positions, pa.int32()),
+                     "residue": pa.array(residues, pa.string()), "embedding": _vectors(np.concatenate(embeddings))})
+
+
+def sequence_table(records: list[Sequence], embeddings: list[np.ndarray]) -> pa.Table:
+    means = np.stack([e.mean(axis=0, dtype=np.float64) for e in embeddings]).astype(np.float32)
+    return pa.table({"id": pa.array([r.id for r in records], pa.string()),
+                     "length": pa.array([len(r.letters) for r in records], pa.int32()), "embedding": _vectors(means)})
+
+
+def schema(hidden: int, settings: dict) -> tuple[pa.Schema, pa.Schema]:
+    meta = {b"pmlm": json.dumps(settings).encode()}
+    vec = pa.field("embedding", pa.list_(pa.float32()))
+    residues = pa.schema([("id", pa.string()), ("position", pa.int32()), ("residue", pa.string()), vec], metadata=meta)
+    per_sequence = pa.schema([("id", pa.string()), ("length", pa.int32()), vec], metadata=meta)
+    return residues, per_sequence
+
+
+def chunks(records: list[Sequence], residues_per_chunk: int):
+    """Consecutive runs of records of about ``residues_per_chunk`` residues each."""
+    start, total = 0, 0
+    for k, record in enumerate(records):
+        total += len(record.letters)
+        if total >= residues_per_chunk:
+            yield records[start:k + 1]
+            start, total = k + 1, 0
+    if start < len(records):
+        yield records[start:]
+
+
+def default_per_sequence(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".parquet") + PER_SEQUENCE_SUFFIX)
+
+
+def write_embeddings(model: PMLMModel, records: list[Sequence], out: Path, per_sequence: Path, *, layer: int,
+                     tokens_per_batch: int, device: torch.device, settings: dict) -> None:
+    residue_schema, sequence_schema = schema(model.cfg.hidden, settings)
+    label = "pmlm embed"
+    with Progress(label, len(records), unit="sequences", rates=("residues",)) as progress, \
+            atomic_output(out) as tmp_out, atomic_output(per_sequence) as tmp_seq, \
+            pq.ParquetWriter(tmp_out, residue_schema, compression={"id": "zstd", "position": "zstd",
+                                                                   "residue": "zstd", "embedding": "none"}) as rw, \
+            pq.ParquetWriter(tmp_seq, sequence_schema, compression="zstd") as sw:
+        done_residues = 0
+        # int32 list offsets: a chunk holds fewer than 2**31 embedding values
+        residues_per_chunk = max(1, min(CHUNK_BATCHES * tokens_per_batch, (2**31 - 1) // (2 * model.cfg.hidden)))
+        for chunk in chunks(records, residues_per_chunk):
+            embeddings = embed_residues(model, [r.residues for r in chunk], layer=layer,
+                                        tokens_per_batch=tokens_per_batch, device=device)
+            rw.write_table(residue_table(chunk, embeddings).cast(residue_schema))
+            sw.write_table(sequence_table(chunk, embeddings).cast(sequence_schema))
+            done_residues += sum(len(r.letters) for r in chunk)
+            progress.advance(len(chunk), residues=done_residues)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.tokens_per_batch < 1:
+        raise ConfigError(f"--tokens-per-batch must be >= 1, got {args.tokens_per_batch}")
+    device = pick_device(args.device)
+    model, info, weights = load_encoder(args.model, device)
+    layer = layer_index(args.layer, model.cfg.num_layers)
+    records = read_sequences(args.fasta)  # all checked before anything is computed
+    out = Path(args.out)
+    per_sequence = Path(args.per_sequence) if args.per_sequence else default_per_sequence(out)
+    if per_sequence.resolve() == out.resolve():
+        raise ConfigError("--per-sequence must differ from -o")
+    settings = {"model": str(weights), "model_sha256": file_digest(weights), "objective": info["objective"]["name"],
+                "layer": layer, "num_layers": model.cfg.num_layers, "window": max_residues(model.cfg.max_len),
+                "window_stride": max_residues(model.cfg.max_len) // 2, "pmlm_version": versions()["pmlm"]}
+    write_embeddings(model, records, out, per_sequence, layer=layer, tokens_per_batch=args.tokens_per_batch,
+                     device=device, settings=settings)
+    print(f"pmlm embed: {len(records)} sequences, {sum(len(r.letters) for r in records):,} residues, layer {layer} "
+          f"of {model.cfg.num_layers} -> {out}, {per_sequence}", file=sys.stderr)
+    return 0

@@ -1,0 +1,248 @@
+"""``pmlm score``: single and double mutant scores of one sequence.
+
+* single ``A23G`` (1-based position, wild type first): the masked marginal, log P(G) - log P(A) at site 23
+  with that site set to ``<mask>`` (ESM-1v's masked-marginal score), from the token head (a pair-only model
+  takes the marginal of the pair head's diagonal, as its objective trains it);
+* double ``A23G:L40P`` from the pair head (``double_from = pair_joint``): both sites masked, the pair head's
+  joint over residue classes at (23, 40), log P(G, P) - log P(A, L). ``epistasis`` is that minus the sum of
+  the two single scores: how far the pair departs from independent effects;
+* double on an encoder without a pair head (MLM), or with ``--double additive``: the sum of the two single
+  scores (``double_from = additive``, epistasis 0 by construction).
+
+Sites are read in a window of the model's size centred on them (both sites of a double in one window; a
+double whose sites are farther apart than the window has no joint and is an error). Sites sharing a masked
+input share its forward pass.
+
+Mutations CSV: a header row with a ``mutant`` column (the ProteinGym / ESM variant-prediction convention;
+``mutation`` is accepted too), one mutant per row, other columns ignored. Output TSV, one row per input row
+in input order: ``mutant``, ``kind`` (single | double), ``score``, ``additive`` (sum of the single scores),
+``epistasis`` (doubles: score - additive), ``double_from`` (doubles: pair_joint | additive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pmlm import alphabet
+from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.pair_readout import residue_joint
+from pmlm.inference.loading import load_encoder, pick_device, read_sequences
+from pmlm.model.pmlm_model import PMLMModel
+from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
+from pmlm.utils import atomic_output
+
+MUTANT_COLUMNS = ("mutant", "mutation")
+DOUBLE_MODES = ("auto", "pair", "additive")
+PAIR_JOINT, ADDITIVE = "pair_joint", "additive"
+OUT_COLUMNS = ("mutant", "kind", "score", "additive", "epistasis", "double_from")
+ROWS_PER_PASS = 32  # masked copies of the sequence per forward pass
+_SITE = re.compile(r"^([A-Z])([0-9]+)([A-Z])$")
+
+
+@dataclass(frozen=True)
+class Site:
+    pos: int  # 0-based residue index
+    wt: int  # residue class 0..19
+    mut: int
+
+
+@dataclass(frozen=True)
+class Mutant:
+    text: str
+    sites: tuple[Site, ...]  # one or two, sorted by position
+    line: int
+
+
+def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
+    """``A23G`` or ``A23G:L40P`` checked against the sequence ``letters``."""
+    parts = text.strip().split(":")
+    if len(parts) > 2:
+        raise InputError(path, f"{text!r}: only single and double mutants are scored", line=line)
+    sites = []
+    for part in parts:
+        match = _SITE.match(part.strip())
+        if match is None:
+            raise InputError(path, f"{text!r}: expected mutants like A23G or A23G:L40P", line=line)
+        wt, pos, mut = match.group(1), int(match.group(2)), match.group(3)
+        for letter in (wt, mut):
+            if letter not in alphabet.RESIDUES:
+                raise InputError(path, f"{text!r}: {letter!r} is not one of the 20 residues {alphabet.RESIDUES}",
+                                 line=line)
+        if not 1 <= pos <= len(letters):
+            raise InputError(path, f"{text!r}: position {pos} is outside the sequence (1..{len(letters)})", line=line)
+        if letters[pos - 1] != wt:
+            raise InputError(path, f"{text!r}: wild type {wt} does not match the sequence, which has "
+                                   f"{letters[pos - 1]} at {pos}", line=line)
+        sites.append(Site(pos - 1, alphabet.RESIDUES.index(wt), alphabet.RESIDUES.index(mut)))
+    if len(sites) == 2 and sites[0].pos == sites[1].pos:
+        raise InputError(path, f"{text!r}: both mutations are at position {sites[0].pos + 1}", line=line)
+    return Mutant(text.strip(), tuple(sorted(sites, key=lambda s: s.pos)), line)
+
+
+def read_mutants(path: str | Path, letters: str) -> list[Mutant]:
+    path = str(path)
+    if not Path(path).is_file():
+        raise InputError(path, "no such file")
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise InputError(path, "empty file (expected a header row with a 'mutant' column)", line=1)
+            names = [h.strip() for h in header]
+            column = next((names.index(c) for c in MUTANT_COLUMNS if c in names), None)
+            if column is None:
+                raise InputError(path, f"no 'mutant' column in the header {','.join(names)!r}", line=1)
+            out = []
+            for row in reader:
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    raise InputError(path, f"{len(row)} fields, the header has {len(header)}", line=reader.line_num)
+                if not row[column].strip():
+                    raise InputError(path, "empty mutant", line=reader.line_num)
+                out.append(parse_mutant(row[column], letters, path, reader.line_num))
+    except UnicodeDecodeError:
+        raise InputError(path, "not UTF-8 text") from None
+    except csv.Error as exc:
+        raise InputError(path, f"malformed CSV: {exc}") from None
+    if not out:
+        raise InputError(path, "no mutants after the header")
+    return out
+
+
+def window_start(length: int, room: int, positions: tuple[int, ...]) -> int:
+    """Start of the window of ``room`` residues centred on ``positions`` (clamped to the sequence)."""
+    centre = (min(positions) + max(positions)) // 2
+    return int(min(max(centre - room // 2, 0), max(length - room, 0)))
+
+
+def _masked_rows(residues: np.ndarray, room: int, site_sets: list[tuple[int, ...]]):
+    """Token rows (B, T), one per site set, the sites masked, and each site's token position (B, k)."""
+    starts = [window_start(residues.size, room, sites) for sites in site_sets]
+    rows = batch_tokens([residues] * len(site_sets), starts, max_residues=room)
+    tokens = torch.from_numpy(rows.tokens)
+    positions = torch.tensor([[p - s + RESIDUE_OFFSET for p in sites] for s, sites in zip(starts, site_sets)])
+    tokens[torch.arange(len(site_sets))[:, None], positions] = alphabet.MASK_ID
+    return tokens, positions
+
+
+@torch.no_grad()
+def site_log_probs(model: PMLMModel, residues: np.ndarray, positions: list[int], device) -> dict[int, np.ndarray]:
+    """{position: (20,) log P(x_i = a | sequence with site i masked)} (float64 numpy)."""
+    room = max_residues(model.cfg.max_len)
+    out = {}
+    for k in range(0, len(positions), ROWS_PER_PASS):
+        chunk = positions[k:k + ROWS_PER_PASS]
+        tokens, pos = _masked_rows(residues, room, [(p,) for p in chunk])
+        tokens, pos = tokens.to(device), pos[:, 0].to(device)
+        reps = model.encode(tokens)  # (B, T, C)
+        rows = torch.arange(len(chunk), device=device)
+        if model.token_head is not None:
+            log_p = torch.log_softmax(model.token_head(reps[rows, pos]).float(), dim=-1)  # (B, 20)
+        else:  # pair-only: the marginal of the diagonal pair (i, i)
+            logits, _ = model.pair_head(reps, torch.stack([rows, pos, pos], dim=1))
+            log_p = residue_joint(logits.float()).sum(dim=-1).log()  # (B, 20)
+        for p, values in zip(chunk, log_p.double().cpu().numpy()):
+            out[p] = values
+    return out
+
+
+@torch.no_grad()
+def pair_log_joints(model: PMLMModel, residues: np.ndarray, pairs: list[tuple[int, int]],
+                    device) -> dict[tuple[int, int], np.ndarray]:
+    """{(i, j): (20, 20) log P(x_i = a, x_j = b | sequence with i and j masked)}, i < j (float64 numpy).
+
+    The pair head's class of (a, b) is its row-major (x_i, x_j) class, which ``residue_joint`` reshapes to
+    [a, b] for either pair vocabulary, the head's size read from its logits."""
+    room = max_residues(model.cfg.max_len)
+    out = {}
+    for k in range(0, len(pairs), ROWS_PER_PASS):
+        chunk = pairs[k:k + ROWS_PER_PASS]
+        tokens, pos = _masked_rows(residues, room, chunk)
+        tokens, pos = tokens.to(device), pos.to(device)
+        reps = model.encode(tokens)  # (B, T, C)
+        rows = torch.arange(len(chunk), device=device)
+        logits, _ = model.pair_head(reps, torch.stack([rows, pos[:, 0], pos[:, 1]], dim=1))  # (B, K)
+        log_joint = residue_joint(logits.float()).double().log()  # (B, 20, 20)
+        for pair, values in zip(chunk, log_joint.cpu().numpy()):
+            out[pair] = values
+    return out
+
+
+def score_mutants(model: PMLMModel, residues: np.ndarray, mutants: list[Mutant], *, double: str = "auto",
+                  device="cpu", path: str = "mutations", model_name: str = "the encoder") -> list[dict]:
+    """One output row per mutant (the module docstring's columns); ``path`` and ``model_name`` name the mutant
+    file and the encoder in errors."""
+    if double not in DOUBLE_MODES:
+        raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
+    doubles = [m for m in mutants if len(m.sites) == 2]
+    use_pair = double == "pair" or (double == "auto" and model.pair_head is not None)
+    if doubles and use_pair and model.pair_head is None:
+        raise InputError(model_name, f"no pair head (an MLM model): the double mutants of {path} need the pair "
+                                     "head's joint (a PMLM model), or --double additive", line=None)
+    room = max_residues(model.cfg.max_len)
+    if use_pair:
+        for m in doubles:
+            i, j = m.sites[0].pos, m.sites[1].pos
+            if j - i >= room:
+                raise InputError(path, f"{m.text!r}: sites {i + 1} and {j + 1} do not fit in one window of {room} "
+                                       "residues, so the pair head has no joint for them (use --double additive)",
+                                 line=m.line)
+    singles = site_log_probs(model, residues, sorted({s.pos for m in mutants for s in m.sites}), device)
+    joints = pair_log_joints(model, residues, sorted({(m.sites[0].pos, m.sites[1].pos) for m in doubles}), device) \
+        if use_pair else {}
+    rows = []
+    for m in mutants:
+        effects = [float(singles[s.pos][s.mut] - singles[s.pos][s.wt]) for s in m.sites]
+        additive = sum(effects)
+        if len(m.sites) == 1:
+            rows.append({"mutant": m.text, "kind": "single", "score": additive, "additive": additive,
+                         "epistasis": None, "double_from": None})
+            continue
+        a, b = m.sites
+        if use_pair:
+            log_joint = joints[(a.pos, b.pos)]
+            score, source = float(log_joint[a.mut, b.mut] - log_joint[a.wt, b.wt]), PAIR_JOINT
+        else:
+            score, source = additive, ADDITIVE
+        rows.append({"mutant": m.text, "kind": "double", "score": score, "additive": additive,
+                     "epistasis": score - additive, "double_from": source})
+    return rows
+
+
+def write_scores(path: str | Path, rows: list[dict]) -> None:
+    with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+        writer.writerow(OUT_COLUMNS)
+        for row in rows:
+            writer.writerow(["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c]
+                             for c in OUT_COLUMNS])
+
+
+def run(args: argparse.Namespace) -> int:
+    device = pick_device(args.device)
+    model, info, weights = load_encoder(args.model, device)
+    records = read_sequences(args.sequence)
+    if len(records) != 1:
+        raise InputError(args.sequence, f"expected one sequence (the wild type), found {len(records)}",
+                         line=records[1].line)
+    wild = records[0]
+    mutants = read_mutants(args.mutations, wild.letters)
+    rows = score_mutants(model, wild.residues, mutants, double=args.double, device=device, path=args.mutations,
+                         model_name=str(weights))
+    write_scores(args.out, rows)
+    n_double = sum(r["kind"] == "double" for r in rows)
+    sources = sorted({r["double_from"] for r in rows if r["kind"] == "double"})
+    source = f" (double_from {', '.join(sources)})" if n_double else ""
+    print(f"pmlm score: {wild.id}: {len(rows) - n_double} single and {n_double} double mutants{source} -> {args.out}",
+          file=sys.stderr)
+    return 0
