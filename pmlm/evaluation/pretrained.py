@@ -27,7 +27,11 @@ def load_pretrained(weights: str | Path, device: str = "cpu") -> tuple[PMLMModel
     """Return (model in eval mode, info dict from the sidecar JSON); callers choose the grad mode."""
     info, state = read_encoder(weights)
     model = build_model(*encoder_configs(info, weights))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of other shapes than the sidecar's model has
+        first = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
+        raise InputError(weights, f"weights do not match the model in {sidecar_path(weights).name} ({first})") from None
     if missing or unexpected:
         raise InputError(weights, f"weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.to(device).eval()

@@ -1,0 +1,210 @@
+"""`pmlm score`: single mutants by masked marginal and double mutants from the pair head's joint, both against
+references computed by hand from the model's own logits (both pair vocabularies, pair classes labelled as the
+objective labels them); epistasis exactly zero for an MLM encoder; one-line refusals with no output."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import random_letters, tiny_encoder, write_fasta
+
+import pmlm
+from pmlm import alphabet
+from pmlm.cli import main
+from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.model.objectives import pair_labels
+from pmlm.tokens import batch_tokens
+
+# log-probabilities are fp32 softmaxes of logits of size ~10-100: differences agree to a few fp32 ulps of them
+ATOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    root = tmp_path_factory.mktemp("score")
+    wild = random_letters(14, seed=7)
+    return {
+        "pmlm": tiny_encoder(root / "pmlm" / "model.safetensors"),
+        "full": tiny_encoder(root / "full" / "model.safetensors", pair_vocab="full", seed=1),
+        "mlm": tiny_encoder(root / "mlm" / "model.safetensors", objective="mlm", seed=2),
+        "pair_only": tiny_encoder(root / "pair_only" / "model.safetensors", objective="pmlm_pair_only", seed=3),
+        "wild": wild,
+        "fasta": write_fasta(root / "wt.fasta", {"wt": wild}),
+        "root": root,
+    }
+
+
+def _mutants(wild: str) -> list[str]:
+    """Two singles, their double, a double listed with the later site first, a double with a wild-type
+    'mutation' (a no-op) and a double at adjacent sites."""
+    def site(pos: int, to: str) -> str:
+        return f"{wild[pos - 1]}{pos}{to}"
+
+    other = lambda pos: next(c for c in "AGWP" if c != wild[pos - 1])  # noqa: E731
+    a, b, c = site(3, other(3)), site(10, other(10)), site(11, other(11))
+    return [a, b, f"{a}:{b}", f"{b}:{a}", f"{a}:{site(10, wild[9])}", f"{b}:{c}"]
+
+
+def _write_csv(path, mutants: list[str]):
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["mutant", "DMS_score"])
+        writer.writerows([m, k] for k, m in enumerate(mutants))
+    return path
+
+
+def _read(path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+def _masked(wild: str, sites: list[int]) -> torch.Tensor:
+    tokens = torch.from_numpy(batch_tokens([alphabet.encode(wild)]).tokens)
+    tokens[0, [p + 1 for p in sites]] = alphabet.MASK_ID  # <cls> is token 0
+    return tokens
+
+
+def _single_reference(model, wild: str, pos: int, wt: str, mut: str) -> float:
+    with torch.no_grad():
+        logits = model(_masked(wild, [pos]))["logits"][0, pos + 1]  # (20,)
+    log_p = torch.log_softmax(logits.double(), dim=-1)
+    return float(log_p[alphabet.RESIDUES.index(mut)] - log_p[alphabet.RESIDUES.index(wt)])
+
+
+def _double_reference(model, wild: str, i: int, j: int, wt: tuple[str, str], mut: tuple[str, str]) -> float:
+    """log P(mut) - log P(wt) of the pair head's softmax over all its classes, the class of (a, b) at (i, j)
+    taken from the training labels."""
+    with torch.no_grad():
+        out = model(_masked(wild, [i, j]), pair_index=torch.tensor([[0, i + 1, j + 1]]))
+    log_p = torch.log_softmax(out["pair_logits"][0].double(), dim=-1)  # (K,)
+
+    def label(pair: tuple[str, str]) -> int:
+        targets = torch.full((1, len(wild) + 2), -100)
+        targets[0, i + 1], targets[0, j + 1] = (alphabet.RESIDUES.index(x) for x in pair)
+        return int(pair_labels(torch.tensor([[0, i + 1, j + 1]]), targets, model.cfg.pair_vocab)[0])
+
+    return float(log_p[label(mut)] - log_p[label(wt)])
+
+
+@pytest.mark.parametrize("encoder", ["pmlm", "full"])
+def test_scores_agree_with_a_brute_force_reference(tmp_path, case, encoder):
+    wild, mutants = case["wild"], _mutants(case["wild"])
+    out = tmp_path / "scores.tsv"
+    assert main(["score", str(case[encoder]), "--sequence", str(case["fasta"]), "--mutations",
+                 str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out), "--device", "cpu"]) == 0
+    rows = _read(out)
+    assert [r["mutant"] for r in rows] == mutants
+    model, _ = load_pretrained(case[encoder])
+    for row in rows:
+        sites = [(s[0], int(s[1:-1]) - 1, s[-1]) for s in row["mutant"].split(":")]
+        if len(sites) == 1:
+            (wt, pos, mut), = sites
+            assert row["kind"] == "single" and row["double_from"] == "" and row["epistasis"] == ""
+            assert float(row["score"]) == pytest.approx(_single_reference(model, wild, pos, wt, mut), abs=ATOL)
+            continue
+        (wi, i, mi), (wj, j, mj) = sorted(sites, key=lambda s: s[1])
+        want = _double_reference(model, wild, i, j, (wi, wj), (mi, mj))
+        assert row["kind"] == "double" and row["double_from"] == "pair_joint"
+        assert float(row["score"]) == pytest.approx(want, abs=ATOL)
+        additive = sum(_single_reference(model, wild, p, w, m) for w, p, m in sites)
+        assert float(row["additive"]) == pytest.approx(additive, abs=ATOL)
+        assert float(row["epistasis"]) == pytest.approx(want - additive, abs=2 * ATOL)
+    by = {r["mutant"]: r for r in rows}
+    a, b, ab, ba = mutants[:4]
+    assert by[ab]["score"] == by[ba]["score"]  # the order of listing does not change the pair
+    # the joint is not the product of its marginals: the epistasis term is informative
+    assert abs(float(by[ab]["epistasis"])) > 1e-3
+
+
+def test_epistasis_is_zero_for_an_mlm_encoder(tmp_path, case):
+    mutants = _mutants(case["wild"])
+    out = tmp_path / "scores.tsv"
+    assert main(["score", str(case["mlm"]), "--sequence", str(case["fasta"]), "--mutations",
+                 str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out)]) == 0
+    rows = {r["mutant"]: r for r in _read(out)}
+    for m in mutants:
+        row = rows[m]
+        if ":" in m:
+            first, second = m.split(":")
+            assert row["double_from"] == "additive" and float(row["epistasis"]) == 0.0
+            assert float(row["score"]) == float(row["additive"])
+            if first in rows and second in rows:
+                assert float(row["score"]) == pytest.approx(float(rows[first]["score"]) + float(rows[second]["score"]),
+                                                            rel=1e-12)
+    # a PMLM encoder asked for the additive score says so too
+    pmlm_rows = pmlm.load(case["pmlm"]).score(case["wild"], mutants, double="additive")
+    assert all(r["epistasis"] == 0.0 and r["double_from"] == "additive" for r in pmlm_rows if r["kind"] == "double")
+
+
+def test_pair_only_singles_and_the_python_api(case):
+    model = pmlm.load(case["pair_only"])
+    rows = model.score(case["wild"], _mutants(case["wild"]))
+    assert {r["double_from"] for r in rows if r["kind"] == "double"} == {"pair_joint"}
+    assert all(np.isfinite(r["score"]) for r in rows)
+    api = pmlm.load(case["pmlm"]).score(case["wild"], _mutants(case["wild"])[:3])
+    assert [r["kind"] for r in api] == ["single", "single", "double"]
+
+
+@pytest.mark.parametrize("problem", ["wild_type", "outside", "no_column", "malformed", "triple", "not_a_residue",
+                                     "same_site", "mlm_pair", "two_records", "far_apart", "missing_model"])
+def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
+    wild = case["wild"]
+    first = f"{wild[0]}1A"
+    fasta, model, extra = case["fasta"], case["pmlm"], []
+    lines = ["mutant,DMS", f"{first},0.1"]
+    if problem == "wild_type":
+        wrong = "C" if wild[4] != "C" else "D"
+        lines.append(f"{wrong}5A,0.2")
+        expected = f"m.csv:3: '{wrong}5A': wild type {wrong} does not match the sequence, which has {wild[4]} at 5"
+    elif problem == "outside":
+        lines.append("A15G,0.2")
+        expected = "m.csv:3: 'A15G': position 15 is outside the sequence (1..14)"
+    elif problem == "no_column":
+        lines = ["variant,DMS", f"{first},1"]
+        expected = "m.csv:1: no 'mutant' column"
+    elif problem == "malformed":
+        lines.append(f"{first};{wild[1]}2A,0.3")
+        expected = "m.csv:3: "
+    elif problem == "triple":
+        lines.append(f"{first}:{wild[1]}2A:{wild[2]}3A,0.3")
+        expected = "m.csv:3: " + repr(lines[-1].split(",")[0]) + ": only single and double mutants are scored"
+    elif problem == "not_a_residue":
+        lines.append(f"{wild[1]}2X,0.3")
+        expected = "m.csv:3: " + repr(f"{wild[1]}2X") + ": 'X' is not one of the 20 residues"
+    elif problem == "same_site":
+        lines.append(f"{first}:{wild[0]}1C,0.3")
+        expected = "m.csv:3: "
+    elif problem == "mlm_pair":
+        model, extra = case["mlm"], ["--double", "pair"]
+        lines.append(f"{first}:{wild[4]}5A,0.3")
+        expected = f"{case['mlm']}: no pair head (an MLM model)"
+    elif problem == "two_records":
+        fasta = write_fasta(tmp_path / "two.fasta", {"a": wild, "b": wild})
+        expected = f"{fasta}:3: expected one sequence (the wild type), found 2"
+    elif problem == "far_apart":
+        long_wild = random_letters(40, seed=9)
+        fasta = write_fasta(tmp_path / "long.fasta", {"wt": long_wild})
+        lines = ["mutant", f"{long_wild[0]}1A:{long_wild[39]}40A"]
+        expected = "m.csv:2: " + repr(lines[-1]) + ": sites 1 and 40 do not fit in one window of 16 residues"
+    else:
+        model = tmp_path / "missing" / "model.safetensors"
+        expected = f"{model}: no encoder weights here"
+    csv_path = tmp_path / "m.csv"
+    csv_path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out" / "scores.tsv"
+    assert main(["score", str(model), "--sequence", str(fasta), "--mutations", str(csv_path), "-o", str(out),
+                 *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("pmlm score: error: ") and expected in err, err
+    assert not out.parent.exists()
