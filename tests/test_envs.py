@@ -81,7 +81,9 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
         if module in seen:
             continue
         seen.add(module)
-        for name in _imports(module, module_level):
+        # the package root's functions are the Python API (pmlm.load), which no command calls: only what
+        # `import pmlm` itself runs counts
+        for name in _imports(module, module_level or module == "pmlm"):
             parts = name.split(".")
             if parts[0] == "pmlm":  # pmlm.a.b is a module, or a name inside module pmlm.a
                 prefixes = (".".join(parts[:k]) for k in range(len(parts), 0, -1))
@@ -178,3 +180,16 @@ def test_an_incomplete_or_loose_env_is_reported(tmp_path):
     assert "pmlm.yaml: numpy is not pinned exactly (name==version)" in problems
     assert "pmlm.yaml: pandas==1.5.3 is outside pyproject.toml's pandas>=2.1" in problems
     assert "pmlm.yaml lacks pytorch (imported by pmlm tables)" in problems
+
+
+def test_command_modules_import_no_engine():
+    """pmlm/commands/*: arguments only (standard library and light contracts), the engine named by ENGINE."""
+    import importlib
+
+    modules = [module for module, _ in SUBCOMMANDS.values() if module.startswith("pmlm.commands.")]
+    assert {"pmlm.commands.embed", "pmlm.commands.contacts", "pmlm.commands.score"} <= set(modules)
+    assert third_party_imports(modules, module_level=False) == set()
+    for module in modules:
+        engine = importlib.import_module(module).ENGINE
+        assert _module_file(engine) is not None, engine
+        assert "pytorch" in {CONDA_PACKAGE.get(n.split(".")[0]) for n in third_party_imports([engine], True)}

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pmlm import alphabet
-from pmlm.artefacts import sidecar_path
+from pmlm.artefacts import read_head_info, sidecar_path
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pretrained import load_pretrained
@@ -79,13 +79,15 @@ def load_contact_head(path: str | os.PathLike, encoder: str | os.PathLike | None
     head = artefact_file(path, HEAD_FILE)
     if not head.is_file():
         raise InputError(head, "no head weights here (head.safetensors with its head.json, written by pmlm finetune)")
+    config = read_head_info(head)["config"]
+    task = config.get("task") if isinstance(config, dict) else None
+    if task != "contact":
+        raise InputError(sidecar_path(head), f"a {task} head, not a contact head")
     override = None if encoder is None else artefact_file(encoder, ENCODER_FILE)
     try:
-        model, cfg, _, encoder_path = load_finetuned(head, override, device)
+        model, _, _, encoder_path = load_finetuned(head, override, device)
     except ConfigError as exc:
         raise InputError(sidecar_path(head), f"incompatible head description: {exc}") from None
-    if cfg.task != "contact":
-        raise InputError(sidecar_path(head), f"a {cfg.task} head, not a contact head")
     return model, head, Path(encoder_path)
 
 
