@@ -77,3 +77,12 @@ def test_pair_memory_step_share_on_cpu(tmp_path):
     share = json.loads(out.read_text())["step_share"]
     assert 0 < share["pair_loss_over_pmlm_step"] < 1
     assert share["tokens_per_step"] == 2 * 512 and share["bf16"] is False
+
+
+def test_embed_bench_smoke_run(capsys):
+    """bench_embed.py --quick: one round of `pmlm embed` and of the forward passes on its batches."""
+    embed = load("bench_embed")
+    assert embed.main(["--quick"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["bench"] == "embed" and result["batches"] >= 1 and len(result["rounds"]) == 1
+    assert result["ratio_embed_over_forward"] == result["rounds"][0]["ratio"] > 0
