@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 
-def load(path, device: str = "cpu"):
+def load(path, device: str = "cpu", *, encoder=None):
     """A trained encoder or contact head as an object with ``embed()``, ``contacts()`` and ``score()``
     (see ``pmlm.inference.api``).
 
@@ -12,4 +12,4 @@ def load(path, device: str = "cpu"):
     """
     from pmlm.inference.api import load as load_model
 
-    return load_model(path, device)
+    return load_model(path, device, encoder=encoder)

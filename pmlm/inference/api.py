@@ -13,10 +13,11 @@ import torch
 
 from pmlm.artefacts import read_encoder_info
 from pmlm.commands.embed import DEFAULT_TOKENS_PER_BATCH
-from pmlm.errors import ConfigError
+from pmlm import alphabet
+from pmlm.errors import ConfigError, InputError
 from pmlm.inference.contact_maps import head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
-from pmlm.inference.loading import check_sequence, is_head, load_contact_head, load_encoder, pick_device
+from pmlm.inference.loading import is_head, load_contact_head, load_encoder, pick_device
 from pmlm.inference.mutations import parse_mutant, score_mutants
 
 
@@ -32,7 +33,12 @@ class TrainedModel:
                 f"window {cfg.max_len - 2}{', contact head' if self.head is not None else ''})")
 
     def _residues(self, sequence: str, what: str = "sequence") -> np.ndarray:
-        return check_sequence(f"<{what}>", what, sequence, None)
+        if not sequence:
+            raise InputError(f"<{what}>", "empty sequence")
+        try:
+            return alphabet.encode(sequence)
+        except ValueError as exc:
+            raise InputError(f"<{what}>", f"{exc} (expected {alphabet.RESIDUES} or X)") from None
 
     def embed(self, sequences: str | list[str], *, layer: int = -1, mean: bool = False,
               tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH):
@@ -67,11 +73,13 @@ class TrainedModel:
                              model_name=str(self.path))
 
 
-def load(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
-    """An encoder (model.safetensors or its folder) or a contact head (head.safetensors or its folder)."""
+def load(path: str | os.PathLike, device: str = "cpu", *, encoder: str | os.PathLike | None = None) -> TrainedModel:
+    """An encoder (model.safetensors or its folder) or a contact head (head.safetensors or its folder);
+    ``encoder`` overrides the encoder a head records (heads written before paths were recorded relative to
+    the head's folder need it outside the folder they were made in); it is checked by sha256."""
     dev = pick_device(device)
     if is_head(path):
-        head, head_path, encoder_path = load_contact_head(path, None, dev)
+        head, head_path, encoder_path = load_contact_head(path, encoder, dev)
         return TrainedModel(head.encoder, read_encoder_info(encoder_path), head_path, dev, head)
     encoder, info, weights = load_encoder(path, dev)
     return TrainedModel(encoder, info, weights, dev)

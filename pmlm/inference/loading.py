@@ -74,8 +74,8 @@ def load_encoder(path: str | os.PathLike, device: torch.device) -> tuple[PMLMMod
 
 
 def load_contact_head(path: str | os.PathLike, encoder: str | os.PathLike | None, device: torch.device):
-    """(TaskModel, head path, encoder path) of a fine-tuned contact head; ``encoder`` overrides (and is checked against) the
-    encoder the head records, which is found relative to the head's folder."""
+    """(TaskModel, head path, encoder path) of a fine-tuned contact head; ``encoder`` overrides (and is checked
+    against) the encoder the head records, which is found relative to the head's folder."""
     head = artefact_file(path, HEAD_FILE)
     if not head.is_file():
         raise InputError(head, "no head weights here (head.safetensors with its head.json, written by pmlm finetune)")
