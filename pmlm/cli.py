@@ -1,7 +1,8 @@
 """Command-line entry point: ``pmlm <subcommand> ...`` (also ``python -m pmlm``).
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; only the chosen subcommand's module is imported, so ``pmlm fetch`` never
+``run(args) -> int`` (or, for the modules of ``pmlm/commands/``, ``ENGINE``: the module whose ``run``
+does the work); only the chosen subcommand's module is imported, so ``pmlm fetch`` never
 pays for torch and ``pmlm pretrain`` / ``finetune`` / ``evaluate`` run where the data stage's
 dependencies (Biopython, Snakemake) are not installed, e.g. on a bare GPU image.
 """

@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pmlm import __version__
 from pmlm.errors import ConfigError
 from pmlm.inference.loading import Sequence, load_encoder, pick_device, read_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.progress import Progress
 from pmlm.tokens import RESIDUE_OFFSET, WindowMean, batch_tokens, max_residues, padded_width, window_starts
-from pmlm.utils import atomic_output, file_digest, versions
+from pmlm.utils import atomic_output, file_digest
 
 # windows planned and batched together: enough batches that sorting by length pays, few enough that the
 # chunk's embeddings stay small in memory before they are written
@@ -158,7 +159,7 @@ def sequence_table(records: list[Sequence], embeddings: list[np.ndarray]) -> pa.
                      "length": pa.array([len(r.letters) for r in records], pa.int32()), "embedding": _vectors(means)})
 
 
-def schema(hidden: int, settings: dict) -> tuple[pa.Schema, pa.Schema]:
+def schema(settings: dict) -> tuple[pa.Schema, pa.Schema]:
     meta = {b"pmlm": json.dumps(settings).encode()}
     vec = pa.field("embedding", pa.list_(pa.float32()))
     residues = pa.schema([("id", pa.string()), ("position", pa.int32()), ("residue", pa.string()), vec], metadata=meta)
@@ -185,7 +186,7 @@ def default_per_sequence(out: str | Path) -> Path:
 
 def write_embeddings(model: PMLMModel, records: list[Sequence], out: Path, per_sequence: Path, *, layer: int,
                      tokens_per_batch: int, device: torch.device, settings: dict) -> None:
-    residue_schema, sequence_schema = schema(model.cfg.hidden, settings)
+    residue_schema, sequence_schema = schema(settings)
     label = "pmlm embed"
     with Progress(label, len(records), unit="sequences", rates=("residues",)) as progress, \
             atomic_output(out) as tmp_out, atomic_output(per_sequence) as tmp_seq, \
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--per-sequence must differ from -o")
     settings = {"model": str(weights), "model_sha256": file_digest(weights), "objective": info["objective"]["name"],
                 "layer": layer, "num_layers": model.cfg.num_layers, "window": max_residues(model.cfg.max_len),
-                "window_stride": max_residues(model.cfg.max_len) // 2, "pmlm_version": versions()["pmlm"]}
+                "window_stride": max_residues(model.cfg.max_len) // 2, "pmlm_version": __version__}
     write_embeddings(model, records, out, per_sequence, layer=layer, tokens_per_batch=args.tokens_per_batch,
                      device=device, settings=settings)
     print(f"pmlm embed: {len(records)} sequences, {sum(len(r.letters) for r in records):,} residues, layer {layer} "

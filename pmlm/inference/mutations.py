@@ -92,7 +92,7 @@ def read_mutants(path: str | Path, letters: str) -> list[Mutant]:
     if not Path(path).is_file():
         raise InputError(path, "no such file")
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # spreadsheets start CSVs with a BOM
             reader = csv.reader(fh)
             header = next(reader, None)
             if header is None:
