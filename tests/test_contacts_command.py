@@ -18,6 +18,7 @@ from test_finetune import recipe, write_structures
 from tiny_models import random_letters, tiny_encoder, write_fasta
 
 import pmlm
+import pmlm.errors
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.evaluation.pretrained import load_pretrained
@@ -115,6 +116,11 @@ def test_head_probabilities_and_a_moved_head(tmp_path, case):
     finally:
         os.chdir(here)
     assert loaded.head is not None and "contact head" in repr(loaded)
+    # the encoder named explicitly is checked against the head's record
+    named = pmlm.load(moved / "heads" / "contact", encoder=moved / "enc" / "pmlm")
+    np.testing.assert_array_equal(named.contacts(letters), loaded.contacts(letters))
+    with pytest.raises(pmlm.errors.InputError, match="the head was fine-tuned on an encoder with sha256"):
+        pmlm.load(moved / "heads" / "contact", encoder=case["mlm"])
     np.testing.assert_allclose(loaded.contacts(letters), want, rtol=1e-5, atol=1e-7)
     encoder = pmlm.load(moved / "enc" / "pmlm")
     assert encoder.head is None and encoder.contacts(letters).shape == (len(letters),) * 2
