@@ -10,6 +10,7 @@ its imports, those inside functions included (commands import their heavy depend
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 import tomllib
@@ -93,7 +94,10 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
 
 def packages_needed(command: str) -> set[str]:
     cli = ["pmlm.__main__", "pmlm.cli", *(module for module, _ in SUBCOMMANDS.values())]
-    names = third_party_imports(cli, module_level=True) | third_party_imports([SUBCOMMANDS[command][0]], False)
+    module = SUBCOMMANDS[command][0]
+    # a module of pmlm/commands/ names the engine that computes (pmlm.cli imports it after parsing)
+    roots = [module] + [e for e in [getattr(importlib.import_module(module), "ENGINE", None)] if e]
+    names = third_party_imports(cli, module_level=True) | third_party_imports(roots, False)
     needed = set()
     for name in names:
         prefixes = [".".join(name.split(".")[:k]) for k in range(name.count(".") + 1, 0, -1)]
