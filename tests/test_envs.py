@@ -95,8 +95,12 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
 def packages_needed(command: str) -> set[str]:
     cli = ["pmlm.__main__", "pmlm.cli", *(module for module, _ in SUBCOMMANDS.values())]
     module = SUBCOMMANDS[command][0]
-    # a module of pmlm/commands/ names the engine that computes (pmlm.cli imports it after parsing)
-    roots = [module] + [e for e in [getattr(importlib.import_module(module), "ENGINE", None)] if e]
+    # a module of pmlm/commands/ names the engine that computes (pmlm.cli imports it after parsing); an engine
+    # that dispatches to one module per item lists them in ITEM_ENGINES
+    roots = [module]
+    engine = getattr(importlib.import_module(module), "ENGINE", None)
+    if engine:
+        roots += [engine, *getattr(importlib.import_module(engine), "ITEM_ENGINES", {}).values()]
     names = third_party_imports(cli, module_level=True) | third_party_imports(roots, False)
     needed = set()
     for name in names:
@@ -166,6 +170,7 @@ def test_what_each_command_needs():
     assert {"numpy", "biopython", "python-isal"} <= packages_needed("split")  # pmlm.cli's own imports
     assert {"pytorch", "safetensors", "pyarrow", "tensorboard", "pyyaml"} <= packages_needed("pretrain")
     assert "pandas" in packages_needed("tables") and "matplotlib-base" in packages_needed("kl")
+    assert {"pytorch", "pandas", "matplotlib-base", "pyyaml"} <= packages_needed("report")  # through ITEM_ENGINES
     assert "pytorch" not in packages_needed("split") and "pytorch" not in packages_needed("fetch")
 
 

@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sep = sub.add_parser("separation", help="contact precision by separation range from evaluation TSVs")
     sep.add_argument("--result", action="append", required=True, metavar="TABLE=TSV",
                      help="an evaluation TSV and its table (as for `pmlm tables results`); non-contact ones are skipped")
-    sep.add_argument("--out-prefix", required=True, help="writes PREFIX.png / .svg and PREFIX.csv / .md / .tex / .html")
+    sep.add_argument("--out-prefix", required=True, help="writes the figure, PREFIX.png and PREFIX.svg")
+    sep.add_argument("--table-prefix", help="writes the table, PREFIX.csv / .md / .tex / .html (default: --out-prefix)")
 
     info = sub.add_parser("run-info", help="the run's configuration and software versions")
     info.add_argument("--config-json", required=True, help="the workflow's effective configuration as JSON")

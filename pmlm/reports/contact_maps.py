@@ -104,3 +104,7 @@ def write_contact_maps(head: str, encoder: str | None, test: str | Path, chains:
     maps = predicted_maps(head, encoder, test, chains)
     kind = f"pair-head read-out {head}" if head in PAIR_HEADS else "fine-tuned head, P(contact)"
     return plot(maps, f"{label}: {kind}", prefix)
+
+
+def run(args) -> list[Path]:
+    return write_contact_maps(args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix)

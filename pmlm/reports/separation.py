@@ -74,6 +74,17 @@ def plot(rows: list[dict], prefix: str | Path) -> list[Path]:
     return save_figure(fig, prefix)
 
 
-def write_precision_by_separation(kind_paths: list[tuple[str, str]], prefix: str | Path) -> list[Path]:
+def write_precision_by_separation(kind_paths: list[tuple[str, str]], figure_prefix: str | Path,
+                                  table_prefix: str | Path) -> list[Path]:
     rows = precision_rows(kind_paths)
-    return write_table_files(rows, prefix) + plot(rows, prefix)
+    return write_table_files(rows, table_prefix) + plot(rows, figure_prefix)
+
+
+def run(args) -> list[Path]:
+    pairs = []
+    for item in args.result:
+        kind, sep, path = item.partition("=")
+        if not sep:
+            raise InputError(item, "expected TABLE=TSV")
+        pairs.append((kind, path))
+    return write_precision_by_separation(pairs, args.out_prefix, args.table_prefix or args.out_prefix)
