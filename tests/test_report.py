@@ -190,3 +190,59 @@ def test_report_shows_each_table_once_and_the_figures(tmp_path):
     assert "contact_maps:" in run_info and f"run: {RUN}" in run_info
     categories = {s["category"] for s in shown}
     assert categories == {"Pre-training", "Downstream tasks", "Contact maps", "Run"}
+
+
+def test_metrics_log_keeps_the_last_row_of_a_step_logged_twice(tmp_path):
+    from pmlm.reports.curves import read_metrics
+
+    log = tmp_path / "metrics.csv"
+    # a run resumed from its step-2 checkpoint logs step 2 again
+    log.write_text("split,step,loss,l_mlm,l_pmlm,metric,value\ntrain,1,9.0,3.0,6.0,,\ntrain,2,8.0,2.9,5.1,,\n"
+                   "train,2,7.5,2.8,4.7,,\nvalid,2,,,,P@L/5_medium_long,0.25\n")
+    got = read_metrics(log)
+    assert got["train"]["loss"] == [(1, 9.0), (2, 7.5)]
+    assert got["valid"]["metric:P@L/5_medium_long"] == [(2, 0.25)]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["curves", "--kind", "pretrain", "--run", "a={tmp}/MISSING"], "MISSING: cannot read metrics log"),
+    (["curves", "--kind", "pretrain", "--run", "a"], "--run expects LABEL=PATH"),
+    (["curves", "--kind", "finetune", "--run", "a={tmp}/BAD"], "BAD:3: bad number"),
+    (["curves", "--kind", "finetune", "--run", "a={tmp}/NOCOLS"], "NOCOLS:1: not a metrics log: no column(s) step"),
+    (["separation", "--result", "secondary_structure={tmp}/SS3"], "no contact results among the given TSVs"),
+    (["run-info", "--config-json", "{{run: x"], "--config-json is not JSON"),
+    (["contact-maps", "--head", "pair-kl", "--test", "T", "--label", "x"], "--head pair-kl reads the encoder's pair head"),
+    (["contact-maps", "--head", "{tmp}/NOHEAD", "--test", "T", "--label", "x"], "NOHEAD: no such head file"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, expected):
+    (tmp_path / "BAD").write_text("split,step,loss\ntrain,1,0.5\ntrain,2,oops\n")
+    (tmp_path / "NOCOLS").write_text("split,loss\ntrain,0.5\n")
+    (tmp_path / "SS3").write_text("model\ttask\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
+                                  "M@d\tss3\tmlp\tencoder\tt\tQ3\t0.5\t3\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    prefix = tmp_path / "out" / "x"
+    assert main(["report", *argv, "--out-prefix", str(prefix)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("pmlm report: error:") and expected in err, err
+    assert not prefix.parent.exists() or not list(prefix.parent.iterdir())
+
+
+def test_contact_maps_refuse_an_encoder_without_a_pair_head(tmp_path, capsys):
+    from test_finetune import make_encoder
+
+    weights = make_encoder(tmp_path / "mlm" / "model.safetensors", objective="mlm")
+    test = write_structures(tmp_path / "test.jsonl", 2, seed=1)
+    assert main(["report", "contact-maps", "--head", "pair-kl", "--encoder", str(weights), "--test", str(test),
+                 "--label", "m", "--out-prefix", str(tmp_path / "maps")]) == 2
+    assert "has no pair head" in capsys.readouterr().err
+    assert not list(tmp_path.glob("maps*"))
+
+
+def test_contact_map_runs_must_exist_in_the_config():
+    from pmlm.errors import ConfigError
+    from pmlm.workflow_config import check_config
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["report"] = {"contact_maps": {"runs": ["ss3"]}}
+    with pytest.raises(ConfigError, match=r"config.report.contact_maps.runs\[0\]: 'ss3' is not a contact run"):
+        check_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml")

@@ -65,6 +65,8 @@ rule plot_contact_maps:
         prefix=lambda wildcards, output: os.path.splitext(output.png)[0],
     log:
         f"{LOGS}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
+    benchmark:
+        f"{BENCH}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
     wildcard_constraints:
         objective="mlm|pmlm|pmlm_pair_only",
         preset=r"[A-Za-z0-9_]+",
