@@ -97,6 +97,7 @@ def plot_finetune(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
             if key.startswith("metric:"):
                 metric_drawn |= _line(metric_ax, points, color=colour, linestyle="--", marker="o",
                                       label=f"{label}: {key[len('metric:'):]}")
+    loss_ax.set_yscale("log")  # cross-entropy of 3 classes and a contact map's binary loss differ ten-fold
     loss_ax.set_title("training loss", fontsize=10)
     loss_ax.set_xlabel("optimizer step")
     loss_ax.legend(fontsize=7)
