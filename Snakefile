@@ -1,6 +1,7 @@
 # pmlm: Pairwise Masked Language Model reproduction workflow.
 #   snakemake --cores 2                                   the embedded demo (config/config.yaml)
 #   snakemake --profile slurm --configfile config/paper.yaml   the paper, on a SLURM cluster (profiles/slurm)
+#   snakemake --report report.html                        tables, figures, configuration and versions in one page
 from snakemake.utils import min_version, validate
 from pmlm.workflow_config import check_config
 
@@ -12,11 +13,15 @@ check_config(config, workflow.source_path("workflow/schemas/config.schema.yaml")
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/coevolution.smk"
+include: "workflow/rules/report.smk"
 
 
 localrules:
@@ -31,6 +36,10 @@ localrules:
     downstream,
     report_coevolution,
     coevolution,
+    plot_pretrain_curves,
+    plot_finetune_curves,
+    plot_precision_by_separation,
+    record_run_info,
 
 
 rule all:
@@ -38,4 +47,5 @@ rule all:
         data_targets(),
         pretraining_targets(),
         downstream_targets(),
+        report_targets(),
     default_target: True

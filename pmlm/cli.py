@@ -28,7 +28,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("pmlm.train.cli", "pre-train an MLM or PMLM encoder from Parquet shards"),
     "launch": ("pmlm.train.launch", "run a command once per GPU across the nodes of a SLURM allocation (torchrun rendezvous from SLURM's environment)"),
     "kl": ("pmlm.evaluation.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),
-    "tables": ("pmlm.reports.cli", "assemble result tables (CSV, Markdown, LaTeX) with the paper's rows"),
+    "tables": ("pmlm.commands.tables", "assemble result tables (CSV, Markdown, LaTeX, HTML) with the paper's rows"),
+    "report": ("pmlm.commands.report", "figures and pages of the workflow report: training curves, contact maps, "
+                                       "precision by separation, run information"),
     "synth": ("pmlm.synth.cli", "sample synthetic protein families from Potts models with planted couplings"),
     "coevolution": ("pmlm.coevolution.evaluate", "planted-coupling read-outs of MLM vs PMLM encoders"),
     "finetune": ("pmlm.finetune.cli", "fine-tune a task head on a pre-trained encoder"),
@@ -73,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(args._module)
+    # pmlm/commands/<name>.py holds only the arguments; its ENGINE module computes
+    engine = importlib.import_module(getattr(module, "ENGINE", args._module))
     try:
-        # a command module names the engine that runs it; older modules run themselves
-        engine = importlib.import_module(getattr(module, "ENGINE", args._module))
         return int(engine.run(args) or 0)
     except PmlmError as exc:
         print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)

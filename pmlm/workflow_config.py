@@ -14,6 +14,9 @@ import yaml
 
 from pmlm.errors import ConfigError
 
+# finetune.runs.<name>.table values whose runs predict contacts
+CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
+
 
 def _where(path) -> str:
     return "config" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
@@ -88,6 +91,13 @@ def check_config(config: dict, schema_path: str | Path) -> None:
         for label, split in (unsupervised.get("tests") or {}).items():
             if split not in splits:
                 raise ConfigError(f"config.finetune.unsupervised.tests.{label}: no split {split!r}")
+    maps = ((config.get("report") or {}).get("contact_maps") or {}).get("runs") or []
+    contact_runs = {name for name, run in (finetune.get("runs") or {}).items() if run["table"] in CONTACT_TABLES}
+    drawable = contact_runs | {f"unsupervised-{r}" for r in unsupervised.get("readouts") or []}
+    for i, name in enumerate(maps):
+        if name not in drawable:
+            raise ConfigError(f"config.report.contact_maps.runs[{i}]: {name!r} is not a contact run or unsupervised "
+                              f"read-out of this config (have: {', '.join(sorted(drawable)) or 'none'})")
 
 
 def _splits(spec: dict) -> set[str]:

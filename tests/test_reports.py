@@ -23,7 +23,7 @@ def test_write_table_formats(tmp_path):
     rows = [{"source": "paper", "model": "A_1", "acc": 0.48, "loss": None},
             {"source": "ours", "model": "B", "acc": 0.1234, "loss": float("nan")}]
     cols = [Column("model", "model"), Column("acc", "Acc (%)", "{:.1f}", percent=True), Column("loss", "L", "{:.3f}")]
-    csv_path, md_path, tex_path = write_table(rows, cols, tmp_path / "t", caption="Scores & more")
+    csv_path, md_path, tex_path, html_path = write_table(rows, cols, tmp_path / "t", caption="Scores & more")
     with open(csv_path) as fh:
         got = list(csv.DictReader(fh))
     assert got[0] == {"source": "paper", "model": "A_1", "acc": "0.48", "loss": ""}
@@ -31,6 +31,9 @@ def test_write_table_formats(tmp_path):
     assert "| paper | A_1 | 48.0 | – |" in md and "| ours | B | 12.3 | – |" in md
     tex = tex_path.read_text()
     assert r"A\_1" in tex and r"Scores \& more" in tex and r"\midrule" in tex and "--" in tex
+    page = html_path.read_text()
+    assert "<caption>Scores &amp; more</caption>" in page
+    assert '<tr class="paper"><td>paper</td><td>A_1</td><td>48.0</td><td>–</td></tr>' in page
 
 
 def test_pretrain_scores_table_from_sidecars(tmp_path, capsys):

@@ -1,13 +1,18 @@
-"""``pmlm tables``: assemble result tables with the paper's reference rows beside ours."""
+"""``pmlm tables``: assemble result tables with the paper's reference rows beside ours (arguments in
+pmlm/commands/tables.py)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+import torch
 
 from pmlm.artefacts import read_encoder_info
 from pmlm.errors import InputError
+from pmlm.evaluation.pretrained import encoder_configs
+from pmlm.model.objectives import build_model
 from pmlm.reports import paper
+from pmlm.reports.results import write_all
 from pmlm.reports.tables import Column, write_table
 
 PRETRAIN_COLUMNS = [
@@ -25,12 +30,6 @@ PRETRAIN_COLUMNS = [
 
 def _params_label(info: dict, weights: str) -> str:
     """Parameter count of the described model, built on the meta device (no memory, no weights)."""
-    # a command module: pmlm.cli imports it to build the parser, so torch loads only when a table needs it
-    import torch
-
-    from pmlm.evaluation.pretrained import encoder_configs
-    from pmlm.model.objectives import build_model
-
     model_cfg, objective = encoder_configs(info, weights)
     with torch.device("meta"):
         model = build_model(model_cfg, objective)
@@ -55,21 +54,6 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
     return rows
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="table", required=True, metavar="<table>")
-    pre = sub.add_parser("pretrain-scores", help="the paper's 'Validation Losses and Accuracy Scores' table")
-    pre.add_argument("--model", action="append", required=True, metavar="LABEL:DATASET:WEIGHTS",
-                     help="one pre-trained model (final weights with their .json); repeatable")
-    pre.add_argument("--out-prefix", required=True, help="writes PREFIX.csv, PREFIX.md, PREFIX.tex")
-    res = sub.add_parser("results", help="downstream tables (contact, ablation, secondary structure, remote homology, "
-                                         "unsupervised contacts) from evaluation TSVs")
-    res.add_argument("--result", action="append", required=True, metavar="TABLE=TSV",
-                     help="an evaluation TSV and the table it feeds (tape_contact, raptorx_contact, "
-                          "secondary_structure, remote_homology, unsupervised_contact); repeatable")
-    res.add_argument("--out-dir", required=True, help="writes <table>.csv / .md / .tex for every table")
-    res.add_argument("--test-label", default="the configured test sets", help="how captions name our test sets")
-
-
 def run(args) -> int:
     if args.table == "pretrain-scores":
         entries = []
@@ -84,8 +68,6 @@ def run(args) -> int:
         paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
         print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
     elif args.table == "results":
-        from pmlm.reports.results import write_all  # pandas, loaded by this table only (see _params_label)
-
         pairs = []
         for item in args.result:
             kind, sep, path = item.partition("=")

@@ -1,8 +1,13 @@
-"""Write one result table as CSV, Markdown and LaTeX, with the paper's reference rows marked."""
+"""Write one result table as CSV, Markdown, LaTeX and an HTML page, with the paper's reference rows marked.
+
+The HTML page is the form the workflow report shows (Snakemake's report displays HTML, images and PDF
+inline; a CSV or Markdown file there is only a download link).
+"""
 
 from __future__ import annotations
 
 import csv
+import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,14 +41,14 @@ def _latex_escape(text: str) -> str:
 
 def write_table(rows: Sequence[dict], columns: Sequence[Column], prefix: str | Path, *, caption: str,
                 source_key: str = "source") -> list[Path]:
-    """Write ``prefix``.csv (raw values), .md and .tex (formatted); returns the three paths.
+    """Write ``prefix``.csv (raw values), .md, .tex and .html (formatted); returns the four paths.
 
     Each row carries ``source_key`` ("paper" or "ours"); the formatted tables show it as the
     first column so reference and reproduced numbers are never confused.
     """
     prefix = Path(prefix)
     cols = [Column(source_key, "source")] + [c for c in columns if c.key != source_key]
-    paths = [prefix.with_suffix(ext) for ext in (".csv", ".md", ".tex")]
+    paths = [prefix.with_suffix(ext) for ext in (".csv", ".md", ".tex", ".html")]
     with atomic_output(paths[0]) as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=[c.key for c in cols], extrasaction="ignore")
         writer.writeheader()
@@ -67,4 +72,28 @@ def write_table(rows: Sequence[dict], columns: Sequence[Column], prefix: str | P
     tex += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     with atomic_output(paths[2]) as tmp:
         Path(tmp).write_text("\n".join(tex) + "\n")
+    with atomic_output(paths[3]) as tmp:
+        Path(tmp).write_text(html_page(prefix.name, caption, [c.title for c in cols], body,
+                                       [row.get(source_key) for row in rows]))
     return paths
+
+
+HTML_STYLE = """body{font-family:sans-serif;margin:1.5em;color:#111}caption{caption-side:top;text-align:left;
+max-width:60em;margin-bottom:.6em}table{border-collapse:collapse;font-size:.9em}th,td{padding:.25em .7em;
+border-bottom:1px solid #ccc;text-align:right}th:first-child,td:first-child,th:nth-child(2),td:nth-child(2)
+{text-align:left}tr.paper td{color:#555;background:#f4f4f4}th{border-bottom:2px solid #333}"""
+
+
+def html_page(title: str, caption: str, header: Sequence[str], body: Sequence[Sequence[str]],
+              sources: Sequence[str | None]) -> str:
+    """A standalone page with one table; rows of the paper are shaded (class ``paper``)."""
+    esc = html.escape
+    lines = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{esc(title)}</title>",
+             f"<style>{HTML_STYLE}</style></head><body>", f'<table id="{esc(title)}">',
+             f"<caption>{esc(caption)}</caption>", "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
+             + "</tr></thead>", "<tbody>"]
+    for cells, source in zip(body, sources):
+        cls = f' class="{esc(str(source))}"' if source else ""
+        lines.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    lines += ["</tbody></table>", "</body></html>"]
+    return "\n".join(lines) + "\n"

@@ -117,15 +117,19 @@ rule report_coevolution:
     input:
         coevolution_results(),
     output:
+        multiext(f"{COEVOLUTION_DIR}/coevolution", ".md", ".csv", ".tex"),
         report(
-            multiext(f"{COEVOLUTION_DIR}/coevolution", ".md", ".csv", ".tex"),
+            f"{COEVOLUTION_DIR}/coevolution.html",
             caption="../report/coevolution_table.rst",
             category="Co-evolution",
+            labels={"item": "table"},
         ),
+        f"{COEVOLUTION_DIR}/coevolution.png",
         report(
-            multiext(f"{COEVOLUTION_DIR}/coevolution", ".png", ".svg"),
+            f"{COEVOLUTION_DIR}/coevolution.svg",
             caption="../report/coevolution_figure.rst",
             category="Co-evolution",
+            labels={"item": "figure"},
         ),
     params:
         prefix=lambda wildcards, output: os.path.splitext(output[0])[0],

@@ -1,8 +1,13 @@
 # Named helpers shared by the rules: paths, per-dataset settings, input functions.
+import json
 import os
 import re
 import shlex
 from urllib.parse import urlparse
+
+from snakemake import __version__ as SNAKEMAKE_VERSION
+
+from pmlm.workflow_config import CONTACT_TABLES
 
 RUN = config.get("run", "demo")
 SOURCES = config.get("sources") or {}
@@ -217,9 +222,9 @@ def kl_args(wildcards, input):
 def pretraining_targets():
     if not PRETRAIN_MODELS:
         return []
-    targets = pretrained_targets() + [f"{RESULTS}/tables/pretrain_scores.md"]
+    targets = pretrained_targets() + [f"{RESULTS}/tables/pretrain_scores.html"]
     if kl_models():
-        targets.append(f"{RESULTS}/figures/kl_histogram.png")
+        targets.append(f"{RESULTS}/figures/kl_histogram.svg")
     return targets
 
 
@@ -338,7 +343,7 @@ RESULT_TABLES = ["tape_contact", "raptorx_contact", "ablation", "secondary_struc
 def downstream_targets():
     if not evaluation_results():
         return []
-    return [f"{RESULTS}/tables/{t}.md" for t in RESULT_TABLES]
+    return [f"{RESULTS}/tables/{t}.html" for t in RESULT_TABLES]
 
 
 # --- planted-coupling study ---------------------------------------------------------------------
@@ -394,4 +399,94 @@ def coevolution_results():
 def coevolution_targets():
     if not COEVOLUTION:
         return []
-    return [f"{COEVOLUTION_DIR}/coevolution.md", f"{COEVOLUTION_DIR}/coevolution.png"]
+    return [f"{COEVOLUTION_DIR}/coevolution.html", f"{COEVOLUTION_DIR}/coevolution.svg"]
+
+
+# --- the report's figures and pages -------------------------------------------------------------
+
+REPORT = config.get("report") or {}
+CONTACT_MAPS = REPORT.get("contact_maps") or {}
+REPORT_DIR = f"{RESULTS}/report"
+
+
+def pretrain_run_dir(m):
+    return f"{RESULTS}/pretrain_runs/{encoder_id(m)}"
+
+
+def finetune_run_dir(m, ft):
+    return f"{RESULTS}/finetune_runs/{encoder_id(m)}/{ft}"
+
+
+def finetuned_runs():
+    """(encoder, run) for every fine-tuning the config asks for."""
+    return [(m, ft) for m in PRETRAIN_MODELS for ft in runs_for(m)]
+
+
+def pretrain_curve_args(wildcards):
+    # metrics.csv sits beside the checkpoints, outside the declared outputs (see the pretrain step); the final
+    # weights are the inputs that say the log is complete
+    runs = [f"{encoder_label(m)}={pretrain_run_dir(m)}/metrics.csv" for m in PRETRAIN_MODELS]
+    return " ".join(f"--run {shlex.quote(r)}" for r in runs)
+
+
+def finetune_curve_args(wildcards):
+    runs = [f"{encoder_label(m)} {ft}={finetune_run_dir(m, ft)}/metrics.csv" for m, ft in finetuned_runs()]
+    return " ".join(f"--run {shlex.quote(r)}" for r in runs)
+
+
+def contact_map_runs(m):
+    """Contact runs and unsupervised read-outs of encoder ``m`` to draw (report.contact_maps.runs, else all)."""
+    names = [ft for ft in runs_for(m) if FINETUNE_RUNS[ft]["table"] in CONTACT_TABLES]
+    if m["objective"] != "mlm":
+        names += [f"unsupervised-{r}" for r in UNSUPERVISED.get("readouts") or []]
+    wanted = CONTACT_MAPS.get("runs")
+    return names if wanted is None else [n for n in names if n in wanted]
+
+
+def contact_map_figure(m, name):
+    return f"{RESULTS}/figures/contact_maps/{encoder_id(m)}/{name}.svg"
+
+
+def contact_map_inputs(wildcards):
+    """The head (or, for a read-out, the encoder) and the first test set of the run."""
+    m = model_of(wildcards)
+    if wildcards.ft.startswith("unsupervised-"):
+        tests = test_inputs(UNSUPERVISED["data"], UNSUPERVISED["tests"])
+        model = pretrained_weights(m)
+    else:
+        run = FINETUNE_RUNS[wildcards.ft]
+        tests = test_inputs(run["data"], run["tests"])
+        model = finetuned_head(wildcards.dataset, wildcards.objective, wildcards.preset, wildcards.ft)
+    return {"model": model, "test": next(iter(tests.values()))}
+
+
+def contact_map_head(wildcards, input):
+    if wildcards.ft.startswith("unsupervised-"):
+        return f"--head {wildcards.ft[len('unsupervised-'):]} --encoder {shlex.quote(input.model)}"
+    return f"--head {shlex.quote(input.model)}"
+
+
+def contact_results():
+    """(table kind, TSV) of the evaluations that score contacts."""
+    return [(kind, tsv) for kind, tsv in evaluation_results() if kind in CONTACT_TABLES + ("unsupervised_contact",)]
+
+
+def separation_args(wildcards, input):
+    return " ".join(f"--result {shlex.quote(f'{kind}={path}')}" for (kind, _), path in zip(contact_results(), input))
+
+
+def run_config_json(wildcards):
+    """The effective configuration (files, profile and --config merged; schema defaults filled in)."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def report_targets():
+    targets = [f"{REPORT_DIR}/run_info.html"]
+    if PRETRAIN_MODELS:
+        targets.append(f"{RESULTS}/figures/pretrain_curves.svg")
+    if finetuned_runs():
+        targets.append(f"{RESULTS}/figures/finetune_curves.svg")
+    if contact_results():
+        targets.append(f"{RESULTS}/figures/precision_by_separation.svg")
+    targets += [contact_map_figure(m, name) for m in PRETRAIN_MODELS for name in contact_map_runs(m)]
+    return targets

@@ -1,0 +1,110 @@
+"""Predicted-vs-true contact maps of a few test chains, for the workflow report: a fine-tuned contact head
+(its probabilities) or the pair head's unsupervised read-out (KL / MI + APC, as ``pmlm evaluate`` scores it).
+
+The chains are the first ``chains`` records of the test file that fit the encoder's window (file order, so the
+same chains appear for every model). Upper triangle: the prediction; lower triangle: the true contacts; the title
+gives P@L at s >= 6 with the metric's own definition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
+from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.finetune.data import evaluation_batches, read_task_data
+from pmlm.finetune.evaluate import PAIR_HEADS, unsupervised_contact_scores
+from pmlm.finetune.scoring import load_finetuned
+from pmlm.reports.figures import pyplot, save_figure
+from pmlm.tasks.structures import CONTACT_THRESHOLD
+
+# records read from the test file to find ``chains`` that fit the window (reading a whole test set is not needed)
+READ_LIMIT_PER_CHAIN = 20
+
+
+def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
+                   ) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, bool]]:
+    """[(chain id, scores (L, L), contacts (L, L) bool, valid (L, L) bool, scores are probabilities)]."""
+    if chains < 1:
+        raise ConfigError(f"--chains must be >= 1, got {chains}")
+    unsupervised = head in PAIR_HEADS
+    if unsupervised:
+        if not encoder:
+            raise ConfigError(f"--head {head} reads the encoder's pair head: pass --encoder")
+        model, info = load_pretrained(encoder)
+        if model.pair_head is None:
+            raise ConfigError(f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
+                              f"--head {head} needs a PMLM model")
+        atom, threshold, window = "auto", CONTACT_THRESHOLD, model.cfg.max_len - 2
+    else:
+        if not Path(head).is_file():
+            raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
+        model, cfg, _, _ = load_finetuned(head, encoder)
+        if cfg.task != "contact":
+            raise ConfigError(f"{head}: a {cfg.task} head has no contact map")
+        atom, threshold, window = cfg.data.contact_atom, cfg.data.contact_threshold, model.encoder.cfg.max_len - 2
+    data = read_task_data(test, "contact", contact_atom=atom, threshold=threshold,
+                          limit=chains * READ_LIMIT_PER_CHAIN)
+    chosen = [ex for ex in data.examples if len(ex) <= window][:chains]
+    if not chosen:
+        raise InputError(test, f"no test chain of at most {window} residues among the first "
+                               f"{len(data.examples)} records")
+    batches, _ = evaluation_batches(chosen, "contact", 1, window, "skip", threshold)
+    out = []
+    with torch.no_grad():
+        for batch in batches:
+            k = batch.lengths[0]
+            if unsupervised:
+                scores = unsupervised_contact_scores(model, batch.tokens[0, 1:k + 1].numpy(), PAIR_HEADS[head])
+            else:
+                scores = torch.sigmoid(model(batch.tokens, batch.mask)[0, :k, :k].float()).double().numpy()
+            out.append((batch.ids[0], scores, batch.targets[0, :k, :k].numpy(), batch.valid[0, :k, :k].numpy(),
+                        not unsupervised))
+    order = {ex.id: n for n, ex in enumerate(chosen)}  # back to file order (batches come by length)
+    return sorted(out, key=lambda item: order[item[0]])
+
+
+def plot(maps, title: str, prefix: str | Path) -> list[Path]:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(maps), figsize=(3.9 * len(maps), 4.3), squeeze=False)
+    min_sep = CONTACT_RANGES["tape_all"][0]
+    for ax, (chain, scores, contacts, valid, probabilities) in zip(axes[0], maps):
+        length = scores.shape[0]
+        upper = np.triu(np.ones((length, length), dtype=bool), k=1)
+        # shades relative to the chain's highest score: a tiny model's probabilities are small everywhere
+        shown = scores / max(float(scores[upper].max()), 1e-12)
+        ax.imshow(np.ma.masked_where(~upper, shown), cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+        truth = np.where(valid, contacts.astype(float), np.nan)
+        ax.imshow(np.ma.masked_where(upper | np.isnan(truth), truth), cmap="Greys", vmin=0, vmax=1.4,
+                  interpolation="nearest")
+        # the top-L pairs at s >= min_sep, the ones P@L counts: hits and misses
+        i, j = np.nonzero(upper & valid & (np.subtract.outer(np.arange(length), np.arange(length)) <= -min_sep))
+        top = np.argsort(-scores[i, j], kind="stable")[:length]
+        hit = contacts[i[top], j[top]] > 0
+        ax.scatter(j[top][hit], i[top][hit], s=6, c="tab:blue", marker="o", linewidths=0, label="top-L hit")
+        ax.scatter(j[top][~hit], i[top][~hit], s=6, c="tab:red", marker="o", linewidths=0, label="top-L miss")
+        precision = contact_precision(scores, contacts, valid, min_sep=min_sep, k_divisor=1)
+        kind = "P(contact)" if probabilities else "score"
+        ax.set_title(f"{chain}  L={length}  P@L (s >= {min_sep}) = {precision:.2f}\n"
+                     f"upper: {kind} (max {float(scores[upper].max()):.2g}) and top-L pairs; lower: true",
+                     fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].legend(loc="lower left", fontsize=7, markerscale=2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, prefix)
+
+
+def write_contact_maps(head: str, encoder: str | None, test: str | Path, chains: int, label: str,
+                       prefix: str | Path) -> list[Path]:
+    maps = predicted_maps(head, encoder, test, chains)
+    kind = f"pair-head read-out {head}" if head in PAIR_HEADS else "fine-tuned head, P(contact)"
+    return plot(maps, f"{label}: {kind}", prefix)
+
+
+def run(args) -> list[Path]:
+    return write_contact_maps(args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix)
