@@ -201,4 +201,6 @@ def test_command_modules_import_no_engine():
     for module in modules:
         engine = importlib.import_module(module).ENGINE
         assert _module_file(engine) is not None, engine
-        assert "pytorch" in {CONDA_PACKAGE.get(n.split(".")[0]) for n in third_party_imports([engine], True)}
+        if module.rsplit(".", 1)[1] in ("embed", "contacts", "score"):
+            # the model-use engines run the encoder: the walk must see torch behind them
+            assert "pytorch" in {CONDA_PACKAGE.get(n.split(".")[0]) for n in third_party_imports([engine], True)}
