@@ -2,21 +2,30 @@
 #   snakemake --cores 2                                   the embedded demo (config/config.yaml)
 #   snakemake --profile slurm --configfile config/paper.yaml   the paper, on a SLURM cluster (profiles/slurm)
 #   snakemake --report report.html                        tables, figures, configuration and versions in one page
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
-from pmlm.workflow_config import check_config
+from pmlm.workflow_config import check_references, require_config, schema_error
 
 min_version("9.0")
 
 # The demo's config/config.yaml comes from the workflow profile (profiles/default, loaded on every run); a
-# --configfile on the command line replaces it.
-check_config(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
-validate(config, "workflow/schemas/config.schema.yaml")
+# --configfile on the command line replaces it. The schema is validated once, here, and fills every default
+# it gives, so the rules read config values without defaults of their own.
+SCHEMA = "workflow/schemas/config.schema.yaml"
+require_config(config)
+try:
+    validate(config, SCHEMA, set_default=True)
+except WorkflowError:
+    raise schema_error(config, workflow.source_path(SCHEMA)) from None
+check_references(config)
 
 
 report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/common_coevolution.smk"
+include: "workflow/rules/resources.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/finetune.smk"

@@ -1,8 +1,10 @@
 """Checks of the workflow configuration that report one actionable line naming the offending key.
 
-The JSON schema (workflow/schemas/config.schema.yaml) is the single description of the keys;
-this module turns its first violation into ``config.<path>: <message>`` and adds the
-cross-references a schema cannot express (a dataset naming an undefined source).
+The JSON schema (workflow/schemas/config.schema.yaml) is the single description of the keys and their
+defaults; the Snakefile validates the config against it once (Snakemake's ``validate``, which also fills
+the defaults). This module turns a violation into ``config.<path>: <message>`` (``schema_error``) and
+adds the cross-references a schema cannot express (``check_references``: a dataset naming an undefined
+source).
 """
 
 from __future__ import annotations
@@ -22,20 +24,27 @@ def _where(path) -> str:
     return "config" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
-def check_config(config: dict, schema_path: str | Path) -> None:
-    """Raise ConfigError with one line for the most relevant problem; return silently when valid."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
+def require_config(config) -> None:
     if not isinstance(config, dict) or not config:
         raise ConfigError("config is empty: pass --configfile config/config.yaml (demo) or config/paper.yaml")
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
-    if error is not None:
-        message = error.message
-        if error.validator == "additionalProperties":
-            allowed = sorted(error.schema.get("properties", {}))
-            if allowed:
-                message += f"; allowed keys: {', '.join(allowed)}"
-        raise ConfigError(f"{_where(error.absolute_path)}: {message}")
+
+
+def schema_error(config: dict, schema_path: str | Path) -> ConfigError:
+    """The most relevant schema violation of an invalid config, as one line naming its key."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    if error is None:  # cannot happen for a config the schema rejected; say so rather than pass
+        return ConfigError(f"config does not match {schema_path}")
+    message = error.message
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        if allowed:
+            message += f"; allowed keys: {', '.join(allowed)}"
+    return ConfigError(f"{_where(error.absolute_path)}: {message}")
+
+
+def check_references(config: dict) -> None:
+    """Raise ConfigError for the first key that names something the config does not define."""
     sources = config.get("sources") or {}
     datasets = config.get("datasets") or {}
     for name, dataset in datasets.items():

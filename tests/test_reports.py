@@ -63,3 +63,15 @@ def test_pretrain_scores_table_from_sidecars(tmp_path, capsys):
     n_params = sum(p.numel() for p in build_model(model_config("tiny"), ObjectiveConfig(name="pmlm")).parameters())
     assert ours[1]["params"] == f"{n_params / 1e3:.0f}K"
     assert main(["tables", "pretrain-scores", "--model", "broken", "--out-prefix", str(tmp_path / "x")]) == 2
+
+
+def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
+    from pmlm.reports.results import TABLES, write_all
+
+    tsv = tmp_path / "run.tsv"
+    tsv.write_text("model\thead\ttest_set\tmetric\tvalue\tn_proteins\n"
+                   "PMLM-tiny@demo\tlinear\tdemo_test\tP@L/5_medium_long\t0.25\t3\n")
+    written = write_all([("tape_contact", str(tsv))], tmp_path / "tables")
+    # common.smk declares TABLES x (md, csv, tex) as the outputs of aggregate_tables
+    assert sorted(p.name for p in written) == sorted(f"{t}.{ext}" for t in TABLES for ext in ("md", "csv", "tex"))
+    assert "| ours | PMLM-tiny | demo | linear | demo_test | 25.0 |" in (tmp_path / "tables" / "tape_contact.md").read_text()

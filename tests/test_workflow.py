@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pmlm.reports.results import TABLES
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which("snakemake")
 
@@ -137,8 +139,7 @@ def test_demo_workflow(tmp_path):
             assert {"config_sha256", "encoder_sha256", "git_commit", "torch_version"} <= set(tsv.columns)
             assert (tsv["test_set"] == "demo_test").all()
             assert (tsv["n_proteins"][tsv["metric"] != "n_too_long"] > 0).all()
-    tables = {t: (results / "tables" / f"{t}.md").read_text() for t in
-              ("tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology", "unsupervised_contact")}
+    tables = {t: (results / "tables" / f"{t}.md").read_text() for t in TABLES}
     for label in ("MLM-tiny", "PMLM-tiny"):
         assert f"| ours | {label} | demo | linear | demo_test |" in tables["tape_contact"]
         assert f"| ours | {label} | demo | resnet | demo_test |" in tables["raptorx_contact"]

@@ -18,6 +18,9 @@ from pmlm.reports.tables import Column, write_table
 
 KINDS = ("tape_contact", "raptorx_contact", "contact_ablation", "secondary_structure", "remote_homology",
          "unsupervised_contact")
+# the tables `write_all` writes (OUT_DIR/<name>.md, .csv, .tex); the workflow declares its outputs from this
+TABLES = ("tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology",
+          "unsupervised_contact")
 PROVENANCE = ("config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 
 

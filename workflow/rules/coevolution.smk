@@ -12,12 +12,10 @@ rule synthesize_families:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/synthesize_families.log",
     benchmark:
         f"{BENCH}/coevolution/seed{{seed}}/synthesize_families.tsv"
-    wildcard_constraints:
-        seed=r"\d+",
     threads: 1
     resources:
-        mem_mb=lambda wildcards, attempt: 2000 * attempt,
-        runtime=lambda wildcards, attempt: 30 * attempt,
+        mem_mb=per_attempt(2000),
+        runtime=per_attempt(30),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -39,12 +37,10 @@ rule tokenize_families:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/tokenize_families.log",
     benchmark:
         f"{BENCH}/coevolution/seed{{seed}}/tokenize_families.tsv"
-    wildcard_constraints:
-        seed=r"\d+",
     threads: 1
     resources:
-        mem_mb=lambda wildcards, attempt: 2000 * attempt,
-        runtime=lambda wildcards, attempt: 30 * attempt,
+        mem_mb=per_attempt(2000),
+        runtime=per_attempt(30),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -71,12 +67,11 @@ rule pretrain_coevolution:
     benchmark:
         f"{BENCH}/coevolution/seed{{seed}}/pretrain_{{objective}}.tsv"
     wildcard_constraints:
-        seed=r"\d+",
-        objective="mlm|pmlm",
+        objective="mlm|pmlm",  # the study compares these two
     threads: 1
     resources:
-        mem_mb=lambda wildcards, attempt: 4000 * attempt,
-        runtime=lambda wildcards, attempt: 30 * attempt,
+        mem_mb=per_attempt(4000),
+        runtime=per_attempt(30),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -94,18 +89,16 @@ rule evaluate_coevolution:
         json=f"{COEVOLUTION_DIR}/seed{{seed}}/results.json",
         tsv=f"{COEVOLUTION_DIR}/seed{{seed}}/results.tsv",
     params:
-        prefix=lambda wildcards, output: os.path.splitext(output.json)[0],
+        prefix=output_prefix,
         args=coevolution_evaluate_args,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/evaluate_coevolution.log",
     benchmark:
         f"{BENCH}/coevolution/seed{{seed}}/evaluate_coevolution.tsv"
-    wildcard_constraints:
-        seed=r"\d+",
     threads: 1
     resources:
-        mem_mb=lambda wildcards, attempt: 4000 * attempt,
-        runtime=lambda wildcards, attempt: 30 * attempt,
+        mem_mb=per_attempt(4000),
+        runtime=per_attempt(30),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -132,7 +125,7 @@ rule report_coevolution:
             labels={"item": "figure"},
         ),
     params:
-        prefix=lambda wildcards, output: os.path.splitext(output[0])[0],
+        prefix=output_prefix,
     log:
         f"{COEVOLUTION_LOGS}/report_coevolution.log",
     conda:

@@ -1,4 +1,5 @@
-# Named helpers shared by the rules: paths, per-dataset settings, input functions.
+# Named helpers shared by the rules: paths, per-dataset settings, input functions. The Snakefile has
+# validated the config and filled every default the schema gives, so they read keys without defaults.
 import json
 import os
 import re
@@ -7,11 +8,17 @@ from urllib.parse import urlparse
 
 from snakemake import __version__ as SNAKEMAKE_VERSION
 
+from pmlm.reports.results import TABLES as RESULT_TABLES
 from pmlm.workflow_config import CONTACT_TABLES
 
-RUN = config.get("run", "demo")
-SOURCES = config.get("sources") or {}
-DATASETS = config.get("datasets") or {}
+RUN = config["run"]
+SOURCES = config["sources"]
+DATASETS = config["datasets"]
+TASK_DATA = config["task_data"]
+# task data that split-structures derives (the others are files named in the config)
+DERIVED_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("split")]
+OBJECTIVE_LABEL = {"mlm": "MLM", "pmlm": "PMLM", "pmlm_pair_only": "PMLM-pair"}
+PAIR_OBJECTIVES = [o for o in OBJECTIVE_LABEL if o != "mlm"]  # the objectives with a pair head
 RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"
 BENCH = f"benchmarks/{RUN}"
@@ -20,11 +27,38 @@ BENCH = f"benchmarks/{RUN}"
 shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
-wildcard_constraints:
-    source="|".join(map(re.escape, SOURCES)) if SOURCES else "NONE",
-    dataset="|".join(map(re.escape, DATASETS)) if DATASETS else "NONE",
-    split="train|valid",
+def one_of(names):
+    """A wildcard pattern matching exactly these names (never matching when there are none)."""
+    return "|".join(map(re.escape, names)) if names else "NONE"
 
+
+wildcard_constraints:
+    source=one_of(SOURCES),
+    dataset=one_of(DATASETS),
+    taskdata=one_of(DERIVED_TASK_DATA),
+    split="train|valid",
+    objective=one_of(OBJECTIVE_LABEL),
+    preset=r"[A-Za-z0-9_]+",
+    seed=r"\d+",
+
+
+def output_dir(wildcards, output):
+    """The directory of a rule's first output (commands that write several files into one place)."""
+    return os.path.dirname(output[0])
+
+
+def output_prefix(wildcards, output):
+    """The first output without its extension (commands that write PREFIX.md, PREFIX.csv, ...)."""
+    return os.path.splitext(output[0])[0]
+
+
+def as_flags(settings):
+    """``key: value`` pairs as ``--key value`` flags (underscores become dashes; lists give several values)."""
+    flags = []
+    for key, value in settings.items():
+        values = value if isinstance(value, list) else [value]
+        flags.append(f"--{key.replace('_', '-')} " + " ".join(shlex.quote(str(v)) for v in values))
+    return " ".join(flags)
 
 def source_url(name):
     """A relative file: URL names a file of this repository (the demo data)."""
@@ -41,6 +75,14 @@ def source_filename(name):
 
 def downloaded(name):
     return f"resources/sources/{name}/{source_filename(name)}"
+
+
+def fetch_url(wildcards):
+    return source_url(wildcards.source)
+
+
+def downloaded_archive(wildcards):
+    return downloaded(wildcards.source)
 
 
 def source_file(name):
@@ -74,54 +116,16 @@ def dataset_sources(wildcards):
 
 
 def decontamination_sources(wildcards):
-    return [source_file(s) for s in DATASETS[wildcards.dataset].get("decontaminate") or []]
+    return [source_file(s) for s in DATASETS[wildcards.dataset]["decontaminate"]]
+
+
+def decontamination_args(wildcards, input):
+    return ("--decontaminate " + " ".join(map(shlex.quote, input.references))) if input.references else ""
 
 
 def ingest_formats(wildcards):
     """One --format per input, in the order of dataset_sources (auto: detected by content)."""
     return ",".join(SOURCES[s].get("format") or "auto" for s in DATASETS[wildcards.dataset]["sources"])
-
-
-# --- resources that grow with the input (bench/bench_data_scale.py measured the rates; README
-# "Reproducing the paper: data" gives the full-scale figures). Before the inputs exist the sizes
-# cannot be read; Snakemake then evaluates these when the job is ready to run.
-
-
-def input_mib(input):
-    return sum(os.path.getsize(f) for f in input) / 2**20
-
-
-def ingest_mem_mb(wildcards, input, attempt):
-    # measured: 105-140 MB plus < 10 bytes per record (10^5 -> 10^6 records), <= 5,000 records per MiB of
-    # compressed input; the headroom covers UniRef's largest entries, which are read whole
-    return attempt * (1000 + int(0.1 * input_mib(input)))
-
-
-def ingest_runtime(wildcards, input, attempt):
-    # measured: UniRef XML, the slowest format, ~5 MiB of compressed input per second; budget 1 MiB/s
-    return attempt * (15 + int(input_mib(input) / 60))
-
-
-def split_mem_mb(wildcards, input, attempt):
-    # measured: MMseqs2 linclust peaks at ~2.8 MiB per MiB of clean FASTA (1.0 GB at 10^6 records)
-    return attempt * (2000 + int(4 * input_mib(input)))
-
-
-def split_runtime(wildcards, input, attempt):
-    # measured: ~0.5 s per MiB of clean FASTA on 2 threads; budget 1.5 s per MiB
-    return attempt * (30 + int(input_mib(input) / 40))
-
-
-def tokenize_mem_mb(wildcards, input, attempt):
-    # measured: ~220 MB at 8 shards, flat in the records; plus the rows waiting for row groups
-    # (num_shards x row_group_size, ~500 bytes each, never more than the input)
-    shards = shard_setting(wildcards.dataset, "num_shards", 8) * shard_setting(wildcards.dataset, "row_group_size", 2048)
-    return attempt * (1000 + int(min(input_mib(input), shards * 500 / 2**20) + 0.1 * input_mib(input)))
-
-
-def tokenize_runtime(wildcards, input, attempt):
-    # measured: ~30 MiB of FASTA per second; budget 2 MiB/s
-    return attempt * (15 + int(input_mib(input) / 120))
 
 
 def ingest_args(wildcards):
@@ -130,21 +134,25 @@ def ingest_args(wildcards):
 
 
 def split_args(wildcards):
-    c = dataset_setting(wildcards.dataset, "cluster")
-    flags = {
-        "method": "--method", "min_seq_id": "--min-seq-id", "coverage": "--coverage", "cov_mode": "--cov-mode",
-        "valid_fraction": "--valid-fraction", "seed": "--seed",
-        "decontam_min_seq_id": "--decontam-min-seq-id", "decontam_coverage": "--decontam-coverage",
-    }
-    return " ".join(f"{flags[k]} {shlex.quote(str(v))}" for k, v in c.items())
+    """`pmlm split` flags from the cluster settings (their keys are its flags)."""
+    return as_flags(dataset_setting(wildcards.dataset, "cluster"))
 
 
-def shard_setting(dataset, key, default):
-    return dataset_setting(dataset, "shards").get(key, default)
+def shard_setting(dataset, key):
+    return dataset_setting(dataset, "shards")[key]
+
+
+def tokenize_args(wildcards):
+    """`pmlm tokenize` flags from the shard layout (its keys are the flags)."""
+    return as_flags(dataset_setting(wildcards.dataset, "shards"))
 
 
 def shards_dir(dataset):
     return f"{RESULTS}/data/{dataset}/shards"
+
+
+def dataset_shards(wildcards):
+    return shards_dir(wildcards.dataset)
 
 
 def data_targets():
@@ -153,9 +161,8 @@ def data_targets():
 
 # --- pre-training -------------------------------------------------------------------------------
 
-PRETRAIN = config.get("pretrain") or {}
-PRETRAIN_MODELS = PRETRAIN.get("models") or []
-OBJECTIVE_LABEL = {"mlm": "MLM", "pmlm": "PMLM", "pmlm_pair_only": "PMLM-pair"}
+PRETRAIN = config["pretrain"]
+PRETRAIN_MODELS = PRETRAIN["models"]
 
 
 def model_dir(dataset, objective, preset):
@@ -174,7 +181,7 @@ def recipe_file(wildcards):
 
 def pretrain_overrides(wildcards):
     sets = [f"objective.name={wildcards.objective}"]
-    sets += [f"{k}={v}" for k, v in (PRETRAIN.get("set") or {}).items()]
+    sets += [f"{k}={v}" for k, v in PRETRAIN["set"].items()]
     return " ".join(f"--set {shlex.quote(s)}" for s in sets)
 
 
@@ -203,7 +210,7 @@ def pretrain_table_args(wildcards, input):
 
 
 def kl_models():
-    return [m for m in PRETRAIN_MODELS if m["objective"] != "mlm"]
+    return [m for m in PRETRAIN_MODELS if m["objective"] in PAIR_OBJECTIVES]
 
 
 def kl_args(wildcards, input):
@@ -212,10 +219,7 @@ def kl_args(wildcards, input):
         name = f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}/{m['dataset']}"
         weights, shards = f"{name}={pretrained_weights(m)}", f"{name}={shards_dir(m['dataset'])}"
         args.append(f"--model {shlex.quote(weights)} --shards {shlex.quote(shards)}")
-    kl = PRETRAIN.get("kl") or {}
-    for key in ("sequences", "pairs", "seed"):
-        if key in kl:
-            args.append(f"--{key} {kl[key]}")
+    args.append(as_flags(PRETRAIN["kl"]))
     return " ".join(args)
 
 
@@ -230,10 +234,9 @@ def pretraining_targets():
 
 # --- fine-tuning and evaluation -----------------------------------------------------------------
 
-TASK_DATA = config.get("task_data") or {}
-FINETUNE = config.get("finetune") or {}
-FINETUNE_RUNS = FINETUNE.get("runs") or {}
-UNSUPERVISED = FINETUNE.get("unsupervised") or {}
+FINETUNE = config["finetune"]
+FINETUNE_RUNS = FINETUNE["runs"]
+UNSUPERVISED = FINETUNE["unsupervised"]
 
 
 def encoder_id(m):
@@ -242,6 +245,11 @@ def encoder_id(m):
 
 def encoder_label(m):
     return f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}@{m['dataset']}"
+
+
+def model_label(wildcards):
+    """The label of the table rows: OBJECTIVE-preset@dataset."""
+    return encoder_label(model_of(wildcards))
 
 
 def model_of(wildcards):
@@ -264,7 +272,16 @@ def task_file(data, split):
 
 def runs_for(m):
     """Fine-tuning runs that apply to encoder ``m`` (all, unless a run lists its encoders)."""
-    return [name for name, run in FINETUNE_RUNS.items() if not run.get("encoders") or encoder_id(m) in run["encoders"]]
+    return [name for name, run in FINETUNE_RUNS.items() if not run["encoders"] or encoder_id(m) in run["encoders"]]
+
+
+def structure_source(wildcards):
+    return source_file(TASK_DATA[wildcards.taskdata]["source"])
+
+
+def structure_split_args(wildcards):
+    """`pmlm split-structures` flags from the task data's split: settings (their keys are its flags)."""
+    return as_flags(TASK_DATA[wildcards.taskdata]["split"])
 
 
 def finetune_recipe(wildcards):
@@ -283,7 +300,7 @@ def finetune_inputs(wildcards):
 
 
 def finetune_overrides(wildcards):
-    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in (FINETUNE.get("set") or {}).items())
+    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in FINETUNE["set"].items())
 
 
 def test_inputs(data, tests):
@@ -326,8 +343,8 @@ def evaluation_results():
     for m in PRETRAIN_MODELS:
         for ft in runs_for(m):
             out.append((FINETUNE_RUNS[ft]["table"], evaluation_tsv(m, ft)))
-        if m["objective"] != "mlm":
-            for readout in UNSUPERVISED.get("readouts") or []:
+        if m["objective"] in PAIR_OBJECTIVES:
+            for readout in UNSUPERVISED["readouts"]:
                 out.append(("unsupervised_contact", evaluation_tsv(m, f"unsupervised-{readout}")))
     return out
 
@@ -336,8 +353,9 @@ def table_args(wildcards, input):
     return " ".join(f"--result {shlex.quote(f'{kind}={path}')}" for (kind, _), path in zip(evaluation_results(), input))
 
 
-RESULT_TABLES = ["tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology",
-                 "unsupervised_contact"]
+def downstream_tables():
+    """Every file `pmlm tables results` writes: each of its tables as Markdown, CSV and LaTeX."""
+    return [f"{RESULTS}/tables/{t}.{ext}" for t in RESULT_TABLES for ext in ("md", "csv", "tex")]
 
 
 def downstream_targets():
@@ -346,66 +364,10 @@ def downstream_targets():
     return [f"{RESULTS}/tables/{t}.html" for t in RESULT_TABLES]
 
 
-# --- planted-coupling study ---------------------------------------------------------------------
-
-COEVOLUTION = config.get("coevolution") or {}
-COEVOLUTION_DIR = f"{RESULTS}/coevolution"
-COEVOLUTION_LOGS = f"{LOGS}/coevolution"
-
-
-def coevolution_seeds():
-    return [int(s) for s in COEVOLUTION.get("seeds") or []]
-
-
-def coevolution_recipe(wildcards):
-    """A relative recipe path is resolved against the workflow directory, as for pre-training."""
-    path = COEVOLUTION.get("recipe", "config/train/coevolution_tiny.yaml")
-    return path if os.path.isabs(path) else os.path.join(workflow.basedir, path)
-
-
-def coevolution_flags(section, wildcards=None):
-    """``key: value`` pairs of a config section as ``--key value`` flags."""
-    items = (COEVOLUTION.get(section) or {}).items()
-    return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in items)
-
-
-def coevolution_synth_args(wildcards):
-    return coevolution_flags("synth")
-
-
-def coevolution_split_args(wildcards):
-    return coevolution_flags("split")
-
-
-def coevolution_shard_args(wildcards):
-    return coevolution_flags("shards")
-
-
-def coevolution_evaluate_args(wildcards):
-    # the evaluation re-draws the same held-out sequences, so it gets the split settings too
-    return f"{coevolution_flags('split')} {coevolution_flags('evaluate')}"
-
-
-def coevolution_pretrain_overrides(wildcards):
-    sets = [f"objective.name={wildcards.objective}", f"seed={wildcards.seed}"]
-    sets += [f"{k}={v}" for k, v in (COEVOLUTION.get("set") or {}).items()]
-    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
-
-
-def coevolution_results():
-    return [f"{COEVOLUTION_DIR}/seed{s}/results.json" for s in coevolution_seeds()]
-
-
-def coevolution_targets():
-    if not COEVOLUTION:
-        return []
-    return [f"{COEVOLUTION_DIR}/coevolution.html", f"{COEVOLUTION_DIR}/coevolution.svg"]
-
-
 # --- the report's figures and pages -------------------------------------------------------------
 
-REPORT = config.get("report") or {}
-CONTACT_MAPS = REPORT.get("contact_maps") or {}
+REPORT = config["report"]
+CONTACT_MAPS = REPORT["contact_maps"]
 REPORT_DIR = f"{RESULTS}/report"
 
 
@@ -438,7 +400,7 @@ def contact_map_runs(m):
     """Contact runs and unsupervised read-outs of encoder ``m`` to draw (report.contact_maps.runs, else all)."""
     names = [ft for ft in runs_for(m) if FINETUNE_RUNS[ft]["table"] in CONTACT_TABLES]
     if m["objective"] != "mlm":
-        names += [f"unsupervised-{r}" for r in UNSUPERVISED.get("readouts") or []]
+        names += [f"unsupervised-{r}" for r in UNSUPERVISED["readouts"]]
     wanted = CONTACT_MAPS.get("runs")
     return names if wanted is None else [n for n in names if n in wanted]
 

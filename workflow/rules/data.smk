@@ -5,7 +5,7 @@ rule fetch_source:
     output:
         "resources/sources/{source}/{filename}",
     params:
-        url=lambda wildcards: source_url(wildcards.source),
+        url=fetch_url,
         checksums=checksum_args,
     log:
         "logs/fetch/{source}/{filename}.log",
@@ -20,7 +20,7 @@ rule fetch_source:
 
 rule extract_member:
     input:
-        lambda wildcards: downloaded(wildcards.source),
+        downloaded_archive,
     output:
         "resources/sources/{source}/members/{member}",
     log:
@@ -66,9 +66,9 @@ rule split_clusters:
         valid=temp(f"{RESULTS}/data/{{dataset}}/split/valid.fasta"),
         stats=f"{RESULTS}/data/{{dataset}}/split/split_stats.json",
     params:
-        out_dir=lambda wildcards, output: os.path.dirname(output.stats),
+        out_dir=output_dir,
         options=split_args,
-        references=lambda wildcards, input: ("--decontaminate " + " ".join(map(shlex.quote, input.references))) if input.references else "",
+        references=decontamination_args,
     log:
         f"{LOGS}/split/{{dataset}}.log",
     benchmark:
@@ -91,9 +91,7 @@ rule tokenize_shards:
     output:
         directory(f"{RESULTS}/data/{{dataset}}/shards"),
     params:
-        num_shards=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("num_shards", 8),
-        row_group_size=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("row_group_size", 2048),
-        level=lambda wildcards: dataset_setting(wildcards.dataset, "shards").get("compression_level", 1),
+        layout=tokenize_args,
     log:
         f"{LOGS}/tokenize/{{dataset}}.log",
     benchmark:
@@ -105,8 +103,7 @@ rule tokenize_shards:
         "../../envs/pmlm.yaml"
     shell:
         "python -m pmlm tokenize --input train={input.train:q} --input valid={input.valid:q} --out-dir {output:q} "
-        "--num-shards {params.num_shards} --row-group-size {params.row_group_size} "
-        "--compression-level {params.level} 2> {log:q}"
+        "{params.layout} 2> {log:q}"
 
 
 rule data:

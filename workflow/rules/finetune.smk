@@ -18,31 +18,27 @@ rule expect_local_file:
 
 rule split_structures:
     input:
-        lambda wildcards: source_file(TASK_DATA[wildcards.taskdata]["source"]),
+        structure_source,
     output:
         train=f"{RESULTS}/tasks/{{taskdata}}/train.jsonl",
         valid=f"{RESULTS}/tasks/{{taskdata}}/valid.jsonl",
         test=f"{RESULTS}/tasks/{{taskdata}}/test.jsonl",
         stats=f"{RESULTS}/tasks/{{taskdata}}/structure_split_stats.json",
     params:
-        out_dir=lambda wildcards, output: os.path.dirname(output.stats),
-        fractions=lambda wildcards: " ".join(map(str, TASK_DATA[wildcards.taskdata]["split"].get("fractions", [0.7, 0.1, 0.2]))),
-        min_seq_id=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("min_seq_id", 0.3),
-        coverage=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("coverage", 0.5),
-        seed=lambda wildcards: TASK_DATA[wildcards.taskdata]["split"].get("seed", 0),
+        out_dir=output_dir,
+        options=structure_split_args,
     log:
         f"{LOGS}/split_structures/{{taskdata}}.log",
     benchmark:
         f"{BENCH}/split_structures/{{taskdata}}.tsv"
     threads: 2
     resources:
-        mem_mb=lambda wildcards, attempt: 4000 * attempt,
-        runtime=lambda wildcards, attempt: 60 * attempt,
+        mem_mb=per_attempt(4000),
+        runtime=per_attempt(60),
     conda:
         "../../envs/mmseqs2.yaml"
     shell:
-        "python -m pmlm split-structures {input:q} --out-dir {params.out_dir:q} --fractions {params.fractions} "
-        "--min-seq-id {params.min_seq_id} --coverage {params.coverage} --seed {params.seed} --threads {threads} "
+        "python -m pmlm split-structures {input:q} --out-dir {params.out_dir:q} {params.options} --threads {threads} "
         "2> {log:q}"
 
 
@@ -60,15 +56,12 @@ rule finetune:
         f"{LOGS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
         f"{BENCH}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
-    wildcard_constraints:
-        objective="mlm|pmlm|pmlm_pair_only",
-        preset=r"[A-Za-z0-9_]+",
     threads: 1
     resources:
         gpu=1,
         cpus_per_gpu=4,
-        mem_mb=lambda wildcards, attempt: 16000 * attempt,
-        runtime=lambda wildcards, attempt: 240 * attempt,
+        mem_mb=per_attempt(16000),
+        runtime=per_attempt(240),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -84,20 +77,18 @@ rule evaluate:
         f"{RESULTS}/evaluation/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv",
     params:
         tests=test_args,
-        label=lambda wildcards: encoder_label(model_of(wildcards)),
+        label=model_label,
     log:
         f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
         f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
     wildcard_constraints:
-        objective="mlm|pmlm|pmlm_pair_only",
-        preset=r"[A-Za-z0-9_]+",
         ft=r"(?!unsupervised-)[A-Za-z0-9_]+",
     threads: 1
     resources:
         gpu=1,
-        mem_mb=lambda wildcards, attempt: 8000 * attempt,
-        runtime=lambda wildcards, attempt: 60 * attempt,
+        mem_mb=per_attempt(8000),
+        runtime=per_attempt(60),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -112,20 +103,19 @@ rule evaluate_unsupervised:
         f"{RESULTS}/evaluation/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.tsv",
     params:
         tests=test_args,
-        label=lambda wildcards: encoder_label(model_of(wildcards)),
+        label=model_label,
     log:
         f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.log",
     benchmark:
         f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.tsv"
     wildcard_constraints:
-        objective="pmlm|pmlm_pair_only",
-        preset=r"[A-Za-z0-9_]+",
+        objective=one_of(PAIR_OBJECTIVES),
         readout="pair-kl|pair-mi",
     threads: 1
     resources:
         gpu=1,
-        mem_mb=lambda wildcards, attempt: 8000 * attempt,
-        runtime=lambda wildcards, attempt: 60 * attempt,
+        mem_mb=per_attempt(8000),
+        runtime=per_attempt(60),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -137,7 +127,7 @@ rule aggregate_tables:
     input:
         [tsv for _, tsv in evaluation_results()],
     output:
-        [f"{RESULTS}/tables/{t}.{ext}" for t in RESULT_TABLES for ext in ("md", "csv", "tex")],
+        downstream_tables(),
         # the form the report shows (each table once; Markdown, CSV and LaTeX stay outputs)
         [
             report(
@@ -150,8 +140,8 @@ rule aggregate_tables:
         ],
     params:
         results=table_args,
-        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-        test_label=FINETUNE.get("test_label", "the configured test sets"),
+        out_dir=output_dir,
+        test_label=FINETUNE["test_label"],
     log:
         f"{LOGS}/tables/aggregate_tables.log",
     conda:

@@ -3,7 +3,7 @@
 
 rule pretrain:
     input:
-        shards=lambda wildcards: shards_dir(wildcards.dataset),
+        shards=dataset_shards,
         recipe=recipe_file,
     output:
         weights=protected(f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/model.safetensors"),
@@ -22,9 +22,6 @@ rule pretrain:
         f"{LOGS}/pretrain/{{dataset}}/{{objective}}-{{preset}}.log",
     benchmark:
         f"{BENCH}/pretrain/{{dataset}}/{{objective}}-{{preset}}.tsv"
-    wildcard_constraints:
-        objective="mlm|pmlm|pmlm_pair_only",
-        preset=r"[A-Za-z0-9_]+",
     # A trainer stopped by SIGUSR1/SIGTERM (time limit warning, preemption) saves a checkpoint and exits
     # with 99; the job fails and is resubmitted with attempt + 1 (a longer runtime), and resumes. Only
     # the submitting Snakemake retries: inside a SLURM job a retry would rerun the trainer in the same
@@ -34,8 +31,8 @@ rule pretrain:
     resources:
         gpu=1,
         cpus_per_gpu=4,
-        mem_mb=lambda wildcards, attempt: 16000 * attempt,
-        runtime=lambda wildcards, attempt: 240 * attempt,
+        mem_mb=per_attempt(16000),
+        runtime=per_attempt(240),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -58,7 +55,7 @@ rule tabulate_pretrain_scores:
         ),
     params:
         models=pretrain_table_args,
-        prefix=lambda wildcards, output: os.path.splitext(output[0])[0],
+        prefix=output_prefix,
     log:
         f"{LOGS}/tables/pretrain_scores.log",
     conda:
@@ -82,14 +79,14 @@ rule plot_kl_histogram:
         summary=f"{RESULTS}/figures/kl_histogram.json",
     params:
         args=kl_args,
-        prefix=lambda wildcards, output: os.path.splitext(output.summary)[0],
+        prefix=output_prefix,
     log:
         f"{LOGS}/figures/kl_histogram.log",
     benchmark:
         f"{BENCH}/figures/kl_histogram.tsv"
     resources:
-        mem_mb=lambda wildcards, attempt: 8000 * attempt,
-        runtime=lambda wildcards, attempt: 60 * attempt,
+        mem_mb=per_attempt(8000),
+        runtime=per_attempt(60),
     conda:
         "../../envs/pmlm.yaml"
     shell:

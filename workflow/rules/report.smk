@@ -16,7 +16,7 @@ rule plot_pretrain_curves:
         ),
     params:
         runs=pretrain_curve_args,
-        prefix=lambda wildcards, output: os.path.splitext(output.png)[0],
+        prefix=output_prefix,
     log:
         f"{LOGS}/report/pretrain_curves.log",
     conda:
@@ -38,7 +38,7 @@ rule plot_finetune_curves:
         ),
     params:
         runs=finetune_curve_args,
-        prefix=lambda wildcards, output: os.path.splitext(output.png)[0],
+        prefix=output_prefix,
     log:
         f"{LOGS}/report/finetune_curves.log",
     conda:
@@ -62,7 +62,7 @@ rule plot_contact_maps:
         head=contact_map_head,
         chains=CONTACT_MAPS.get("chains", 3),
         label=lambda wildcards: encoder_label(model_of(wildcards)),
-        prefix=lambda wildcards, output: os.path.splitext(output.png)[0],
+        prefix=output_prefix,
     log:
         f"{LOGS}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
@@ -73,8 +73,8 @@ rule plot_contact_maps:
         ft=r"[A-Za-z0-9_]+|unsupervised-pair-(kl|mi)",
     threads: 1
     resources:
-        mem_mb=lambda wildcards, attempt: 4000 * attempt,
-        runtime=lambda wildcards, attempt: 20 * attempt,
+        mem_mb=per_attempt(4000),
+        runtime=per_attempt(20),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -102,7 +102,7 @@ rule plot_precision_by_separation:
         ),
     params:
         results=separation_args,
-        prefix=lambda wildcards, output: os.path.splitext(output.png)[0],
+        prefix=output_prefix,
         table_prefix=lambda wildcards, output: os.path.splitext(output.table[0])[0],
     log:
         f"{LOGS}/report/precision_by_separation.log",
@@ -125,7 +125,7 @@ rule record_run_info:
     params:
         config=run_config_json,
         snakemake_version=SNAKEMAKE_VERSION,
-        prefix=lambda wildcards, output: os.path.splitext(output.json)[0],
+        prefix=output_prefix,
     log:
         f"{LOGS}/report/run_info.log",
     conda:

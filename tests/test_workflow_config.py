@@ -1,0 +1,138 @@
+"""The workflow's config defaults: the schema is their one home.
+
+The Snakefile validates the config once with Snakemake's ``validate(..., set_default=True)``, which fills the
+schema's defaults, and the rules pass those values to the commands as flags. These tests pin that the
+filling reaches the nested sections the rules read, and that no command's own argparse default says
+something else than the schema for a flag the workflow fills (so the two cannot drift).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from pmlm.cli import build_parser
+from pmlm.data.normalise import IngestPolicy
+from pmlm.errors import ConfigError
+from pmlm.workflow_config import check_references, schema_error
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def section(path: str) -> dict:
+    """The schema node at a slash-separated path (``$defs/cluster``)."""
+    node = SCHEMA
+    for key in path.split("/"):
+        node = node[key]
+    return node
+
+
+def subparser(command: str) -> argparse.ArgumentParser:
+    """The parser of ``pmlm <command>`` (``coevolution split``: a sub-subcommand)."""
+    words = command.split()
+    parser = build_parser(words[0])
+    for word in words:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[word]
+    return parser
+
+
+def option_defaults(parser: argparse.ArgumentParser) -> dict[str, object]:
+    return {opt: a.default for a in parser._actions for opt in a.option_strings}
+
+
+# (command, schema section whose keys the workflow passes as that command's --flags): split_args,
+# tokenize_args, structure_split_args, kl_args (common.smk) and coevolution_flags (common_coevolution.smk)
+FILLED_FROM_CONFIG = [
+    ("split", "$defs/cluster"),
+    ("tokenize", "$defs/shards"),
+    ("split-structures", "properties/task_data/additionalProperties/properties/split"),
+    ("kl", "properties/pretrain/properties/kl"),
+    ("coevolution split", "properties/coevolution/properties/split"),
+    ("coevolution", "properties/coevolution/properties/split"),
+    ("coevolution", "properties/coevolution/properties/evaluate"),
+    ("tokenize", "properties/coevolution/properties/shards"),
+]
+# the study's shards are a different layout on purpose (one family per shard, small row groups): the
+# workflow always passes them, so only `pmlm tokenize`'s data-stage defaults must agree with its schema
+OWN_DEFAULTS = {("tokenize", "properties/coevolution/properties/shards")}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
+@pytest.mark.parametrize("command, path", FILLED_FROM_CONFIG)
+def test_command_defaults_equal_the_schema(command, path):
+    defaults = option_defaults(subparser(command))
+    props = section(path)["properties"]
+    assert props, path
+    for key, spec in props.items():
+        flag = "--" + key.replace("_", "-")
+        assert flag in defaults, f"pmlm {command} has no {flag} for config key {path}/{key}"
+        assert "default" in spec, f"{path}/{key} has no default in the schema"
+        if defaults[flag] is None or (command, path) in OWN_DEFAULTS:
+            continue  # no argparse default to drift
+        assert _same(defaults[flag], spec["default"]), (
+            f"pmlm {command} {flag} defaults to {defaults[flag]!r}, the schema's {path}/{key} to {spec['default']!r}")
+
+
+def test_ingest_policy_defaults_equal_the_schema():
+    # a dataset with no ingest: section gets IngestPolicy's defaults; those must be the schema's
+    props = section("$defs/ingest")["properties"]
+    policy = {f.name: f.default for f in fields(IngestPolicy) if not f.name.startswith("_")}
+    assert policy == {k: v["default"] for k, v in props.items()}
+
+
+def _validated(config: dict) -> dict:
+    config = copy.deepcopy(config)
+    validate(config, str(SCHEMA_PATH), set_default=True)
+    return config
+
+
+def test_validate_fills_the_nested_defaults_the_rules_read():
+    config = _validated({
+        "sources": {"a": {"url": "file:x.fa"}, "s": {"url": "file:s.jsonl"}},
+        "datasets": {"d": {"sources": ["a"], "cluster": {"valid_fraction": 0.03}}},
+        "pretrain": {"recipes": {"tiny": "r.yaml"}, "models": [{"dataset": "d", "objective": "pmlm", "preset": "tiny"}]},
+        "task_data": {"t": {"source": "s", "split": {"seed": 3}}},
+        "coevolution": {"seeds": [1]},
+    })
+    assert config["run"] == "demo" and config["finetune"]["runs"] == {}
+    assert config["shards"] == {"num_shards": 8, "row_group_size": 2048, "compression_level": 1}
+    assert config["cluster"]["method"] == "linclust" and config["cluster"]["valid_fraction"] == 0.01
+    assert config["pretrain"]["kl"] == {"sequences": 64, "pairs": 16, "seed": 0}
+    assert config["task_data"]["t"]["split"] == {"seed": 3, "fractions": [0.7, 0.1, 0.2], "min_seq_id": 0.3,
+                                                 "coverage": 0.5}
+    assert config["coevolution"]["recipe"] == "config/train/coevolution_tiny.yaml"
+    assert config["coevolution"]["shards"]["num_shards"] == 4 and config["coevolution"]["evaluate"]["k_divisor"] == 5
+    # a dataset's own section is completed from the schema too, so it replaces the global one as a whole
+    # (common.smk's dataset_setting): its valid_fraction and the schema's decontamination identity
+    assert config["datasets"]["d"]["cluster"]["valid_fraction"] == 0.03
+    assert config["datasets"]["d"]["cluster"]["decontam_min_seq_id"] == 0.5
+    assert "ingest" not in config and "ingest" not in config["datasets"]["d"]  # see the IngestPolicy test
+    # a run's list of encoders defaults to all
+    runs = _validated({"finetune": {"recipes": {"r": "r.yaml"}, "runs": {"x": {
+        "recipe": "r", "data": "t", "table": "tape_contact", "tests": {"t": "test"}}}}})["finetune"]["runs"]
+    assert runs["x"]["encoders"] == []
+
+
+def test_invalid_config_is_one_line_naming_the_key():
+    bad = {"sources": {"a": {"url": "file:x.fa"}}, "datasets": {"d": {"sources": ["a"], "shards": {"num_shards": 0}}}}
+    with pytest.raises(WorkflowError):
+        validate(copy.deepcopy(bad), str(SCHEMA_PATH), set_default=True)
+    error = schema_error(bad, SCHEMA_PATH)
+    assert str(error).startswith("config.datasets.d.shards.num_shards: 0 is less than the minimum")
+    with pytest.raises(ConfigError, match=r"config.datasets.d.sources\[0\]: unknown source 'b'"):
+        check_references(_validated({"sources": {"a": {"url": "file:x.fa"}}, "datasets": {"d": {"sources": ["b"]}}}))
