@@ -72,6 +72,8 @@ def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
     tsv.write_text("model\thead\ttest_set\tmetric\tvalue\tn_proteins\n"
                    "PMLM-tiny@demo\tlinear\tdemo_test\tP@L/5_medium_long\t0.25\t3\n")
     written = write_all([("tape_contact", str(tsv))], tmp_path / "tables")
-    # common.smk declares TABLES x (md, csv, tex) as the outputs of aggregate_tables
-    assert sorted(p.name for p in written) == sorted(f"{t}.{ext}" for t in TABLES for ext in ("md", "csv", "tex"))
+    # aggregate_tables declares TABLES x (md, csv, tex) plus each table's HTML form (the report's item)
+    assert sorted(p.name for p in written) == sorted(
+        f"{t}.{ext}" for t in TABLES for ext in ("md", "csv", "tex", "html")
+    )
     assert "| ours | PMLM-tiny | demo | linear | demo_test | 25.0 |" in (tmp_path / "tables" / "tape_contact.md").read_text()
