@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from pmlm import __version__
+
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, *, directory: bool = False) -> Iterator[str]:
@@ -70,9 +72,7 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
 
 def versions() -> dict:
     """Versions recorded into every checkpoint and results table."""
-    import pmlm
-
-    out = {"pmlm": pmlm.__version__, "python": platform.python_version(), "git_commit": git_commit()}
+    out = {"pmlm": __version__, "python": platform.python_version(), "git_commit": git_commit()}
     for name in ("torch", "numpy", "pyarrow", "pandas"):
         try:
             out[name] = __import__(name).__version__

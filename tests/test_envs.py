@@ -3,8 +3,10 @@ the env a rule names lists every third-party package its `python -m pmlm <comman
 exactly, and each pin inside pyproject.toml's range for that package.
 
 What a command imports is read from the source with ast: `python -m pmlm` imports pmlm.cli and, at module
-level, every subcommand module (for their arguments); the command's own module is then followed through all
-its imports, those inside functions included (commands import their heavy dependencies lazily).
+level, every command module (for their arguments); the command's engine (the command module's ENGINE, or the
+command module itself where it has none) is then followed through all its imports, those inside functions
+included (the optional dependencies that an engine imports where it needs them). The command modules
+themselves must import nothing heavy, not even transitively: that keeps `pmlm fetch` free of torch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 import sys
 import tomllib
 from functools import cache
@@ -26,6 +29,11 @@ from workflow_rules import REPO, read_rules
 from pmlm.cli import SUBCOMMANDS
 
 STDLIB = set(sys.stdlib_module_names)
+# what a command module (pmlm/commands) may import besides the standard library: numpy, which the light
+# contracts (pmlm.alphabet) use; torch, pyarrow, pandas, safetensors and the rest are the engines'
+LIGHT = {"numpy"}
+COMMAND_MODULES = sorted(f"pmlm.commands.{p.stem}" for p in (REPO / "pmlm" / "commands").glob("*.py")
+                         if p.stem != "__init__")
 # imported name (or a dotted prefix of one) -> conda package that provides it
 CONDA_PACKAGE = {
     "Bio": "biopython",
@@ -87,22 +95,24 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
         for name in _imports(module, module_level or module == "pmlm"):
             parts = name.split(".")
             if parts[0] == "pmlm":  # pmlm.a.b is a module, or a name inside module pmlm.a
-                prefixes = (".".join(parts[:k]) for k in range(len(parts), 0, -1))
-                todo.append(next(p for p in prefixes if _module_file(p)))
+                prefixes = [".".join(parts[:k]) for k in range(len(parts), 0, -1)]
+                todo += [p for p in prefixes if _module_file(p)]  # the module and the packages it sits in
             elif parts[0] not in STDLIB:
                 found.add(name)
     return found
 
 
+def engine_of(command: str) -> str:
+    """The module whose ``run`` does ``pmlm command``'s work."""
+    module = importlib.import_module(SUBCOMMANDS[command][0])
+    return getattr(module, "ENGINE", module.__name__)
+
+
 def packages_needed(command: str) -> set[str]:
     cli = ["pmlm.__main__", "pmlm.cli", *(module for module, _ in SUBCOMMANDS.values())]
-    module = SUBCOMMANDS[command][0]
-    # a module of pmlm/commands/ names the engine that computes (pmlm.cli imports it after parsing); an engine
-    # that dispatches to one module per item lists them in ITEM_ENGINES
-    roots = [module]
-    engine = getattr(importlib.import_module(module), "ENGINE", None)
-    if engine:
-        roots += [engine, *getattr(importlib.import_module(engine), "ITEM_ENGINES", {}).values()]
+    engine = engine_of(command)
+    # an engine that dispatches to one module per item lists them in ITEM_ENGINES
+    roots = [engine, *getattr(importlib.import_module(engine), "ITEM_ENGINES", {}).values()]
     names = third_party_imports(cli, module_level=True) | third_party_imports(roots, False)
     needed = set()
     for name in names:
@@ -174,6 +184,44 @@ def test_what_each_command_needs():
     assert "pandas" in packages_needed("tables") and "matplotlib-base" in packages_needed("kl")
     assert {"pytorch", "pandas", "matplotlib-base", "pyyaml"} <= packages_needed("report")  # through ITEM_ENGINES
     assert "pytorch" not in packages_needed("split") and "pytorch" not in packages_needed("fetch")
+    for command in ("embed", "contacts", "score"):  # the model-use engines run the encoder
+        assert {"pytorch", "safetensors"} <= packages_needed(command), command
+
+
+@pytest.mark.parametrize("module", COMMAND_MODULES)
+def test_command_modules_import_nothing_heavy(module):
+    """A command module is argparse only: its imports, followed through pmlm, reach no third-party package
+    beyond LIGHT (and its ENGINE names a module with a run function)."""
+    assert third_party_imports([module], module_level=False) - LIGHT == set()
+    engine = importlib.import_module(module).ENGINE
+    assert _module_file(engine) is not None and "run" in {
+        n.name for n in ast.parse(_module_file(engine).read_text()).body if isinstance(n, ast.FunctionDef)}, engine
+
+
+def test_every_command_module_is_a_subcommand():
+    """pmlm/commands holds the subcommands of pmlm.cli, and each of its subcommands resolves to an engine."""
+    listed = {module for module, _ in SUBCOMMANDS.values()}
+    assert set(COMMAND_MODULES) <= listed
+    assert all(_module_file(engine_of(command)) for command in SUBCOMMANDS)
+
+
+def test_the_parser_and_fetch_load_no_engine_dependencies(tmp_path):
+    """At run time: building every parser, and a whole `pmlm fetch` of a local file, import no torch,
+    pyarrow, pandas or safetensors."""
+    source = tmp_path / "source.txt"
+    source.write_text("ACDE\n")
+    code = (
+        "import sys\n"
+        "from pmlm.cli import build_parser, main\n"
+        "build_parser()\n"
+        f"code = main(['fetch', {source.as_uri()!r}, '-o', {str(tmp_path / 'dest.txt')!r}])\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'pyarrow', 'pandas', 'safetensors'})\n"
+        "print(code, ' '.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0].strip() == "0"
+    assert (tmp_path / "dest.txt").read_text() == "ACDE\n"
 
 
 def test_an_incomplete_or_loose_env_is_reported(tmp_path):
@@ -189,18 +237,3 @@ def test_an_incomplete_or_loose_env_is_reported(tmp_path):
     assert "pmlm.yaml: numpy is not pinned exactly (name==version)" in problems
     assert "pmlm.yaml: pandas==1.5.3 is outside pyproject.toml's pandas>=2.1" in problems
     assert "pmlm.yaml lacks pytorch (imported by pmlm tables)" in problems
-
-
-def test_command_modules_import_no_engine():
-    """pmlm/commands/*: arguments only (standard library and light contracts), the engine named by ENGINE."""
-    import importlib
-
-    modules = [module for module, _ in SUBCOMMANDS.values() if module.startswith("pmlm.commands.")]
-    assert {"pmlm.commands.embed", "pmlm.commands.contacts", "pmlm.commands.score"} <= set(modules)
-    assert third_party_imports(modules, module_level=False) == set()
-    for module in modules:
-        engine = importlib.import_module(module).ENGINE
-        assert _module_file(engine) is not None, engine
-        if module.rsplit(".", 1)[1] in ("embed", "contacts", "score"):
-            # the model-use engines run the encoder: the walk must see torch behind them
-            assert "pytorch" in {CONDA_PACKAGE.get(n.split(".")[0]) for n in third_party_imports([engine], True)}

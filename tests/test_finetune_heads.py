@@ -7,10 +7,11 @@ import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError
+from pmlm.evaluation.unsupervised import symmetrize
 from pmlm.finetune.config import FinetuneConfig
 from pmlm.finetune.heads import (
     ContactLinearHead, ContactResNetHead, RemoteHomologyHead, SecondaryStructureHead, TaskModel, build_head,
-    pair_features, pair_map, resolve_features, symmetrise,
+    pair_features, pair_map, resolve_features,
 )
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig, build_model
@@ -64,7 +65,7 @@ def test_head_shapes_and_contact_symmetry(training):
 def test_linear_head_closed_form_equals_explicit_pair_features():
     head = ContactLinearHead(HIDDEN, 0.5, 1 << 20).eval()
     reps = _reps()
-    explicit = symmetrise(pair_map(reps, None, lambda f: head.out(f).squeeze(-1), 1 << 20))
+    explicit = symmetrize(pair_map(reps, None, lambda f: head.out(f).squeeze(-1), 1 << 20))
     torch.testing.assert_close(head(reps, None), explicit, rtol=1e-5, atol=1e-5)
     # the features really are concat(f_i * f_j, f_i - f_j)
     feats = pair_features(reps, 2, 4, None)  # (B, 2, L, 2C)

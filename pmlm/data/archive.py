@@ -11,7 +11,6 @@ already-compressed members, where stored blocks dominate, and 2-3x on compressib
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import lzma
 import shutil
@@ -118,12 +117,6 @@ def extract_member(archive: str | Path, member: str, output: str | Path) -> int:
             shutil.copyfileobj(src, out, STREAM_BUFFER)
 
     return open_member(archive, member, copy)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("archive", help="tar, tar.gz, tar.bz2 or tar.xz archive")
-    p.add_argument("member", help="member path; a nested tar on the way is opened in place (uniref50.tar/uniref50.xml.gz)")
-    p.add_argument("-o", "--output", required=True)
 
 
 def run(args) -> int:

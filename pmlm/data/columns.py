@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from pmlm import alphabet
 
@@ -65,8 +66,6 @@ def crc32_spans(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
 
 def _string_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, binary: bool = False):
     """An Arrow string (or binary) array of the spans of ``data``."""
-    import pyarrow as pa
-
     offsets = np.zeros(lengths.size + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
@@ -92,8 +91,6 @@ def _lines(body: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def one_line_columns(body: bytes) -> Columns | None:
     """The columns of a block of one-line records, or None when the block is laid out otherwise
     or has a record the tokenizer would refuse (the record-by-record reader then says which)."""
-    import pyarrow as pa
-
     lines = _lines(body)
     if lines is None:
         return None
@@ -153,8 +150,6 @@ def fasta_columns(body: bytes, headers: bool = False) -> tuple[list[bytes], list
     """(ids, residues, header lines or None) of a block of FASTA records, sequence lines wrapped or
     not, by numpy operations on the block; None when the block holds what this does not read as
     Biopython would (tabs, carriage returns, spaces in sequence lines, an empty or space-led id)."""
-    import pyarrow as pa
-
     lines = _lines(body)
     if lines is None:
         return None

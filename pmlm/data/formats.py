@@ -237,14 +237,14 @@ def source_chunks(path: str | os.PathLike, fmt: str, repairs: Counter | None = N
     """The raw pieces of a source that :func:`parse_chunk` turns into blocks, cut in this process
     (decompression, record boundaries, XML well-formedness) so workers can parse them; FASTA headers
     read as Latin-1 are counted in ``repairs``."""
-    from pmlm.data.uniref import entry_chunks
+    from pmlm.data.uniref import entry_chunks  # here, not at the top: pmlm.data.uniref imports this module (Block)
 
     return entry_chunks(path) if fmt == "uniref_xml" else fasta_blocks(path, split=False, repairs=repairs)
 
 
 def parse_chunk(path: str, fmt: str, chunk, lines: bool = True) -> Block:
     """The block of one chunk of :func:`source_chunks`; ``lines=False``: see :func:`fasta_block`."""
-    from pmlm.data.uniref import parse_entries
+    from pmlm.data.uniref import parse_entries  # here: pmlm.data.uniref imports this module
 
     if fmt == "uniref_xml":
         return parse_entries(path, chunk)
@@ -258,7 +258,7 @@ def chunk_first_line(fmt: str, chunk) -> int:
 
 def read_source(path: str | os.PathLike, fmt: str = AUTO) -> Iterator[Block]:
     """Blocks of records of ``path`` in ``fmt`` (``auto``: detected by content)."""
-    from pmlm.data.uniref import read_uniref_xml
+    from pmlm.data.uniref import read_uniref_xml  # here: pmlm.data.uniref imports this module
 
     fmt = detect_format(path) if check_format(fmt) == AUTO else fmt
     if fmt == "uniref_xml":

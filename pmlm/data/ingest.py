@@ -18,7 +18,6 @@ Clean FASTA: one line per sequence, header ``>ID`` plus the source's annotations
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import yaml
 
 from pmlm.data import dedup
 from pmlm.data.columns import clean_one_line_fasta
@@ -324,8 +324,6 @@ def _stats(inputs: list[str], formats: list[str], policy: IngestPolicy, norm: No
 
 
 def policy_from_args(args) -> IngestPolicy:
-    import yaml
-
     values: dict = {}
     if args.policy:
         try:
@@ -340,17 +338,6 @@ def policy_from_args(args) -> IngestPolicy:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         values[key] = yaml.safe_load(value)
     return IngestPolicy.from_dict(values)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="FASTA, Pfam-A FASTA or UniRef XML files, plain or gzip (detected by content)")
-    p.add_argument("-o", "--output", required=True, help="clean FASTA to write")
-    p.add_argument("--stats", required=True, help="JSON accounting of read / kept / dropped-by-reason records")
-    p.add_argument("--policy", help="YAML mapping of ingest policy keys (see pmlm.data.ingest.IngestPolicy)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one policy key (repeatable)")
-    p.add_argument("--format", default=AUTO, metavar="FMT[,FMT...]",
-                   help=f"source format: {AUTO} (by content, the default) or one of fasta, pfam_fasta, uniref_xml; "
-                        "one for all inputs or one per input, comma-separated")
 
 
 def run(args) -> int:

@@ -27,13 +27,15 @@ small enough to stream and shuffle at row-group granularity.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import zlib
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pmlm import alphabet
 from pmlm.artefacts import SHARDS_FORMAT, write_manifest
@@ -56,8 +58,6 @@ SCHEMA_DOC = {
 
 
 def arrow_schema():
-    import pyarrow as pa
-
     return pa.schema(
         [
             pa.field("id", pa.string(), nullable=False),
@@ -133,9 +133,6 @@ class SplitWriter:
 
     def flush(self, shard: int, rows: int | None = None) -> None:
         """Write the first ``rows`` waiting rows of ``shard`` (all when None) as one row group."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if not self.buffered[shard]:
             return
         table = pa.Table.from_batches(self.buffers[shard], schema=arrow_schema())
@@ -159,17 +156,12 @@ class SplitWriter:
         return self.dir / f".clusters-{shard:05d}.arrows"
 
     def _log_clusters(self, shard: int, rows) -> None:
-        import pyarrow as pa
-
         if self._cluster_logs[shard] is None:
             self._cluster_logs[shard] = pa.ipc.new_stream(str(self._cluster_log(shard)), pa.schema([("cluster_id", pa.string())]))
         self._cluster_logs[shard].write_batch(pa.record_batch([rows.column(1)], names=["cluster_id"]))
 
     def _distinct_clusters(self) -> int:
         """Distinct cluster ids, shard by shard (a cluster never spans shards), by Arrow's hash kernel."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         total = 0
         for shard, log in enumerate(self._cluster_logs):
             if log is None:
@@ -182,8 +174,6 @@ class SplitWriter:
         return total
 
     def close(self) -> dict:
-        import pyarrow.parquet as pq
-
         for shard in range(self.num_shards):
             self.flush(shard)
             if self.writers[shard] is None:  # an empty shard is still a valid, readable file
@@ -246,8 +236,6 @@ class _Sharded(NamedTuple):
 
 def _record_columns(path: str, records: list[bytes], line: int) -> Columns:
     """The columns of any block of records, one record at a time (what one_line_columns declines)."""
-    import pyarrow as pa
-
     table, invalid = alphabet.TRANSLATE_TABLE, bytes([alphabet.INVALID_BYTE])
     parts = [t.partition(b"\n") for t in records]
     encoded = [p[2].translate(table, WHITESPACE) for p in parts]
@@ -268,8 +256,6 @@ def _record_columns(path: str, records: list[bytes], line: int) -> Columns:
 
 def _shard_block(path: str, body: bytes, line: int, num_shards: int) -> _Sharded:
     """Parse one block of a split's FASTA and order its rows by shard."""
-    import pyarrow as pa
-
     c = one_line_columns(body) or _record_columns(path, body[1:].split(b"\n>"), line)
     n = len(c.lengths)
     offsets = np.zeros(n + 1, dtype=np.int32)
@@ -344,16 +330,6 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
             manifest["splits"][split] = writer.close()
         write_manifest(root, manifest)
     return manifest
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", action="append", required=True, metavar="SPLIT=FASTA",
-                   help="split name and FASTA (plain or .gz); repeat for each split and file")
-    p.add_argument("--out-dir", required=True, help="directory for manifest.json and <split>/part-*.parquet")
-    p.add_argument("--num-shards", type=int, default=8, help="Parquet files per split (fixed, from config)")
-    p.add_argument("--row-group-size", type=int, default=2048, help="rows per Parquet row group")
-    p.add_argument("--compression-level", type=int, default=1,
-                   help="zstd level (1: token bytes compress as well as at 3 and ~2.5x faster)")
 
 
 def run(args) -> int:

@@ -7,7 +7,6 @@ input header followed by the cluster) so the tokenizer can stream them, plus a J
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -15,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -227,30 +226,10 @@ def mmseqs_version(name: str) -> str | None:
         return None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SplitConfig()
-    p.add_argument("fasta", help="clean FASTA from pmlm ingest (unique ids)")
-    p.add_argument("--out-dir", required=True, help="writes train.fasta, valid.fasta, split_stats.json")
-    p.add_argument("--method", default=d.method, choices=("linclust", "cluster"))
-    p.add_argument("--min-seq-id", type=float, default=d.min_seq_id)
-    p.add_argument("--coverage", type=float, default=d.coverage)
-    p.add_argument("--cov-mode", type=int, default=d.cov_mode)
-    p.add_argument("--valid-fraction", type=float, default=d.valid_fraction)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--decontaminate", nargs="*", default=[], metavar="FASTA",
-                   help="evaluation sequences; training sequences similar to any of them are removed")
-    p.add_argument("--decontam-min-seq-id", type=float, default=d.decontam_min_seq_id)
-    p.add_argument("--decontam-coverage", type=float, default=d.decontam_coverage)
-    p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--mmseqs", default=d.mmseqs, help="MMseqs2 executable")
-
-
 def run(args) -> int:
-    cfg = SplitConfig(
-        method=args.method, min_seq_id=args.min_seq_id, coverage=args.coverage, cov_mode=args.cov_mode,
-        valid_fraction=args.valid_fraction, seed=args.seed, decontam_min_seq_id=args.decontam_min_seq_id,
-        decontam_coverage=args.decontam_coverage, threads=args.threads, mmseqs=args.mmseqs,
-    )
+    # the options given (named after SplitConfig's fields); the rest keep SplitConfig's defaults
+    given = {f.name: getattr(args, f.name, None) for f in fields(SplitConfig)}
+    cfg = SplitConfig(**{name: value for name, value in given.items() if value is not None})
     if not os.path.isfile(args.fasta):
         raise InputError(args.fasta, "no such file")
     stats = split(args.fasta, args.out_dir, cfg, references=args.decontaminate or None)

@@ -8,7 +8,6 @@ threshold; the drops are counted. Lines are copied verbatim, so every field of t
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pmlm.data.fasta import open_binary
 from pmlm.data.split import SplitConfig, _run_mmseqs, cluster_members, mmseqs_binary
 from pmlm.errors import ConfigError
 from pmlm.tasks.structures import ReadCounts, read_structure_jsonl
@@ -34,8 +34,6 @@ def _draw(name: str, seed: int) -> float:
 
 def _raw_lines(path: str) -> list[str]:
     """The non-empty lines of a (gzip) JSONL file, in order."""
-    from pmlm.data.fasta import open_binary
-
     with open_binary(path) as fh:
         return [line.decode("utf-8").rstrip("\n") for line in fh if line.strip()]
 
@@ -113,18 +111,6 @@ def split_structures(path: str, out_dir: str, cfg: SplitConfig, fractions: tuple
     with atomic_output(out / "structure_split_stats.json") as tmp:
         Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
     return stats
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("structures", help="structure JSONL(.gz): id, chain, seq, dssp, ca, cb per line")
-    p.add_argument("--out-dir", required=True, help="writes train.jsonl, valid.jsonl, test.jsonl and stats")
-    p.add_argument("--fractions", type=float, nargs=3, default=(0.7, 0.1, 0.2), metavar=("TRAIN", "VALID", "TEST"))
-    p.add_argument("--min-seq-id", type=float, default=0.3, help="identity that makes two chains 'near'")
-    p.add_argument("--coverage", type=float, default=0.5)
-    p.add_argument("--method", default="cluster", choices=("cluster", "linclust"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--mmseqs", default="mmseqs")
 
 
 def run(args) -> int:

@@ -8,15 +8,19 @@ visible), so both distributions condition on the same context X_/{i,j}: the mask
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+import torch
 
 from pmlm import alphabet
+from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.errors import ConfigError
+from pmlm.evaluation.pair_readout import pair_dependence
+from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
@@ -25,12 +29,6 @@ SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 
 
 def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues: int) -> list[np.ndarray]:
     """The first ``limit`` sequences of a split in manifest order (deterministic), cropped to ``max_residues``."""
-    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
-    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
-    import pyarrow.parquet as pq
-
-    from pmlm.artefacts import read_manifest as load_manifest
-
     manifest = load_manifest(shards_dir)
     out: list[np.ndarray] = []
     for entry in manifest["splits"][split]["files"]:
@@ -48,12 +46,6 @@ def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: i
             progress=None) -> dict:
     """KL and separation for sampled pairs (i < j, both standard residues) of each sequence;
     ``progress`` (a pmlm.progress.Progress) counts the sequences."""
-    # engine imports here, not at the top: pmlm/cli.py imports every command module to build its parser,
-    # and commands such as `pmlm split` run in environments without torch / pyarrow / safetensors
-    import torch
-
-    from pmlm.evaluation.pair_readout import pair_dependence
-
     rng = np.random.default_rng(seed)
     kls, seps = [], []
     for residues in sequences:
@@ -125,24 +117,7 @@ def plot_histogram(results: dict[str, dict], prefix: str | Path, title: str) -> 
     return paths
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", action="append", required=True, metavar="NAME=WEIGHTS",
-                   help="label and final weights (model.safetensors with its .json); repeatable")
-    p.add_argument("--shards", action="append", required=True, metavar="NAME=DIR",
-                   help="shards folder for the model of the same NAME (its validation split is used)")
-    p.add_argument("--out-prefix", required=True, help="writes PREFIX.png, PREFIX.svg, PREFIX.json")
-    p.add_argument("--sequences", type=int, default=64, help="validation sequences per model")
-    p.add_argument("--pairs", type=int, default=16, help="sampled pairs per sequence")
-    p.add_argument("--max-residues", type=int, default=254, help="crop of each sequence (model max_len - 2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split", default="valid")
-
-
 def run(args) -> int:
-    # the engine (torch) is imported here, not at the top: pmlm/cli.py imports every command module to
-    # build its parser, and commands such as `pmlm split` run in environments without torch
-    from pmlm.evaluation.pretrained import load_pretrained
-
     def pairs(items, flag):
         out = {}
         for item in items:

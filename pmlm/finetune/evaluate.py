@@ -27,13 +27,17 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pmlm.errors import ConfigError, InputError
+from pmlm.evaluation.pair_readout import all_pairs, pair_dependence
+from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.evaluation.unsupervised import apc, symmetrize
+from pmlm.finetune.data import evaluation_batches, read_task_data
+from pmlm.finetune.scoring import HEADLINE, contact_summary, load_finetuned, score_task
 from pmlm.progress import Progress
+from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.utils import atomic_output, file_digest, versions
-
-# A command module: pmlm.cli imports it to build the parser, and the data stage's environment has no
-# torch, so the torch-backed engines are imported inside the functions that use them.
 
 PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
 TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
@@ -50,11 +54,6 @@ def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, ma
                                 pair_batch: int = 4096, device="cpu") -> np.ndarray:
     """(L, L) contact scores from the pair head's joints (see the module docstring): both orders of
     every pair i < j, symmetrised, then APC (which zeroes the diagonal)."""
-    import torch  # engines load in the functions of this command module (see the note under its imports)
-
-    from pmlm.evaluation.pair_readout import all_pairs, pair_dependence
-    from pmlm.evaluation.unsupervised import apc, symmetrize
-
     length = int(residues.size)
     pairs = all_pairs(length)  # (P, 2) rows (i, j), i < j
     values = pair_dependence(model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch,
@@ -70,9 +69,6 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
                        mask_pairs: bool, pair_batch: int, device,
                        progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
-    from pmlm.finetune.data import evaluation_batches  # torch-backed (see the note under the imports)
-    from pmlm.finetune.scoring import contact_summary
-
     batches, n_long = evaluation_batches(data.examples, "contact", 1, window, too_long, threshold)
 
     def proteins():
@@ -101,44 +97,7 @@ def write_tsv(path: str | Path, rows: list[dict]) -> None:
             writer.writerow([cell(row[c]) for c in TSV_COLUMNS])
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = ("Writes one TSV (long format: one metric per row) for this model, task and head over all --test sets. "
-                "Contact metrics: P@{L,L/2,L/5}_{short,medium,long,medium_long,tape_s6}, per-protein means, "
-                "plus _pooled variants; ss3: Q3 (pooled over residues, as TAPE) and Q3_per_protein; "
-                "remote homology: top1.")
-    p.add_argument("--head", required=True, metavar="HEAD.safetensors|pair-kl|pair-mi",
-                   help="a fine-tuned head (with its .json sidecar), or an unsupervised read-out of the pair head")
-    p.add_argument("--encoder", metavar="MODEL.safetensors",
-                   help="pre-trained encoder (with model.json); required for pair-kl / pair-mi, "
-                        "for a head defaults to the one it was fine-tuned on (checked by sha256)")
-    p.add_argument("--test", action="append", required=True, metavar="NAME=PATH",
-                   help="test set label and file (structure JSONL, TAPE JSON/LMDB, RaptorX set); repeatable")
-    p.add_argument("--out", required=True, metavar="PATH.tsv", help="the results table")
-    p.add_argument("--model", metavar="NAME", help="model label in the table (default: the encoder's folder name)")
-    p.add_argument("--batch-size", type=int, default=4, help="proteins per forward pass (heads)")
-    p.add_argument("--too-long", choices=("crop", "skip"), default="crop",
-                   help="proteins longer than the encoder's window: crop to the window, or leave out (counted)")
-    p.add_argument("--mask-pairs", action="store_true",
-                   help="pair-kl / pair-mi: mask each pair as in pre-training "
-                        "(one sequence copy per pair: small proteins only)")
-    p.add_argument("--pair-batch", type=int, default=4096, help="pairs per pair-head call (pair-kl / pair-mi)")
-    p.add_argument("--format", choices=("auto", "structure_jsonl", "tape", "raptorx"), default="auto",
-                   help="format of the test files (auto: from name and content)")
-    p.add_argument("--contact-atom", choices=("auto", "CA", "CB"),
-                   help="contact atom (auto: the dataset's convention); default: the head's config, auto for pair-*")
-    p.add_argument("--contact-threshold", type=float,
-                   help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-
-
 def run(args: argparse.Namespace) -> int:
-    import torch  # engines load here, not when pmlm.cli builds its parser (see the note under the imports)
-
-    from pmlm.evaluation.pretrained import load_pretrained
-    from pmlm.finetune.data import read_task_data
-    from pmlm.finetune.scoring import HEADLINE, load_finetuned, score_task
-    from pmlm.tasks.structures import CONTACT_THRESHOLD
-
     tests = {}
     for item in args.test:
         name, sep, path = item.partition("=")

@@ -25,16 +25,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pmlm.errors import ConfigError
+from pmlm.evaluation.unsupervised import symmetrize
 from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel
 
 NORM_EPS = 1e-5  # variance floor of the masked norms (torch's BatchNorm / InstanceNorm default)
 NORM_MOMENTUM = 0.1  # running-statistics update rate of the masked batch norm (torch's default)
-
-
-def symmetrise(logits: torch.Tensor) -> torch.Tensor:
-    """(B, L, L) -> (s + s^T) / 2."""
-    return (logits + logits.transpose(1, 2)) / 2
 
 
 def pair_features(reps: torch.Tensor, start: int, stop: int, pair_block: PairHead | None) -> torch.Tensor:
@@ -85,9 +81,9 @@ class ContactLinearHead(nn.Module):
         if not self.training and pair_block is None:
             w_prod = self.out.weight[0, : reps.shape[-1]]  # (C,)
             # symmetric in exact arithmetic; symmetrised anyway so rounding cannot break it
-            return symmetrise((reps * w_prod) @ reps.transpose(1, 2) + self.out.bias)  # (B, L, L)
+            return symmetrize((reps * w_prod) @ reps.transpose(1, 2) + self.out.bias)  # (B, L, L)
         raw = pair_map(reps, pair_block, lambda f: self.out(self.dropout(f)).squeeze(-1), self.chunk_elements)
-        return symmetrise(raw)  # (B, L, L)
+        return symmetrize(raw)  # (B, L, L)
 
 
 class MaskedNorm2d(nn.Module):
@@ -159,7 +155,7 @@ class ContactResNetHead(nn.Module):
         for block in self.blocks:
             x = block(x, pair_mask)
         x = F.relu(self.final_norm(x, pair_mask))
-        return symmetrise(self.out(x).squeeze(1))  # (B, L, L)
+        return symmetrize(self.out(x).squeeze(1))  # (B, L, L)
 
 
 def _mlp(hidden: int, mlp_hidden: int, classes: int, dropout: float) -> nn.Sequential:

@@ -274,3 +274,9 @@ def _head_info(cfg: FinetuneConfig, step: int, encoder_sha: str, encoder_info: d
         "valid": None if valid_data is None else {"path": str(valid_path), "scores": valid_scores},
         "versions": versions(),
     }
+
+
+def run(args) -> int:
+    """``pmlm finetune`` (arguments: pmlm.commands.finetune)."""
+    cfg = FinetuneConfig.from_yaml(args.config, args.set)
+    return finetune(cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid)

@@ -12,7 +12,6 @@ when those are missing too).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import io
 import json
@@ -22,6 +21,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from Bio.Data.PDBData import protein_letters_3to1_extended
+from Bio.PDB import MMCIFParser, PDBParser
+from Bio.PDB.PDBExceptions import PDBConstructionWarning
 
 from pmlm.errors import InputError
 from pmlm.utils import atomic_output
@@ -66,10 +68,6 @@ def virtual_cb(n: np.ndarray, ca: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 def chain_record(path: Path, pdb_id: str, chain_id: str) -> dict:
     """{id, seq, cb} of one chain of a PDB or mmCIF file."""
-    from Bio.Data.PDBData import protein_letters_3to1_extended
-    from Bio.PDB import MMCIFParser, PDBParser
-    from Bio.PDB.PDBExceptions import PDBConstructionWarning
-
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     parser = MMCIFParser(QUIET=True) if name.endswith(".cif") else PDBParser(QUIET=True)
     opener = gzip.open if path.name.endswith(".gz") else open
@@ -111,12 +109,6 @@ def convert(chain_list: str | Path, pdb_dir: str | Path, output: str | Path) -> 
         for pdb_id, chain_id in chains:
             out.write(json.dumps(chain_record(find_structure(folder, pdb_id), pdb_id, chain_id)) + "\n")
     return len(chains)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--chains", required=True, help="list of PDB chains, one per line (1abcA, 1abc_A, ...)")
-    p.add_argument("--pdb-dir", required=True, help="folder of the PDB's coordinate files (.cif/.pdb/.ent, .gz)")
-    p.add_argument("-o", "--output", required=True, help="contact-set JSONL (id, seq, cb) to write")
 
 
 def run(args) -> int:

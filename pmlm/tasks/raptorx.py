@@ -24,7 +24,6 @@ from C-beta, virtual C-beta for glycine, distance <= 8 A):
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import zipfile
@@ -37,7 +36,7 @@ import numpy as np
 from pmlm.alphabet import RESIDUES, UNKNOWN_RESIDUE
 from pmlm.errors import InputError
 from pmlm.tasks.structures import (
-    CONTACT_THRESHOLD, ON_ERROR_CHOICES, ReadCounts, RecordError, contact_map, open_text, parse_coords,
+    CONTACT_THRESHOLD, ON_ERROR_CHOICES, ReadCounts, RecordError, contact_map, jsonl_records, parse_coords,
 )
 from pmlm.tasks.tape import safe_unpickle
 
@@ -182,30 +181,6 @@ def _per_protein_records(
             yield record
 
 
-def _jsonl_records(path: Path, threshold: float, on_error: str, counts: ReadCounts) -> Iterator[ContactRecord]:
-    line_no = 0
-    try:
-        with open_text(path) as fh:
-            for line_no, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise RecordError(f"bad JSON: {exc.msg} (column {exc.colno})", "bad JSON") from None
-                    if not isinstance(obj, dict):
-                        raise RecordError(f"expected a JSON object, got {type(obj).__name__}", "not an object")
-                    record = record_from_fields(obj, f"{path.name}:{line_no}", threshold)
-                except RecordError as exc:
-                    counts.reject(InputError(path, str(exc), line=line_no), exc.reason, on_error)
-                    continue
-                counts.read += 1
-                yield record
-    except (EOFError, OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"unreadable after line {line_no}: {exc}", line=line_no + 1) from None
-
-
 def read_contact_set(
     path: str | os.PathLike, *, threshold: float = CONTACT_THRESHOLD, on_error: str = "raise",
     counts: ReadCounts | None = None,
@@ -226,4 +201,5 @@ def read_contact_set(
         raise InputError(path, "no such file or directory")
     if path.suffix in PER_PROTEIN_SUFFIXES:
         return _per_protein_records([path], threshold, on_error, counts)
-    return _jsonl_records(path, threshold, on_error, counts)
+    return jsonl_records(path, lambda obj, line_no: record_from_fields(obj, f"{path.name}:{line_no}", threshold),
+                         on_error, counts)

@@ -16,13 +16,16 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from pmlm.alphabet import RESIDUES, UNKNOWN_RESIDUE
 from pmlm.errors import InputError
+
+T = TypeVar("T")
 
 CONTACT_THRESHOLD = 8.0  # Angstrom; a pair is a contact when its distance is <= this
 # Atom whose distance defines a contact, per dataset (design brief, section 3).
@@ -190,9 +193,7 @@ def _parse_coords_entries(value: list, length: int, key: str) -> np.ndarray:
     return out
 
 
-def _parse_structure(obj) -> StructureRecord:
-    if not isinstance(obj, dict):
-        raise RecordError(f"expected a JSON object, got {type(obj).__name__}", "not an object")
+def _parse_structure(obj: dict) -> StructureRecord:
     missing = [k for k in ("id", "chain", "start_resnum", "seq", "dssp", "ca", "cb") if k not in obj]
     if missing:
         raise RecordError(f"missing key(s) {', '.join(missing)}", "missing key")
@@ -230,6 +231,15 @@ def read_structure_jsonl(
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
     counts = ReadCounts() if counts is None else counts
+    yield from jsonl_records(path, lambda obj, line_no: _parse_structure(obj), on_error, counts)
+
+
+def jsonl_records(path: str | os.PathLike, parse: Callable[[dict, int], T], on_error: str,
+                  counts: ReadCounts) -> Iterator[T]:
+    """``parse(object, line number)`` of each non-blank line of a JSONL file (plain or gzip), the task
+    readers' one loop over JSON lines. A bad line (bad JSON, not an object, or a RecordError from
+    ``parse``) raises InputError naming file and line, or with on_error="skip" is counted by reason in
+    ``counts``; an unreadable file (bad gzip, not UTF-8) always raises."""
     line_no = 0
     try:
         with open_text(path) as fh:
@@ -241,7 +251,9 @@ def read_structure_jsonl(
                         obj = json.loads(line)
                     except json.JSONDecodeError as exc:
                         raise RecordError(f"bad JSON: {exc.msg} (column {exc.colno})", "bad JSON") from None
-                    record = _parse_structure(obj)
+                    if not isinstance(obj, dict):
+                        raise RecordError(f"expected a JSON object, got {type(obj).__name__}", "not an object")
+                    record = parse(obj, line_no)
                 except RecordError as exc:
                     counts.reject(InputError(path, str(exc), line=line_no), exc.reason, on_error)
                     continue

@@ -343,3 +343,9 @@ def _clean_name(name: str) -> str:
     for wrapper in ("_orig_mod.", "_checkpoint_wrapped_module."):
         name = name.replace(wrapper, "")
     return name.removeprefix("module.")
+
+
+def run(args) -> int:
+    """``pmlm pretrain`` (arguments: pmlm.commands.pretrain)."""
+    cfg = TrainConfig.from_yaml(args.config, args.set)
+    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)

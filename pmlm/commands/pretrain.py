@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from pmlm.train import REQUEUE_EXIT_CODE
+from pmlm.train import RESUME_NOTE
+
+ENGINE = "pmlm.train.loop"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
-        "Resumes from the newest checkpoint in OUT/checkpoints automatically. On SIGTERM or SIGUSR1 it "
-        f"saves a checkpoint at the next step and exits with {REQUEUE_EXIT_CODE}: rerun the same command "
-        "to continue. Multi-GPU / multi-node: run it under `pmlm launch -- -m pmlm pretrain ...` (torchrun, and srun in a SLURM job)."
+    parser.epilog = RESUME_NOTE + (
+        " Multi-GPU / multi-node: run it under `pmlm launch -- -m pmlm pretrain ...` (torchrun, and srun in a SLURM job)."
     )
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (YAML)")
     parser.add_argument("--shards", required=True, metavar="DIR",
@@ -22,11 +22,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scores", metavar="PATH", help="last validation metrics (default: OUT/final_scores.json)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optim.lr=1e-4 (repeatable)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from pmlm.train.config import TrainConfig
-    from pmlm.train.loop import train
-
-    cfg = TrainConfig.from_yaml(args.config, args.set)
-    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)

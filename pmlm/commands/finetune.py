@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from pmlm.train import REQUEUE_EXIT_CODE
+from pmlm.train import RESUME_NOTE
+
+ENGINE = "pmlm.finetune.loop"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = (
-        "Resumes from the newest checkpoint in OUT/checkpoints automatically. On SIGTERM or SIGUSR1 it "
-        f"saves a checkpoint at the next step and exits with {REQUEUE_EXIT_CODE}: rerun the same command "
-        "to continue. Score the result with `pmlm evaluate --head FINAL`."
+    parser.epilog = RESUME_NOTE + (
+        " Score the result with `pmlm evaluate --head FINAL`."
     )
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="fine-tuning recipe (YAML)")
     parser.add_argument("--encoder", required=True, metavar="MODEL.safetensors",
@@ -24,11 +24,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="final head weights (.safetensors); config, encoder path and sha256 go beside it as .json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optim.head_lr=1e-3 (repeatable)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from pmlm.finetune.config import FinetuneConfig
-    from pmlm.finetune.loop import finetune
-
-    cfg = FinetuneConfig.from_yaml(args.config, args.set)
-    return finetune(cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid)

@@ -7,109 +7,32 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from pmlm import __version__
 from pmlm.alphabet import RESIDUES
-from pmlm.errors import ConfigError, InputError
+from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc
+from pmlm.synth.config import SynthConfig
 from pmlm.synth.potts import BACKGROUND, Family, PottsConfig, family_rng, generate_family
 
 FASTA_NAME = "families.fasta"
 CONTACTS_DIR = "contacts"
 PARAMS_NAME = "params.json"
 LONG_SEPARATION = 24  # the design's long range |i-j| >= 24, for the edge counts in params.json
-_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
 _RESIDUE_LETTERS = np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)  # class -> ASCII byte
 
 
-@dataclass
-class SynthConfig:
-    """A set of synthetic families: how many, their seed and naming, and the model of each."""
-
-    families: int = 8  # number of families, each from its own Potts model
-    seed: int = 0  # master seed; family k uses SeedSequence(seed, spawn_key=(k,))
-    prefix: str = "synth"  # family names are prefix + zero-padded index
-    validation_min_separation: int = 6  # |i-j| range of the MI+APC check written to params.json
-    validation_pseudocount: float = 0.01  # pseudocount of that check
-    potts: PottsConfig = field(default_factory=PottsConfig)
-
-    def __post_init__(self) -> None:
-        if self.families < 1:
-            raise ConfigError(f"families (--families) must be >= 1 (got {self.families})")
-        if self.seed < 0:
-            raise ConfigError(f"seed (--seed) must be >= 0 (got {self.seed})")
-        if self.validation_min_separation < 1:
-            raise ConfigError(f"validation_min_separation must be >= 1 (got {self.validation_min_separation})")
-        if not 0.0 <= self.validation_pseudocount <= 1.0:
-            raise ConfigError(f"validation_pseudocount must be in [0, 1] (got {self.validation_pseudocount})")
-        if not _NAME_PATTERN.match(self.prefix):
-            raise ConfigError(
-                "prefix (--prefix) must start with a letter and hold only letters, digits and '-' "
-                f"(got {self.prefix!r})"
-            )
-
-    def family_names(self) -> list[str]:
-        width = max(3, len(str(self.families - 1)))
-        return [f"{self.prefix}{k:0{width}d}" for k in range(self.families)]
-
-
-# CLI flag -> PottsConfig field; flags left out keep the dataclass default
-_POTTS_FLAGS = {
-    "length": ("length", int, "residues per sequence"),
-    "sequences": ("num_sequences", int, "sequences per family"),
-    "edges": ("edges", int, "planted couplings per family (default: one per residue)"),
-    "coupling_strength": ("coupling_strength", float, "J bonus in nats of each favoured residue pair"),
-    "compatible_pairs": ("compatible_pairs", int, "residue pairs each coupling favours"),
-    "coupling_noise": ("coupling_noise", float, "std of Gaussian noise on every J entry"),
-    "short_range_fraction": ("short_range_fraction", float, "share of edges with 6 <= |i-j| < 12"),
-    "max_degree": ("max_degree", int, "most couplings at one site"),
-    "field_concentration": ("field_concentration", float, "Dirichlet concentration of site profiles"),
-    "chains": ("chains", int, "independent Gibbs chains"),
-    "burn_in": ("burn_in", int, "sweeps discarded per chain"),
-    "thinning": ("thinning", int, "sweeps between kept samples"),
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = PottsConfig()
-    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
-    parser.add_argument(
-        "--families", type=int, default=SynthConfig.families, metavar="INT",
-        help=f"number of families (default: {SynthConfig.families})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--seed", type=int, default=SynthConfig.seed, metavar="INT",
-        help=f"master random seed (default: {SynthConfig.seed})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--prefix", default=SynthConfig.prefix, metavar="STR",
-        help=f"family name prefix (default: {SynthConfig.prefix})",
-    )  # fmt: skip
-    for flag, (name, kind, help_text) in _POTTS_FLAGS.items():
-        default = getattr(defaults, name) if name != "edges" else None
-        suffix = f" (default: {default})" if default is not None else ""
-        parser.add_argument(
-            f"--{flag.replace('_', '-')}",
-            dest=flag,
-            type=kind,
-            default=None,
-            metavar=kind.__name__.upper(),
-            help=help_text + suffix,
-        )
-
-
 def config_from_args(args: argparse.Namespace) -> SynthConfig:
-    given = {name: getattr(args, flag) for flag, (name, _, _) in _POTTS_FLAGS.items()}
+    """The options given on the command line (named after PottsConfig's fields); the rest keep their defaults."""
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(PottsConfig)}
     given = {name: value for name, value in given.items() if value is not None}
     return SynthConfig(families=args.families, seed=args.seed, prefix=args.prefix, potts=PottsConfig(**given))
 

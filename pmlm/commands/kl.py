@@ -1,0 +1,20 @@
+"""``pmlm kl``: histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs."""
+
+from __future__ import annotations
+
+import argparse
+
+ENGINE = "pmlm.evaluation.kl"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", required=True, metavar="NAME=WEIGHTS",
+                   help="label and final weights (model.safetensors with its .json); repeatable")
+    p.add_argument("--shards", action="append", required=True, metavar="NAME=DIR",
+                   help="shards folder for the model of the same NAME (its validation split is used)")
+    p.add_argument("--out-prefix", required=True, help="writes PREFIX.png, PREFIX.svg, PREFIX.json")
+    p.add_argument("--sequences", type=int, default=64, help="validation sequences per model")
+    p.add_argument("--pairs", type=int, default=16, help="sampled pairs per sequence")
+    p.add_argument("--max-residues", type=int, default=254, help="crop of each sequence (model max_len - 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="valid")

@@ -1,0 +1,32 @@
+"""``pmlm launch``: run a Python command once per GPU across the nodes of a SLURM allocation."""
+
+from __future__ import annotations
+
+import argparse
+
+from pmlm.train import REQUEUE_EXIT_CODE
+from pmlm.train.launch import DEFAULT_PORT  # the launcher is standard library only
+
+ENGINE = "pmlm.train.launch"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "pmlm launch [--gpus-per-node N] [--port P] [--dry-run] -- PYTHON_ARGS..."
+    parser.epilog = (
+        "Outside SLURM, or inside a job step: one process per GPU on this node (torchrun --standalone), or the "
+        "command itself for one GPU. In a SLURM batch job (the Snakemake executor with the `mpi` resource, or "
+        "salloc): one `srun` step with one torchrun per node and a c10d rendezvous on the first node. "
+        f"A worker's exit {REQUEUE_EXIT_CODE} (checkpoint saved on SIGTERM/SIGUSR1) becomes this command's exit "
+        f"{REQUEUE_EXIT_CODE}; SIGTERM and SIGUSR1 are forwarded to the workers."
+    )
+    parser.add_argument("--gpus-per-node", type=int, metavar="N",
+                        help="workers per node (default: the devices in CUDA_VISIBLE_DEVICES, else "
+                             "SLURM_GPUS_ON_NODE, else one CPU worker)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="P",
+                        help=f"rendezvous port on the first node of a multi-node job (default {DEFAULT_PORT})")
+    parser.add_argument("--marker-dir", metavar="DIR",
+                        help="folder where workers record a requeue exit; must be shared by all nodes "
+                             "(default: a fresh hidden folder in the working directory, removed afterwards)")
+    parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    parser.add_argument("python_args", nargs=argparse.REMAINDER, metavar="PYTHON_ARGS",
+                        help="what to run, as arguments to python: -m MODULE ARGS..., SCRIPT ARGS... or -c CODE")

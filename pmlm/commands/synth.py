@@ -1,0 +1,54 @@
+"""``pmlm synth``: sample synthetic protein families from Potts models with planted couplings."""
+
+from __future__ import annotations
+
+import argparse
+
+from pmlm.synth.config import SynthConfig
+from pmlm.synth.potts import PottsConfig
+
+ENGINE = "pmlm.synth.families"
+
+# CLI flag -> (PottsConfig field, type, help); the field is the option's dest, flags left out keep the dataclass default
+_POTTS_FLAGS = {
+    "length": ("length", int, "residues per sequence"),
+    "sequences": ("num_sequences", int, "sequences per family"),
+    "edges": ("edges", int, "planted couplings per family (default: one per residue)"),
+    "coupling_strength": ("coupling_strength", float, "J bonus in nats of each favoured residue pair"),
+    "compatible_pairs": ("compatible_pairs", int, "residue pairs each coupling favours"),
+    "coupling_noise": ("coupling_noise", float, "std of Gaussian noise on every J entry"),
+    "short_range_fraction": ("short_range_fraction", float, "share of edges with 6 <= |i-j| < 12"),
+    "max_degree": ("max_degree", int, "most couplings at one site"),
+    "field_concentration": ("field_concentration", float, "Dirichlet concentration of site profiles"),
+    "chains": ("chains", int, "independent Gibbs chains"),
+    "burn_in": ("burn_in", int, "sweeps discarded per chain"),
+    "thinning": ("thinning", int, "sweeps between kept samples"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = PottsConfig()
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    parser.add_argument(
+        "--families", type=int, default=SynthConfig.families, metavar="INT",
+        help=f"number of families (default: {SynthConfig.families})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=SynthConfig.seed, metavar="INT",
+        help=f"master random seed (default: {SynthConfig.seed})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefix", default=SynthConfig.prefix, metavar="STR",
+        help=f"family name prefix (default: {SynthConfig.prefix})",
+    )  # fmt: skip
+    for flag, (name, kind, help_text) in _POTTS_FLAGS.items():
+        default = getattr(defaults, name) if name != "edges" else None
+        suffix = f" (default: {default})" if default is not None else ""
+        parser.add_argument(
+            f"--{flag.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=help_text + suffix,
+        )
