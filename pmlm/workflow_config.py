@@ -89,6 +89,7 @@ def check_references(config: dict) -> None:
         for label, split in {"train": "train", "valid": "valid", **run["tests"]}.items():
             if split not in splits:
                 raise ConfigError(f"{where}: task data {run['data']!r} has no split {split!r} (has {', '.join(sorted(splits))})")
+        _check_features(where, run, pretrain.get("models") or [])
     unsupervised = finetune.get("unsupervised") or {}
     if unsupervised.get("readouts"):
         if unsupervised.get("data") not in task_data:
@@ -97,6 +98,28 @@ def check_references(config: dict) -> None:
         for label, split in (unsupervised.get("tests") or {}).items():
             if split not in splits:
                 raise ConfigError(f"config.finetune.unsupervised.tests.{label}: no split {split!r}")
+
+
+CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
+
+
+def _check_features(where: str, run: dict, models: list[dict]) -> None:
+    """A run's features name encoders it fine-tunes; M+ only for contact runs on encoders with a pair head."""
+    spec = run.get("features", "auto")
+    ids = {f"{m['dataset']}/{m['objective']}-{m['preset']}": m for m in models}
+    applies = [i for i in ids if not run.get("encoders") or i in run["encoders"]]
+    if isinstance(spec, dict):
+        for encoder in spec:
+            if encoder not in applies:
+                raise ConfigError(f"{where}.features.{encoder}: not an encoder of this run ({', '.join(applies)})")
+        chosen = {i: spec.get(i, "auto") for i in applies}
+    else:
+        chosen = {i: spec for i in applies}
+    for encoder, features in chosen.items():
+        if features == "M+" and run.get("table") not in CONTACT_TABLES:
+            raise ConfigError(f"{where}.features: M+ describes residue pairs; table {run.get('table')} reads encoder outputs (M)")
+        if features == "M+" and ids[encoder]["objective"] == "mlm":
+            raise ConfigError(f"{where}.features: M+ needs a pair head; {encoder} is an MLM encoder (use M)")
 
 
 def _splits(spec: dict) -> set[str]:

@@ -136,3 +136,39 @@ def test_invalid_config_is_one_line_naming_the_key():
     assert str(error).startswith("config.datasets.d.shards.num_shards: 0 is less than the minimum")
     with pytest.raises(ConfigError, match=r"config.datasets.d.sources\[0\]: unknown source 'b'"):
         check_references(_validated({"sources": {"a": {"url": "file:x.fa"}}, "datasets": {"d": {"sources": ["b"]}}}))
+
+
+def _finetune_config(features, table="tape_contact"):
+    return _validated({
+        "sources": {"a": {"url": "file:x.fa"}, "s": {"url": "file:s.jsonl"}},
+        "datasets": {"d": {"sources": ["a"]}},
+        "pretrain": {"recipes": {"tiny": "r.yaml"}, "models": [{"dataset": "d", "objective": "mlm", "preset": "tiny"},
+                                                               {"dataset": "d", "objective": "pmlm", "preset": "tiny"}]},
+        "task_data": {"t": {"source": "s", "split": {}}},
+        "finetune": {"recipes": {"r": "r.yaml"}, "runs": {"x": {
+            "recipe": "r", "data": "t", "table": table, "tests": {"t": "test"}, "features": features}}},
+    })
+
+
+@pytest.mark.parametrize("features, table, message", [
+    ({"d/pmlm-tiny": "M+", "d/mlm-tiny": "M"}, "tape_contact", None),
+    ("M", "secondary_structure", None),
+    ({"d/pmlm-tiny": "M+"}, "secondary_structure", "config.finetune.runs.x.features: M+ describes residue pairs"),
+    ("M+", "tape_contact", "config.finetune.runs.x.features: M+ needs a pair head; d/mlm-tiny is an MLM encoder"),
+    ({"d/pmlm-big": "M"}, "tape_contact", "config.finetune.runs.x.features.d/pmlm-big: not an encoder of this run"),
+])
+def test_run_features_are_checked(features, table, message):
+    config = _finetune_config(features, table)
+    if message is None:
+        check_references(config)
+    else:
+        with pytest.raises(ConfigError) as error:
+            check_references(config)
+        assert str(error.value).startswith(message)
+
+
+def test_schema_rejects_unknown_features():
+    with pytest.raises(WorkflowError):
+        _finetune_config("M++")
+    with pytest.raises(WorkflowError):
+        _finetune_config({"d/pmlm-tiny": "mplus"})

@@ -295,8 +295,22 @@ def finetune_inputs(wildcards):
     }
 
 
+# the workflow's names of the fine-tuning features -> the recipe's head.features
+HEAD_FEATURES = {"M": "encoder", "M+": "mplus"}
+
+
+def run_features(m, ft):
+    """M, M+ or auto: the features run ``ft`` gives encoder ``m`` (config finetune.runs.<ft>.features)."""
+    spec = FINETUNE_RUNS[ft]["features"]
+    return spec.get(encoder_id(m), "auto") if isinstance(spec, dict) else spec
+
+
 def finetune_overrides(wildcards):
-    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in FINETUNE["set"].items())
+    sets = dict(FINETUNE["set"])
+    features = run_features(model_of(wildcards), wildcards.ft)
+    if features != "auto":  # auto: the recipe's own head.features
+        sets["head.features"] = HEAD_FEATURES[features]
+    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in sets.items())
 
 
 def test_inputs(data, tests):
