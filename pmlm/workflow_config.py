@@ -65,6 +65,9 @@ def check_references(config: dict) -> None:
         if key in seen:
             raise ConfigError(f"{where}: duplicate model {'/'.join(key)}")
         seen.add(key)
+    for i, name in enumerate((pretrain.get("kl") or {}).get("datasets") or []):
+        if name not in datasets:
+            raise ConfigError(f"config.pretrain.kl.datasets[{i}]: unknown dataset {name!r}; defined: {', '.join(sorted(datasets))}")
     task_data = config.get("task_data") or {}
     for name, spec in task_data.items():
         where = f"config.task_data.{name}"

@@ -62,6 +62,11 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     for dataset in ("uniref50", "pfam"):
         assert f"results/paper/data/{dataset}/shards" in proc.stdout
     assert "results/demo" not in proc.stdout  # the demo config is replaced, not merged
+    # the KL figure: every PMLM encoder on Pfam valid and on UR50 valid
+    kl = next(line for line in proc.stdout.splitlines() if "-m pmlm kl " in line)
+    assert re.findall(r"--valid (\w+)=results/paper/data/\1/shards", kl) == ["pfam", "uniref50"]
+    assert re.findall(r"--model (\S+)=", kl) == ["PMLM-base@pfam", "PMLM-base@uniref50", "PMLM-large@uniref50",
+                                                 "PMLM-pair-xl@uniref50"]
     # the features of each contact run reach `pmlm finetune`, per encoder as config/paper.yaml sets them
     features = {}
     for line in proc.stdout.splitlines():
@@ -145,7 +150,8 @@ def test_demo_workflow(tmp_path):
     assert "| ours | MLM-tiny | demo |" in table and "| ours | PMLM-tiny | demo |" in table
     assert "| paper | PMLM-base | UR50 |" in table
     kl = json.loads((results / "figures" / "kl_histogram.json").read_text())
-    assert kl["PMLM-tiny/demo"]["all"]["pairs"] == 32
+    assert list(kl) == ["demo"] and list(kl["demo"]) == ["PMLM-tiny@demo"]  # one validation set: one panel
+    assert kl["demo"]["PMLM-tiny@demo"]["all"]["pairs"] == 32
     assert (results / "figures" / "kl_histogram.png").stat().st_size > 10_000
 
     tasks = json.loads((results / "tasks" / "demo_pdb" / "structure_split_stats.json").read_text())

@@ -209,13 +209,16 @@ def kl_models():
     return [m for m in PRETRAIN_MODELS if m["objective"] in PAIR_OBJECTIVES]
 
 
+def kl_datasets():
+    """The validation sets of the KL figure: the configured ones, else those the PMLM encoders were trained on."""
+    return PRETRAIN["kl"]["datasets"] or list(dict.fromkeys(m["dataset"] for m in kl_models()))
+
+
 def kl_args(wildcards, input):
-    args = []
-    for m in kl_models():
-        name = f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}/{m['dataset']}"
-        weights, shards = f"{name}={pretrained_weights(m)}", f"{name}={shards_dir(m['dataset'])}"
-        args.append(f"--model {shlex.quote(weights)} --shards {shlex.quote(shards)}")
-    args.append(as_flags(PRETRAIN["kl"]))
+    """Every PMLM encoder on every validation set (one panel per set), and the sampling settings."""
+    args = [f"--model {shlex.quote(f'{encoder_label(m)}={pretrained_weights(m)}')}" for m in kl_models()]
+    args += [f"--valid {shlex.quote(f'{d}={shards_dir(d)}')}" for d in kl_datasets()]
+    args.append(as_flags({k: v for k, v in PRETRAIN["kl"].items() if k != "datasets"}))
     return " ".join(args)
 
 
