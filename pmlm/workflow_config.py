@@ -68,6 +68,9 @@ def check_references(config: dict) -> None:
         if key in seen:
             raise ConfigError(f"{where}: duplicate model {'/'.join(key)}")
         seen.add(key)
+    for i, name in enumerate((pretrain.get("kl") or {}).get("datasets") or []):
+        if name not in datasets:
+            raise ConfigError(f"config.pretrain.kl.datasets[{i}]: unknown dataset {name!r}; defined: {', '.join(sorted(datasets))}")
     task_data = config.get("task_data") or {}
     for name, spec in task_data.items():
         where = f"config.task_data.{name}"
@@ -92,6 +95,7 @@ def check_references(config: dict) -> None:
         for label, split in {"train": "train", "valid": "valid", **run["tests"]}.items():
             if split not in splits:
                 raise ConfigError(f"{where}: task data {run['data']!r} has no split {split!r} (has {', '.join(sorted(splits))})")
+        _check_features(where, run, pretrain.get("models") or [])
     unsupervised = finetune.get("unsupervised") or {}
     if unsupervised.get("readouts"):
         if unsupervised.get("data") not in task_data:
@@ -107,6 +111,28 @@ def check_references(config: dict) -> None:
         if name not in drawable:
             raise ConfigError(f"config.report.contact_maps.runs[{i}]: {name!r} is not a contact run or unsupervised "
                               f"read-out of this config (have: {', '.join(sorted(drawable)) or 'none'})")
+
+
+CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
+
+
+def _check_features(where: str, run: dict, models: list[dict]) -> None:
+    """A run's features name encoders it fine-tunes; M+ only for contact runs on encoders with a pair head."""
+    spec = run.get("features", "auto")
+    ids = {f"{m['dataset']}/{m['objective']}-{m['preset']}": m for m in models}
+    applies = [i for i in ids if not run.get("encoders") or i in run["encoders"]]
+    if isinstance(spec, dict):
+        for encoder in spec:
+            if encoder not in applies:
+                raise ConfigError(f"{where}.features.{encoder}: not an encoder of this run ({', '.join(applies)})")
+        chosen = {i: spec.get(i, "auto") for i in applies}
+    else:
+        chosen = {i: spec for i in applies}
+    for encoder, features in chosen.items():
+        if features == "M+" and run.get("table") not in CONTACT_TABLES:
+            raise ConfigError(f"{where}.features: M+ describes residue pairs; table {run.get('table')} reads encoder outputs (M)")
+        if features == "M+" and ids[encoder]["objective"] == "mlm":
+            raise ConfigError(f"{where}.features: M+ needs a pair head; {encoder} is an MLM encoder (use M)")
 
 
 def _splits(spec: dict) -> set[str]:

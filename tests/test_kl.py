@@ -79,3 +79,58 @@ def test_summary_by_separation():
     sep = np.array([1, 7, 13, 30])
     s = summarise(kl, sep)
     assert s["all"]["pairs"] == 4 and s["s >= 24"]["pairs"] == 1 and s["s < 6"]["median"] == pytest.approx(0.1)
+
+
+def test_every_model_on_every_validation_set_one_panel_each(tmp_path):
+    import json
+
+    from conftest import make_sequences, write_shards
+
+    from pmlm.artefacts import write_encoder
+    from pmlm.cli import main
+    from pmlm.evaluation.kl import read_sequences
+
+    torch.manual_seed(0)
+    weights = {}
+    for objective in ("pmlm", "pmlm_pair_only"):
+        cfg = model_config("tiny")
+        model = build_model(cfg, ObjectiveConfig(name=objective))
+        weights[objective] = tmp_path / objective / "model.safetensors"
+        write_encoder(weights[objective], {k: v.contiguous() for k, v in model.state_dict().items()},
+                      {"model": cfg.to_dict(), "objective": {"name": objective}})
+    sets = {"fam": write_shards(tmp_path / "fam", {"valid": make_sequences(6, seed=1)}),
+            "uni": write_shards(tmp_path / "uni", {"valid": make_sequences(6, seed=2, families=3)})}
+    prefix = tmp_path / "kl"
+    argv = ["kl", "--model", f"A={weights['pmlm']}", "--model", f"B={weights['pmlm_pair_only']}",
+            "--valid", f"fam={sets['fam']}", "--valid", f"uni={sets['uni']}", "--sequences", "4", "--pairs", "3",
+            "--out-prefix", str(prefix)]
+    assert main(argv) == 0
+    summary = json.loads(prefix.with_suffix(".json").read_text())
+    assert list(summary) == ["fam", "uni"] and all(list(panel) == ["A", "B"] for panel in summary.values())
+    # each panel reads its own set: the same numbers as the read-out on that set's sequences
+    from pmlm.evaluation.pretrained import load_pretrained
+
+    model, _ = load_pretrained(weights["pmlm"])
+    for label, folder in sets.items():
+        with torch.inference_mode():
+            direct = pair_kl(model, read_sequences(folder, "valid", 4, 254), 3, seed=0)
+        assert summary[label]["A"]["all"]["pairs"] == direct["kl"].size == 12
+        assert summary[label]["A"]["all"]["median"] == pytest.approx(float(np.median(direct["kl"])), rel=1e-5)
+    assert summary["fam"]["A"]["all"]["median"] != summary["uni"]["A"]["all"]["median"]
+    svg = prefix.with_suffix(".svg").read_text()
+    assert "fam valid" in svg and "uni valid" in svg  # side-by-side panels, titled by set
+    assert prefix.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_one_validation_set_is_one_panel(tmp_path):
+    from pmlm.evaluation.kl import plot_histogram
+
+    rng = np.random.default_rng(0)
+    results = {"demo": {"M": {"kl": rng.exponential(0.01, 50), "separation": rng.integers(1, 40, 50)}}}
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    paths = plot_histogram(results, tmp_path / "one", "t")
+    assert [p.suffix for p in paths] == [".png", ".svg"] and plt.get_fignums() == before
+    svg = (tmp_path / "one.svg").read_text()
+    assert svg.count("demo valid") == 1

@@ -60,6 +60,7 @@ def test_pretrain_scores_table_from_sidecars(tmp_path, capsys):
     assert len(rows) == len(paper.PRETRAIN_SCORES) + 2
     assert ours[0]["model"] == "MLM-tiny" and ours[0]["l_pmlm"] == "" and ours[0]["dacc"] == ""
     assert ours[1]["l_pmlm"] == "5.1" and ours[1]["step"] == "7"
+    assert ours[0]["dacc_ratio"] == "" and float(ours[1]["dacc_ratio"]) == pytest.approx(0.01 / 0.05)
     n_params = sum(p.numel() for p in build_model(model_config("tiny"), ObjectiveConfig(name="pmlm")).parameters())
     assert ours[1]["params"] == f"{n_params / 1e3:.0f}K"
     assert main(["tables", "pretrain-scores", "--model", "broken", "--out-prefix", str(tmp_path / "x")]) == 2
@@ -69,11 +70,45 @@ def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
     from pmlm.reports.results import TABLES, write_all
 
     tsv = tmp_path / "run.tsv"
-    tsv.write_text("model\thead\ttest_set\tmetric\tvalue\tn_proteins\n"
-                   "PMLM-tiny@demo\tlinear\tdemo_test\tP@L/5_medium_long\t0.25\t3\n")
+    tsv.write_text("model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
+                   "PMLM-tiny@demo\tlinear\tmplus\tdemo_test\tP@L/5_medium_long\t0.25\t3\n")
     written = write_all([("tape_contact", str(tsv))], tmp_path / "tables")
     # aggregate_tables declares TABLES x (md, csv, tex) plus each table's HTML form (the report's item)
     assert sorted(p.name for p in written) == sorted(
         f"{t}.{ext}" for t in TABLES for ext in ("md", "csv", "tex", "html")
     )
-    assert "| ours | PMLM-tiny | demo | linear | demo_test | 25.0 |" in (tmp_path / "tables" / "tape_contact.md").read_text()
+    assert "| ours | PMLM-tiny | demo | linear | M+ | demo_test | 25.0 |" in (tmp_path / "tables" / "tape_contact.md").read_text()
+
+
+def test_tables_say_which_features_each_row_used(tmp_path):
+    from pmlm.reports.results import write_all
+
+    # the same encoder and head fine-tuned on M and on M+: two rows, never merged
+    tsv = tmp_path / "run.tsv"
+    tsv.write_text("model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
+                   "PMLM-tiny@demo\tlinear\tencoder\tt\tP@L/5_medium_long\t0.25\t3\n"
+                   "PMLM-tiny@demo\tlinear\tmplus\tt\tP@L/5_medium_long\t0.5\t3\n"
+                   "MLM-tiny@demo\tmlp\tencoder\tcb513\tQ3\t0.6\t3\n")
+    write_all([("tape_contact", str(tsv)), ("secondary_structure", str(tsv))], tmp_path)
+    contact = (tmp_path / "tape_contact.md").read_text()
+    assert "| ours | PMLM-tiny | demo | linear | M | t | 25.0 |" in contact
+    assert "| ours | PMLM-tiny | demo | linear | M+ | t | 50.0 |" in contact
+    # the paper's rows as its source marks them: PMLM-base UR50 57.7 from M, PMLM-large 66.7 from M+
+    assert "| paper | PMLM-base | UR50 | linear | M | TAPE test | 57.7 |" in contact
+    assert "| paper | PMLM-large | UR50 | linear | M+ | TAPE test | 66.7 |" in contact
+    assert "| paper | PMLM-xl | UR50 | linear | – | TAPE test | 71.7 |" in contact  # not stated
+    ablation = (tmp_path / "ablation.md").read_text()
+    assert "| paper | PMLM-base | linear | UR50 | M+ | RaptorX test | 39.2 |" in ablation
+    assert "| ours | MLM-tiny | mlp | demo | M | cb513 | 60.0 |" not in ablation
+    assert "| ours | MLM-tiny | demo | mlp | M | 0.600 |" in (tmp_path / "secondary_structure.md").read_text()
+
+
+def test_pretrain_table_has_the_papers_dacc_share():
+    from pmlm.reports.cli import PRETRAIN_COLUMNS, pretrain_rows
+    from pmlm.reports.tables import _cell
+
+    column = next(c for c in PRETRAIN_COLUMNS if c.key == "dacc_ratio")
+    rows = [r for r in pretrain_rows([]) if r["dacc"] is not None]
+    # the paper prints 1.0 %, 7.2 %, 6.7 %, 17.5 % for PMLM-base Pfam / UR50, PMLM-large, PMLM-xl
+    assert [_cell(r["dacc_ratio"], column) for r in rows] == ["1.0", "7.2", "6.7", "17.5"]
+    assert all(r["dacc_ratio"] is None for r in pretrain_rows([]) if r["dacc"] is None)

@@ -44,7 +44,7 @@ def test_lint_is_clean():
 
 
 def test_paper_config_shows_every_job_of_the_reproduction():
-    proc = snakemake("-n", "--configfile", "config/paper.yaml")
+    proc = snakemake("-n", "-p", "--configfile", "config/paper.yaml")
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
     assert counts["fetch_source"] == 5  # UniRef50 2018_03, Pfam-A 31.0, TAPE proteinnet / secondary_structure / remote_homology
@@ -62,6 +62,28 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     for dataset in ("uniref50", "pfam"):
         assert f"results/paper/data/{dataset}/shards" in proc.stdout
     assert "results/demo" not in proc.stdout  # the demo config is replaced, not merged
+    # the KL figure: every PMLM encoder on Pfam valid and on UR50 valid
+    kl = next(line for line in proc.stdout.splitlines() if "-m pmlm kl " in line)
+    assert re.findall(r"--valid (\w+)=results/paper/data/\1/shards", kl) == ["pfam", "uniref50"]
+    assert re.findall(r"--model (\S+)=", kl) == ["PMLM-base@pfam", "PMLM-base@uniref50", "PMLM-large@uniref50",
+                                                 "PMLM-pair-xl@uniref50"]
+    # the features of each contact run reach `pmlm finetune`, per encoder as config/paper.yaml sets them
+    features = {}
+    for line in proc.stdout.splitlines():
+        if "-m pmlm finetune" in line:
+            run = re.search(r"--final results/paper/finetune/(\S+)/head\.safetensors", line).group(1)
+            chosen = re.search(r"--set head\.features=(\w+)", line)
+            features[run] = chosen.group(1) if chosen else "auto"
+    assert len(features) == 15
+    assert features["pfam/pmlm-base/tape_contact_linear"] == "mplus"
+    assert features["uniref50/pmlm-base/tape_contact_linear"] == "encoder"
+    assert features["uniref50/pmlm-large/tape_contact_linear"] == "mplus"
+    assert features["uniref50/pmlm-base/raptorx_contact_resnet"] == "mplus"
+    assert features["pfam/pmlm-base/raptorx_contact_linear"] == "encoder"
+    assert features["uniref50/pmlm-base/raptorx_contact_linear"] == "mplus"
+    assert features["pfam/mlm-base/tape_contact_linear"] == "encoder"
+    assert features["uniref50/pmlm_pair_only-xl/tape_contact_linear"] == "auto"  # the paper does not say
+    assert features["pfam/pmlm-base/secondary_structure"] == "auto"
 
 
 def test_coevolution_study_dag():
@@ -128,7 +150,8 @@ def test_demo_workflow(tmp_path):
     assert "| ours | MLM-tiny | demo |" in table and "| ours | PMLM-tiny | demo |" in table
     assert "| paper | PMLM-base | UR50 |" in table
     kl = json.loads((results / "figures" / "kl_histogram.json").read_text())
-    assert kl["PMLM-tiny/demo"]["all"]["pairs"] == 32
+    assert list(kl) == ["demo"] and list(kl["demo"]) == ["PMLM-tiny@demo"]  # one validation set: one panel
+    assert kl["demo"]["PMLM-tiny@demo"]["all"]["pairs"] == 32
     assert (results / "figures" / "kl_histogram.png").stat().st_size > 10_000
 
     tasks = json.loads((results / "tasks" / "demo_pdb" / "structure_split_stats.json").read_text())

@@ -10,8 +10,10 @@ ENGINE = "pmlm.evaluation.kl"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", required=True, metavar="NAME=WEIGHTS",
                    help="label and final weights (model.safetensors with its .json); repeatable")
-    p.add_argument("--shards", action="append", required=True, metavar="NAME=DIR",
+    p.add_argument("--shards", action="append", default=[], metavar="NAME=DIR",
                    help="shards folder for the model of the same NAME (its validation split is used)")
+    p.add_argument("--valid", action="append", default=[], metavar="LABEL=DIR",
+                   help="a validation set (shards folder) every model is read on: one panel each; repeatable")
     p.add_argument("--out-prefix", required=True, help="writes PREFIX.png, PREFIX.svg, PREFIX.json")
     p.add_argument("--sequences", type=int, default=64, help="validation sequences per model")
     p.add_argument("--pairs", type=int, default=16, help="sampled pairs per sequence")

@@ -4,6 +4,9 @@ head's marginals, KL(P(x_i) P(x_j) || P(x_i, x_j)), on validation sequences (the
 For each sampled pair exactly the two positions i and j are masked (every other residue is
 visible), so both distributions condition on the same context X_/{i,j}: the masked read-out of
 ``pmlm.evaluation.pair_readout``, one batch of sequence copies per sequence.
+
+As in the paper's figure, every model is read on every validation set it is given (``--valid``; the
+paper: PMLM-large on Pfam valid and on UR50 valid), one panel per set, side by side.
 """
 
 from __future__ import annotations
@@ -84,8 +87,9 @@ def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
     return out
 
 
-def plot_histogram(results: dict[str, dict], prefix: str | Path, title: str) -> list[Path]:
-    """One histogram per model (log-spaced KL bins); PNG and SVG written atomically."""
+def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, title: str) -> list[Path]:
+    """One panel per validation set (``results[set][model]``), side by side, with one histogram per model
+    on shared log-spaced KL bins and a shared y axis; PNG and SVG written atomically."""
     # here, not at the top: matplotlib is optional where only training runs (the GPU image), and
     # its backend must be chosen before pyplot is imported
     import matplotlib
@@ -93,19 +97,25 @@ def plot_histogram(results: dict[str, dict], prefix: str | Path, title: str) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    all_kl = np.concatenate([r["kl"] for r in results.values() if r["kl"].size]) if results else np.zeros(0)
+    panels = list(results)
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.4 * max(len(panels), 1), 4.0), sharey=True,
+                             squeeze=False)
+    kls = [r["kl"] for models in results.values() for r in models.values() if r["kl"].size]
+    all_kl = np.concatenate(kls) if kls else np.zeros(0)
     lo = max(float(all_kl[all_kl > 0].min()) if (all_kl > 0).any() else 1e-6, 1e-8)
     hi = max(float(all_kl.max()) if all_kl.size else 1.0, lo * 10)
     bins = np.logspace(np.log10(lo), np.log10(hi), 40)
-    for name, r in results.items():
-        ax.hist(np.clip(r["kl"], lo, None), bins=bins, histtype="step", linewidth=1.5,
-                label=f"{name} (n={r['kl'].size}, median {np.median(r['kl']) if r['kl'].size else float('nan'):.2e})")
-    ax.set_xscale("log")
-    ax.set_xlabel(r"KL( P(x_i) P(x_j) || P(x_i, x_j) )  [nats]")
-    ax.set_ylabel("masked pairs")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
+    for ax, panel in zip(axes[0], panels):
+        for name, r in results[panel].items():
+            median = np.median(r["kl"]) if r["kl"].size else float("nan")
+            ax.hist(np.clip(r["kl"], lo, None), bins=bins, histtype="step", linewidth=1.5,
+                    label=f"{name} (n={r['kl'].size}, median {median:.2e})")
+        ax.set_xscale("log")
+        ax.set_xlabel(r"KL( P(x_i) P(x_j) || P(x_i, x_j) )  [nats]")
+        ax.set_title(f"{panel} valid")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("masked pairs")
+    fig.suptitle(title)
     fig.tight_layout()
     paths = []
     for ext in (".png", ".svg"):
@@ -127,23 +137,32 @@ def run(args) -> int:
             out[name] = value
         return out
 
-    models, shards = pairs(args.model, "--model"), pairs(args.shards, "--shards")
-    missing = sorted(set(models) - set(shards))
+    models, shards, valid = pairs(args.model, "--model"), pairs(args.shards, "--shards"), pairs(args.valid, "--valid")
+    # (panel, model, shards): every model on every --valid set; a --shards folder is its model's own panel
+    readings = [(label, name, folder) for label, folder in valid.items() for name in models]
+    readings += [("validation", name, folder) for name, folder in shards.items() if name in models]
+    missing = sorted(set(models) - {name for _, name, _ in readings})
     if missing:
-        raise ConfigError(f"--shards missing for model(s) {', '.join(missing)}")
-    results, summary = {}, {}
+        raise ConfigError(f"no validation set for model(s) {', '.join(missing)}: give --valid LABEL=DIR or --shards NAME=DIR")
+    results: dict[str, dict[str, dict]] = {}
+    summary: dict[str, dict[str, dict]] = {}
     for name, weights in models.items():
         model, info = load_pretrained(weights)
         if not model.cfg.pair_head:
             raise ConfigError(f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model")
         max_res = min(args.max_residues, model.cfg.max_len - 2)
-        seqs = read_sequences(shards[name], args.split, args.sequences, max_res)
-        with Progress(f"pmlm kl {name}", len(seqs), unit="sequences") as progress:
-            results[name] = pair_kl(model, seqs, args.pairs, args.seed, progress=progress)
-        summary[name] = {"weights": weights, "sequences": len(seqs), **summarise(results[name]["kl"], results[name]["separation"])}
+        for panel, _, folder in (r for r in readings if r[1] == name):
+            seqs = read_sequences(folder, args.split, args.sequences, max_res)
+            with Progress(f"pmlm kl {name} on {panel}", len(seqs), unit="sequences") as progress:
+                out = pair_kl(model, seqs, args.pairs, args.seed, progress=progress)
+            results.setdefault(panel, {})[name] = out
+            summary.setdefault(panel, {})[name] = {"weights": weights, "shards": folder, "sequences": len(seqs),
+                                                   **summarise(out["kl"], out["separation"])}
     plot_histogram(results, args.out_prefix, "Pair head vs independence on validation pairs")
     with atomic_output(args.out_prefix + ".json") as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=2) + "\n")
-    for name, s in summary.items():
-        print(f"kl: {name}: {s['all']['pairs']} pairs, median {s['all'].get('median', float('nan')):.3e} nats", file=sys.stderr)
+    for panel, by_model in summary.items():
+        for name, s in by_model.items():
+            print(f"kl: {name} on {panel}: {s['all']['pairs']} pairs, median {s['all'].get('median', float('nan')):.3e} nats",
+                  file=sys.stderr)
     return 0

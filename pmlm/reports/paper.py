@@ -1,6 +1,9 @@
 """The paper's reported numbers (He et al., ICLR 2022 submission), printed beside ours in every table.
 
-Accuracies are fractions (0.480 = 48.0 %); None where the paper reports no value.
+Accuracies are fractions (0.480 = 48.0 %); None where the paper reports no value. ``features`` is what a
+downstream row's head read: M (encoder outputs) or M+ (the pair head's first block), as the paper's source
+marks its rows ("+" and 2M more parameters in the rows it comments out beside the printed ones; the
+printed numbers are those rows' values); None where it does not say.
 """
 
 from __future__ import annotations
@@ -19,46 +22,46 @@ PRETRAIN_SCORES = [
 
 # TAPE-Contact: precision at L/5, medium + long range (s >= 12), linear head; percent
 TAPE_CONTACT_P_L5 = [
-    {"model": "TAPE Transformer", "data": "Pfam", "p_l5_s12": 36.0},
-    {"model": "MLM-base", "data": "Pfam", "p_l5_s12": 37.3},
-    {"model": "PMLM-base", "data": "Pfam", "p_l5_s12": 47.2},
-    {"model": "PMLM-base", "data": "UR50", "p_l5_s12": 57.7},
-    {"model": "PMLM-large", "data": "UR50", "p_l5_s12": 66.7},
-    {"model": "PMLM-xl", "data": "UR50", "p_l5_s12": 71.7},
-    {"model": "MSA baseline", "data": "-", "p_l5_s12": 64.0},
+    {"model": "TAPE Transformer", "data": "Pfam", "p_l5_s12": 36.0, "features": "M"},
+    {"model": "MLM-base", "data": "Pfam", "p_l5_s12": 37.3, "features": "M"},
+    {"model": "PMLM-base", "data": "Pfam", "p_l5_s12": 47.2, "features": "M+"},
+    {"model": "PMLM-base", "data": "UR50", "p_l5_s12": 57.7, "features": "M"},
+    {"model": "PMLM-large", "data": "UR50", "p_l5_s12": 66.7, "features": "M+"},
+    {"model": "PMLM-xl", "data": "UR50", "p_l5_s12": 71.7, "features": None},
+    {"model": "MSA baseline", "data": "-", "p_l5_s12": 64.0, "features": None},
 ]
 
 # RaptorX-Contact: long-range (s >= 24) precision at L; percent
 RAPTORX_LONG_P_L = [
-    {"model": "TAPE Transformer", "p_l_long": 23.2},
-    {"model": "UniRep", "p_l_long": 21.9},
-    {"model": "SeqVec", "p_l_long": 29.0},
-    {"model": "ESM T12", "p_l_long": 37.7},
-    {"model": "PMLM-base", "p_l_long": 41.6},
-    {"model": "ESM T34", "p_l_long": 50.2},
-    {"model": "ESM-1b", "p_l_long": 56.9},
-    {"model": "PMLM-xl", "p_l_long": 59.9},
+    {"model": "TAPE Transformer", "p_l_long": 23.2, "features": None},
+    {"model": "UniRep", "p_l_long": 21.9, "features": None},
+    {"model": "SeqVec", "p_l_long": 29.0, "features": None},
+    {"model": "ESM T12", "p_l_long": 37.7, "features": None},
+    {"model": "PMLM-base", "p_l_long": 41.6, "features": "M+"},
+    {"model": "ESM T34", "p_l_long": 50.2, "features": None},
+    {"model": "ESM-1b", "p_l_long": 56.9, "features": None},
+    {"model": "PMLM-xl", "p_l_long": 59.9, "features": None},
 ]
 
 # Ablation on RaptorX long-range P@L; percent
 ABLATION_LONG_P_L = [
-    {"model": "MLM-base", "head": "linear", "data": "Pfam", "p_l_long": 19.8},
-    {"model": "PMLM-base", "head": "linear", "data": "Pfam", "p_l_long": 25.2},
-    {"model": "MLM-base", "head": "linear", "data": "UR50", "p_l_long": 36.9},
-    {"model": "PMLM-base", "head": "linear", "data": "UR50", "p_l_long": 39.2},
-    {"model": "PMLM-base", "head": "resnet", "data": "UR50", "p_l_long": 41.6},
-    {"model": "PMLM-large", "head": "resnet", "data": "UR50", "p_l_long": 54.1},
-    {"model": "PMLM-xl", "head": "resnet", "data": "UR50", "p_l_long": 59.9},
+    {"model": "MLM-base", "head": "linear", "data": "Pfam", "p_l_long": 19.8, "features": "M"},
+    {"model": "PMLM-base", "head": "linear", "data": "Pfam", "p_l_long": 25.2, "features": "M"},
+    {"model": "MLM-base", "head": "linear", "data": "UR50", "p_l_long": 36.9, "features": "M"},
+    {"model": "PMLM-base", "head": "linear", "data": "UR50", "p_l_long": 39.2, "features": "M+"},
+    {"model": "PMLM-base", "head": "resnet", "data": "UR50", "p_l_long": 41.6, "features": "M+"},
+    {"model": "PMLM-large", "head": "resnet", "data": "UR50", "p_l_long": 54.1, "features": "M+"},
+    {"model": "PMLM-xl", "head": "resnet", "data": "UR50", "p_l_long": 59.9, "features": None},
 ]
 
 # Secondary structure Q3 (CB513 / CASP12 / TS115)
 SECONDARY_STRUCTURE_Q3 = [
-    {"model": "TAPE Transformer", "data": "Pfam", "cb513": 0.730, "casp12": 0.710, "ts115": 0.770},
-    {"model": "PMLM-base", "data": "Pfam", "cb513": 0.728, "casp12": 0.706, "ts115": 0.771},
+    {"model": "TAPE Transformer", "data": "Pfam", "cb513": 0.730, "casp12": 0.710, "ts115": 0.770, "features": "M"},
+    {"model": "PMLM-base", "data": "Pfam", "cb513": 0.728, "casp12": 0.706, "ts115": 0.771, "features": "M"},
 ]
 
 # Remote homology top-1 accuracy (fold / superfamily / family holdouts)
 REMOTE_HOMOLOGY = [
-    {"model": "TAPE Transformer", "data": "Pfam", "fold": 0.210, "superfamily": 0.340, "family": 0.880},
-    {"model": "PMLM-base", "data": "Pfam", "fold": 0.199, "superfamily": 0.446, "family": 0.946},
+    {"model": "TAPE Transformer", "data": "Pfam", "fold": 0.210, "superfamily": 0.340, "family": 0.880, "features": "M"},
+    {"model": "PMLM-base", "data": "Pfam", "fold": 0.199, "superfamily": 0.446, "family": 0.946, "features": "M"},
 ]

@@ -21,6 +21,8 @@ KINDS = ("tape_contact", "raptorx_contact", "contact_ablation", "secondary_struc
 # the tables `write_all` writes (OUT_DIR/<name>.md, .csv, .tex); the workflow declares its outputs from this
 TABLES = ("tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology",
           "unsupervised_contact")
+# the evaluation TSV's features -> the paper's names (M: encoder outputs, M+: the pair head's first block)
+FEATURE_LABELS = {"encoder": "M", "mplus": "M+", "pair_joint": "pair joint"}
 PROVENANCE = ("config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 
 
@@ -37,7 +39,8 @@ def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
         if missing:
             raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
         parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
-        frames.append(df.assign(kind=kind, label=parts[0], data=parts[2], path=str(path)))
+        features = df["features"].astype(str).map(lambda f: FEATURE_LABELS.get(f, f)) if "features" in df else "–"
+        frames.append(df.assign(kind=kind, label=parts[0], data=parts[2], features=features, path=str(path)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -52,9 +55,10 @@ def _metric(df: pd.DataFrame, metric: str, test_set: str | None = None) -> float
 
 
 def _runs(df: pd.DataFrame, kinds: tuple[str, ...]):
-    """(label, data, head, test_set, rows) per evaluated run and test set, in a stable order."""
+    """(label, data, head, test_set, rows) per evaluated run and test set, in a stable order; a run's
+    features are rows["features"]."""
     sub = df[df["kind"].isin(kinds)]
-    for (label, data, head, test_set), rows in sub.groupby(["label", "data", "head", "test_set"], sort=True):
+    for (label, data, head, _, test_set), rows in sub.groupby(["label", "data", "head", "features", "test_set"], sort=True):
         yield label, data, head, test_set, rows
 
 
@@ -63,31 +67,38 @@ def _n(rows: pd.DataFrame, metric: str) -> int | None:
     return int(sel["n_proteins"].iloc[0]) if not sel.empty and "n_proteins" in sel else None
 
 
+# which representation each row's head read: M (encoder outputs) or M+ (the pair head's first block)
+FEATURES_COLUMN = Column("features", "features")
+
+
 def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     written = []
     rows = [{"source": "paper", "model": r["model"], "data": r["data"], "test_set": "TAPE test",
-             "head": "-" if r["model"] == "MSA baseline" else "linear", "p_l5_s12": r["p_l5_s12"] / 100}
+             "head": "-" if r["model"] == "MSA baseline" else "linear", "features": r["features"],
+             "p_l5_s12": r["p_l5_s12"] / 100}
             for r in paper.TAPE_CONTACT_P_L5]
     for label, data, head, test_set, runs in _runs(df, ("tape_contact",)):
         rows.append({"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
+                     "features": runs["features"].iloc[0],
                      "p_l5_s12": _metric(runs, "P@L/5_medium_long"), "p_l5_s6": _metric(runs, "P@L/5_tape_s6"),
                      "p_l_long": _metric(runs, "P@L_long"), "n": _n(runs, "P@L/5_medium_long")})
-    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), Column("test_set", "test set"),
-            Column("p_l5_s12", "P@L/5, s >= 12 (%)", "{:.1f}", percent=True),
+    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN,
+            Column("test_set", "test set"), Column("p_l5_s12", "P@L/5, s >= 12 (%)", "{:.1f}", percent=True),
             Column("p_l5_s6", "P@L/5, s >= 6 (TAPE's count, %)", "{:.1f}", percent=True),
             Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True), Column("n", "proteins", "{:d}")]
     written += write_table(rows, cols, out_dir / "tape_contact", caption=(
         f"TAPE-Contact: precision of the top L/5 medium + long-range contacts (s >= 12), linear head on the outer "
         f"product and difference of pair representations; per protein, averaged. Ours on {test_label}."))
 
-    rows = [{"source": "paper", "model": r["model"], "p_l_long": r["p_l_long"] / 100, "test_set": "RaptorX test"}
-            for r in paper.RAPTORX_LONG_P_L]
+    rows = [{"source": "paper", "model": r["model"], "features": r["features"], "p_l_long": r["p_l_long"] / 100,
+             "test_set": "RaptorX test"} for r in paper.RAPTORX_LONG_P_L]
     for label, data, head, test_set, runs in _runs(df, ("raptorx_contact",)):
         rows.append({"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
+                     "features": runs["features"].iloc[0],
                      "p_l_long": _metric(runs, "P@L_long"), "p_l2_long": _metric(runs, "P@L/2_long"),
                      "p_l5_long": _metric(runs, "P@L/5_long"), "n": _n(runs, "P@L_long")})
-    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), Column("test_set", "test set"),
-            Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
+    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN,
+            Column("test_set", "test set"), Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
             Column("p_l2_long", "P@L/2, s >= 24 (%)", "{:.1f}", percent=True),
             Column("p_l5_long", "P@L/5, s >= 24 (%)", "{:.1f}", percent=True), Column("n", "proteins", "{:d}")]
     written += write_table(rows, cols, out_dir / "raptorx_contact", caption=(
@@ -98,8 +109,9 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
             for r in paper.ABLATION_LONG_P_L]
     for label, data, head, test_set, runs in _runs(df, ("tape_contact", "raptorx_contact", "contact_ablation")):
         rows.append({"source": "ours", "model": label, "head": head, "data": data, "test_set": test_set,
-                     "p_l_long": _metric(runs, "P@L_long")})
-    cols = [Column("model", "model"), Column("head", "head"), Column("data", "data"), Column("test_set", "test set"),
+                     "features": runs["features"].iloc[0], "p_l_long": _metric(runs, "P@L_long")})
+    cols = [Column("model", "model"), Column("head", "head"), Column("data", "data"), FEATURES_COLUMN,
+            Column("test_set", "test set"),
             Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True)]
     written += write_table(rows, cols, out_dir / "ablation", caption=(
         "Ablation: long-range precision at L by pre-training objective, head and data (paper: RaptorX test)."))
@@ -110,12 +122,12 @@ def per_test_set_table(df: pd.DataFrame, kind: str, metric: str, paper_rows: lis
                        out_dir: Path, caption: str) -> list[Path]:
     ours = df[(df["kind"] == kind) & (df["metric"] == metric)]
     test_sets = list(paper_sets) + sorted(set(ours["test_set"]) - set(paper_sets))
-    rows = [{"source": "paper", "model": r["model"], "data": r["data"], "head": "-", **{s: r.get(s) for s in paper_sets}}
-            for r in paper_rows]
-    for (label, data, head), runs in ours.groupby(["label", "data", "head"], sort=True):
-        rows.append({"source": "ours", "model": label, "data": data, "head": head,
+    rows = [{"source": "paper", "model": r["model"], "data": r["data"], "head": "-", "features": r["features"],
+             **{s: r.get(s) for s in paper_sets}} for r in paper_rows]
+    for (label, data, head, features), runs in ours.groupby(["label", "data", "head", "features"], sort=True):
+        rows.append({"source": "ours", "model": label, "data": data, "head": head, "features": features,
                      **{s: _metric(runs, metric, s) for s in set(runs["test_set"])}})
-    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head")]
+    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN]
     cols += [Column(s, s, "{:.3f}") for s in test_sets]
     return write_table(rows, cols, out_dir / kind, caption=caption)
 

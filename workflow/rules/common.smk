@@ -213,13 +213,16 @@ def kl_models():
     return [m for m in PRETRAIN_MODELS if m["objective"] in PAIR_OBJECTIVES]
 
 
+def kl_datasets():
+    """The validation sets of the KL figure: the configured ones, else those the PMLM encoders were trained on."""
+    return PRETRAIN["kl"]["datasets"] or list(dict.fromkeys(m["dataset"] for m in kl_models()))
+
+
 def kl_args(wildcards, input):
-    args = []
-    for m in kl_models():
-        name = f"{OBJECTIVE_LABEL[m['objective']]}-{m['preset']}/{m['dataset']}"
-        weights, shards = f"{name}={pretrained_weights(m)}", f"{name}={shards_dir(m['dataset'])}"
-        args.append(f"--model {shlex.quote(weights)} --shards {shlex.quote(shards)}")
-    args.append(as_flags(PRETRAIN["kl"]))
+    """Every PMLM encoder on every validation set (one panel per set), and the sampling settings."""
+    args = [f"--model {shlex.quote(f'{encoder_label(m)}={pretrained_weights(m)}')}" for m in kl_models()]
+    args += [f"--valid {shlex.quote(f'{d}={shards_dir(d)}')}" for d in kl_datasets()]
+    args.append(as_flags({k: v for k, v in PRETRAIN["kl"].items() if k != "datasets"}))
     return " ".join(args)
 
 
@@ -299,8 +302,22 @@ def finetune_inputs(wildcards):
     }
 
 
+# the workflow's names of the fine-tuning features -> the recipe's head.features
+HEAD_FEATURES = {"M": "encoder", "M+": "mplus"}
+
+
+def run_features(m, ft):
+    """M, M+ or auto: the features run ``ft`` gives encoder ``m`` (config finetune.runs.<ft>.features)."""
+    spec = FINETUNE_RUNS[ft]["features"]
+    return spec.get(encoder_id(m), "auto") if isinstance(spec, dict) else spec
+
+
 def finetune_overrides(wildcards):
-    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in FINETUNE["set"].items())
+    sets = dict(FINETUNE["set"])
+    features = run_features(model_of(wildcards), wildcards.ft)
+    if features != "auto":  # auto: the recipe's own head.features
+        sets["head.features"] = HEAD_FEATURES[features]
+    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in sets.items())
 
 
 def test_inputs(data, tests):

@@ -67,7 +67,7 @@ rule tabulate_pretrain_scores:
 rule plot_kl_histogram:
     input:
         weights=[pretrained_weights(m) for m in kl_models()],
-        shards=[shards_dir(m["dataset"]) for m in kl_models()],
+        shards=[shards_dir(d) for d in kl_datasets()],
     output:
         f"{RESULTS}/figures/kl_histogram.png",
         report(
