@@ -115,7 +115,7 @@ def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_p
 
         # -- model: identical initial weights on every rank, then DDP / FSDP; AdamW ------------------
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model.build(), cfg.objective).to(device)
+        model = build_model(cfg.model_config(), cfg.objective).to(device)
         model.encoder.attention = cfg.attention
         objective = PretrainingObjective(model, cfg.objective)
         use_fsdp = cfg.fsdp and distributed
