@@ -50,7 +50,7 @@ RELEASED_LAYERS: dict[str, dict] = {
 
 @dataclass
 class ModelConfig:
-    """Shape of the encoder and which prediction heads it carries."""
+    """Shape of the encoder and which prediction heads it carries (field defaults: the released PMLM layers)."""
 
     num_layers: int  # Transformer encoder layers
     hidden: int  # model width C

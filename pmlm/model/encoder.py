@@ -23,7 +23,9 @@ Choices (documented here once):
   identity and position (entries in [-1, 1]) enter the first layer at a comparable scale; the
   ``<pad>`` row is zero.
   Linear weights are N(0, 0.02) with zero bias and LayerNorms start at (1, 0), the
-  BERT/fairseq-RoBERTa initialisation.
+  BERT/fairseq-RoBERTa initialisation, for every objective (the released code uses it for its MLM
+  baseline, ``apply_bert_init`` True in mlm.py:376, and keeps torch's default Linear initialisation
+  for PMLM, pmlm.py:416; we do not follow that difference).
 * No query ever attends to ``<pad>``. Three layouts give that (``Encoder.attention``):
   a batch without padding runs ``scaled_dot_product_attention`` with no mask (fused kernels);
   ``"packed"`` drops the pads, runs every layer on the T real tokens and attention per
