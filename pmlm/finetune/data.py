@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
