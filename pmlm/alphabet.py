@@ -12,6 +12,13 @@ with tensor-core tiles)::
 Residue class index (0..19, used by the token head and the 400-class pair head) is
 ``token_id - FIRST_RESIDUE_ID`` for standard residues.
 
+The ``full`` pair vocabulary squares the released PMLM code's dictionary (fairseq: ``<s> <pad> </s>
+<unk>``, the 22 symbols of its ``dict.txt`` = 20 residues, ``X`` and the alignment gap ``-``, then
+``<mask>``: 27 tokens, 729 pair classes). That dictionary is ours without the vocabulary padding plus
+the gap, which no input of ours holds; ``FULL_PAIR_SIDE`` counts it from the tokens below, and a pair's
+full class is ``FULL_PAIR_SIDE * id_i + id_j`` over our token ids (the gap's slot, the last, is never a
+label).
+
 Non-standard letters (documented mapping, applied by ``pmlm ingest`` under the
 ``nonstandard: map`` policy): U (selenocysteine) -> C, O (pyrrolysine) -> K,
 B (D or N), Z (E or Q) and J (I or L) -> X. Lowercase letters are uppercased under
@@ -41,6 +48,9 @@ _base = [*SPECIALS, *RESIDUES, UNKNOWN_RESIDUE, MASK]
 _n_null = (-len(_base)) % VOCAB_MULTIPLE
 TOKENS: tuple[str, ...] = tuple(_base + [f"<null_{i}>" for i in range(_n_null)])
 VOCAB_SIZE = len(TOKENS)  # 32
+GAP = "-"  # the released dictionary's alignment gap: a pair-class slot only, never a token of ours
+FULL_PAIR_SIDE = len(_base) + 1  # 27: our unpadded tokens plus the gap = the released dictionary
+NUM_FULL_PAIR_CLASSES = FULL_PAIR_SIDE * FULL_PAIR_SIDE  # 729
 TOKEN_TO_ID = {tok: i for i, tok in enumerate(TOKENS)}
 
 # Non-standard amino-acid letters and what the `map` policy turns them into.

@@ -6,9 +6,17 @@
   (the head, plus the encoder under full fine-tuning) and the run's config, task and encoder;
 * shard manifest: ``manifest.json`` beside the Parquet shards (written by ``pmlm tokenize``).
 
-Each JSON carries a ``format`` field (``pmlm-encoder/1``, ``pmlm-head/1``, ``pmlm-shards/2``); a
+Each JSON carries a ``format`` field (``pmlm-encoder/2``, ``pmlm-head/1``, ``pmlm-shards/2``); a
 reader refuses another value with a one-line error. Sidecars written before the field existed
-have none and read as version 1 (their layout is that version's). Only tensors (safetensors) and
+have none and read as version 1 (their layout is that version's).
+
+``pmlm-encoder/2`` added the layer fields of the model section (``norm``, ``embedding_norm``,
+``activation``, ``activation_dropout``) and changed what ``pair_vocab: full`` means (the released
+dictionary squared, 729 classes, instead of the padded vocabulary squared, 1,024). A version-1
+sidecar reads as the encoder it describes: pre-LN with a final LayerNorm, GELU, no embedding
+LayerNorm, no attention or activation dropout unless recorded (``ENCODER_V1_LAYERS``); a version-1 ``full`` encoder is refused,
+as no current model has its 1,024-class head. An older pmlm refuses version 2, rather than build a
+pre-LN model from post-LN weights. Only tensors (safetensors) and
 JSON are read, so loading never runs code from a file.
 
 A head records its encoder's path relative to the head's own folder, so a results folder can be
@@ -24,7 +32,11 @@ from pathlib import Path
 from pmlm.errors import InputError
 from pmlm.utils import atomic_output, file_digest
 
-ENCODER_FORMAT = "pmlm-encoder/1"
+ENCODER_FORMAT = "pmlm-encoder/2"
+ENCODER_V1 = "pmlm-encoder/1"
+# the layers every version-1 encoder was built with (the fields did not exist then)
+ENCODER_V1_LAYERS = {"norm": "pre", "embedding_norm": False, "activation": "gelu", "attention_dropout": 0.0,
+                     "activation_dropout": 0.0}
 HEAD_FORMAT = "pmlm-head/1"
 SHARDS_FORMAT = "pmlm-shards/2"
 MANIFEST = "manifest.json"
@@ -65,7 +77,7 @@ def read_weights(path: str | os.PathLike) -> dict:
         raise InputError(path, f"unreadable weights: {exc}") from None
 
 
-def _read_sidecar(weights: str | os.PathLike, expected_format: str, written_by: str) -> dict:
+def _read_sidecar(weights: str | os.PathLike, expected_format: str | tuple[str, ...], written_by: str) -> dict:
     sidecar = sidecar_path(weights)
     try:
         info = json.loads(sidecar.read_text())
@@ -81,11 +93,13 @@ def _read_sidecar(weights: str | os.PathLike, expected_format: str, written_by: 
     return info
 
 
-def _check_format(path: Path, info: dict, expected: str) -> None:
+def _check_format(path: Path, info: dict, expected: str | tuple[str, ...]) -> None:
     """No ``format`` field: written before versions were recorded, i.e. version 1 of the layout."""
     found = info.get("format")
-    if found is not None and found != expected:
-        raise InputError(path, f"format {found!r} is not the {expected!r} this pmlm reads "
+    readable = (expected,) if isinstance(expected, str) else expected
+    if found is not None and found not in readable:
+        names = " or ".join(repr(f) for f in readable)
+        raise InputError(path, f"format {found!r} is not the {names} this pmlm reads "
                                "(written by another pmlm version?)")
 
 
@@ -97,11 +111,18 @@ def write_encoder(path: str | os.PathLike, state: dict, info: dict) -> tuple[Pat
 
 
 def read_encoder_info(weights: str | os.PathLike) -> dict:
-    """The encoder's sidecar, checked to describe a model (``model`` and ``objective`` sections)."""
-    info = _read_sidecar(weights, ENCODER_FORMAT, "pmlm pretrain")
+    """The encoder's sidecar, checked to describe a model (``model`` and ``objective`` sections); a version-1
+    model section gets the layer fields its encoder was built with (module docstring)."""
+    info = _read_sidecar(weights, (ENCODER_V1, ENCODER_FORMAT), "pmlm pretrain")
     for key in ("model", "objective"):
         if not isinstance(info.get(key), dict):
             raise InputError(sidecar_path(weights), f"incomplete model description (no {key!r} section)")
+    if info.get("format", ENCODER_V1) == ENCODER_V1:
+        if info["model"].get("pair_vocab") == "full":
+            raise InputError(sidecar_path(weights), "a pmlm-encoder/1 model with pair_vocab full has a 1,024-class "
+                                                    "pair head, which this pmlm no longer builds (full is now the "
+                                                    "released dictionary squared, 729 classes); retrain it")
+        info["model"] = {**ENCODER_V1_LAYERS, **info["model"]}
     return info
 
 

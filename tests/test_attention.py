@@ -62,7 +62,7 @@ def forward_backward(model: PMLMModel, tokens: torch.Tensor, layout: str, probe:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_packed_matches_the_padded_reference_forward_and_backward(dtype, seed):
     torch.manual_seed(seed)
-    cfg = model_config("tiny", **DIMS, dropout=0.0)
+    cfg = model_config("tiny", **DIMS, dropout=0.0, attention_dropout=0.0)
     model = PMLMModel(cfg).to(dtype).train()  # train mode: dropout is 0, so both layouts are deterministic
     lengths = random_lengths(seed, rows=6, most=cfg.max_len - 2)
     lengths[seed % 6] = cfg.max_len - 2  # one full-width row
@@ -85,7 +85,7 @@ def test_packed_matches_the_padded_reference_forward_and_backward(dtype, seed):
 
 def test_an_all_pad_filler_row_stays_finite_and_zero():
     torch.manual_seed(0)
-    cfg = model_config("tiny", **DIMS, dropout=0.0)
+    cfg = model_config("tiny", **DIMS, dropout=0.0, attention_dropout=0.0)
     model = PMLMModel(cfg)
     model.encoder.attention = "packed"
     tokens = mixed_batch([10, 0, 30], width=40, seed=3)
@@ -121,7 +121,7 @@ def test_reference_varlen_attention_is_per_sequence_sdpa():
 
 def test_auto_layout_on_cpu_is_the_padded_path_and_bad_names_are_refused():
     torch.manual_seed(0)
-    cfg = model_config("tiny", **DIMS, dropout=0.0)
+    cfg = model_config("tiny", **DIMS, dropout=0.0, attention_dropout=0.0)
     model = PMLMModel(cfg).eval()
     tokens = mixed_batch([12, 30, 5], width=40, seed=1)
     with torch.no_grad():
@@ -184,7 +184,7 @@ def test_varlen_kernel_matches_the_reference_on_cuda():
 @pytest.mark.parametrize("objective", ["mlm", "pmlm"])
 def test_packed_model_on_cuda_matches_the_padded_model_under_bf16(objective):
     torch.manual_seed(0)
-    cfg = model_config("base", num_layers=2, dropout=0.0)
+    cfg = model_config("base", num_layers=2, dropout=0.0, attention_dropout=0.0)
     model = build_model(cfg, ObjectiveConfig(name=objective)).cuda()
     tokens = mixed_batch([510, 100, 250, 37], width=512, seed=1).cuda()
     losses, grads = {}, {}

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from pmlm import alphabet
 from pmlm.cli import main
@@ -39,7 +40,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "config" / "train" / "coevolution
 
 def _model(objective: str, seed: int = 0):
     torch.manual_seed(seed)
-    return build_model(model_config("tiny", max_len=64), ObjectiveConfig(name=objective)).eval()
+    # the study's encoder: the layers its recipe pins (the attention replay is written for pre-LN layers)
+    layers = yaml.safe_load(RECIPE.read_text())["model"]["overrides"]
+    return build_model(model_config("tiny", objective, **layers), ObjectiveConfig(name=objective)).eval()
 
 
 class Recorder(torch.nn.Module):

@@ -118,6 +118,19 @@ def test_contact_tsv_matches_a_hand_checked_case(tmp_path, encoders):
     assert skipped[("hand", "n_too_long")]["value"] == "1" and skipped[("hand", "n_too_long")]["n_proteins"] == "3"
     assert skipped[("hand", "P@L/5_medium_long")]["value"] == rows[("hand", "P@L/5_medium_long")]["value"]
     assert skipped[("hand", "P@L/5_medium_long")]["model"] == "pmlm"  # default label: the encoder's folder
+    # by default it is read as two windows and scored at L = 30, for a head and for the pair-head read-out
+    for head_arg in (str(head), "pair-mi"):
+        out_windows = tmp_path / "windows.tsv"
+        assert main(["evaluate", "--head", head_arg, "--encoder", str(encoders["pmlm"]), "--test",
+                     f"hand={with_long}", "--out", str(out_windows)]) == 0
+        _, windowed = _read_tsv(out_windows)
+        assert windowed[("hand", "n_too_long")]["value"] == "1" and windowed[("hand", "P@L_long")]["n_proteins"] == "3"
+        if head_arg != "pair-mi":
+            # C (every pair a contact, L = 30): constant scores, its s >= 24 pairs (i < 6, j >= 24) lie in no window
+            # of 22, so none is a candidate: P@L_long = 0 for C; A and B have no long pair either
+            assert float(windowed[("hand", "P@L_long")]["value"]) == 0.0
+            # medium + long for C: the top 6 (L/5) held pairs with s >= 12 are all contacts
+            assert float(windowed[("hand", "P@L/5_medium_long")]["value"]) == pytest.approx((0.5 + 0 + 1) / 3)
 
 
 def test_ss3_tsv_matches_a_hand_checked_case(tmp_path, encoders):
@@ -206,3 +219,64 @@ def test_tape_proteinnet_uses_c_alpha_and_refuses_c_beta(tmp_path, encoders, cap
                  "--out", str(out), "--contact-atom", "CB"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "tape data defines contacts by CA only" in err, err
+
+
+def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path, encoders):
+    """Window 22, protein of 30: windows [0, 22) and [8, 30) (pmlm.tokens.window_starts), outputs averaged over
+    the overlap by a hand-written mean, precision with k = floor(30 / divisor); pairs no window holds are no
+    candidates."""
+    from pmlm.evaluation.metrics import contact_precision, q3_accuracy
+    from pmlm.finetune.data import evaluation_plan, read_task_data
+    from pmlm.finetune.scoring import load_finetuned, score_task
+    from pmlm.tokens import batch_tokens
+
+    train = write_structures(tmp_path / "train.jsonl", 4, seed=1, lengths=(12, 20))
+    test = write_structures(tmp_path / "test.jsonl", 2, seed=7, lengths=(30, 30))
+    for task, head_cfg in (("contact", {"features": "encoder"}), ("ss3", {"kind": "conv", "conv_hidden": 8})):
+        cfg = FinetuneConfig.from_dict(recipe(task=task, head=head_cfg, optim__total_steps=3, save_every=0,
+                                              data__crop=16))
+        final = tmp_path / f"{task}.safetensors"
+        assert finetune(cfg, encoders["pmlm"], train, tmp_path / f"run_{task}", final) == 0
+        model, _, _, _ = load_finetuned(final)
+        data = read_task_data(test, task)
+        metrics, n_long = score_task(model, data, batch_size=3, window=22, too_long="windows", threshold=8.0,
+                                     device="cpu")
+        assert n_long == 2
+        plan = evaluation_plan(data.examples, 3, 22, "windows")
+        assert plan.windows == [2, 2] and [[r[1:] for r in rows] for rows in plan.batches] == [
+            [(0, 22), (8, 30), (0, 22)], [(8, 30)]]  # a protein's windows in consecutive rows, across batches
+        expected, labels = [], []
+        for ex in sorted(data.examples, key=len):
+            assert len(ex) == 30
+            pairs = task == "contact"
+            total = np.zeros((30, 30) if pairs else (30, 3))
+            count = np.zeros((30, 30) if pairs else (30, 1))
+            for start in (0, 8):
+                rows = batch_tokens([ex.residues[start:start + 22]])
+                with torch.no_grad():
+                    out = model(torch.from_numpy(rows.tokens), torch.from_numpy(rows.residue_mask()))[0].double()
+                window = slice(start, start + 22)
+                if pairs:
+                    total[window, window] += out.numpy()
+                    count[window, window] += 1
+                else:
+                    total[window] += out.numpy()
+                    count[window] += 1
+            if pairs:
+                held = count > 0
+                assert not held[0, 29] and held[8, 29] and held[0, 21]  # (0, 29): no window holds both
+                contacts, valid = ex.contact_window(0, 30, 8.0)
+                scores = np.where(held, total / np.maximum(count, 1), 0.0)
+                expected.append(contact_precision(scores, contacts, valid & held, min_sep=12, k_divisor=5))
+            else:
+                expected.append((total / count).argmax(-1))
+                labels.append(ex.labels)
+        if task == "contact":
+            assert metrics["P@L/5_medium_long"][0] == pytest.approx(np.mean(expected))
+            # pooled over both proteins: hits / (6 + 6) picks, k = floor(30 / 5) each (cropped: floor(22 / 5) = 4)
+            pooled = metrics["P@L/5_medium_long_pooled"][0] * 12
+            assert abs(pooled - round(pooled)) < 1e-9
+        else:
+            acc = q3_accuracy(expected, labels)
+            assert metrics["Q3"][0] == pytest.approx(acc.pooled)
+            assert sum(int((lab >= 0).sum()) for lab in labels) == 60  # all 30 residues of both proteins scored

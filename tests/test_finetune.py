@@ -25,6 +25,7 @@ from pmlm.cli import main
 from pmlm.finetune.config import FinetuneConfig
 from pmlm.finetune.data import TaskLoader, read_task_data
 from pmlm.finetune.loop import FinetuneHooks, finetune
+from pmlm.finetune.scoring import load_finetuned
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig, build_model
 from pmlm.train import REQUEUE_EXIT_CODE
@@ -243,6 +244,18 @@ def test_ss3_and_remote_homology_run_from_their_formats(tmp_path, case):
     scores = json.loads(final.with_suffix(".json").read_text())["valid"]["scores"]
     assert scores["Q3"] > 0.6  # the state is a function of the residue: well above the ~0.33 of guessing
 
+    # TAPE's convolutional head: builds, trains a step (its batch statistics and weight-norm gains included),
+    # and its artefact loads back as that head
+    cfg = FinetuneConfig.from_dict(recipe(task="ss3", head={"kind": "conv", "conv_hidden": 16, "dropout": 0.0},
+                                          optim__total_steps=1, optim__warmup_steps=0, save_every=0))
+    final = tmp_path / "ss3_conv.safetensors"
+    assert finetune(cfg, case["encoder"], case["train"], tmp_path / "ss3_conv", final) == 0
+    weights = load_file(final)
+    assert weights["head.norm.running_mean"].abs().sum() > 0  # one training step moved the statistics
+    assert {"head.conv1.parametrizations.weight.original0", "head.conv2.parametrizations.weight.original1"} <= set(weights)
+    model, loaded, _, _ = load_finetuned(final)
+    assert loaded.head.kind == "conv" and type(model.head).__name__ == "TapeConvHead"
+
     # three folds with distinct compositions: separable after mean-pooling
     records = [{"id": f"r{k}", "primary": ("ACD", "EFG", "HIK")[k % 3] * (3 + k % 4), "fold_label": k % 3}
                for k in range(12)]
@@ -274,7 +287,7 @@ def test_batches_are_a_function_of_seed_and_epoch(case):
     "change, message",
     [
         ({"head": {"kindd": "linear"}}, "unknown key(s) head.kindd"),
-        ({"task": "ss3", "head": {"kind": "resnet"}}, "head.kind must be mlp for task ss3"),
+        ({"task": "ss3", "head": {"kind": "resnet"}}, "head.kind must be mlp or conv for task ss3"),
         ({"optim": {"head_lr": 0}}, "optim.head_lr must be > 0"),
         ({"data": {"crop": 500}}, "data.crop must be <= the encoder's window of 64 residues"),
         ({"head": {"features": "mplus"}}, "head.features mplus needs an encoder with a pair head"),

@@ -10,8 +10,8 @@ from pmlm.errors import ConfigError
 from pmlm.evaluation.unsupervised import symmetrize
 from pmlm.finetune.config import FinetuneConfig
 from pmlm.finetune.heads import (
-    ContactLinearHead, ContactResNetHead, RemoteHomologyHead, SecondaryStructureHead, TaskModel, build_head,
-    pair_features, pair_map, resolve_features,
+    ContactLinearHead, ContactResNetHead, RemoteHomologyHead, SecondaryStructureHead, TapeConvHead, TaskModel,
+    build_head, pair_features, pair_map, resolve_features,
 )
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig, build_model
@@ -52,9 +52,10 @@ def test_head_shapes_and_contact_symmetry(training):
         "linear": ContactLinearHead(HIDDEN, 0.5, 1 << 20),
         "resnet": ContactResNetHead(HIDDEN, 0.1, channels=4, blocks=2, kernel=3, norm="batch", chunk_elements=1 << 20),
         "ss3": SecondaryStructureHead(HIDDEN, 8, 3, 0.1),
+        "ss3_conv": TapeConvHead(HIDDEN, 8, 3, 0.1),
         "remote": RemoteHomologyHead(HIDDEN, 8, 11, 0.1),
     }
-    shapes = {"linear": (2, 7, 7), "resnet": (2, 7, 7), "ss3": (2, 7, 3), "remote": (2, 11)}
+    shapes = {"linear": (2, 7, 7), "resnet": (2, 7, 7), "ss3": (2, 7, 3), "ss3_conv": (2, 7, 3), "remote": (2, 11)}
     for name, head in heads.items():
         out = head.train(training)(reps, mask)
         assert out.shape == shapes[name], name
@@ -142,3 +143,36 @@ def test_features_auto_and_mplus_need_a_pair_head():
     assert resolve_features("auto", "ss3", _tiny_model("pmlm")) == "encoder"
     with pytest.raises(ConfigError, match="needs an encoder with a pair head"):
         resolve_features("mplus", "contact", _tiny_model("mlm"))
+
+
+def test_tape_conv_head_layers_and_padding_independence():
+    """TAPE's SimpleConv: BatchNorm1d -> wn-Conv1d(C, hidden, 5) -> ReLU -> Dropout -> wn-Conv1d(hidden, 3, 3),
+    weight norm with one gain per kernel; a protein's logits do not depend on the padding beside it."""
+    torch.manual_seed(0)
+    head = TapeConvHead(HIDDEN, 8, 3, 0.0).eval()
+    assert (head.conv1.kernel_size, head.conv2.kernel_size) == ((5,), (3,))
+    assert head.conv1.parametrizations.weight.original0.shape == ()  # dim=None: a single gain
+    with torch.no_grad():
+        head.norm.running_mean.normal_()
+        head.norm.running_var.uniform_(0.5, 2.0)
+    reps = _reps(batch=1, length=6)
+    padded = torch.cat([reps, torch.randn(1, 4, HIDDEN)], dim=1)  # 4 padded positions of garbage
+    mask = torch.tensor([[True] * 6 + [False] * 4])
+    alone = head(reps, torch.ones(1, 6, dtype=torch.bool))
+    torch.testing.assert_close(head(padded, mask)[:, :6], alone)
+    # the same arithmetic written out: eval-mode batch norm, zero padding, two convolutions
+    x = (reps.transpose(1, 2) - head.norm.running_mean[:, None]) / torch.sqrt(head.norm.running_var[:, None] + 1e-5)
+    x = x * head.norm.weight[:, None] + head.norm.bias[:, None]
+    x = torch.relu(torch.nn.functional.conv1d(x, head.conv1.weight, head.conv1.bias, padding=2))
+    expected = torch.nn.functional.conv1d(x, head.conv2.weight, head.conv2.bias, padding=1).transpose(1, 2)
+    torch.testing.assert_close(alone, expected, rtol=1e-5, atol=1e-5)
+    w = head.conv1.parametrizations.weight
+    torch.testing.assert_close(head.conv1.weight, w.original0 * w.original1 / w.original1.norm())
+
+
+def test_conv_head_is_an_ss3_option_only():
+    cfg = FinetuneConfig.from_dict({"task": "ss3", "head": {"kind": "conv", "conv_hidden": 16}})
+    assert isinstance(build_head(cfg, HIDDEN), TapeConvHead)
+    assert isinstance(build_head(FinetuneConfig.from_dict({"task": "ss3"}), HIDDEN), SecondaryStructureHead)
+    with pytest.raises(ConfigError, match="head.kind must be linear or resnet for task contact"):
+        FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "conv"}})

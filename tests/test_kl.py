@@ -66,7 +66,7 @@ def test_pair_only_model_uses_the_joint_marginals(sequences):
 
 
 def test_full_vocabulary_joint_is_restricted_to_residues():
-    logits = torch.randn(3, alphabet.VOCAB_SIZE**2)
+    logits = torch.randn(3, alphabet.NUM_FULL_PAIR_CLASSES)
     joint = residue_joint(logits)
     assert joint.shape == (3, 20, 20)
     torch.testing.assert_close(joint.sum(dim=(1, 2)), torch.ones(3))

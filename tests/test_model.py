@@ -8,11 +8,12 @@ import torch.nn.functional as F
 from conftest import reorder_tolerance
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID, VOCAB_SIZE
+from pmlm import alphabet
+from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.model import PRESETS, ObjectiveConfig, PMLMModel, build_model, model_config
 from pmlm.model.heads import PairHead
-from pmlm.model.objectives import swap_pairs, upper_pairs
+from pmlm.model.objectives import pair_labels, swap_pairs, upper_pairs
 
 # (preset, objective) -> parameter count stated by the paper / design table
 PAPER_PARAMS = {
@@ -44,7 +45,7 @@ def make_tokens(lengths: list[int], total_len: int | None = None, seed: int = 0)
 @pytest.mark.parametrize(("preset", "objective"), sorted(PAPER_PARAMS))
 def test_preset_parameter_counts_match_paper(preset, objective):
     with torch.device("meta"):  # no memory: shapes only
-        model = build_model(model_config(preset), ObjectiveConfig(name=objective))
+        model = build_model(model_config(preset, objective), ObjectiveConfig(name=objective))
     count = model.num_parameters()
     expected = PAPER_PARAMS[(preset, objective)]
     assert abs(count - expected) / expected < 0.03, (preset, objective, count)
@@ -85,10 +86,29 @@ def test_tiny_forward_shapes():
     assert plain["pair_logits"] is None and plain["pair_repr"] is None
 
 
-def test_full_pair_vocab_shape():
-    model = PMLMModel(model_config("tiny", pair_vocab="full")).eval()
+# The released code's dictionary (Mu-Protein pmlm/src/protein/dict.txt, one symbol per line, after
+# fairseq's 4 specials <s> <pad> </s> <unk>; the task then adds <mask>)
+RELEASED_DICT_TXT = "A R N D C Q E G H I L K M F P S T W Y V X -".split()
+
+
+@pytest.mark.parametrize("pair_vocab", ["standard", "full"])
+def test_pair_vocabulary_class_counts(pair_vocab):
+    released = 4 + len(RELEASED_DICT_TXT) + 1  # 27
+    # ours holds every released symbol but the gap, and nothing else besides the vocabulary padding
+    ours = [t for t in alphabet.TOKENS if not t.startswith("<null_")]
+    assert set(RELEASED_DICT_TXT) - {alphabet.GAP} == set(alphabet.RESIDUES + alphabet.UNKNOWN_RESIDUE)
+    assert len(ours) + 1 == released == alphabet.FULL_PAIR_SIDE
+    expected = {"standard": len(alphabet.RESIDUES) ** 2, "full": released**2}[pair_vocab]  # 400, 729
+    model = PMLMModel(model_config("tiny", pair_vocab=pair_vocab)).eval()
+    assert model.cfg.pair_classes == model.pair_head.out.out_features == expected
     out = model(make_tokens([6]), pair_index=torch.tensor([[0, 1, 2], [0, 2, 1]]))
-    assert out["pair_logits"].shape == (2, VOCAB_SIZE**2)
+    assert out["pair_logits"].shape == (2, expected)
+    # every label of a pair of standard residues is a class of the head, distinct per ordered pair
+    classes = torch.arange(NUM_RESIDUES)
+    targets = torch.cat([classes, classes]).view(1, -1)  # (1, 40): each residue class twice
+    index = torch.tensor([[0, i, NUM_RESIDUES + j] for i in range(NUM_RESIDUES) for j in range(NUM_RESIDUES)])
+    labels = pair_labels(index, targets, pair_vocab)
+    assert labels.unique().numel() == NUM_RESIDUES**2 and 0 <= labels.min() and labels.max() < expected
 
 
 def test_heads_follow_config_and_errors():
@@ -126,7 +146,7 @@ def naive_pair_head(head: PairHead, reps: torch.Tensor, pair_index: torch.Tensor
     b, i, j = pair_index.unbind(1)
     hi, hj = reps[b, i], reps[b, j]
     feats = torch.cat([hi * hj, hi - hj], dim=-1)  # (P, 2C)
-    m_plus = head.norm(F.gelu(head.dense(feats)))
+    m_plus = head.norm(head.act(head.dense(feats)))  # the encoder's activation (relu in the pmlm recipe)
     return head.out(m_plus), m_plus
 
 

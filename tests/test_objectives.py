@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, PAD_ID, VOCAB_SIZE, X_ID
+from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, PAD_ID, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model import ObjectiveConfig, build_model, mask_tokens, model_config, pretraining_losses
 from pmlm.model.objectives import IGNORE_INDEX, diagonal_pairs, pair_labels, swap_pairs, upper_pairs
@@ -114,14 +114,15 @@ def test_pair_index_and_labels_match_brute_force():
     assert (up[:, 1] < up[:, 2]).all() and up.tolist() == sorted(up.tolist())
     full = pair_labels(index, targets, "full")
     ti, tj = targets[index[:, 0], index[:, 1]], targets[index[:, 0], index[:, 2]]
-    assert full.equal((ti + FIRST_RESIDUE_ID) * VOCAB_SIZE + tj + FIRST_RESIDUE_ID)
+    assert full.equal((ti + FIRST_RESIDUE_ID) * FULL_PAIR_SIDE + tj + FIRST_RESIDUE_ID)
     diag = diagonal_pairs(valid)
     assert diag.shape == (8, 3) and diag[:, 1].equal(diag[:, 2])
 
 
 def tiny_model(objective: str, **overrides):
     torch.manual_seed(0)
-    return build_model(model_config("tiny", dropout=0.0, **overrides), ObjectiveConfig(name=objective))
+    return build_model(model_config("tiny", dropout=0.0, attention_dropout=0.0, **overrides),
+                       ObjectiveConfig(name=objective))
 
 
 @pytest.mark.parametrize("pair_vocab", ["standard", "full"])
@@ -148,7 +149,7 @@ def test_pmlm_loss_matches_reference_computation(pair_vocab):
     assert out["mlm_correct"].item() == int((ref["logits"][valid].argmax(-1) == targets[valid]).sum())
     assert out["pair_correct"].item() == int((ref["pair_logits"].argmax(-1) == labels).sum())
     if pair_vocab == "full":
-        assert ref["pair_logits"].shape[1] == VOCAB_SIZE**2
+        assert ref["pair_logits"].shape[1] == FULL_PAIR_SIDE**2
 
 
 def test_pair_only_uses_diagonal_and_its_marginal():

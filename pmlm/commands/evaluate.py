@@ -22,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PATH.tsv", help="the results table")
     p.add_argument("--model", metavar="NAME", help="model label in the table (default: the encoder's folder name)")
     p.add_argument("--batch-size", type=int, default=4, help="proteins per forward pass (heads)")
-    p.add_argument("--too-long", choices=("crop", "skip"), default="crop",
-                   help="proteins longer than the encoder's window: crop to the window, or leave out (counted)")
+    p.add_argument("--too-long", choices=("windows", "crop", "skip"), default="windows",
+                   help="proteins longer than the encoder's window: score at full length from overlapping windows "
+                        "(averaged), crop to the first window, or leave out (counted either way)")
     p.add_argument("--mask-pairs", action="store_true",
                    help="pair-kl / pair-mi: mask each pair as in pre-training "
                         "(one sequence copy per pair: small proteins only)")

@@ -11,14 +11,20 @@ Contact precision at L/k (design brief, section 3), for one protein of sequence 
 3. The top ``k = floor(L / k_divisor)`` candidates are taken, L being the *sequence length*
    (not the number of resolved residues), and precision = true contacts among them / k.
    When fewer than k candidates exist, every candidate is taken and the denominator stays
-   k: the missing predictions count as wrong (as the brief's definition says, and as
-   TAPE's code does by ranking masked-out pairs at probability zero).
+   k: the missing predictions count as wrong (as the brief's definition says; TAPE's code
+   then picks masked-out pairs, ranked at probability zero, and sums their labels as they
+   are, 0 or its -1 for unknown).
 4. ``k == 0`` (L < k_divisor) gives NaN; such proteins are excluded from averages and
    counted (``n_excluded``).
 
 Scores are read from the upper triangle only (i < j); symmetrise an asymmetric prediction
-first. TAPE's own code differs in two ways worth knowing when comparing numbers: it ranks
-over the full L x L matrix (each pair appears twice) and pools the count over a batch.
+first. TAPE's own P@L/5 (songlab-cal/tape ``PairwiseContactPredictionHead.compute_precision_at_l5``,
+``tape/models/modeling_utils.py`` l.871-887) ranks the same way: one triangle, ``j - i >= 6``
+(``(y_ind - x_ind) >= 6`` over an ``ij`` meshgrid), pairs with an unknown label zeroed but kept at
+the bottom of the ranking, top ``L // 5`` with L the protein's length (our ``tape_all`` range). It
+differs in the average: it pools the hits of a batch's proteins (hits / picks over the batch) and
+averages those batch values, so it equals our per-protein mean only with one protein per batch;
+our ``_pooled`` variants pool over the whole test set.
 """
 
 from __future__ import annotations

@@ -25,12 +25,14 @@ from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, token_positions
 
 
 def residue_joint(pair_logits: torch.Tensor) -> torch.Tensor:
-    """Pair-head logits -> (P, 20, 20) joint over standard residues (also for the V^2 'full' vocabulary)."""
+    """Pair-head logits -> (P, 20, 20) joint over standard residues (also for the 'full' vocabulary, renormalised
+    over the standard-residue block)."""
     k = pair_logits.shape[-1]
     if k == alphabet.NUM_PAIR_CLASSES:
         return torch.softmax(pair_logits, dim=-1).reshape(-1, alphabet.NUM_RESIDUES, alphabet.NUM_RESIDUES)
-    if k == alphabet.VOCAB_SIZE**2:
-        full = torch.softmax(pair_logits, dim=-1).reshape(-1, alphabet.VOCAB_SIZE, alphabet.VOCAB_SIZE)
+    if k == alphabet.NUM_FULL_PAIR_CLASSES:
+        side = alphabet.FULL_PAIR_SIDE
+        full = torch.softmax(pair_logits, dim=-1).reshape(-1, side, side)
         lo, hi = alphabet.FIRST_RESIDUE_ID, alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES
         sub = full[:, lo:hi, lo:hi]
         return sub / sub.sum(dim=(-2, -1), keepdim=True)

@@ -15,7 +15,7 @@ TASKS = ("contact", "ss3", "remote_homology")
 # head kinds each task accepts; the first is what "auto" resolves to
 TASK_HEADS: dict[str, tuple[str, ...]] = {
     "contact": ("linear", "resnet"),
-    "ss3": ("mlp",),
+    "ss3": ("mlp", "conv"),
     "remote_homology": ("mlp",),
 }
 # classes a head predicts: one contact logit per pair, H/E/C, or the TAPE folds
@@ -33,30 +33,34 @@ class HeadConfig:
     """The task head put on top of the encoder."""
 
     # contact: linear (TAPE's shallow decoder) | resnet (2-D ResNet, as for RaptorX);
-    # ss3 and remote_homology: mlp; auto picks linear for contact and mlp otherwise
+    # ss3: mlp (per residue) | conv (TAPE's secondary-structure head, two 1-D convolutions);
+    # remote_homology: mlp; auto picks linear for contact and mlp otherwise
     kind: str = "auto"
     # contact only. encoder: concat(f_i * f_j, f_i - f_j) of the encoder outputs;
     # mplus: the pair head's first-block output M+ (needs a PMLM encoder);
     # auto: mplus when the encoder has a pair head (the paper's choice), encoder otherwise
     features: str = "auto"
-    dropout: float = 0.5  # dropout on the head's input features (TAPE: 0.5)
+    # contact heads: dropout on the input pair features (TAPE: 0.5); mlp: after the hidden layer;
+    # conv: after the first convolution (TAPE: 0.0)
+    dropout: float = 0.5
     resnet_blocks: int = 8  # residual blocks of the resnet head (each two 2-D convs)
     resnet_channels: int = 64  # channels of the pairwise map inside the resnet head
     resnet_kernel: int = 3  # square, non-dilated convolution kernel (odd)
     # instance | batch: normalisation inside the residual blocks (statistics over real pairs only)
     resnet_norm: str = "instance"
     mlp_hidden: int = 512  # hidden width of the mlp head (TAPE's SimpleMLP: 512)
+    conv_hidden: int = 512  # channels between the conv head's two convolutions (TAPE's SimpleConv: 512)
     num_classes: int | None = None  # output classes; None = the task's (3 for ss3, 1,195 folds for remote homology)
     # upper bound on the elements of one chunk of pair features (B x rows x L x F); bounds the
     # transient memory of L^2 pair features, the only quantity that grows quadratically
     pair_chunk_elements: int = 1 << 24
 
     def __post_init__(self) -> None:
-        require(self.kind in ("auto", "linear", "resnet", "mlp"), "head.kind",
-                 "must be one of auto, linear, resnet, mlp", self.kind)
+        require(self.kind in ("auto", "linear", "resnet", "mlp", "conv"), "head.kind",
+                 "must be one of auto, linear, resnet, mlp, conv", self.kind)
         require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
         require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
-        for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "pair_chunk_elements"):
+        for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "conv_hidden", "pair_chunk_elements"):
             require(getattr(self, name) >= 1, f"head.{name}", "must be >= 1", getattr(self, name))
         require(self.resnet_kernel >= 1 and self.resnet_kernel % 2 == 1, "head.resnet_kernel",
                  "must be a positive odd number (the pairwise map keeps its size)", self.resnet_kernel)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from pmlm.tasks.structures import (
     CONTACT_ATOMS, CONTACT_THRESHOLD, ReadCounts, contact_map, read_structure_jsonl, ss3_to_labels,
 )
 from pmlm.tasks.tape import read_tape
-from pmlm.tokens import batch_tokens, crop_room
+from pmlm.tokens import batch_tokens, crop_room, window_starts
 
 # which formats can label which task
 FORMAT_TASKS: dict[str, tuple[str, ...]] = {
@@ -48,7 +47,7 @@ FORMAT_TASKS: dict[str, tuple[str, ...]] = {
 TAPE_TASKS = {"contact": "proteinnet", "ss3": "secondary_structure", "remote_homology": "remote_homology"}
 FORMAT_ATOMS = {"structure_jsonl": CONTACT_ATOMS["structure_jsonl"], "tape": CONTACT_ATOMS["tape_proteinnet"],
                 "raptorx": CONTACT_ATOMS["raptorx"]}
-TOO_LONG_CHOICES = ("crop", "skip")
+TOO_LONG_CHOICES = ("windows", "crop", "skip")
 
 
 @dataclass
@@ -274,21 +273,41 @@ class TaskLoader:
         self._plan = None
 
 
-def evaluation_batches(
-    examples: list[Example], task: str, batch_size: int, window: int, too_long: str, threshold: float,
-) -> tuple[Iterator[Batch], int]:
-    """Full-length batches in a fixed order (by length, for little padding), plus the count of
-    proteins longer than ``window`` residues: cropped to their first ``window`` residues (and
-    then scored with L = window) under ``too_long="crop"``, left out under ``"skip"``."""
+@dataclass
+class EvaluationPlan:
+    """The order a test set is read in: batches of (protein index, start, stop) windows of ``proteins``."""
+
+    proteins: list[Example]  # the proteins scored, shortest first
+    batches: list[list[tuple[int, int, int]]]  # rows of each batch: (index into proteins, start, stop)
+    windows: list[int]  # windows per protein (1 unless it is longer than the window)
+    n_long: int  # proteins of the test set longer than the window
+
+    def collate(self, rows: list[tuple[int, int, int]], task: str, threshold: float) -> Batch:
+        return collate([self.proteins[p] for p, _, _ in rows], [(a, b) for _, a, b in rows], task, threshold)
+
+
+def evaluation_plan(examples: list[Example], batch_size: int, window: int, too_long: str) -> EvaluationPlan:
+    """Test proteins in a fixed order (by length, for little padding), ``batch_size`` rows per batch.
+
+    A protein longer than ``window`` residues is, under ``too_long``:
+
+    * ``windows``: read as the overlapping windows of ``pmlm.tokens.window_starts`` (half a window
+      apart, the last flush with its end), one row each, in consecutive rows; the caller averages the
+      windows' outputs over their overlap (``pmlm.tokens.WindowMean``) and scores the protein at its
+      true length;
+    * ``crop``: cut to its first ``window`` residues (and then scored with L = window);
+    * ``skip``: left out.
+
+    Either way their number is ``n_long``.
+    """
     if too_long not in TOO_LONG_CHOICES:
         raise ValueError(f"too_long must be one of {TOO_LONG_CHOICES}, got {too_long!r}")
     n_long = sum(len(ex) > window for ex in examples)
-    kept = [ex for ex in examples if too_long == "crop" or len(ex) <= window]
-    kept.sort(key=len)
-
-    def batches() -> Iterator[Batch]:
-        for k in range(0, len(kept), batch_size):
-            chunk = kept[k:k + batch_size]
-            yield collate(chunk, [(0, min(len(ex), window)) for ex in chunk], task, threshold)
-
-    return batches(), n_long
+    kept = sorted((ex for ex in examples if too_long != "skip" or len(ex) <= window), key=len)
+    rows, windows = [], []
+    for p, ex in enumerate(kept):
+        starts = window_starts(len(ex), window) if too_long == "windows" else [0]
+        rows.extend((p, start, min(start + window, len(ex))) for start in starts)
+        windows.append(len(starts))
+    batches = [rows[k:k + batch_size] for k in range(0, len(rows), batch_size)]
+    return EvaluationPlan(kept, batches, windows, n_long)

@@ -11,9 +11,11 @@ the joint's mutual information (``pair-mi``), symmetrised, with the diagonal zer
 average-product correction. ``--mask-pairs`` instead masks exactly i and j for each pair, as
 in pre-training: L(L-1)/2 sequence copies per protein, affordable for small proteins only.
 
-Proteins longer than the encoder's window (max_len - 2 residues) are cropped to their first
-``window`` residues and scored with L = window (``--too-long crop``, the default) or left
-out (``--too-long skip``); either way their number is reported as the metric ``n_too_long``.
+Proteins longer than the encoder's window (max_len - 2 residues) are read as overlapping windows
+and scored at their true length (``--too-long windows``, the default; see
+``pmlm.finetune.scoring``; for ``pair-kl`` / ``pair-mi`` each window's APC-corrected scores are
+averaged), cropped to their first ``window`` residues and scored with L = window (``crop``), or
+left out (``skip``); either way their number is reported as the metric ``n_too_long``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import all_pairs, pair_dependence
 from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.evaluation.unsupervised import apc, symmetrize
-from pmlm.finetune.data import evaluation_batches, read_task_data
-from pmlm.finetune.scoring import HEADLINE, contact_summary, load_finetuned, score_task
+from pmlm.finetune.data import evaluation_plan, read_task_data
+from pmlm.finetune.scoring import HEADLINE, contact_items, contact_summary, load_finetuned, score_task, whole_proteins
 from pmlm.progress import Progress
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.utils import atomic_output, file_digest, versions
@@ -69,19 +71,21 @@ def score_unsupervised(model, data, measure: str, *, window: int, too_long: str,
                        mask_pairs: bool, pair_batch: int, device,
                        progress=None) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
-    batches, n_long = evaluation_batches(data.examples, "contact", 1, window, too_long, threshold)
+    plan = evaluation_plan(data.examples, 1, window, too_long)
+
+    def row_scores():
+        for (p, start, stop), in plan.batches:
+            residues = plan.proteins[p].residues[start:stop]
+            yield (p, start, stop), unsupervised_contact_scores(model, residues, measure, mask_pairs=mask_pairs,
+                                                                 pair_batch=pair_batch, device=device)
 
     def proteins():
-        for batch in batches:
-            k = batch.lengths[0]
-            residues = batch.tokens[0, 1:k + 1].numpy()
-            scores = unsupervised_contact_scores(model, residues, measure, mask_pairs=mask_pairs,
-                                                 pair_batch=pair_batch, device=device)
+        for protein, scores in whole_proteins(plan, row_scores(), pairs=True):
             if progress is not None:
                 progress.advance()
-            yield scores, batch.targets[0, :k, :k].numpy(), batch.valid[0, :k, :k].numpy()
+            yield protein, scores
 
-    return contact_summary(proteins()), n_long
+    return contact_summary(contact_items(proteins(), threshold)), plan.n_long
 
 
 def write_tsv(path: str | Path, rows: list[dict]) -> None:

@@ -1,12 +1,13 @@
-"""Task heads on a pre-trained encoder (contact: linear or 2-D ResNet; secondary structure; remote homology)
-and ``TaskModel``, the encoder plus one head.
+"""Task heads on a pre-trained encoder (contact: linear or 2-D ResNet; secondary structure: per-residue MLP or
+TAPE's convolutional head; remote homology) and ``TaskModel``, the encoder plus one head.
 
 Every head takes residue representations ``reps`` (B, L, C) (``<cls>`` / ``<eos>`` stripped)
 and a residue mask (B, L). Contact heads score all L x L pairs from pair features, either
 
 * ``encoder``: ``concat(f_i * f_j, f_i - f_j)`` (B, L, L, 2C), TAPE's pairwise features, or
 * ``mplus``: M+, the PMLM pair head's first block on those features,
-  ``LayerNorm(GELU(Linear(concat(h_i * h_j, h_i - h_j))))`` (the paper's fine-tuning input),
+  ``LayerNorm(act(Linear(concat(h_i * h_j, h_i - h_j))))`` with the encoder's activation (the
+  paper's fine-tuning input),
 
 built in row chunks of at most ``pair_chunk_elements`` elements. When a chunk's features
 need gradients and there is more than one chunk, each chunk is recomputed in the backward
@@ -86,8 +87,9 @@ class ContactLinearHead(nn.Module):
         return symmetrize(raw)  # (B, L, L)
 
 
-class MaskedNorm2d(nn.Module):
-    """Instance or batch normalisation of a (B, C, L, L) map whose statistics skip padded pairs."""
+class MaskedNorm(nn.Module):
+    """Instance or batch normalisation of a (B, C, *spatial) map, e.g. (B, C, L, L) pairs or (B, C, L) residues,
+    whose statistics skip padded positions."""
 
     def __init__(self, channels: int, mode: str):
         super().__init__()
@@ -99,12 +101,14 @@ class MaskedNorm2d(nn.Module):
             self.register_buffer("running_var", torch.ones(channels))
 
     def forward(self, x: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        # x (B, C, L, L); pair_mask (B, 1, L, L) float, 1 for pairs of real residues
+        # x (B, C, *S); pair_mask (B, 1, *S) float, 1 at real residues (pairs of them)
+        channel = (1, -1) + (1,) * (x.dim() - 2)  # broadcast a (C,) vector over (B, C, *S)
         if self.mode == "batch" and not self.training:
-            mean = self.running_mean.view(1, -1, 1, 1)
-            var = self.running_var.view(1, -1, 1, 1)
+            mean = self.running_mean.view(channel)
+            var = self.running_var.view(channel)
         else:
-            dims = (2, 3) if self.mode == "instance" else (0, 2, 3)
+            spatial = tuple(range(2, x.dim()))
+            dims = spatial if self.mode == "instance" else (0, *spatial)
             count = pair_mask.sum(dim=dims, keepdim=True).clamp_min(1.0)
             mean = (x * pair_mask).sum(dim=dims, keepdim=True) / count  # (B or 1, C, 1, 1)
             var = (((x - mean) * pair_mask) ** 2).sum(dim=dims, keepdim=True) / count
@@ -113,7 +117,7 @@ class MaskedNorm2d(nn.Module):
                     self.running_mean.lerp_(mean.flatten().to(self.running_mean.dtype), NORM_MOMENTUM)
                     self.running_var.lerp_(var.flatten().to(self.running_var.dtype), NORM_MOMENTUM)
         x = (x - mean) * torch.rsqrt(var + NORM_EPS)
-        return (x * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)) * pair_mask
+        return (x * self.weight.view(channel) + self.bias.view(channel)) * pair_mask
 
 
 class ResidualBlock2d(nn.Module):
@@ -121,9 +125,9 @@ class ResidualBlock2d(nn.Module):
 
     def __init__(self, channels: int, kernel: int, norm: str):
         super().__init__()
-        self.norm1 = MaskedNorm2d(channels, norm)
+        self.norm1 = MaskedNorm(channels, norm)
         self.conv1 = nn.Conv2d(channels, channels, kernel, padding=kernel // 2)
-        self.norm2 = MaskedNorm2d(channels, norm)
+        self.norm2 = MaskedNorm(channels, norm)
         self.conv2 = nn.Conv2d(channels, channels, kernel, padding=kernel // 2)
 
     def forward(self, x: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
@@ -142,7 +146,7 @@ class ContactResNetHead(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.project = nn.Linear(2 * hidden, channels)
         self.blocks = nn.ModuleList(ResidualBlock2d(channels, kernel, norm) for _ in range(blocks))
-        self.final_norm = MaskedNorm2d(channels, norm)
+        self.final_norm = MaskedNorm(channels, norm)
         self.out = nn.Conv2d(channels, 1, kernel_size=1)
         self.chunk_elements = chunk_elements
 
@@ -159,12 +163,13 @@ class ContactResNetHead(nn.Module):
 
 
 def _mlp(hidden: int, mlp_hidden: int, classes: int, dropout: float) -> nn.Sequential:
-    """TAPE's SimpleMLP: Linear -> ReLU -> Dropout -> Linear."""
+    """Linear -> ReLU -> Dropout -> Linear: the shape of TAPE's SimpleMLP, without its weight normalisation."""
     return nn.Sequential(nn.Linear(hidden, mlp_hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(mlp_hidden, classes))
 
 
 class SecondaryStructureHead(nn.Module):
-    """Per-residue MLP -> 3 classes (H, E, C)."""
+    """Per-residue MLP -> 3 classes (H, E, C); each residue is classified from its own representation only
+    (not TAPE's head: that is ``TapeConvHead``)."""
 
     def __init__(self, hidden: int, mlp_hidden: int, classes: int, dropout: float):
         super().__init__()
@@ -172,6 +177,34 @@ class SecondaryStructureHead(nn.Module):
 
     def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
         return self.mlp(reps)  # (B, L, 3)
+
+
+class TapeConvHead(nn.Module):
+    """TAPE's secondary-structure head (``SimpleConv``, songlab-cal/tape ``tape/models/modeling_utils.py``
+    l.696-715, used by its ``SequenceToSequenceClassificationHead`` l.816-840; the released PMLM code's
+    ``ConvNet`` is the same): along the sequence,
+
+        BatchNorm1d(C) -> wn-Conv1d(C, 512, k=5) -> ReLU -> Dropout -> wn-Conv1d(512, classes, k=3)
+
+    with weight normalisation over the whole kernel (one gain per convolution, ``dim=None``) and
+    "same" zero padding. Two departures, so a protein's logits do not depend on the proteins batched
+    with it: the batch statistics skip padded positions, and the convolutions see zeros beyond a
+    protein's ends (TAPE's see the ``<cls>`` / ``<sep>`` vectors there, then padding).
+    """
+
+    def __init__(self, hidden: int, conv_hidden: int, classes: int, dropout: float):
+        super().__init__()
+        weight_norm = torch.nn.utils.parametrizations.weight_norm
+        self.norm = MaskedNorm(hidden, "batch")
+        self.conv1 = weight_norm(nn.Conv1d(hidden, conv_hidden, kernel_size=5, padding=2), dim=None)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = weight_norm(nn.Conv1d(conv_hidden, classes, kernel_size=3, padding=1), dim=None)
+
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
+        m = mask.to(reps.dtype).unsqueeze(1)  # (B, 1, L)
+        x = self.norm(reps.transpose(1, 2), m)  # (B, C, L), zero at padding
+        x = self.dropout(F.relu(self.conv1(x))) * m  # (B, 512, L)
+        return self.conv2(x).transpose(1, 2)  # (B, L, classes)
 
 
 class RemoteHomologyHead(nn.Module):
@@ -205,6 +238,8 @@ def build_head(cfg, hidden: int) -> nn.Module:
     if h.kind == "resnet":
         return ContactResNetHead(hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel,
                                  h.resnet_norm, h.pair_chunk_elements)
+    if h.kind == "conv":
+        return TapeConvHead(hidden, h.conv_hidden, cfg.num_classes, h.dropout)
     head_cls = SecondaryStructureHead if cfg.task == "ss3" else RemoteHomologyHead
     return head_cls(hidden, h.mlp_hidden, cfg.num_classes, h.dropout)
 

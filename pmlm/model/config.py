@@ -1,32 +1,75 @@
-"""Typed configuration of the PMLM encoder and its heads, plus the named size presets."""
+"""Typed configuration of the PMLM encoder and its heads, the named size presets, and the layer recipe each
+objective's encoder gets by default.
+
+Layer recipes (``RELEASED_LAYERS``) are what the released PMLM code registers (microsoft/Mu-Protein at
+ff29ce1, ``pmlm/src/protein/models/{pmlm,mlm,pmlmx}.py``, run on fairseq 0.10.2; its ``pretrain.sh``
+passes none of these flags, so the registered defaults are what it trains with). In that fairseq version every
+``TransformerSentenceEncoder`` layer is post-LN with no final LayerNorm, and ``encoder_normalize_before``
+only adds a LayerNorm on the embeddings (``transformer_sentence_encoder.py`` l.171-174, 273-278;
+``transformer_sentence_encoder_layer.py`` l.104-134). So:
+
+=================  ====  ======  ==========  =================  ==========================================
+objective          norm  emb LN  activation  dropout/attn/act   released arch, registered defaults
+=================  ====  ======  ==========  =================  ==========================================
+``pmlm``           post  no      relu        0.1 / 0.1 / 0.0    ``prot_pmlm_base``: pmlm.py:404-406, 418, 420
+``mlm``            post  yes     gelu        0.1 / 0.1 / 0.0    ``prot_mlm_base``: mlm.py:362-364, 378, 380
+``pmlm_pair_only`` post  yes     gelu        0.0 / 0.0 / 0.0    ``prot_pmlmx`` (pair-only with the diagonal):
+                                                                pmlmx.py:436-438, 450, 452
+=================  ====  ======  ==========  =================  ==========================================
+
+The size presets (``PRESETS``) say nothing about layers: ``model_config(preset, objective)`` joins a
+preset's dimensions with the objective's recipe, so the paper's MLM-base and PMLM-base differ in their
+layers as the released code's do. ``model.overrides`` replace any field for every objective, e.g.
+``{activation: relu, embedding_norm: false}`` trains the MLM baseline with PMLM's layers (one encoder
+for all objectives). ``norm: pre`` (pre-LN layers plus a final LayerNorm, as ESM-1b and this package
+before) is the option for deep stacks that diverge post-LN.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from pmlm.alphabet import NUM_PAIR_CLASSES, VOCAB_SIZE
+from pmlm.alphabet import NUM_FULL_PAIR_CLASSES, NUM_PAIR_CLASSES
 from pmlm.errors import ConfigError
 
 PAIR_VOCABS = ("standard", "full")
+NORMS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu")
+
+# the released code's layer recipe per pre-training objective (module docstring, with the lines read)
+RELEASED_LAYERS: dict[str, dict] = {
+    "pmlm": {"norm": "post", "embedding_norm": False, "activation": "relu",
+             "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0},
+    "mlm": {"norm": "post", "embedding_norm": True, "activation": "gelu",
+            "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0},
+    "pmlm_pair_only": {"norm": "post", "embedding_norm": True, "activation": "gelu",
+                       "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0},
+}
 
 
 @dataclass
 class ModelConfig:
-    """Shape of the encoder and which prediction heads it carries."""
+    """Shape of the encoder and which prediction heads it carries (field defaults: the released PMLM layers)."""
 
     num_layers: int  # Transformer encoder layers
     hidden: int  # model width C
     ffn: int  # inner width of each feed-forward block
     heads: int  # attention heads; hidden must be divisible by it
     max_len: int  # longest input in tokens, <cls> and <eos> included (so max_len - 2 residues)
+    # post: x = LN(x + f(x)) per block, no final LayerNorm (fairseq 0.10.2, the released code);
+    # pre: x = x + f(LN(x)) per block plus a final LayerNorm (ESM-1b; steadier at depth)
+    norm: str = "post"
+    embedding_norm: bool = False  # LayerNorm on token + position embeddings (fairseq's encoder_normalize_before)
+    activation: str = "relu"  # of the feed-forward blocks and of both heads' hidden layers: relu | gelu
     dropout: float = 0.1  # dropout on embeddings, attention output and feed-forward output
     # dropout on attention probabilities; the fused variable-length kernel has none, so > 0 trains in the padded layout
-    attention_dropout: float = 0.0
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.0  # dropout after the feed-forward activation
     token_head: bool = True  # 20-class masked-token head; False for the pmlm_pair_only objective
     pair_head: bool = True  # masked-pair head; False for plain MLM models
     # "standard": 20 * 20 = 400 residue-pair classes (the paper);
-    # "full": VOCAB_SIZE ** 2 classes over token ids (the released code's dictionary-squared variant)
+    # "full": the released code's dictionary squared, FULL_PAIR_SIDE ** 2 = 729 classes over token ids (pmlm.alphabet)
     pair_vocab: str = "standard"
     pair_chunk_size: int = 65536  # rows of pair_index pushed through the pair head at once (bounds transient memory)
 
@@ -46,7 +89,13 @@ class ModelConfig:
         if self.hidden % 2:
             # sinusoidal positions fill sin/cos halves of the width
             raise ConfigError(f"model.hidden must be even for sinusoidal positions, got {self.hidden}")
-        for name in ("dropout", "attention_dropout"):
+        if self.norm not in NORMS:
+            raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if not isinstance(self.embedding_norm, bool):
+            raise ConfigError(f"model.embedding_norm must be true or false, got {self.embedding_norm!r}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
@@ -62,7 +111,7 @@ class ModelConfig:
     @property
     def pair_classes(self) -> int:
         """Number of classes K of the pair head."""
-        return NUM_PAIR_CLASSES if self.pair_vocab == "standard" else VOCAB_SIZE * VOCAB_SIZE
+        return NUM_PAIR_CLASSES if self.pair_vocab == "standard" else NUM_FULL_PAIR_CLASSES
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -78,14 +127,17 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def model_config(preset: str, **overrides) -> ModelConfig:
-    """Build a ModelConfig from a named preset, with any field overridden by keyword."""
+def model_config(preset: str, objective: str = "pmlm", **overrides) -> ModelConfig:
+    """Build a ModelConfig from a named preset and the layer recipe of ``objective`` (``RELEASED_LAYERS``),
+    with any field overridden by keyword."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown model preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if objective not in RELEASED_LAYERS:
+        raise ConfigError(f"unknown objective {objective!r}; choose one of {', '.join(RELEASED_LAYERS)}")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ConfigError(
             f"unknown model field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(fields))}"
         )
-    return ModelConfig(**{**PRESETS[preset], **overrides})
+    return ModelConfig(**{**PRESETS[preset], **RELEASED_LAYERS[objective], **overrides})

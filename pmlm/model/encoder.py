@@ -1,17 +1,31 @@
-"""The sequence encoder: token embeddings plus fixed sinusoidal positions, then pre-LN Transformer layers.
+"""The sequence encoder: token embeddings plus fixed sinusoidal positions, then Transformer layers, post-LN
+(the released code's) or pre-LN.
 
 Choices (documented here once):
 
-* **Pre-LN** layers (``x + Attn(LN(x))``, ``x + FFN(LN(x))``) with a final LayerNorm, as in
-  ESM-1b and fairseq's ``--encoder-normalize-before``: deep stacks (34 and 36 layers for the
-  large and xl presets) train stably without a long warm-up dependence.
+* ``model.norm`` picks the layer (``pmlm.model.config`` says which objective gets which by default):
+
+  - ``post`` (fairseq 0.10.2's ``TransformerSentenceEncoderLayer``, what the released PMLM code runs;
+    BERT, RoBERTa): ``x = LN(x + Drop(Attn(x)))``, then ``x = LN(x + Drop(FFN(x)))``; no final
+    LayerNorm, the last layer's output is the representation;
+  - ``pre`` (ESM-1b, fairseq's later ``TransformerEncoder`` with ``--encoder-normalize-before``):
+    ``x = x + Drop(Attn(LN(x)))``, ``x = x + Drop(FFN(LN(x)))``, and a final LayerNorm. Gradients
+    reach deep stacks without passing through every LayerNorm, so it is the option when a 34- or
+    36-layer post-LN run diverges or needs a longer warm-up.
+
+  ``FFN(x) = W2 ActDrop(act(W1 x))`` with ``act`` relu or gelu. ``model.embedding_norm`` adds a
+  LayerNorm on token + position embeddings, before the embedding dropout (fairseq 0.10.2's
+  ``encoder_normalize_before``). Both layers keep the same parameter names.
 * **Non-learnable sinusoidal positions** (paper, Experiment Setup): position ``t`` of the
   token sequence (``<cls>`` is position 0) gets ``[sin(t * f_k), cos(t * f_k)]`` with
   ``f_k = 10000^(-k / (C/2 - 1))``, the fairseq layout (sine half, then cosine half).
-* Token embeddings are drawn from N(0, 1) so token identity and position (entries in
-  [-1, 1]) enter the first LayerNorm at a comparable scale; the ``<pad>`` row is zero.
+* Token embeddings are drawn from N(0, 1) (torch's default, as in the released PMLM code) so token
+  identity and position (entries in [-1, 1]) enter the first layer at a comparable scale; the
+  ``<pad>`` row is zero.
   Linear weights are N(0, 0.02) with zero bias and LayerNorms start at (1, 0), the
-  BERT/fairseq-RoBERTa initialisation.
+  BERT/fairseq-RoBERTa initialisation, for every objective (the released code uses it for its MLM
+  baseline, ``apply_bert_init`` True in mlm.py:376, and keeps torch's default Linear initialisation
+  for PMLM, pmlm.py:416; we do not follow that difference).
 * No query ever attends to ``<pad>``. Three layouts give that (``Encoder.attention``):
   a batch without padding runs ``scaled_dot_product_attention`` with no mask (fused kernels);
   ``"packed"`` drops the pads, runs every layer on the T real tokens and attention per
@@ -20,7 +34,8 @@ Choices (documented here once):
   ``scaled_dot_product_attention`` (the reference; on a GPU the mask rules out the flash
   kernel). ``"auto"`` packs where the fused variable-length kernel runs (CUDA under bf16 /
   fp16, attention dropout off) and stays padded elsewhere, e.g. on CPU, where packing would
-  mean a per-sequence attention loop.
+  mean a per-sequence attention loop. The released recipes' attention dropout (0.1) therefore
+  trains padded; evaluation (no dropout) packs.
 """
 
 from __future__ import annotations
@@ -91,22 +106,34 @@ class SelfAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(B, L, C))
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # gelu is the erf form, as fairseq's
+
+
 class EncoderLayer(nn.Module):
-    """One pre-LN Transformer layer: attention block then GELU feed-forward block."""
+    """One Transformer layer, post-LN or pre-LN (module docstring): attention block then feed-forward block."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.post_norm = cfg.norm == "post"
+        self.act = ACTIVATIONS[cfg.activation]
         self.attn_norm = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg)
         self.ffn_norm = nn.LayerNorm(cfg.hidden)
         self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
         self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.activation_dropout = nn.Dropout(cfg.activation_dropout)
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn_out(self.activation_dropout(self.act(self.ffn_in(x))))
 
     def forward(self, x: torch.Tensor, layout: torch.Tensor | Packing | None) -> torch.Tensor:
         """x (B, L, C) with a mask (or None), or packed (T, C) with its Packing; same shape out."""
+        if self.post_norm:
+            x = self.attn_norm(x + self.dropout(self.attn(x, layout)))
+            return self.ffn_norm(x + self.dropout(self.ffn(x)))
         x = x + self.dropout(self.attn(self.attn_norm(x), layout))
-        return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
 class Encoder(nn.Module):
@@ -124,9 +151,11 @@ class Encoder(nn.Module):
         self.embed = nn.Embedding(VOCAB_SIZE, cfg.hidden, padding_idx=PAD_ID)
         # not a parameter and not saved: rebuilt from the config on load
         self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.hidden), persistent=False)
+        self.embed_norm = nn.LayerNorm(cfg.hidden) if cfg.embedding_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.final_norm = nn.LayerNorm(cfg.hidden)
+        # post-LN layers end in a LayerNorm already; pre-LN leaves the residual stream unnormalised
+        self.final_norm = nn.LayerNorm(cfg.hidden) if cfg.norm == "pre" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, L = tokens.shape
@@ -139,19 +168,25 @@ class Encoder(nn.Module):
         if attn_mask is not None and self._packs(tokens.device):
             packing = pack(tokens.ne(PAD_ID))
             x = self.embed(tokens.reshape(-1).index_select(0, packing.index)) + self.positions[packing.positions]
-            x = self.dropout(x)  # (T, C)
+            x = self.dropout(self._embed_norm(x))  # (T, C)
             if self.compiled:
                 torch._dynamo.maybe_mark_dynamic(x, 0)  # T changes every batch: compile for any T at once
             for layer in self.layers:
                 x = layer(x, packing)
-            return unpack(self.final_norm(x), packing)  # (B, L, C)
-        x = self.dropout(self.embed(tokens) + self.positions[:L])  # (B, L, C)
+            return unpack(self._final_norm(x), packing)  # (B, L, C)
+        x = self.dropout(self._embed_norm(self.embed(tokens) + self.positions[:L]))  # (B, L, C)
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(x, 0)  # length-bucketed batches: rows and width vary
             torch._dynamo.maybe_mark_dynamic(x, 1)
         for layer in self.layers:
             x = layer(x, attn_mask)
-        return self.final_norm(x)
+        return self._final_norm(x)
+
+    def _embed_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.embed_norm is None else self.embed_norm(x)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.final_norm is None else self.final_norm(x)
 
     def compile_layers(self) -> None:
         """``torch.compile`` every layer in place (parameter names unchanged).

@@ -2,8 +2,11 @@
 
 The pair head is the paper's two-layer MLP on ``concat(h_i * h_j, h_i - h_j)``::
 
-    Linear(2C, 2C) -> GELU -> LayerNorm(2C)   = M+ (the pair representation for fine-tuning)
-    -> Linear(2C, K)                          K = 400 (standard) or VOCAB_SIZE**2 (full)
+    Linear(2C, 2C) -> act -> LayerNorm(2C)    = M+ (the pair representation for fine-tuning)
+    -> Linear(2C, K)                          K = 400 (standard) or 729 (full, pmlm.alphabet)
+
+``act`` is the encoder's activation (``model.activation``): the released code's heads use
+``args.activation_fn`` too (relu for its PMLM, Mu-Protein pmlm.py:267-277, 308).
 
 It is evaluated only for the requested pair rows, never for all L^2 positions, and without
 building the 2C-wide concatenation. Splitting the first weight ``W = [W_prod | W_diff]``::
@@ -23,26 +26,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from pmlm.alphabet import NUM_RESIDUES
+from pmlm.model.encoder import ACTIVATIONS
 
 
 class TokenHead(nn.Module):
-    """Linear(C, C) -> GELU -> LayerNorm -> Linear(C, 20): residue-class logits."""
+    """Linear(C, C) -> act -> LayerNorm -> Linear(C, 20): residue-class logits."""
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, activation: str = "gelu"):
         super().__init__()
+        self.act = ACTIVATIONS[activation]
         self.dense = nn.Linear(hidden, hidden)
         self.norm = nn.LayerNorm(hidden)
         self.out = nn.Linear(hidden, NUM_RESIDUES)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.out(self.norm(F.gelu(self.dense(h))))  # (..., 20)
+        return self.out(self.norm(self.act(self.dense(h))))  # (..., 20)
 
 
 class PairHead(nn.Module):
     """Masked-pair head evaluated on selected pair rows (b, i, j), in chunks."""
 
-    def __init__(self, hidden: int, num_classes: int, chunk_size: int):
+    def __init__(self, hidden: int, num_classes: int, chunk_size: int, activation: str = "gelu"):
         super().__init__()
+        self.act = ACTIVATIONS[activation]
         self.hidden = hidden
         self.chunk_size = chunk_size
         self.dense = nn.Linear(2 * hidden, 2 * hidden)
@@ -88,9 +94,9 @@ class PairHead(nn.Module):
             cj = idx_j[start:start + self.chunk_size]
             sym = F.linear(F.embedding(ci, h_used) * F.embedding(cj, h_used), w_prod, self.dense.bias)  # (p, 2C)
             diff = F.embedding(ci, d_used) - F.embedding(cj, d_used)  # (p, 2C)
-            # both orders in one fused op, so GELU, LayerNorm and the output matmul run once on 2p rows
+            # both orders in one fused op, so the activation, LayerNorm and the output matmul run once on 2p rows
             pre = torch.addcmul(sym, signs, diff) if mirror else sym + diff  # (2, p, 2C) or (p, 2C)
-            m_plus = self.norm(F.gelu(pre))  # same shape as pre
+            m_plus = self.norm(self.act(pre))  # same shape as pre
             logits_parts.append(self.out(m_plus).view(blocks, -1, self.out.out_features))  # (blocks, p, K)
             if return_repr:
                 repr_parts.append(m_plus.view(blocks, -1, 2 * C))
@@ -110,7 +116,7 @@ class PairHead(nn.Module):
         f_i = reps[:, start:stop, None, :]  # (B, r, 1, C)
         f_j = reps[:, None, :, :]  # (B, 1, L, C)
         pre = F.linear(f_i * f_j, w_prod, self.dense.bias) + d[:, start:stop, None, :] - d[:, None, :, :]
-        return self.norm(F.gelu(pre))  # (B, r, L, 2C)
+        return self.norm(self.act(pre))  # (B, r, L, 2C)
 
 
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -6,7 +6,8 @@ Objectives (``ObjectiveConfig.name``):
 * ``pmlm``: ``L = L_mlm + pair_weight * L_pmlm``. ``L_pmlm`` is the mean cross-entropy of
   the pair head over all ordered pairs (i, j), i != j, of masked positions within one
   sequence, ``|M|^2 - |M|`` per sequence; the label of (i, j) is ``20 * x_i + x_j`` over
-  residue classes (``VOCAB_SIZE * id_i + id_j`` over token ids with ``pair_vocab="full"``).
+  residue classes (``FULL_PAIR_SIDE * id_i + id_j`` over token ids with ``pair_vocab="full"``, the
+  released code's dictionary squared, see ``pmlm.alphabet``).
 * ``pmlm_pair_only`` (the paper's speed variant): no token head; the loss is the pair
   cross-entropy alone, averaged over the off-diagonal pairs **and** the diagonal pairs
   (i, i). ``pair_weight`` is unused. ``l_mlm`` and the MLM accuracy then come from the
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pmlm.alphabet import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE, X_ID
+from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
 from pmlm.model.pmlm_model import PMLMModel, unwrap
@@ -140,12 +141,12 @@ def pair_labels(pair_index: Tensor, targets: Tensor, pair_vocab: str = "standard
     if pair_vocab == "standard":
         return ti * NUM_RESIDUES + tj
     # "full": classes over token ids
-    return (ti + FIRST_RESIDUE_ID) * VOCAB_SIZE + (tj + FIRST_RESIDUE_ID)
+    return (ti + FIRST_RESIDUE_ID) * FULL_PAIR_SIDE + (tj + FIRST_RESIDUE_ID)
 
 
 def _marginal_log_probs(pair_logits: Tensor, pair_vocab: str) -> Tensor:
     """log P(x_i) over residue classes (N, 20) from diagonal pair logits (N, K)."""
-    side = NUM_RESIDUES if pair_vocab == "standard" else VOCAB_SIZE
+    side = NUM_RESIDUES if pair_vocab == "standard" else FULL_PAIR_SIDE
     joint = pair_logits.float().view(-1, side, side)  # (N, first, second)
     log_marginal = joint.logsumexp(dim=2) - joint.flatten(1).logsumexp(dim=1, keepdim=True)  # (N, side)
     if pair_vocab == "full":

@@ -18,8 +18,9 @@ class PMLMModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.encoder = Encoder(cfg)
-        self.token_head = TokenHead(cfg.hidden) if cfg.token_head else None
-        self.pair_head = PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size) if cfg.pair_head else None
+        self.token_head = TokenHead(cfg.hidden, cfg.activation) if cfg.token_head else None
+        self.pair_head = (PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size, cfg.activation)
+                          if cfg.pair_head else None)
         self.apply(init_weights)
 
     def encode(self, tokens: torch.Tensor) -> torch.Tensor:

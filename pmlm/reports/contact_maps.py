@@ -16,7 +16,7 @@ import torch
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
 from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.finetune.data import evaluation_batches, read_task_data
+from pmlm.finetune.data import evaluation_plan, read_task_data
 from pmlm.finetune.evaluate import PAIR_HEADS, unsupervised_contact_scores
 from pmlm.finetune.scoring import load_finetuned
 from pmlm.reports.figures import pyplot, save_figure
@@ -53,10 +53,11 @@ def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
     if not chosen:
         raise InputError(test, f"no test chain of at most {window} residues among the first "
                                f"{len(data.examples)} records")
-    batches, _ = evaluation_batches(chosen, "contact", 1, window, "skip", threshold)
+    plan = evaluation_plan(chosen, 1, window, "skip")  # every chosen chain fits one window
     out = []
     with torch.no_grad():
-        for batch in batches:
+        for rows in plan.batches:
+            batch = plan.collate(rows, "contact", threshold)
             k = batch.lengths[0]
             if unsupervised:
                 scores = unsupervised_contact_scores(model, batch.tokens[0, 1:k + 1].numpy(), PAIR_HEADS[head])

@@ -60,7 +60,9 @@ class ModelSection:
     """Which encoder to train: a named preset plus field overrides (see pmlm.model.config)."""
 
     preset: str = "tiny"  # tiny | base | large | xl
-    overrides: dict = field(default_factory=dict)  # ModelConfig fields replacing the preset's, e.g. {dropout: 0.0}
+    # ModelConfig fields replacing the preset's and the objective's layer recipe, e.g. {norm: pre}; they apply
+    # to every objective trained from the recipe (see pmlm.model.config)
+    overrides: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # an unknown preset or field fails here, at load time, not after the data has been read
@@ -70,8 +72,9 @@ class ModelSection:
         except ConfigError as exc:
             raise ConfigError(f"model.overrides: {exc}") from None
 
-    def build(self) -> ModelConfig:
-        return model_config(self.preset, **self.overrides)
+    def build(self, objective: str = "pmlm") -> ModelConfig:
+        """The encoder of ``objective``: the preset's dimensions, the objective's released layer recipe, the overrides."""
+        return model_config(self.preset, objective, **self.overrides)
 
 
 @dataclass
@@ -152,7 +155,7 @@ class TrainConfig(YamlConfig):
         require(self.attention in ATTENTION_LAYOUTS, "attention", f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
                  self.attention)
         require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
-        model_max = self.model.build().max_len
+        model_max = self.model_config().max_len
         require(
             self.data.max_len is None or self.data.max_len <= model_max,
             "data.max_len",
@@ -163,7 +166,11 @@ class TrainConfig(YamlConfig):
     @property
     def max_len(self) -> int:
         """Crop length in tokens (<cls> and <eos> included)."""
-        return self.data.max_len if self.data.max_len is not None else self.model.build().max_len
+        return self.data.max_len if self.data.max_len is not None else self.model_config().max_len
+
+    def model_config(self) -> ModelConfig:
+        """The encoder this run trains (its preset and overrides, with the objective's layer recipe)."""
+        return self.model.build(self.objective.name)
 
 
 def apply_override(values: dict, item: str) -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from pmlm.artefacts import write_encoder
+from pmlm.errors import ConfigError
 from pmlm.model.objectives import build_model, pretraining_losses
 from pmlm.progress import Progress
 from pmlm.train.checkpoint import (
@@ -115,7 +116,7 @@ def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_p
 
         # -- model: identical initial weights on every rank, then DDP / FSDP; AdamW ------------------
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model.build(), cfg.objective).to(device)
+        model = build_model(cfg.model_config(), cfg.objective).to(device)
         model.encoder.attention = cfg.attention
         objective = PretrainingObjective(model, cfg.objective)
         use_fsdp = cfg.fsdp and distributed
@@ -273,6 +274,13 @@ def _resume(path: Path, cfg: TrainConfig, fsdp_module, model, optimizer, generat
     """Load a checkpoint into the run's state; returns its step."""
     ckpt = load_checkpoint(path)
     check_compatible(ckpt.config, cfg.to_dict(), ("model", "objective"), path, "pretrain", announce=rank == 0)
+    expected = set(model.state_dict())
+    if set(ckpt.model) != expected:
+        # same recipe, other layers: a checkpoint written before model.norm existed holds a pre-LN encoder
+        odd = sorted(set(ckpt.model) ^ expected)
+        raise ConfigError(f"{path}: the checkpoint's weights do not fit this model ({', '.join(odd[:3])} ...); "
+                          "checkpoints of older pmlm versions are pre-LN: resume with model.overrides "
+                          "{norm: pre, activation: gelu, embedding_norm: false, attention_dropout: 0.0} or use a new --out")
     load_states(fsdp_module, model, optimizer, ckpt.model, ckpt.state["optimizer"])
     # the saved groups carry the old hyper-parameters; the current config's are the ones announced
     for group, decay_rate in zip(optimizer.param_groups, (cfg.optim.weight_decay, 0.0)):
