@@ -29,7 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kl": ("pmlm.evaluation.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),
     "tables": ("pmlm.reports.cli", "assemble result tables (CSV, Markdown, LaTeX) with the paper's rows"),
     "synth": ("pmlm.synth.cli", "sample synthetic protein families from Potts models with planted couplings"),
-    "coevolution": ("pmlm.coevolution.evaluate", "planted-coupling read-outs of MLM vs PMLM encoders"),
+    "coevolution": ("pmlm.commands.coevolution", "planted-coupling read-outs and supervised contacts of MLM vs PMLM encoders"),
     "finetune": ("pmlm.finetune.cli", "fine-tune a task head on a pre-trained encoder"),
     "evaluate": ("pmlm.finetune.evaluate", "evaluate a fine-tuned head or the pair head's unsupervised contacts"),
 }
@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(args._module)
+    engine = importlib.import_module(getattr(module, "ENGINE", args._module))
     try:
-        return int(module.run(args) or 0)
+        return int(engine.run(args) or 0)
     except PmlmError as exc:
         print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)
         return 2

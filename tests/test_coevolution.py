@@ -1,6 +1,7 @@
-"""Planted-coupling study: read-out mechanics (masking protocol, attention replay, chain rule, probe),
-the held-out split, the per-seed CLI and report, and a CI-sized run in which PMLM's pair head must
-rank the planted couplings of a synthetic family far above chance."""
+"""Planted-coupling study: read-out mechanics (masking protocol, attention replay, chain rule), the
+supervised contact head and the paired test, equal averaging across read-outs, the held-out split, the
+per-seed CLI and report, and a CI-sized run in which PMLM's pair head must rank the planted couplings
+of a synthetic family far above chance and every supervised head scores held-out families."""
 
 from __future__ import annotations
 
@@ -14,21 +15,19 @@ import torch
 
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.coevolution.study import probe_folds
-from pmlm.coevolution.families import StudyConfig, heldout_draw, load_families
+from pmlm.coevolution.families import FamilyData, StudyConfig, heldout_draw, load_families
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
-    ProbeConfig,
     attention_probabilities,
     chain_rule_dependence,
     dependence_map,
-    fit_probe,
     pair_head_dependence,
     precisions,
-    probe_scores,
     sequence_tokens,
 )
-from pmlm.coevolution.report import load_results, table_rows
+from pmlm.coevolution.report import load_results, paired_test, supervised_rows, table_rows
+from pmlm.coevolution.study import evaluate_models, readout_costs
+from pmlm.coevolution.supervised import family_folds, family_precision, fit_contact_head
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import all_pairs
 from pmlm.model.config import model_config
@@ -156,31 +155,94 @@ def test_precisions_on_a_hand_made_map():
     np.testing.assert_array_equal(values, values.T)
 
 
-def test_probe_learns_a_planted_signature_and_generalises():
-    """Features carrying a contact signal in one dimension: a probe fitted on some maps scores others."""
-    length, dim = 24, 6
+class PlantedEncoder(torch.nn.Module):
+    """An encoder stand-in whose outputs carry a family's contacts: the two residues of a planted edge
+    share one random vector, every other residue has its own, so h_i . h_j is large exactly at the
+    edges, the same signature in every family (what a head must find to generalise)."""
 
-    def family(seed):
-        r = np.random.default_rng(seed)
-        contacts = np.zeros((length, length), dtype=bool)
-        for _ in range(12):
-            i = int(r.integers(0, length - 6))
-            j = int(r.integers(i + 6, length))
+    def __init__(self, families: dict[int, np.ndarray], hidden: int = 16):
+        super().__init__()
+        self.cfg = type("Cfg", (), {"hidden": hidden})()
+        self.pair_head = None
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # must stay untouched by the head's fit
+        self.reps = {}
+        for key, contacts in families.items():
+            r = np.random.default_rng(key)
+            reps = r.normal(size=(len(contacts), hidden)) / math.sqrt(hidden)
+            for i, j in zip(*np.nonzero(np.triu(contacts))):
+                reps[i] = reps[j] = 3 * r.normal(size=hidden) / math.sqrt(hidden)
+            self.reps[key] = torch.from_numpy(reps).float()
+
+    def encode(self, tokens):
+        key = int(tokens[0, 1]) - alphabet.FIRST_RESIDUE_ID  # each family's sequences start with their own residue
+        out = self.reps[key].expand(tokens.shape[0], -1, -1)  # (B, L, C)
+        edge = torch.zeros(tokens.shape[0], 1, out.shape[-1])
+        return torch.cat([edge, out, edge], dim=1) + 0.01 * tokens[..., None].float()  # (B, L + 2, C)
+
+
+def _family(name: str, first: int, length: int = 24, rows: int = 4, seed: int = 0) -> FamilyData:
+    """A family of ``rows`` held-out sequences starting with residue ``first`` and a planted matching."""
+    r = np.random.default_rng(seed)
+    contacts = np.zeros((length, length), dtype=bool)
+    free = list(r.permutation(length))
+    while len(free) >= 2 and contacts.sum() < 16:
+        i, j = sorted((free.pop(), free.pop()))
+        if j - i >= 6:
             contacts[i, j] = contacts[j, i] = True
-        features = r.normal(size=(length, length, dim)).astype(np.float32)
-        features = (features + features.transpose(1, 0, 2)) / 2
-        features[..., 0] += 3.0 * contacts
-        return features, contacts
+    seqs = r.integers(0, 20, size=(rows, length)).astype(np.uint8)
+    seqs[:, 0] = first
+    return FamilyData(name, seqs, seqs.copy(), contacts, [f"{name}_{k}" for k in range(rows)])
 
-    train = [family(s) for s in (1, 2)]
-    probe = fit_probe(train, ProbeConfig())
-    test_features, test_contacts = family(3)
-    scores = probe_scores(probe, test_features)
-    np.testing.assert_allclose(scores, scores.T)
-    assert precisions(scores, test_contacts, 6, 5)["p_at_edges"] > 0.8
-    assert probe_folds(["c", "a", "b", "d"], seed=1) == probe_folds(["a", "b", "c", "d"], seed=1)
-    assert sorted(sum(probe_folds(["a", "b", "c"], seed=0), [])) == ["a", "b", "c"]
-    assert probe_folds(["a"], seed=0) == []
+
+def test_contact_head_learns_a_signature_and_scores_unseen_families():
+    """A head fitted on two families' planted maps ranks a third family's edges first; the encoder is frozen."""
+    fams = [_family(f"f{k}", first=k, seed=k) for k in range(3)]
+    encoder = PlantedEncoder({k: f.contacts for k, f in enumerate(fams)})
+    cfg = StudyConfig(sequences=2, head_steps=100, head_lr=0.05)
+    model = fit_contact_head(encoder, "encoder", fams[:2], cfg, seed=0)
+    assert float(encoder.unused.abs().sum()) == 0.0 and not encoder.unused.requires_grad
+    scores, ids = family_precision(model, fams[2], cfg)
+    assert ids == ["f2_0", "f2_1"]  # the first `sequences` held-out sequences
+    assert scores["p_at_edges"] > 0.8 > 2 * scores["chance"]
+    untrained = fit_contact_head(encoder, "encoder", fams[:2], StudyConfig(sequences=2, head_steps=1, head_lr=1e-6), 0)
+    assert family_precision(untrained, fams[2], cfg)[0]["p_at_edges"] < scores["p_at_edges"]
+    assert family_folds(["c", "a", "b", "d"], seed=1) == family_folds(["a", "b", "c", "d"], seed=1)
+    assert sorted(sum(family_folds(["a", "b", "c"], seed=0), [])) == ["a", "b", "c"]
+    assert family_folds(["a"], seed=0) == []
+
+
+def test_every_readout_averages_over_the_same_heldout_sequences():
+    """Each read-out, supervised heads included, reports the ids it averaged over: the same first
+    `sequences` held-out ids of each family, for every read-out and model."""
+    fams = [_family(f"f{k}", first=k, length=12, rows=5, seed=k) for k in range(2)]
+    models = {"mlm": _model("mlm"), "pmlm": _model("pmlm")}
+    cfg = StudyConfig(sequences=3, chain_rule=1, head_steps=2)
+    result = evaluate_models(fams, models, cfg)
+    expected = {"pair_head_mi_apc", "pair_head_kl_apc", "chain_rule_mi_apc", "attention_apc", "supervised_m",
+                "supervised_mplus"}
+    for fam in fams:
+        used = result["sequences"][fam.name]
+        assert set(used) == expected
+        assert all(ids == fam.heldout_ids[:3] for ids in used.values()), used
+        row = result["per_family"][fam.name]
+        assert set(row["supervised_m"]) == {"mlm", "pmlm"} and set(row["supervised_mplus"]) == {"pmlm"}
+    costs = readout_costs(12)
+    assert costs["chain_rule_mi_apc"]["forwards_per_pair"] == CHAIN_ROWS
+    assert costs["pair_head_mi_apc"]["forwards_per_pair"] == 1 and costs["attention_apc"]["forwards_per_sequence"] == 1
+
+
+def test_paired_test_exact_and_sampled():
+    a, b = np.array([0.5, 0.6, 0.7, 0.4, 0.9]), np.array([0.4, 0.5, 0.5, 0.3, 0.6])
+    out = paired_test(a, b)
+    assert out["p"] == pytest.approx(2 / 32)  # only all-positive and all-negative are as extreme
+    d = a - b
+    assert out["t"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(5)))
+    assert out["wins"] == 5 and out["losses"] == 0 and out["pairs"] == 5
+    assert paired_test(a, a)["p"] == pytest.approx(1.0) and paired_test(a, a)["t"] is None
+    mixed = paired_test(np.array([1.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 0.0, 1.0]))
+    assert mixed["p"] == pytest.approx(1.0) and mixed["mean_difference"] == 0.0
+    many = paired_test(np.ones(30), np.zeros(30))
+    assert many["p"] < 1e-3 and "random" in many["p_method"]
 
 
 # ------------------------------------------------------------------------------------------------

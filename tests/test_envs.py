@@ -93,7 +93,11 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
 
 def packages_needed(command: str) -> set[str]:
     cli = ["pmlm.__main__", "pmlm.cli", *(module for module, _ in SUBCOMMANDS.values())]
-    names = third_party_imports(cli, module_level=True) | third_party_imports([SUBCOMMANDS[command][0]], False)
+    module = SUBCOMMANDS[command][0]
+    # a command module (pmlm.commands.*) names the engine its run() lives in: follow that too
+    engine = re.search(r'^ENGINE = "([\w.]+)"', _module_file(module).read_text(), re.M)
+    roots = [module] + ([engine.group(1)] if engine else [])
+    names = third_party_imports(cli, module_level=True) | third_party_imports(roots, False)
     needed = set()
     for name in names:
         prefixes = [".".join(name.split(".")[:k]) for k in range(name.count(".") + 1, 0, -1)]

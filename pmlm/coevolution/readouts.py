@@ -1,5 +1,6 @@
-"""Read-outs of planted couplings from pre-trained encoders: the pair head's joint with exactly the pair
-masked, the MLM's joint by the chain rule, attention maps, linear probes, and the precision metrics.
+"""Unsupervised read-outs of planted couplings from pre-trained encoders: the pair head's joint with exactly
+the pair masked, the MLM's joint by the chain rule, attention maps, and the precision metrics (the
+supervised contact head is ``pmlm.coevolution.supervised``).
 
 Sequences here are (N, L) arrays of residue classes 0..19 (token id - FIRST_RESIDUE_ID), all of
 one family and one length; positions are 0-based residue indices (token position - 1).
@@ -8,14 +9,11 @@ one family and one length; positions are 0-based residue indices (token position
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pmlm import alphabet
-from pmlm.errors import ConfigError
 from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_precision
 from pmlm.evaluation.pair_readout import joint_dependence, masked_copies, pair_dependence, pair_positions
 from pmlm.evaluation.unsupervised import apc, symmetrize
@@ -144,82 +142,6 @@ def attention_contact_scores(model, sequences: np.ndarray, batch_sequences: int)
     mean = total / len(sequences)
     corrected = apc(symmetrize(mean))  # (layers, H, L, L)
     return corrected.mean(dim=(0, 1)).numpy()
-
-
-# ------------------------------------------------------------------------------------------------
-# Linear probe on pair features
-
-
-@torch.no_grad()
-def pair_features(model, sequences: np.ndarray, batch_sequences: int) -> np.ndarray:
-    """Pair features of one family, (L, L, 2C): concat(mean_s h_i * h_j, mean_s (h_i - h_j)) over
-    the sequences s, h the encoder output of the unmasked sequence (<cls>/<eos> dropped)."""
-    prod = diff_mean = None
-    for start in range(0, len(sequences), batch_sequences):
-        h = model.encode(sequence_tokens(sequences[start:start + batch_sequences]))[:, 1:-1].double()  # (b, L, C)
-        p = torch.einsum("sic,sjc->ijc", h, h)  # (L, L, C)
-        m = h.sum(dim=0)  # (L, C)
-        prod = p if prod is None else prod + p
-        diff_mean = m if diff_mean is None else diff_mean + m
-    n = len(sequences)
-    mean_h = diff_mean / n  # (L, C)
-    diff = mean_h[:, None, :] - mean_h[None, :, :]  # (L, L, C)
-    return torch.cat([prod / n, diff], dim=-1).float().numpy()
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """L2-regularised logistic regression fitted by L-BFGS on standardised pair features."""
-
-    l2: float = 1e-2  # weight of the mean-squared-weight penalty
-    max_iter: int = 200  # L-BFGS iterations
-    min_separation: int = 6  # pairs closer than this are neither trained on nor scored
-
-    def __post_init__(self) -> None:
-        if not self.l2 >= 0:
-            raise ConfigError(f"probe_l2 (--probe-l2) must be >= 0, got {self.l2}")
-        if self.max_iter < 1:
-            raise ConfigError(f"probe_max_iter (--probe-max-iter) must be >= 1, got {self.max_iter}")
-        if self.min_separation < 1:
-            raise ConfigError(f"min_separation (--min-separation) must be >= 1, got {self.min_separation}")
-
-
-def _probe_rows(features: np.ndarray, contacts: np.ndarray, min_separation: int) -> tuple[np.ndarray, np.ndarray]:
-    """Both orders of every pair |i-j| >= min_separation: (rows, 2C) features and (rows,) labels."""
-    i, j = np.triu_indices(features.shape[0], k=min_separation)
-    x = np.concatenate([features[i, j], features[j, i]])
-    y = np.concatenate([contacts[i, j], contacts[j, i]]).astype(np.float32)
-    return x, y
-
-
-def fit_probe(train: list[tuple[np.ndarray, np.ndarray]], cfg: ProbeConfig) -> dict:
-    """Fit on (features (L, L, 2C), contacts (L, L)) of some families; returns weights and scaling.
-    Deterministic: zero initialisation and full-batch L-BFGS."""
-    xs, ys = zip(*(_probe_rows(f, c, cfg.min_separation) for f, c in train))
-    x = torch.from_numpy(np.concatenate(xs)).double()
-    y = torch.from_numpy(np.concatenate(ys)).double()
-    mean, std = x.mean(dim=0), x.std(dim=0).clamp_min(1e-8)
-    x = (x - mean) / std
-    w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
-    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([w, b], max_iter=cfg.max_iter, line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(x @ w + b, y) + cfg.l2 * (w**2).mean()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
-    return {"w": w.detach(), "b": b.detach(), "mean": mean, "std": std}
-
-
-def probe_scores(probe: dict, features: np.ndarray) -> np.ndarray:
-    """Symmetric (L, L) logits of a fitted probe: the mean of the (i, j) and (j, i) orders."""
-    x = (torch.from_numpy(features).double() - probe["mean"]) / probe["std"]
-    logits = (x @ probe["w"] + probe["b"]).numpy()  # (L, L)
-    return symmetrize(logits)
 
 
 # ------------------------------------------------------------------------------------------------
