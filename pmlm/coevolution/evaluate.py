@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.report import run_report
@@ -99,16 +100,26 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
     return StudyConfig(**{k: v for k, v in given.items() if v is not None})
 
 
+def resolve_device(requested: str) -> str:
+    """auto -> cuda when available, else cpu; cuda without a GPU is a config error."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    return requested
+
+
 def run_evaluation(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
                                         ("--out-prefix", args.out_prefix)) if not value]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
     cfg = study_config(args)
+    device = resolve_device(args.device)
     families = load_families(args.synth, cfg)
     models, infos = {}, {}
     for name, weights, head in (("mlm", args.mlm, "token_head"), ("pmlm", args.pmlm, "pair_head")):
-        model, info = load_pretrained(weights)
+        model, info = load_pretrained(weights, device=device)
         if getattr(model, head) is None:
             raise InputError(weights, f"--{name} needs a model with a {head.replace('_', ' ')} "
                              f"(this one was trained with objective {info['objective']['name']})")
@@ -123,6 +134,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
         "seed": cfg.seed,
         "config": asdict(cfg),
         "inputs": {"synth": str(args.synth), "mlm": str(args.mlm), "pmlm": str(args.pmlm)},
+        "device": device,
         "families": {f.name: {"length": f.length, "edges": int(np.triu(f.contacts).sum()), "train": len(f.train),
                               "heldout": len(f.heldout)} for f in families},
         "pretraining": {name: {k: scores[name].get(k) for k in ("step", "acc_mlm", "acc_pmlm", "dacc", "l_mlm",

@@ -26,6 +26,11 @@ def residue_ids(classes: np.ndarray) -> np.ndarray:
     return np.asarray(classes, dtype=np.int64) + alphabet.FIRST_RESIDUE_ID
 
 
+def model_device(model) -> torch.device:
+    """Where a model's weights live (CPU for a parameter-free stand-in): inputs are moved there."""
+    return next(iter(model.parameters()), torch.zeros(())).device
+
+
 def sequence_tokens(classes: np.ndarray) -> torch.Tensor:
     """(N, L) residue classes -> (N, L + 2) token ids: <cls> residues <eos>."""
     return torch.from_numpy(batch_tokens(list(residue_ids(classes))).tokens)
@@ -39,8 +44,9 @@ def pair_head_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_p
     """For each pair (i, j), i < j, of one sequence of residue classes, with exactly i and j masked:
     the paper's KL(P(x_i) P(x_j) || P(x_i, x_j)) and the mutual information of the pair-head joint,
     ``kl`` and ``mi``, each (P,)."""
-    out = pair_dependence(model, residue_ids(sequence), pairs, mask_pairs=True, batch_pairs=batch_pairs)
-    return {key: value.numpy() for key, value in out.items()}
+    out = pair_dependence(model, residue_ids(sequence), pairs, mask_pairs=True, batch_pairs=batch_pairs,
+                          device=model_device(model))
+    return {key: value.cpu().numpy() for key, value in out.items()}
 
 
 # rows per pair of the chain rule: both masked, then x_i = a (20 rows), then x_j = b (20 rows)
@@ -76,7 +82,8 @@ def chain_rule_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_
         inputs = torch.cat([both[:, None], given_i, given_j], dim=1).view(p * CHAIN_ROWS, -1)  # (p * 41, T)
         pi, pj = pos_i.repeat_interleave(CHAIN_ROWS), pos_j.repeat_interleave(CHAIN_ROWS)
         selected = pair_positions(inputs.shape[0], pi, pj, inputs.shape[1])
-        logits = model(inputs, token_positions=selected)["logits"].float()  # (p * 41 * 2, 20)
+        device = model_device(model)
+        logits = model(inputs.to(device), token_positions=selected.to(device))["logits"].float().cpu()  # (p*41*2, 20)
         probs = torch.softmax(logits, dim=-1).view(p, CHAIN_ROWS, 2, n)  # [..., 0, :] at i, [..., 1, :] at j
         p_i, p_j = probs[:, 0, 0], probs[:, 0, 1]  # (p, 20) with both masked
         j_given_i = probs[:, 1:1 + n, 1]  # (p, 20 a, 20 b): P(x_j=b | x_i=a)
@@ -136,8 +143,9 @@ def attention_contact_scores(model, sequences: np.ndarray, batch_sequences: int)
     """
     total = None
     for start in range(0, len(sequences), batch_sequences):
-        probs, _ = attention_probabilities(model, sequence_tokens(sequences[start:start + batch_sequences]))
-        part = probs[..., 1:-1, 1:-1].double().sum(dim=0)  # (layers, H, L, L), <cls>/<eos> dropped
+        tokens = sequence_tokens(sequences[start:start + batch_sequences]).to(model_device(model))
+        probs, _ = attention_probabilities(model, tokens)
+        part = probs[..., 1:-1, 1:-1].double().sum(dim=0).cpu()  # (layers, H, L, L), <cls>/<eos> dropped
         total = part if total is None else total + part
     mean = total / len(sequences)
     corrected = apc(symmetrize(mean))  # (layers, H, L, L)

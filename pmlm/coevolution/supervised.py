@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pmlm.coevolution.families import FamilyData, StudyConfig
-from pmlm.coevolution.readouts import precisions, sequence_tokens
+from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
 from pmlm.finetune.heads import ContactLinearHead, TaskModel, set_contact_prior
 
 # (read-out, model, TaskModel features): M is TaskModel's "encoder" features, M+ its "mplus"
@@ -32,15 +32,15 @@ def family_folds(names: list[str], seed: int) -> list[list[str]]:
     return [sorted(order[:half]), sorted(order[half:])]
 
 
-def _batch(family: FamilyData, cfg: StudyConfig, min_separation: int):
+def _batch(family: FamilyData, cfg: StudyConfig, min_separation: int, device: torch.device):
     """Tokens (n, L + 2), residue mask (n, L), labels (n, L, L), the scored-pair mask (L, L) and the
     sequence ids of one family's evaluation sequences."""
     rows, ids = family.evaluation_rows(cfg)
-    tokens = sequence_tokens(rows)
+    tokens = sequence_tokens(rows).to(device)
     n, length = rows.shape
-    mask = torch.ones(n, length, dtype=torch.bool)
-    labels = torch.from_numpy(family.contacts).float().expand(n, length, length)
-    scored = torch.ones(length, length, dtype=torch.bool).triu(min_separation)  # symmetric logits: one triangle
+    mask = torch.ones(n, length, dtype=torch.bool, device=device)
+    labels = torch.from_numpy(family.contacts).float().to(device).expand(n, length, length)
+    scored = torch.ones(length, length, dtype=torch.bool, device=device).triu(min_separation)  # one triangle
     return tokens, mask, labels, scored, ids
 
 
@@ -51,9 +51,10 @@ def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: Study
     family weighted by its number of sequences. The output bias starts at the planted base rate.
     """
     torch.manual_seed(seed)
-    head = ContactLinearHead(encoder.cfg.hidden, cfg.head_dropout, PAIR_CHUNK_ELEMENTS)
+    device = model_device(encoder)
+    head = ContactLinearHead(encoder.cfg.hidden, cfg.head_dropout, PAIR_CHUNK_ELEMENTS).to(device)
     model = TaskModel(encoder, head, "contact", features, freeze_encoder=True)
-    batches = [_batch(f, cfg, cfg.min_separation) for f in train]
+    batches = [_batch(f, cfg, cfg.min_separation, device) for f in train]
     positives = sum(float(labels[:, scored].sum()) for _, _, labels, scored, _ in batches)
     total = sum(labels.shape[0] * int(scored.sum()) for _, _, labels, scored, _ in batches)
     set_contact_prior(head, min(max(positives / max(total, 1), 1e-4), 1 - 1e-4))
@@ -62,7 +63,7 @@ def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: Study
     with torch.enable_grad():
         for _ in range(cfg.head_steps):
             optimizer.zero_grad()
-            loss = torch.zeros(())
+            loss = torch.zeros((), device=device)
             for tokens, mask, labels, scored, _ in batches:
                 logits = model(tokens, mask)  # (n, L, L)
                 part = F.binary_cross_entropy_with_logits(logits[:, scored], labels[:, scored], reduction="sum")
@@ -76,11 +77,11 @@ def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: Study
 def family_precision(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tuple[dict[str, float], list[str]]:
     """Precisions of the head on each evaluation sequence of ``family``, averaged over the sequences,
     and the ids of those sequences."""
-    tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation)
+    tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation, model_device(model.encoder))
     per_sequence = []
     for start in range(0, len(tokens), cfg.batch_rows):
         logits = model(tokens[start:start + cfg.batch_rows], mask[start:start + cfg.batch_rows])  # (b, L, L)
-        per_sequence += [precisions(s.double().numpy(), family.contacts, cfg.min_separation, cfg.k_divisor)
+        per_sequence += [precisions(s.double().cpu().numpy(), family.contacts, cfg.min_separation, cfg.k_divisor)
                          for s in logits]
     return {key: float(np.mean([p[key] for p in per_sequence])) for key in per_sequence[0]}, ids
 

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
     p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
     p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the encoders run: auto (CUDA when available), cpu or cuda (default: auto)")
     for name, (kind, help_text) in STUDY_FLAGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
                        metavar=kind.__name__.upper(), help=help_text)
