@@ -33,7 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pmlm.commands.report", "figures and pages of the workflow report: training curves, contact maps, "
                                        "precision by separation, run information"),
     "synth": ("pmlm.commands.synth", "sample synthetic protein families from Potts models with planted couplings"),
-    "coevolution": ("pmlm.coevolution.evaluate", "planted-coupling read-outs of MLM vs PMLM encoders"),
+    "coevolution": ("pmlm.commands.coevolution", "planted-coupling read-outs and supervised contacts of MLM vs PMLM encoders"),
     "finetune": ("pmlm.commands.finetune", "fine-tune a task head on a pre-trained encoder"),
     "evaluate": ("pmlm.commands.evaluate", "evaluate a fine-tuned head or the pair head's unsupervised contacts"),
     "embed": ("pmlm.commands.embed", "per-residue and per-sequence embeddings of a FASTA file (Parquet)"),

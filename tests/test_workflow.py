@@ -94,6 +94,17 @@ def test_coevolution_study_dag():
     assert counts["pretrain_coevolution"] == 6  # an MLM and a PMLM encoder per seed
     assert counts["report_coevolution"] == 1
     assert "results/synthetic/coevolution/coevolution.md" in proc.stdout
+    assert "results/synthetic/coevolution/coevolution_supervised.md" in proc.stdout
+
+
+def test_coevolution_large_study_dag():
+    """The GPU-sized study validates against the schema and passes its read-out settings to the evaluation."""
+    proc = snakemake("-n", "-p", "coevolution", "--configfile", "config/coevolution_large.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert job_counts(proc.stdout)["pretrain_coevolution"] == 6
+    assert "results/coevolution_large/coevolution/coevolution_supervised.md" in proc.stdout
+    assert "--sequences 16 --chain-rule 1 --head-steps 500 --device auto" in proc.stdout
+    assert "--families 16 --length 64 --sequences 5000 --coupling-strength 1.0" in proc.stdout
 
 
 @pytest.mark.parametrize(

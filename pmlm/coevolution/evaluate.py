@@ -5,10 +5,11 @@ The split: every family contributes sequences to both sides. A sequence is held 
 (split seed, sequence id) falls below ``valid_fraction``, so the draw is per sequence, deterministic
 and independent of file order. Encoders train on the other sequences of the same families (the
 couplings are per family, so held-out sequences of unseen families would test nothing learnable);
-every model read-out below uses held-out sequences only, and the MSA baseline uses the training
-sequences, as an alignment of the family would. The linear probe, the one read-out that learns from
-labels, is fitted on the planted maps of half the families and scores the other half, then the
-halves swap: every family is scored by a probe that never saw its couplings.
+every model read-out below uses held-out sequences only (the same first ``sequences`` of each family
+for all of them), and the MSA baseline uses the training sequences, as an alignment of the family
+would. The supervised contact head, the one read-out that learns from labels, is fitted on the planted
+maps of half the families and scores the other half, then the halves swap: every family is scored by
+a head that never saw its couplings. The argparse of this command is ``pmlm.commands.coevolution``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.report import run_report
+from pmlm.coevolution.study import evaluate_models, headline, readout_costs
+from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output, versions
 
@@ -90,22 +94,32 @@ def _tsv_rows(per_family: dict[str, dict]) -> list[str]:
     return rows
 
 
-def run_evaluation(args: argparse.Namespace) -> int:
-    # the engine (torch) is imported here, not at the top: pmlm/cli.py imports every command module to
-    # build its parser, and commands such as `pmlm split` run in environments without torch
-    from pmlm.coevolution.study import headline, evaluate_models
-    from pmlm.evaluation.pretrained import load_pretrained
+def study_config(args: argparse.Namespace) -> StudyConfig:
+    """StudyConfig from the flags given; a flag left out keeps the StudyConfig default."""
+    given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
+    return StudyConfig(**{k: v for k, v in given.items() if v is not None})
 
+
+def resolve_device(requested: str) -> str:
+    """auto -> cuda when available, else cpu; cuda without a GPU is a config error."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    return requested
+
+
+def run_evaluation(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
                                         ("--out-prefix", args.out_prefix)) if not value]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
-    given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
-    cfg = StudyConfig(**{k: v for k, v in given.items() if v is not None})
+    cfg = study_config(args)
+    device = resolve_device(args.device)
     families = load_families(args.synth, cfg)
     models, infos = {}, {}
     for name, weights, head in (("mlm", args.mlm, "token_head"), ("pmlm", args.pmlm, "pair_head")):
-        model, info = load_pretrained(weights)
+        model, info = load_pretrained(weights, device=device)
         if getattr(model, head) is None:
             raise InputError(weights, f"--{name} needs a model with a {head.replace('_', ' ')} "
                              f"(this one was trained with objective {info['objective']['name']})")
@@ -120,14 +134,18 @@ def run_evaluation(args: argparse.Namespace) -> int:
         "seed": cfg.seed,
         "config": asdict(cfg),
         "inputs": {"synth": str(args.synth), "mlm": str(args.mlm), "pmlm": str(args.pmlm)},
+        "device": device,
         "families": {f.name: {"length": f.length, "edges": int(np.triu(f.contacts).sum()), "train": len(f.train),
                               "heldout": len(f.heldout)} for f in families},
         "pretraining": {name: {k: scores[name].get(k) for k in ("step", "acc_mlm", "acc_pmlm", "dacc", "l_mlm",
                                                                 "l_pmlm")} for name in models},
         "summary": summarise(result["per_family"]),
+        # encoder forwards per evaluation sequence and per pair, at the families' length
+        "costs": readout_costs(max(f.length for f in families)),
         "dependence": dependence_summary(result["dependence"]),
         "per_family": result["per_family"],
-        "probe_folds": result["probe_folds"],
+        "folds": result["folds"],
+        "sequences": result["sequences"],
         "dependence_values": _rounded(result["dependence"]),
         "versions": versions(),
     }
@@ -141,7 +159,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
 
 def run_split(args: argparse.Namespace) -> int:
     """Two FASTAs with ``cluster=<family>`` headers, so `pmlm tokenize` keeps each family in one shard."""
-    cfg = StudyConfig(valid_fraction=args.valid_fraction, split_seed=args.split_seed)
+    cfg = study_config(args)
     counts = {"train": 0, "valid": 0}
     with atomic_output(args.train) as train_tmp, atomic_output(args.valid) as valid_tmp:
         with open(train_tmp, "w") as train_fh, open(valid_tmp, "w") as valid_fh:
@@ -155,47 +173,6 @@ def run_split(args: argparse.Namespace) -> int:
                                   "change --valid-fraction or sample more sequences")
     print(f"coevolution split: {counts['train']} training, {counts['valid']} held-out sequences", file=sys.stderr)
     return 0
-
-
-_STUDY_FLAGS = {
-    "seed": "study seed, recorded with the results; orders the probe's family folds",
-    "valid_fraction": "share of each family's sequences held out; must match the split step",
-    "split_seed": "seed of the held-out draw; must match the split step",
-    "pair_sequences": "held-out sequences per family for the pair head (all pairs, exactly the pair masked)",
-    "chain_rule_sequences": "held-out sequences per family for the token head's chain-rule joint; 0 skips it",
-    "attention_sequences": "held-out sequences per family averaged into the attention maps",
-    "probe_sequences": "held-out sequences per family averaged into the linear probe's pair features",
-    "min_separation": "pairs with |i-j| below this are not scored",
-    "k_divisor": "P@L/k",
-    "probe_l2": "L2 weight of the logistic-regression probe",
-    "probe_max_iter": "L-BFGS iterations of the probe",
-    "batch_rows": "sequences per forward pass (bounds memory)",
-}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    defaults = StudyConfig()
-    p.epilog = "Subcommands: 'split' writes the training / held-out FASTAs; 'report' aggregates seeds."
-    p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
-    p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
-    p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
-    p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
-    for name, help_text in _STUDY_FLAGS.items():
-        default = getattr(defaults, name)
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=None,
-                       metavar=type(default).__name__.upper(), help=f"{help_text} (default: {default})")
-    sub = p.add_subparsers(dest="action", metavar="{split,report}")
-    s = sub.add_parser("split", help="split pmlm synth sequences into training and held-out FASTAs")
-    s.add_argument("--synth", required=True, metavar="DIR", help="pmlm synth output folder")
-    s.add_argument("--train", required=True, metavar="FASTA", help="training sequences (cluster=family headers)")
-    s.add_argument("--valid", required=True, metavar="FASTA", help="held-out sequences")
-    s.add_argument("--valid-fraction", dest="valid_fraction", type=float, default=defaults.valid_fraction,
-                   metavar="FLOAT", help=f"{_STUDY_FLAGS['valid_fraction']} (default: {defaults.valid_fraction})")
-    s.add_argument("--split-seed", dest="split_seed", type=int, default=defaults.split_seed, metavar="INT",
-                   help=f"{_STUDY_FLAGS['split_seed']} (default: {defaults.split_seed})")
-    r = sub.add_parser("report", help="aggregate per-seed results into a table and a figure")
-    r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
-    r.add_argument("--out-prefix", required=True, metavar="PREFIX", help="writes PREFIX.{csv,md,tex,png,svg}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,31 +27,30 @@ class StudyConfig:
 
     valid_fraction: float = 0.1  # share of each family's sequences held out (per-sequence hash draw)
     split_seed: int = 0  # seed of that draw; the split rule and this evaluation must agree
-    seed: int = 0  # the study seed: recorded with the results; also seeds the probe's fold order
-    pair_sequences: int = 16  # held-out sequences per family for the pair head (all pairs, exactly the pair masked)
-    # held-out sequences per family for the token head's chain-rule joint (41 forwards per pair; 0 skips it)
-    chain_rule_sequences: int = 2
-    attention_sequences: int = 64  # held-out sequences per family averaged into the attention maps
-    probe_sequences: int = 64  # held-out sequences per family averaged into the probe's pair features
+    seed: int = 0  # the study seed: recorded with the results; orders the contact head's folds, seeds its fit
+    # held-out sequences per family, the same first ones for every read-out (pair head, chain rule,
+    # attention, supervised contact head), so no read-out is averaged over more data than another
+    sequences: int = 8
+    chain_rule: int = 1  # 1: the token head's chain-rule joint too (41 forwards per pair); 0 skips it
     min_separation: int = 6  # contact metrics and KL groups use pairs with |i-j| >= this
     k_divisor: int = 5  # P@L/k
-    probe_l2: float = 1e-2  # L2 weight of the logistic-regression probe
-    probe_max_iter: int = 200  # L-BFGS iterations of the probe
+    head_steps: int = 300  # full-batch Adam steps of the supervised contact head
+    head_lr: float = 1e-2  # its learning rate
+    head_dropout: float = 0.0  # dropout on its pair features (TAPE's fine-tuning uses 0.5 on far more data)
     batch_rows: int = 4096  # sequences per forward pass (bounds memory)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"valid_fraction (--valid-fraction) must be in (0, 1), got {self.valid_fraction}")
-        if self.chain_rule_sequences < 0:
-            raise ConfigError(
-                f"chain_rule_sequences (--chain-rule-sequences) must be >= 0, got {self.chain_rule_sequences}"
-            )
-        for name in ("pair_sequences", "attention_sequences", "probe_sequences",
-                     "min_separation", "k_divisor", "probe_max_iter", "batch_rows"):
+        if self.chain_rule not in (0, 1):
+            raise ConfigError(f"chain_rule (--chain-rule) must be 0 or 1, got {self.chain_rule}")
+        for name in ("sequences", "min_separation", "k_divisor", "head_steps", "batch_rows"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
-        if self.probe_l2 < 0:
-            raise ConfigError(f"probe_l2 (--probe-l2) must be >= 0, got {self.probe_l2}")
+        if not self.head_lr > 0:
+            raise ConfigError(f"head_lr (--head-lr) must be > 0, got {self.head_lr}")
+        if not 0.0 <= self.head_dropout < 1.0:
+            raise ConfigError(f"head_dropout (--head-dropout) must be in [0, 1), got {self.head_dropout}")
 
 
 @dataclass
@@ -62,6 +61,12 @@ class FamilyData:
     train: np.ndarray  # (N, L) uint8
     heldout: np.ndarray  # (M, L) uint8
     contacts: np.ndarray  # (L, L) bool, symmetric
+    heldout_ids: list[str]  # (M,) sequence ids of ``heldout``, in file order
+
+    def evaluation_rows(self, cfg: StudyConfig) -> tuple[np.ndarray, list[str]]:
+        """The held-out sequences every read-out uses: the first ``cfg.sequences`` in file order, (n, L), and ids."""
+        n = min(cfg.sequences, len(self.heldout))
+        return self.heldout[:n], self.heldout_ids[:n]
 
     @property
     def length(self) -> int:
@@ -102,6 +107,7 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
     synth_dir = Path(synth_dir)
     fasta = synth_dir / FAMILIES_FASTA
     sides: dict[str, tuple[list, list]] = {}
+    ids: dict[str, list[str]] = {}
     lengths: dict[str, int] = {}
     for seq_id, family, sequence, line, held_out in split_records(fasta, cfg):
         classes = _LETTER_CLASS[np.frombuffer(sequence.encode("ascii", "replace"), dtype=np.uint8)]
@@ -113,6 +119,8 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
             raise InputError(fasta, f"record {seq_id!r} has {len(classes)} residues but family {family} has "
                              f"{lengths[family]}; a family's sequences must align position by position", line=line)
         sides.setdefault(family, ([], []))[int(held_out)].append(classes.astype(np.uint8))
+        if held_out:
+            ids.setdefault(family, []).append(seq_id)
     families = []
     for name in sorted(sides):
         train, heldout = sides[name]
@@ -125,5 +133,5 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
         contacts = np.zeros((length, length), dtype=bool)
         contacts[edges[:, 0], edges[:, 1]] = True
         contacts |= contacts.T
-        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts))
+        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts, ids[name]))
     return families

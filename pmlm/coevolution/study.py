@@ -9,23 +9,27 @@ import numpy as np
 
 from pmlm.coevolution.families import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import (
-    ProbeConfig,
+    CHAIN_ROWS,
     attention_contact_scores,
     chain_rule_dependence,
     dependence_map,
-    fit_probe,
-    pair_features,
     pair_head_dependence,
     precisions,
-    probe_scores,
     split_pairs,
 )
+from pmlm.coevolution.supervised import supervised_contacts
 from pmlm.evaluation.pair_readout import all_pairs
 from pmlm.evaluation.unsupervised import apc, msa_mi_apc
 
 
-def _first(sequences: np.ndarray, count: int) -> np.ndarray:
-    return sequences[: min(count, len(sequences))]
+def readout_costs(length: int) -> dict[str, dict[str, float]]:
+    """Encoder forward passes (rows of length L + 2) each read-out spends per evaluation sequence and per
+    scored pair (all L(L-1)/2 pairs), for a family of ``length`` residues. The supervised head's fitting
+    reuses the same single pass per sequence (the encoder is frozen) plus the head's own steps."""
+    pairs = length * (length - 1) // 2
+    per_sequence = {"pair_head_mi_apc": pairs, "pair_head_kl_apc": pairs, "chain_rule_mi_apc": CHAIN_ROWS * pairs,
+                    "attention_apc": 1, "supervised_m": 1, "supervised_mplus": 1}
+    return {r: {"forwards_per_sequence": float(n), "forwards_per_pair": n / pairs} for r, n in per_sequence.items()}
 
 
 def _group_values(values: np.ndarray, pairs: np.ndarray, contacts: np.ndarray, min_sep: int) -> dict[str, list]:
@@ -33,13 +37,15 @@ def _group_values(values: np.ndarray, pairs: np.ndarray, contacts: np.ndarray, m
     return {"planted": values[planted].tolist(), "non_planted": values[other].tolist()}
 
 
-def _dependence_readout(fn, model, family: FamilyData, count: int, batch: int, cfg: StudyConfig) -> tuple[dict, dict]:
-    """Averaged (L, L) MI and KL maps over held-out sequences, plus every KL / MI value grouped by planted."""
+def _dependence_readout(fn, model, family: FamilyData, batch: int, cfg: StudyConfig) -> tuple[dict, dict, list]:
+    """Averaged (L, L) MI and KL maps over the evaluation sequences, every KL / MI value grouped by
+    planted, and the ids of the sequences averaged over."""
     pairs = all_pairs(family.length)
     mi_map = np.zeros((family.length, family.length))
     kl_map = np.zeros_like(mi_map)
     kl_values, mi_values = [], []
-    for sequence in _first(family.heldout, count):
+    rows, ids = family.evaluation_rows(cfg)
+    for sequence in rows:
         out = fn(model, sequence, pairs, batch)
         mi_map += dependence_map(out["mi"], pairs, family.length)
         kl_map += dependence_map(out["kl"], pairs, family.length)
@@ -50,16 +56,18 @@ def _dependence_readout(fn, model, family: FamilyData, count: int, batch: int, c
         "kl": _group_values(np.concatenate(kl_values), tiled, family.contacts, cfg.min_separation),
         "mi": _group_values(np.concatenate(mi_values), tiled, family.contacts, cfg.min_separation),
     }
-    return {"mi": mi_map, "kl": kl_map}, values
+    return {"mi": mi_map / len(rows), "kl": kl_map / len(rows)}, values, ids
 
 
 def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) -> dict:
-    """All read-outs for each family: precisions per (read-out, model) and KL / MI values for histograms.
-    Deterministic: nothing here draws random numbers."""
+    """All read-outs for each family: precisions per (read-out, model), KL / MI values for histograms, and
+    the ids of the held-out sequences each read-out averaged over (the same ones for all of them).
+    Deterministic: the supervised head's random start is seeded from the study seed."""
     def prec(scores: np.ndarray, fam: FamilyData) -> dict[str, float]:
         return precisions(scores, fam.contacts, cfg.min_separation, cfg.k_divisor)
 
     per_family: dict[str, dict] = {}
+    used: dict[str, dict[str, list[str]]] = {}  # family -> read-out -> sequence ids averaged over
     # read-out -> model -> measure (kl, mi) -> planted / non_planted values
     dependence_values: dict[str, dict] = {}
 
@@ -69,11 +77,10 @@ def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) 
             for group, items in groups.items():
                 slot.setdefault(kind, {}).setdefault(group, []).extend(items)
 
-    features: dict[str, dict[str, np.ndarray]] = {name: {} for name in models}
     for fam in families:
+        rows, ids = fam.evaluation_rows(cfg)
         row: dict[str, dict] = {"msa_mi_apc": {"msa": prec(msa_mi_apc(fam.train), fam)}}
-        maps, values = _dependence_readout(pair_head_dependence, models["pmlm"], fam, cfg.pair_sequences,
-                                           cfg.batch_rows, cfg)
+        maps, values, pair_ids = _dependence_readout(pair_head_dependence, models["pmlm"], fam, cfg.batch_rows, cfg)
         # contacts from the MI of the pair head's own joint, not the paper's KL: the KL compares the
         # pair head's joint with the *token* head's marginals, so any disagreement between the two
         # heads (calibration, not coupling) inflates it at every pair; the MI measures dependence
@@ -82,41 +89,26 @@ def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) 
         row["pair_head_mi_apc"] = {"pmlm": prec(apc(maps["mi"]), fam)}
         row["pair_head_kl_apc"] = {"pmlm": prec(apc(maps["kl"]), fam)}
         keep_values("pair_head", "pmlm", values)
+        used[fam.name] = {"pair_head_mi_apc": pair_ids, "pair_head_kl_apc": pair_ids}
         row["attention_apc"] = {}
         for name, model in models.items():
-            if cfg.chain_rule_sequences:
+            if cfg.chain_rule:
                 # the token head's joint by the chain rule: the MLM's only joint, and PMLM's like-for-like
-                maps, values = _dependence_readout(chain_rule_dependence, model, fam, cfg.chain_rule_sequences,
-                                                   cfg.batch_rows, cfg)
+                maps, values, chain_ids = _dependence_readout(chain_rule_dependence, model, fam, cfg.batch_rows, cfg)
                 row.setdefault("chain_rule_mi_apc", {})[name] = prec(apc(maps["mi"]), fam)
                 keep_values("chain_rule", name, values)
-            scores = attention_contact_scores(model, _first(fam.heldout, cfg.attention_sequences), cfg.batch_rows)
-            row["attention_apc"][name] = prec(scores, fam)
-            features[name][fam.name] = pair_features(model, _first(fam.heldout, cfg.probe_sequences), cfg.batch_rows)
+                used[fam.name]["chain_rule_mi_apc"] = chain_ids
+            row["attention_apc"][name] = prec(attention_contact_scores(model, rows, cfg.batch_rows), fam)
+        used[fam.name]["attention_apc"] = ids
         per_family[fam.name] = row
         print(f"coevolution: {fam.name}: {headline(row)}", file=sys.stderr)
 
-    # linear probe, two folds over families: fit on one half's planted maps, score the other half
-    folds = probe_folds([f.name for f in families], cfg.seed)
-    probe_cfg = ProbeConfig(l2=cfg.probe_l2, max_iter=cfg.probe_max_iter, min_separation=cfg.min_separation)
-    by_name = {f.name: f for f in families}
-    if len(folds) == 2:
-        for name in models:
-            for fit_on, score_on in ((folds[0], folds[1]), (folds[1], folds[0])):
-                probe = fit_probe([(features[name][f], by_name[f].contacts) for f in fit_on], probe_cfg)
-                for f in score_on:
-                    scores = probe_scores(probe, features[name][f])
-                    per_family[f].setdefault("linear_probe", {})[name] = prec(scores, by_name[f])
-    return {"per_family": per_family, "dependence": dependence_values, "probe_folds": folds}
-
-
-def probe_folds(names: list[str], seed: int) -> list[list[str]]:
-    """Families in two halves by a seeded shuffle; fewer than two families gives no probe."""
-    if len(names) < 2:
-        return []
-    order = np.random.default_rng(seed).permutation(sorted(names)).tolist()
-    half = len(order) // 2
-    return [sorted(order[:half]), sorted(order[half:])]
+    # the paper's protocol: a contact head fitted on one half of the families, scored on the other
+    supervised, folds, supervised_ids = supervised_contacts(families, models, cfg)
+    for fam_name, readouts in supervised.items():
+        per_family[fam_name].update(readouts)
+        used[fam_name].update(supervised_ids[fam_name])
+    return {"per_family": per_family, "dependence": dependence_values, "folds": folds, "sequences": used}
 
 
 def headline(row: dict) -> str:

@@ -1,6 +1,8 @@
 # Planted-coupling study: synthetic Potts families -> tiny MLM and PMLM encoders per seed -> read-outs
-# of the planted couplings on held-out sequences -> one table and one figure over seeds.
-#   snakemake --cores 2 --configfile config/coevolution.yaml coevolution
+# of the planted couplings on held-out sequences and a supervised contact head scored on held-out
+# families -> two tables and one figure over seeds.
+#   snakemake --cores 2 --configfile config/coevolution.yaml coevolution         # CI-sized, CPU
+#   snakemake --cores 4 --configfile config/coevolution_large.yaml coevolution   # harder, one GPU
 
 
 rule synthesize_families:
@@ -116,6 +118,13 @@ rule report_coevolution:
             caption="../report/coevolution_table.rst",
             category="Co-evolution",
             labels={"item": "table"},
+        ),
+        multiext(f"{COEVOLUTION_DIR}/coevolution_supervised", ".md", ".csv", ".tex"),
+        report(
+            f"{COEVOLUTION_DIR}/coevolution_supervised.html",
+            caption="../report/coevolution_supervised.rst",
+            category="Co-evolution",
+            labels={"item": "table: supervised contact head"},
         ),
         f"{COEVOLUTION_DIR}/coevolution.png",
         report(

@@ -1,0 +1,108 @@
+"""Supervised contact prediction on planted families, the protocol of the paper's claim: a linear contact
+head (TAPE's, ``pmlm.finetune.heads.ContactLinearHead``) on pair features of a frozen encoder, fitted on
+the planted contacts of some families and scored on held-out families it never saw.
+
+Features, as in fine-tuning (``pmlm.finetune.heads``): ``M`` = concat(h_i * h_j, h_i - h_j) of the encoder
+outputs h (MLM and PMLM), ``M+`` = the PMLM pair head's first block on them (``PairHead.first_block_grid``).
+Each sequence is one training example with the family's planted map as its label, as each protein is in
+TAPE's contact task; the score of a family is its precision averaged over its evaluation sequences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pmlm.coevolution.families import FamilyData, StudyConfig
+from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
+from pmlm.finetune.heads import ContactLinearHead, TaskModel, set_contact_prior
+
+# (read-out, model, TaskModel features): M is TaskModel's "encoder" features, M+ its "mplus"
+HEADS = (("supervised_m", "mlm", "encoder"), ("supervised_m", "pmlm", "encoder"), ("supervised_mplus", "pmlm", "mplus"))
+PAIR_CHUNK_ELEMENTS = 1 << 26  # one chunk at the study's sizes: no activation checkpointing
+
+
+def family_folds(names: list[str], seed: int) -> list[list[str]]:
+    """Families in two halves by a seeded shuffle; fewer than two families gives no folds."""
+    if len(names) < 2:
+        return []
+    order = np.random.default_rng(seed).permutation(sorted(names)).tolist()
+    half = len(order) // 2
+    return [sorted(order[:half]), sorted(order[half:])]
+
+
+def _batch(family: FamilyData, cfg: StudyConfig, min_separation: int, device: torch.device):
+    """Tokens (n, L + 2), residue mask (n, L), labels (n, L, L), the scored-pair mask (L, L) and the
+    sequence ids of one family's evaluation sequences."""
+    rows, ids = family.evaluation_rows(cfg)
+    tokens = sequence_tokens(rows).to(device)
+    n, length = rows.shape
+    mask = torch.ones(n, length, dtype=torch.bool, device=device)
+    labels = torch.from_numpy(family.contacts).float().to(device).expand(n, length, length)
+    scored = torch.ones(length, length, dtype=torch.bool, device=device).triu(min_separation)  # one triangle
+    return tokens, mask, labels, scored, ids
+
+
+def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: StudyConfig, seed: int) -> TaskModel:
+    """A linear contact head on a frozen encoder, fitted by full-batch Adam on the families ``train``.
+
+    Loss: binary cross-entropy over pairs |i-j| >= min_separation of every evaluation sequence, each
+    family weighted by its number of sequences. The output bias starts at the planted base rate.
+    """
+    torch.manual_seed(seed)
+    device = model_device(encoder)
+    head = ContactLinearHead(encoder.cfg.hidden, cfg.head_dropout, PAIR_CHUNK_ELEMENTS).to(device)
+    model = TaskModel(encoder, head, "contact", features, freeze_encoder=True)
+    batches = [_batch(f, cfg, cfg.min_separation, device) for f in train]
+    positives = sum(float(labels[:, scored].sum()) for _, _, labels, scored, _ in batches)
+    total = sum(labels.shape[0] * int(scored.sum()) for _, _, labels, scored, _ in batches)
+    set_contact_prior(head, min(max(positives / max(total, 1), 1e-4), 1 - 1e-4))
+    optimizer = torch.optim.Adam(head.parameters(), lr=cfg.head_lr)
+    model.train()
+    with torch.enable_grad():
+        for _ in range(cfg.head_steps):
+            optimizer.zero_grad()
+            loss = torch.zeros((), device=device)
+            for tokens, mask, labels, scored, _ in batches:
+                logits = model(tokens, mask)  # (n, L, L)
+                part = F.binary_cross_entropy_with_logits(logits[:, scored], labels[:, scored], reduction="sum")
+                loss = loss + part / total
+            loss.backward()
+            optimizer.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def family_precision(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tuple[dict[str, float], list[str]]:
+    """Precisions of the head on each evaluation sequence of ``family``, averaged over the sequences,
+    and the ids of those sequences."""
+    tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation, model_device(model.encoder))
+    per_sequence = []
+    for start in range(0, len(tokens), cfg.batch_rows):
+        logits = model(tokens[start:start + cfg.batch_rows], mask[start:start + cfg.batch_rows])  # (b, L, L)
+        per_sequence += [precisions(s.double().cpu().numpy(), family.contacts, cfg.min_separation, cfg.k_divisor)
+                         for s in logits]
+    return {key: float(np.mean([p[key] for p in per_sequence])) for key in per_sequence[0]}, ids
+
+
+def supervised_contacts(families: list[FamilyData], models: dict, cfg: StudyConfig) -> tuple[dict, list, dict]:
+    """Every family scored by heads fitted on the other fold: family -> read-out -> model -> precisions,
+    the two folds, and family -> read-out -> the sequence ids each score averaged over.
+
+    The head of each (read-out, fold) starts from the same seed for every encoder, so MLM and PMLM
+    heads differ only in their features.
+    """
+    folds = family_folds([f.name for f in families], cfg.seed)
+    by_name = {f.name: f for f in families}
+    out: dict[str, dict] = {}
+    used: dict[str, dict[str, list[str]]] = {}
+    for k, (fit_on, score_on) in enumerate(((folds[0], folds[1]), (folds[1], folds[0])) if folds else ()):
+        for readout, name, features in HEADS:
+            model = fit_contact_head(models[name], features, [by_name[f] for f in fit_on], cfg,
+                                     seed=cfg.seed * 1000 + k)
+            for f in score_on:
+                scores, ids = family_precision(model, by_name[f], cfg)
+                out.setdefault(f, {}).setdefault(readout, {})[name] = scores
+                used.setdefault(f, {})[readout] = ids
+    return out, folds, used

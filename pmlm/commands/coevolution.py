@@ -1,0 +1,51 @@
+"""``pmlm coevolution``: planted-coupling read-outs of an MLM and a PMLM encoder on held-out sequences of
+synthetic Potts families, and the supervised contact head on held-out families (``split`` makes the
+training / held-out FASTAs, ``report`` aggregates seeds). Engine: ``pmlm.coevolution.evaluate``."""
+
+from __future__ import annotations
+
+import argparse
+
+ENGINE = "pmlm.coevolution.evaluate"
+
+# StudyConfig field -> (type, help); defaults live in pmlm.coevolution.families.StudyConfig (the engine
+# fills every flag left out), so they are stated once
+STUDY_FLAGS: dict[str, tuple[type, str]] = {
+    "seed": (int, "study seed, recorded with the results; orders the contact head's family folds and seeds its fit"),
+    "valid_fraction": (float, "share of each family's sequences held out; must match the split step"),
+    "split_seed": (int, "seed of the held-out draw; must match the split step"),
+    "sequences": (int, "held-out sequences per family, the same ones for every read-out (default 8)"),
+    "chain_rule": (int, "1: also the token head's chain-rule joint (41 forwards per pair); 0 skips it (default 1)"),
+    "min_separation": (int, "pairs with |i-j| below this are not scored (default 6)"),
+    "k_divisor": (int, "P@L/k (default 5)"),
+    "head_steps": (int, "full-batch Adam steps of the supervised contact head (default 300)"),
+    "head_lr": (float, "learning rate of the supervised contact head (default 0.01)"),
+    "head_dropout": (float, "dropout on the supervised head's pair features (default 0)"),
+    "batch_rows": (int, "sequences per forward pass, bounds memory (default 4096)"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = "Subcommands: 'split' writes the training / held-out FASTAs; 'report' aggregates seeds."
+    p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
+    p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
+    p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
+    p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the encoders run: auto (CUDA when available), cpu or cuda (default: auto)")
+    for name, (kind, help_text) in STUDY_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
+                       metavar=kind.__name__.upper(), help=help_text)
+    sub = p.add_subparsers(dest="action", metavar="{split,report}")
+    s = sub.add_parser("split", help="split pmlm synth sequences into training and held-out FASTAs")
+    s.add_argument("--synth", required=True, metavar="DIR", help="pmlm synth output folder")
+    s.add_argument("--train", required=True, metavar="FASTA", help="training sequences (cluster=family headers)")
+    s.add_argument("--valid", required=True, metavar="FASTA", help="held-out sequences")
+    for name in ("valid_fraction", "split_seed"):
+        kind, help_text = STUDY_FLAGS[name]
+        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
+                       metavar=kind.__name__.upper(), help=f"{help_text} (default: 0.1 and 0)")
+    r = sub.add_parser("report", help="aggregate per-seed results into tables and a figure")
+    r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
+    r.add_argument("--out-prefix", required=True, metavar="PREFIX",
+                   help="writes PREFIX.{csv,md,tex,png,svg} and PREFIX_supervised.{csv,md,tex}")
