@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from pmlm.errors import InputError
-from pmlm.utils import atomic_output
+from pmlm.figures import pyplot, save_figure
+from pmlm.reports.tables import Column, write_table
 
 MODELS = ("pmlm", "mlm", "msa")
 MIN_SEEDS = 3  # the study's design; fewer is allowed for quick looks but flagged
@@ -126,8 +127,6 @@ def table_rows(docs: list[dict]) -> list[dict]:
 
 
 def write_report_table(docs: list[dict], prefix: str) -> list[Path]:
-    from pmlm.reports.tables import Column, write_table
-
     num = "{:.3g}"
     columns = [Column("measure", "measure"),
                Column("pmlm_mean", "PMLM mean", num), Column("pmlm_std", "PMLM std", num),
@@ -203,8 +202,6 @@ def supervised_rows(docs: list[dict]) -> list[dict]:
 
 
 def write_supervised_table(docs: list[dict], prefix: str) -> list[Path]:
-    from pmlm.reports.tables import Column, write_table
-
     num = "{:.3g}"
     columns = [Column("encoder, features", "encoder, features"), Column("seeds", "seeds"),
                Column("families_scored", "(seed, family) scored"),
@@ -227,11 +224,7 @@ def _pooled(docs: list[dict], readout: str, model: str, group: str) -> np.ndarra
 
 def plot_report(docs: list[dict], prefix: str) -> list[Path]:
     """2 x 2 figure: KL histograms (planted vs non-planted) of both models, then precision bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, (readout, model, title) in zip(axes[0], KL_PANELS):
         groups = {g: _pooled(docs, readout, model, g) for g in ("planted", "non_planted")}
@@ -276,14 +269,7 @@ def plot_report(docs: list[dict], prefix: str) -> list[Path]:
         ax.set_title(f"{metric_title} (|i-j| >= 6), mean ± std over {len(docs)} seeds", fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    paths = []
-    for ext in (".png", ".svg"):
-        path = Path(prefix + ext)
-        with atomic_output(path) as tmp:
-            fig.savefig(tmp, format=ext[1:], dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, prefix, dpi=150)
 
 
 def run_report(args) -> int:

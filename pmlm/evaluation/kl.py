@@ -24,6 +24,7 @@ from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.errors import ConfigError
 from pmlm.evaluation.pair_readout import pair_dependence
 from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.figures import pyplot, save_figure
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 
@@ -90,13 +91,7 @@ def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
 def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, title: str) -> list[Path]:
     """One panel per validation set (``results[set][model]``), side by side, with one histogram per model
     on shared log-spaced KL bins and a shared y axis; PNG and SVG written atomically."""
-    # here, not at the top: matplotlib is optional where only training runs (the GPU image), and
-    # its backend must be chosen before pyplot is imported
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = list(results)
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.4 * max(len(panels), 1), 4.0), sharey=True,
                              squeeze=False)
@@ -117,14 +112,7 @@ def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, titl
     axes[0][0].set_ylabel("masked pairs")
     fig.suptitle(title)
     fig.tight_layout()
-    paths = []
-    for ext in (".png", ".svg"):
-        path = Path(str(prefix) + ext)
-        with atomic_output(path) as tmp:
-            fig.savefig(tmp, format=ext[1:], dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, prefix, dpi=150)
 
 
 def run(args) -> int:

@@ -32,6 +32,7 @@ import torch
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import contact_precision
+from pmlm.figures import pyplot
 from pmlm.finetune.evaluate import unsupervised_contact_scores
 from pmlm.inference.loading import Sequence, load_contact_head, load_encoder, pick_device, read_sequences
 from pmlm.progress import Progress
@@ -115,12 +116,7 @@ def write_tsv(path: str, record: Sequence, scores: np.ndarray, truth) -> None:
 
 
 def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) -> None:
-    # here, not at the top: matplotlib is needed only with --png (the GPU image may lack it)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()  # matplotlib loads only with --png (the GPU image may lack it)
     length = len(record.letters)
     fig, ax = plt.subplots(figsize=(5, 5))
     if truth is None:
@@ -145,7 +141,7 @@ def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) 
     ax.set_xlabel("residue j")
     ax.set_ylabel("residue i")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120)  # inside the output folder's temp name (run)
     plt.close(fig)
 
 

@@ -19,7 +19,7 @@ from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.finetune.data import evaluation_plan, read_task_data
 from pmlm.finetune.evaluate import PAIR_HEADS, unsupervised_contact_scores
 from pmlm.finetune.scoring import load_finetuned
-from pmlm.reports.figures import pyplot, save_figure
+from pmlm.figures import pyplot, save_figure
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 
 # records read from the test file to find ``chains`` that fit the window (reading a whole test set is not needed)

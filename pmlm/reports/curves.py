@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 
 from pmlm.errors import InputError
-from pmlm.reports.figures import labelled_paths, pyplot, save_figure
+from pmlm.figures import pyplot, save_figure
+from pmlm.reports.figures import labelled_paths
 
 # (column, panel title): pre-training logs L_mlm / Acc_mlm per masked residue, L_pmlm / Acc_pmlm per masked pair
 PRETRAIN_PANELS = (("l_mlm", "L_mlm (per masked residue)"), ("l_pmlm", "L_pmlm (per masked pair)"),

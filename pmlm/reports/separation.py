@@ -10,7 +10,7 @@ import numpy as np
 
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS
-from pmlm.reports.figures import pyplot, save_figure
+from pmlm.figures import pyplot, save_figure
 from pmlm.reports.results import read_results
 from pmlm.reports.tables import Column, write_table
 
