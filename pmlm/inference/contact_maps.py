@@ -32,7 +32,7 @@ import torch
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import contact_precision
-from pmlm.figures import pyplot
+from pmlm.figures import draw_contact_map, pyplot
 from pmlm.finetune.evaluate import unsupervised_contact_scores
 from pmlm.inference.loading import Sequence, load_contact_head, load_encoder, pick_device, read_sequences
 from pmlm.progress import Progress
@@ -119,27 +119,12 @@ def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) 
     plt = pyplot()  # matplotlib loads only with --png (the GPU image may lack it)
     length = len(record.letters)
     fig, ax = plt.subplots(figsize=(5, 5))
+    contacts, valid = truth if truth is not None else (None, None)
+    draw_contact_map(ax, scores, contacts, valid, min_sep=6, label=kind)
     if truth is None:
-        image = ax.imshow(scores, cmap="Blues", origin="upper")
-        fig.colorbar(image, ax=ax, shrink=0.8, label=kind)
-        ax.set_title(f"{record.id} (L = {length})")
+        ax.set_title(f"{record.id} (L = {length}): {kind}", fontsize=9)
     else:
-        contacts, valid = truth
-        ti, tj = np.nonzero(np.tril(contacts & valid, k=-6))
-        ax.scatter(tj, ti, s=4, c="0.6", marker="s", label="true (lower)")
-        i, j = np.triu_indices(length, k=6)
-        values = np.where(np.isnan(scores[i, j]), -np.inf, scores[i, j])
-        top = np.argsort(-values, kind="stable")[:length]
-        hit = contacts[i[top], j[top]] & valid[i[top], j[top]]
-        ax.scatter(j[top][hit], i[top][hit], s=6, c="tab:blue", label="top-L predicted, true")
-        ax.scatter(j[top][~hit], i[top][~hit], s=6, c="tab:red", label="top-L predicted, false")
-        ax.set_xlim(-0.5, length - 0.5)
-        ax.set_ylim(length - 0.5, -0.5)
-        ax.set_aspect("equal")
-        ax.legend(loc="lower left", fontsize=7, framealpha=0.8)
-        ax.set_title(f"{record.id}: predicted (upper) vs true (lower), |i-j| >= 6")
-    ax.set_xlabel("residue j")
-    ax.set_ylabel("residue i")
+        ax.set_title(f"{record.id} (L = {length}): predicted (upper) vs true (lower), |i-j| >= 6", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)  # inside the output folder's temp name (run)
     plt.close(fig)

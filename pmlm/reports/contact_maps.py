@@ -19,7 +19,7 @@ from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.finetune.data import evaluation_plan, read_task_data
 from pmlm.finetune.evaluate import PAIR_HEADS, unsupervised_contact_scores
 from pmlm.finetune.scoring import load_finetuned
-from pmlm.figures import pyplot, save_figure
+from pmlm.figures import draw_contact_map, pyplot, save_figure
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 
 # records read from the test file to find ``chains`` that fit the window (reading a whole test set is not needed)
@@ -74,27 +74,13 @@ def plot(maps, title: str, prefix: str | Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(maps), figsize=(3.9 * len(maps), 4.3), squeeze=False)
     min_sep = CONTACT_RANGES["tape_all"][0]
     for ax, (chain, scores, contacts, valid, probabilities) in zip(axes[0], maps):
-        length = scores.shape[0]
-        upper = np.triu(np.ones((length, length), dtype=bool), k=1)
-        # shades relative to the chain's highest score: a tiny model's probabilities are small everywhere
-        shown = scores / max(float(scores[upper].max()), 1e-12)
-        ax.imshow(np.ma.masked_where(~upper, shown), cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
-        truth = np.where(valid, contacts.astype(float), np.nan)
-        ax.imshow(np.ma.masked_where(upper | np.isnan(truth), truth), cmap="Greys", vmin=0, vmax=1.4,
-                  interpolation="nearest")
-        # the top-L pairs at s >= min_sep, the ones P@L counts: hits and misses
-        i, j = np.nonzero(upper & valid & (np.subtract.outer(np.arange(length), np.arange(length)) <= -min_sep))
-        top = np.argsort(-scores[i, j], kind="stable")[:length]
-        hit = contacts[i[top], j[top]] > 0
-        ax.scatter(j[top][hit], i[top][hit], s=6, c="tab:blue", marker="o", linewidths=0, label="top-L hit")
-        ax.scatter(j[top][~hit], i[top][~hit], s=6, c="tab:red", marker="o", linewidths=0, label="top-L miss")
-        precision = contact_precision(scores, contacts, valid, min_sep=min_sep, k_divisor=1)
         kind = "P(contact)" if probabilities else "score"
-        ax.set_title(f"{chain}  L={length}  P@L (s >= {min_sep}) = {precision:.2f}\n"
+        draw_contact_map(ax, scores, contacts, valid, min_sep=min_sep, label=kind)
+        upper = np.triu(np.ones(scores.shape, dtype=bool), k=1)
+        precision = contact_precision(scores, contacts, valid, min_sep=min_sep, k_divisor=1)
+        ax.set_title(f"{chain}  L={scores.shape[0]}  P@L (s >= {min_sep}) = {precision:.2f}\n"
                      f"upper: {kind} (max {float(scores[upper].max()):.2g}) and top-L pairs; lower: true",
                      fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0][0].legend(loc="lower left", fontsize=7, markerscale=2)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, prefix)
