@@ -12,6 +12,7 @@ from pmlm.errors import InputError
 from pmlm.evaluation.pretrained import encoder_configs
 from pmlm.model.objectives import build_model
 from pmlm.reports import paper
+from pmlm.reports.arguments import labelled_paths
 from pmlm.reports.results import write_all
 from pmlm.reports.tables import Column, write_table
 
@@ -77,12 +78,6 @@ def run(args) -> int:
         paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
         print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
     elif args.table == "results":
-        pairs = []
-        for item in args.result:
-            kind, sep, path = item.partition("=")
-            if not sep:
-                raise InputError(item, "expected TABLE=TSV")
-            pairs.append((kind, path))
-        paths = write_all(pairs, args.out_dir, args.test_label)
+        paths = write_all(labelled_paths(args.result, "--result", unique=False), args.out_dir, args.test_label)
         print(f"tables: wrote {len(paths)} files under {args.out_dir}", file=sys.stderr)
     return 0

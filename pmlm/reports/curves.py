@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pmlm.errors import InputError
 from pmlm.figures import pyplot, save_figure
-from pmlm.reports.figures import labelled_paths
+from pmlm.reports.arguments import labelled_paths
 
 # (column, panel title): pre-training logs L_mlm / Acc_mlm per masked residue, L_pmlm / Acc_pmlm per masked pair
 PRETRAIN_PANELS = (("l_mlm", "L_mlm (per masked residue)"), ("l_pmlm", "L_pmlm (per masked pair)"),

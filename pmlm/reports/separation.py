@@ -11,6 +11,7 @@ import numpy as np
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS
 from pmlm.figures import pyplot, save_figure
+from pmlm.reports.arguments import labelled_paths
 from pmlm.reports.results import read_results
 from pmlm.reports.tables import Column, write_table
 
@@ -81,10 +82,4 @@ def write_precision_by_separation(kind_paths: list[tuple[str, str]], figure_pref
 
 
 def run(args) -> list[Path]:
-    pairs = []
-    for item in args.result:
-        kind, sep, path = item.partition("=")
-        if not sep:
-            raise InputError(item, "expected TABLE=TSV")
-        pairs.append((kind, path))
-    return write_precision_by_separation(pairs, args.out_prefix, args.table_prefix or args.out_prefix)
+    return write_precision_by_separation(labelled_paths(args.result, "--result", unique=False), args.out_prefix, args.table_prefix or args.out_prefix)
