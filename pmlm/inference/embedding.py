@@ -2,7 +2,7 @@
 
 Layers (``--layer``, as ESM's extract counts them): 0 is the token embedding plus positions, k in
 1..num_layers the output of layer k; the last one, num_layers (also -1, the default), is the encoder's
-output after its final LayerNorm, what the heads read. Negative values count from the end.
+output, what the heads read (after the final LayerNorm of pre-LN layers). Negative values count from the end.
 
 Windows: a sequence longer than the model's window (max_len - 2 residues) is read as overlapping windows
 (``pmlm.tokens.window_starts``: half a window apart, the last one flush with the end) and each residue's
