@@ -174,13 +174,14 @@ def test_demo_workflow(tmp_path):
             assert (tsv["test_set"] == "demo_test").all()
             assert (tsv["n_proteins"][tsv["metric"] != "n_too_long"] > 0).all()
     tables = {t: (results / "tables" / f"{t}.md").read_text() for t in TABLES}
-    for label in ("MLM-tiny", "PMLM-tiny"):
-        assert f"| ours | {label} | demo | linear | demo_test |" in tables["tape_contact"]
-        assert f"| ours | {label} | demo | resnet | demo_test |" in tables["raptorx_contact"]
-        assert f"| ours | {label} | demo | mlp |" in tables["secondary_structure"]
+    # features `auto`: the MLM reads its encoder outputs (M), the PMLM's contact heads its pair head's block (M+)
+    for label, contact_features in (("MLM-tiny", "M"), ("PMLM-tiny", "M+")):
+        assert f"| ours | {label} | demo | linear | {contact_features} | demo_test |" in tables["tape_contact"]
+        assert f"| ours | {label} | demo | resnet | {contact_features} | demo_test |" in tables["raptorx_contact"]
+        assert f"| ours | {label} | demo | mlp | M |" in tables["secondary_structure"]
     assert "| ours | PMLM-tiny | demo | pair-kl | demo_test |" in tables["unsupervised_contact"]
     assert "MLM-tiny" not in tables["unsupervised_contact"].replace("PMLM-tiny", "")
-    assert "| paper | PMLM-base | Pfam | - | 0.199 | 0.446 | 0.946 |" in tables["remote_homology"]
+    assert "| paper | PMLM-base | Pfam | - | M | 0.199 | 0.446 | 0.946 |" in tables["remote_homology"]
     # every long job says how far it is in its rule's log: a line per tenth of pre-training and fine-tuning
     logs = tmp_path / "logs" / "demo"
     for objective in ("mlm", "pmlm"):
