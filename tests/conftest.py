@@ -97,3 +97,12 @@ def shard_dir(tmp_path: Path) -> Path:
     return write_shards(
         tmp_path / "shards", {"train": make_sequences(256, seed=1), "valid": make_sequences(64, seed=2)}
     )
+
+
+@pytest.fixture
+def single_thread():
+    """torch on one thread for the test, restored after (the modules that compare against hand references)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -28,13 +28,9 @@ from pmlm.finetune.loop import finetune
 from pmlm.finetune.scoring import load_finetuned
 from pmlm.tokens import batch_tokens
 
+# every test of this module runs torch on one thread (conftest.single_thread)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

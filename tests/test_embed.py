@@ -19,13 +19,9 @@ from pmlm.cli import main
 from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.tokens import WindowMean, batch_tokens, window_starts
 
+# every test of this module runs torch on one thread (conftest.single_thread)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,9 @@ from pmlm.finetune.evaluate import TSV_COLUMNS, canonical_sha256, unsupervised_c
 from pmlm.finetune.loop import finetune
 from pmlm.utils import file_digest
 
+# every test of this module runs torch on one thread (conftest.single_thread)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -37,13 +37,9 @@ CLUSTER_SPACING = 20.0  # Angstrom between residue-type clusters: far beyond the
 CLUSTER_RADIUS = 2.5  # every C-beta lies this close to its type's centre, so same-type pairs are <= 5 A apart
 SS_OF_TYPE = "HEC"  # residue type k gets DSSP state SS_OF_TYPE[k % 3]: learnable from the residue alone
 
+# every test of this module runs torch on one thread (conftest.single_thread)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_encoder(path: Path, objective: str = "pmlm", hidden: int = 32, max_len: int = 66, dropout: float = 0.0,

@@ -21,13 +21,9 @@ from pmlm.tokens import batch_tokens
 # log-probabilities are fp32 softmaxes of logits of size ~10-100: differences agree to a few fp32 ulps of them
 ATOL = 1e-4
 
+# every test of this module runs torch on one thread (conftest.single_thread)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,9 @@ RESUME_STEPS = 80
 # spinning OpenMP workers make every step many times slower
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
+# every test of this module runs torch on one thread (conftest.single_thread)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(**changes) -> dict:
