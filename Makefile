@@ -4,7 +4,7 @@ CORES ?= 2
 SHELL := /bin/bash
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-test demo test bench clean-demo
+.PHONY: setup setup-test demo test lint format bench clean-demo
 
 setup:
 	@bash scripts/setup.sh
@@ -17,6 +17,16 @@ demo: setup
 
 test: setup-test
 	python -m pytest
+
+# ruff's rules and settings are in pyproject.toml ([tool.ruff]); CI runs `make lint` before the tests
+LINTED := pmlm tests bench scripts
+lint: setup-test
+	ruff check $(LINTED)
+	ruff format --check $(LINTED)
+
+format: setup-test
+	ruff check --fix $(LINTED)
+	ruff format $(LINTED)
 
 bench: setup
 	python bench/bench_tokenize.py

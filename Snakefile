@@ -4,7 +4,7 @@
 #   snakemake --report report.html                        tables, figures, configuration and versions in one page
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
-from pmlm.workflow_config import check_references, require_config, schema_error
+from pmlm.config.workflow import check_references, require_config, schema_error
 
 min_version("9.0")
 

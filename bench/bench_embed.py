@@ -39,9 +39,11 @@ from pmlm.cli import main as pmlm_main
 from pmlm.inference import embedding
 from pmlm.inference.embedding import (CHUNK_BATCHES, batch_inputs, chunks, layer_index, plan_batches,
                                       plan_windows, representations)
-from pmlm.inference.loading import load_encoder, read_sequences
+from pmlm.inference.sequences import read_fasta_sequences
+from pmlm.pretrained import load_encoder
 from pmlm.model.config import ModelConfig
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 
 BAR = 1.2
 LENGTH_MEDIAN, LENGTH_SIGMA = 300, 0.65
@@ -82,7 +84,7 @@ def write_inputs(root: Path, dims: dict, n: int, seed: int) -> tuple[Path, Path]
 def forward_batches(encoder: Path, fasta: Path, tokens_per_batch: int, layer: int):
     """The model and the token rows of every batch `pmlm embed` runs, in its order."""
     model, _, _ = load_encoder(encoder, torch.device("cpu"))
-    records = read_sequences(fasta)
+    records = read_fasta_sequences(fasta)
     room = model.cfg.max_len - 2
     residues_per_chunk = max(1, min(CHUNK_BATCHES * tokens_per_batch, (2**31 - 1) // (2 * model.cfg.hidden)))
     inputs = []

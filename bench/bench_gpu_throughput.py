@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_esm import LENGTH_MEDIAN, LENGTH_SIGMA, MIN_RESIDUES, bucketed_batches, build_hf, make_sequences, pad_batch  # noqa: E402
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_PAIR_CLASSES, NUM_RESIDUES, PAD_ID  # noqa: E402
-from pmlm.model import ObjectiveConfig, build_model, mask_tokens, model_config, pretraining_losses  # noqa: E402
+from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses  # noqa: E402
+from pmlm.pretrained import build_model  # noqa: E402
 from pmlm.model.objectives import IGNORE_INDEX  # noqa: E402
 
 # dense bf16 tensor-core peak, TFLOP/s (vendor data sheets); matched in order against the device name
@@ -244,7 +245,7 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
             flops = batch_flops(dims, objective, timed, args)  # model FLOPs of these sequences, whoever pads them
             row.update(timing, step_ms=round(1000 * seconds / len(runs), 2), non_pad_tokens_per_s=round(non_pad / seconds),
                        model_tflops_per_pass=round(flops / 1e12, 4),
-                       mfu=None if peak is None else round(flops / seconds / peak, 4))
+                       mfu=None if peak is None else float(f"{flops / seconds / peak:.4g}"))  # 4 significant digits
         runner = model = None
         if device.type == "cuda":
             torch.cuda.empty_cache()

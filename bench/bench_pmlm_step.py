@@ -25,7 +25,8 @@ import time
 import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
-from pmlm.model import ObjectiveConfig, build_model, model_config, pretraining_losses
+from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
+from pmlm.pretrained import build_model
 from pmlm.model.objectives import IGNORE_INDEX, mask_tokens, upper_pairs
 
 BAR = 1.25

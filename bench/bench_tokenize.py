@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pmlm.data.formats import read_source, records_of
+from pmlm.data.formats import read_source
+from pmlm.data.records import records_of
 from pmlm.data.ingest import IngestPolicy, ingest
 from pmlm.data.normalise import Normaliser
 from pmlm.data.shards import tokenize

@@ -44,7 +44,8 @@ import time
 import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, PAD_ID, VOCAB_SIZE
-from pmlm.model import ObjectiveConfig, build_model, mask_tokens, model_config, pretraining_losses
+from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses
+from pmlm.pretrained import build_model
 from pmlm.model.objectives import IGNORE_INDEX
 
 BAR = 1.5

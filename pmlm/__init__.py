@@ -1,6 +1,8 @@
 """pmlm: Pairwise Masked Language Model pre-training and evaluation for proteins."""
 
-__version__ = "0.1.0"
+from pmlm.version import __version__
+
+__all__ = ["__version__", "load"]
 
 
 def load(path, device: str = "cpu", *, encoder=None):

@@ -1,11 +1,10 @@
 """Command-line entry point: ``pmlm <subcommand> ...`` (also ``python -m pmlm``).
 
-Each subcommand's arguments live in a command module (``pmlm/commands/<name>.py``: ``add_arguments(parser)``
-and ``ENGINE``, argparse and the standard library only); after parsing, the engine module ``ENGINE`` names
-is imported and its ``run(args) -> int`` called. So building the parser never imports torch, ``pmlm fetch``
-never pays for it, and ``pmlm pretrain`` / ``finetune`` / ``evaluate`` run where the data stage's
-dependencies (Biopython, Snakemake) are not installed, e.g. on a bare GPU image. A command module
-without ``ENGINE`` runs the command itself (its own ``run``).
+``pmlm X`` is the command module ``pmlm/commands/X.py`` (dashes become underscores): its ``add_arguments``
+builds the parser, its ``run(args) -> int`` does the work. Command modules import their engines only when
+they run, so building the parser never imports torch, ``pmlm fetch`` never pays for it, and ``pmlm pretrain``
+/ ``finetune`` / ``evaluate`` run where the data stage's dependencies (Biopython, Snakemake) are not installed,
+e.g. on a bare GPU image.
 """
 
 from __future__ import annotations
@@ -14,32 +13,36 @@ import argparse
 import importlib
 import sys
 
-from pmlm import __version__
+from pmlm.version import __version__
 from pmlm.errors import PmlmError
 
-# name -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "fetch": ("pmlm.commands.fetch", "download a source (http/https/ftp/file) with resume and checksum"),
-    "extract": ("pmlm.commands.extract", "extract one member of a (nested) tar archive (e.g. uniref50.tar/uniref50.xml.gz)"),
-    "ingest": ("pmlm.commands.ingest", "normalise FASTA, Pfam-A FASTA or UniRef XML into clean FASTA plus a stats JSON"),
-    "split": ("pmlm.commands.split", "cluster with MMseqs2, decontaminate, split train/valid by cluster"),
-    "split-structures": ("pmlm.commands.split_structures", "train/valid/test split of a structure set by sequence identity"),
-    "contacts-from-pdb": ("pmlm.commands.contacts_from_pdb", "C-beta contact set (JSONL) of listed PDB chains from coordinate files"),
-    "tokenize": ("pmlm.commands.tokenize", "write tokenized Parquet shards and a manifest"),
-    "pretrain": ("pmlm.commands.pretrain", "pre-train an MLM or PMLM encoder from Parquet shards"),
-    "launch": ("pmlm.commands.launch", "run a command once per GPU across the nodes of a SLURM allocation (torchrun rendezvous from SLURM's environment)"),
-    "kl": ("pmlm.commands.kl", "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs"),
-    "tables": ("pmlm.commands.tables", "assemble result tables (CSV, Markdown, LaTeX, HTML) with the paper's rows"),
-    "report": ("pmlm.commands.report", "figures and pages of the workflow report: training curves, contact maps, "
-                                       "precision by separation, run information"),
-    "synth": ("pmlm.commands.synth", "sample synthetic protein families from Potts models with planted couplings"),
-    "coevolution": ("pmlm.commands.coevolution", "planted-coupling read-outs and supervised contacts of MLM vs PMLM encoders"),
-    "finetune": ("pmlm.commands.finetune", "fine-tune a task head on a pre-trained encoder"),
-    "evaluate": ("pmlm.commands.evaluate", "evaluate a fine-tuned head or the pair head's unsupervised contacts"),
-    "embed": ("pmlm.commands.embed", "per-residue and per-sequence embeddings of a FASTA file (Parquet)"),
-    "contacts": ("pmlm.commands.contacts", "contact maps of FASTA sequences from a contact head or the pair head"),
-    "score": ("pmlm.commands.score", "single and double mutant scores (masked marginals, the pair head's joint)"),
+# name -> one-line help, in the order `pmlm --help` lists them; the code of `pmlm X` is command_module(X)
+SUBCOMMANDS: dict[str, str] = {
+    "fetch": "download a source (http/https/ftp/file) with resume and checksum",
+    "extract": "extract one member of a (nested) tar archive (e.g. uniref50.tar/uniref50.xml.gz)",
+    "ingest": "normalise FASTA, Pfam-A FASTA or UniRef XML into clean FASTA plus a stats JSON",
+    "split": "cluster with MMseqs2, decontaminate, split train/valid by cluster",
+    "split-structures": "train/valid/test split of a structure set by sequence identity",
+    "contacts-from-pdb": "C-beta contact set (JSONL) of listed PDB chains from coordinate files",
+    "tokenize": "write tokenized Parquet shards and a manifest",
+    "pretrain": "pre-train an MLM or PMLM encoder from Parquet shards",
+    "launch": "run a command once per GPU across the nodes of a SLURM allocation (torchrun rendezvous from SLURM's environment)",
+    "kl": "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs",
+    "tables": "assemble result tables (CSV, Markdown, LaTeX, HTML) with the paper's rows",
+    "report": "figures and pages of the workflow report: training curves, contact maps, precision by separation, run information",
+    "synth": "sample synthetic protein families from Potts models with planted couplings",
+    "coevolution": "planted-coupling read-outs and supervised contacts of MLM vs PMLM encoders",
+    "finetune": "fine-tune a task head on a pre-trained encoder",
+    "evaluate": "evaluate a fine-tuned head or the pair head's unsupervised contacts",
+    "embed": "per-residue and per-sequence embeddings of a FASTA file (Parquet)",
+    "contacts": "contact maps of FASTA sequences from a contact head or the pair head",
+    "score": "single and double mutant scores (masked marginals, the pair head's joint)",
 }
+
+
+def command_module(name: str) -> str:
+    """The module of ``pmlm name``: ``pmlm.commands.<name with dashes as underscores>``."""
+    return "pmlm.commands." + name.replace("-", "_")
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -57,12 +60,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pmlm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=_OneLineErrors)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, help_text in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module_name)
         if command is None or name == command:
-            # command modules are argparse only; the engine (torch etc.) loads after parsing
-            importlib.import_module(module_name).add_arguments(p)
+            # command modules are light; the engine (torch etc.) loads when the command runs
+            importlib.import_module(command_module(name)).add_arguments(p)
     return parser
 
 
@@ -75,10 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    module = importlib.import_module(args._module)
-    engine = importlib.import_module(module.ENGINE) if hasattr(module, "ENGINE") else module
+    module = importlib.import_module(command_module(args.command))
     try:
-        return int(engine.run(args) or 0)
+        return int(module.run(args) or 0)
     except PmlmError as exc:
         print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,8 @@ from pmlm.alphabet import CLS_ID, EOS_ID, PAD_ID
 # <cls> and <eos> wrap every window, so a model of max_len tokens takes max_len - 2 residues
 SPECIALS_PER_SEQUENCE = 2
 RESIDUE_OFFSET = 1  # token position of a window's first residue: <cls> is position 0
+# token budget of one inference forward pass (rows x padded width) unless a command is told otherwise
+DEFAULT_TOKENS_PER_BATCH = 8192
 
 
 def max_residues(max_len: int) -> int:

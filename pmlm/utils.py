@@ -1,4 +1,5 @@
-"""Small shared helpers: atomic outputs, file digests and run provenance."""
+"""Small shared helpers: atomic outputs, file digests, run provenance, and the symmetrisation of pair maps
+that contact heads and contact read-outs share."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pmlm import __version__
+from pmlm.version import __version__
 
 
 @contextlib.contextmanager
@@ -79,3 +80,8 @@ def versions() -> dict:
         except ImportError:
             out[name] = None
     return out
+
+
+def symmetrize(matrix):
+    """(..., L, L) -> (M + M^T) / 2 over the last two axes (NumPy arrays or torch tensors)."""
+    return (matrix + matrix.swapaxes(-1, -2)) / 2

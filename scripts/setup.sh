@@ -15,9 +15,28 @@ want_slurm=0
 say() { printf '[setup] %s\n' "$*"; }
 is_root_debian() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
 apt_updated=0
+# another apt or dpkg (a second set-up, unattended upgrades) may hold the package locks: wait for them
+# (up to APT_LOCK_WAIT seconds) instead of failing at once
+APT_LOCK_WAIT=${APT_LOCK_WAIT:-900}
+apt_get() {
+    local waited=0 out
+    while true; do
+        if out=$(DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" "$@" 2>&1); then
+            return 0
+        fi
+        if ! grep -qiE "could not get lock|unable to lock|is another process using it" <<<"$out" ||
+            [ "$waited" -ge "$APT_LOCK_WAIT" ]; then
+            printf '%s\n' "$out" >&2
+            return 1
+        fi
+        [ "$waited" = 0 ] && say "waiting for another apt process to release its lock"
+        sleep 5
+        waited=$((waited + 5))
+    done
+}
 apt_install() {
-    if [ "$apt_updated" = 0 ]; then apt-get update -qq >/dev/null; apt_updated=1; fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    if [ "$apt_updated" = 0 ]; then apt_get update -qq; apt_updated=1; fi
+    apt_get install -y -qq --no-install-recommends "$@"
 }
 
 if [ ! -x "$VENV/bin/python" ]; then

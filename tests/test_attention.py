@@ -8,7 +8,8 @@ import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import PmlmError
-from pmlm.model import ObjectiveConfig, build_model, model_config, pretraining_losses
+from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
+from pmlm.pretrained import build_model
 from pmlm.model.attention import pack, packed_attention, reference_varlen_attention, unpack, varlen_kernel_usable
 from pmlm.model.pmlm_model import PMLMModel
 

@@ -14,7 +14,7 @@ def test_every_subcommand_has_help(command, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: pmlm {command}"), out[:200]
-    assert SUBCOMMANDS[command][1].split(" (")[0] in " ".join(out.split())
+    assert SUBCOMMANDS[command].split(" (")[0] in " ".join(out.split())
 
 
 def test_a_usage_error_is_one_line(capsys):

@@ -32,7 +32,8 @@ from pmlm.coevolution.supervised import family_folds, family_precision, fit_cont
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import all_pairs
 from pmlm.model.config import model_config
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 
 RECIPE = Path(__file__).resolve().parents[1] / "config" / "train" / "coevolution_tiny.yaml"
 
@@ -202,12 +203,12 @@ def test_contact_head_learns_a_signature_and_scores_unseen_families():
     fams = [_family(f"f{k}", first=k, seed=k) for k in range(3)]
     encoder = PlantedEncoder({k: f.contacts for k, f in enumerate(fams)})
     cfg = StudyConfig(sequences=2, head_steps=100, head_lr=0.05)
-    model = fit_contact_head(encoder, "encoder", fams[:2], cfg, seed=0)
+    model = fit_contact_head(encoder, "M", fams[:2], cfg, seed=0)
     assert float(encoder.unused.abs().sum()) == 0.0 and not encoder.unused.requires_grad
     scores, ids = family_precision(model, fams[2], cfg)
     assert ids == ["f2_0", "f2_1"]  # the first `sequences` held-out sequences
     assert scores["p_at_edges"] > 0.8 > 2 * scores["chance"]
-    untrained = fit_contact_head(encoder, "encoder", fams[:2], StudyConfig(sequences=2, head_steps=1, head_lr=1e-6), 0)
+    untrained = fit_contact_head(encoder, "M", fams[:2], StudyConfig(sequences=2, head_steps=1, head_lr=1e-6), 0)
     assert family_precision(untrained, fams[2], cfg)[0]["p_at_edges"] < scores["p_at_edges"]
     assert family_folds(["c", "a", "b", "d"], seed=1) == family_folds(["a", "b", "c", "d"], seed=1)
     assert sorted(sum(family_folds(["a", "b", "c"], seed=0), [])) == ["a", "b", "c"]

@@ -21,11 +21,10 @@ import pmlm
 import pmlm.errors
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.finetune.config import FinetuneConfig
-from pmlm.finetune.evaluate import unsupervised_contact_scores
+from pmlm.config.finetuning import FinetuneConfig
+from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.finetune.loop import finetune
-from pmlm.finetune.scoring import load_finetuned
+from pmlm.pretrained import load_encoder, load_head
 from pmlm.tokens import batch_tokens
 
 # every test of this module runs torch on one thread (conftest.single_thread)
@@ -38,7 +37,7 @@ def case(tmp_path_factory):
     root = tmp_path_factory.mktemp("contacts")
     encoder = tiny_encoder(root / "enc" / "pmlm" / "model.safetensors", max_len=26)  # window 24
     structures = write_structures(root / "chains.jsonl", 6, seed=3, lengths=(12, 20))
-    cfg = FinetuneConfig.from_dict(recipe(head={"kind": "linear", "features": "mplus"}, optim__total_steps=2,
+    cfg = FinetuneConfig.from_dict(recipe(head={"kind": "linear", "features": "M+"}, optim__total_steps=2,
                                           optim__warmup_steps=0, save_every=0, data__crop=16))
     head = root / "heads" / "contact" / "head.safetensors"
     assert finetune(cfg, encoder, structures, root / "run", head) == 0
@@ -61,7 +60,7 @@ def test_readout_maps_match_the_evaluation_readout(tmp_path, case):
                  "--structure", str(case["structures"]), "--device", "cpu"]) == 0
     names = sorted(case["seqs"])
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.{ext}" for n in names for ext in ("tsv", "npz", "png"))
-    model, _ = load_pretrained(case["encoder"])
+    model, *_ = load_encoder(case["encoder"])
     for name, letters in case["seqs"].items():
         npz = np.load(out / f"{name}.npz")
         scores = npz["scores"]
@@ -91,7 +90,7 @@ def test_head_probabilities_and_a_moved_head(tmp_path, case):
     out = tmp_path / "maps"
     assert main(["contacts", str(case["encoder"].parent), str(case["fasta"]), "-o", str(out),
                  "--head", str(case["head"].parent), "--device", "cpu"]) == 0
-    task_model, *_ = load_finetuned(case["head"])
+    task_model = load_head(case["head"]).model
     letters = next(iter(case["seqs"].values()))
     name = next(iter(case["seqs"]))
     with torch.no_grad():

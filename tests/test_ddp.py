@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from pmlm.alphabet import EOS_ID
 from pmlm.train import REQUEUE_EXIT_CODE
-from pmlm.train.config import TrainConfig
+from pmlm.config.pretraining import TrainConfig
 from pmlm.train.loader import ShardStream
 
 STEPS = 6
@@ -30,7 +30,7 @@ DRIVER = textwrap.dedent(
     """
     import json, os, signal, sys
     from safetensors.torch import save_file
-    from pmlm.train.config import TrainConfig
+    from pmlm.config.pretraining import TrainConfig
     from pmlm.train.loop import TrainHooks, train
 
     cfg_path, shards, out, stop_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -16,7 +16,7 @@ from tiny_models import random_letters, tiny_encoder, write_fasta
 
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.pretrained import load_encoder
 from pmlm.tokens import WindowMean, batch_tokens, window_starts
 
 # every test of this module runs torch on one thread (conftest.single_thread)
@@ -63,7 +63,7 @@ def test_rows_follow_residues_and_match_the_forward_pass(tmp_path, case):
     assert list(table.columns) == ["id", "position", "residue", "embedding"]
     assert list(table["id"].unique()) == list(seqs)  # input order, ids as the first header word
     assert len(table) == sum(len(s) for s in seqs.values())  # no <cls> / <eos> rows
-    model, _ = load_pretrained(case["encoder"])
+    model, *_ = load_encoder(case["encoder"])
     per_seq = pd.read_parquet(tmp_path / "emb.per_sequence.parquet")
     assert list(per_seq.columns) == ["id", "length", "embedding"]
     for name, letters in seqs.items():
@@ -83,7 +83,7 @@ def test_rows_follow_residues_and_match_the_forward_pass(tmp_path, case):
 
 
 def test_layers_and_token_budget(tmp_path, case):
-    model, _ = load_pretrained(case["encoder"])
+    model, *_ = load_encoder(case["encoder"])
     letters = case["seqs"]["long"]
     tables = {}
     for layer, budget in ((0, 8192), (1, 8192), (-3, 8192), (-1, 1), (2, 64)):

@@ -3,16 +3,15 @@ the env a rule names lists every third-party package its `python -m pmlm <comman
 exactly, and each pin inside pyproject.toml's range for that package.
 
 What a command imports is read from the source with ast: `python -m pmlm` imports pmlm.cli and, at module
-level, every command module (for their arguments); the command's engine (the command module's ENGINE, or the
-command module itself where it has none) is then followed through all its imports, those inside functions
-included (the optional dependencies that an engine imports where it needs them). The command modules
-themselves must import nothing heavy, not even transitively: that keeps `pmlm fetch` free of torch.
+level, every command module (for their arguments); the command's own module (pmlm/commands/<name>.py) is then
+followed through all its imports, those inside functions included (its run imports the engine when it runs,
+and engines import optional dependencies where they need them). The command modules themselves must import
+nothing heavy at module level, not even transitively: that keeps `pmlm fetch` free of torch.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from workflow_rules import REPO, read_rules
 
-from pmlm.cli import SUBCOMMANDS
+from pmlm.cli import SUBCOMMANDS, command_module
 
 STDLIB = set(sys.stdlib_module_names)
 # what a command module (pmlm/commands) may import besides the standard library: numpy, which the light
@@ -102,18 +101,9 @@ def third_party_imports(roots: list[str], module_level: bool) -> set[str]:
     return found
 
 
-def engine_of(command: str) -> str:
-    """The module whose ``run`` does ``pmlm command``'s work."""
-    module = importlib.import_module(SUBCOMMANDS[command][0])
-    return getattr(module, "ENGINE", module.__name__)
-
-
 def packages_needed(command: str) -> set[str]:
-    cli = ["pmlm.__main__", "pmlm.cli", *(module for module, _ in SUBCOMMANDS.values())]
-    engine = engine_of(command)
-    # an engine that dispatches to one module per item lists them in ITEM_ENGINES
-    roots = [engine, *getattr(importlib.import_module(engine), "ITEM_ENGINES", {}).values()]
-    names = third_party_imports(cli, module_level=True) | third_party_imports(roots, False)
+    cli = ["pmlm.__main__", "pmlm.cli", *(command_module(name) for name in SUBCOMMANDS)]
+    names = third_party_imports(cli, module_level=True) | third_party_imports([command_module(command)], False)
     needed = set()
     for name in names:
         prefixes = [".".join(name.split(".")[:k]) for k in range(name.count(".") + 1, 0, -1)]
@@ -182,7 +172,7 @@ def test_what_each_command_needs():
     assert {"numpy", "biopython", "python-isal"} <= packages_needed("split")  # pmlm.cli's own imports
     assert {"pytorch", "safetensors", "pyarrow", "tensorboard", "pyyaml"} <= packages_needed("pretrain")
     assert "pandas" in packages_needed("tables") and "matplotlib-base" in packages_needed("kl")
-    assert {"pytorch", "pandas", "matplotlib-base", "pyyaml"} <= packages_needed("report")  # through ITEM_ENGINES
+    assert {"pytorch", "pandas", "matplotlib-base", "pyyaml"} <= packages_needed("report")  # every item's engine
     assert "pytorch" not in packages_needed("split") and "pytorch" not in packages_needed("fetch")
     for command in ("embed", "contacts", "score"):  # the model-use engines run the encoder
         assert {"pytorch", "safetensors"} <= packages_needed(command), command
@@ -190,19 +180,16 @@ def test_what_each_command_needs():
 
 @pytest.mark.parametrize("module", COMMAND_MODULES)
 def test_command_modules_import_nothing_heavy(module):
-    """A command module is argparse only: its imports, followed through pmlm, reach no third-party package
-    beyond LIGHT (and its ENGINE names a module with a run function)."""
-    assert third_party_imports([module], module_level=False) - LIGHT == set()
-    engine = importlib.import_module(module).ENGINE
-    assert _module_file(engine) is not None and "run" in {
-        n.name for n in ast.parse(_module_file(engine).read_text()).body if isinstance(n, ast.FunctionDef)}, engine
+    """A command module is light: its module-level imports, followed through pmlm, reach no third-party package
+    beyond LIGHT; it defines the parser's arguments and the command's run."""
+    assert third_party_imports([module], module_level=True) - LIGHT == set()
+    defined = {n.name for n in ast.parse(_module_file(module).read_text()).body if isinstance(n, ast.FunctionDef)}
+    assert {"add_arguments", "run"} <= defined, module
 
 
 def test_every_command_module_is_a_subcommand():
-    """pmlm/commands holds the subcommands of pmlm.cli, and each of its subcommands resolves to an engine."""
-    listed = {module for module, _ in SUBCOMMANDS.values()}
-    assert set(COMMAND_MODULES) <= listed
-    assert all(_module_file(engine_of(command)) for command in SUBCOMMANDS)
+    """pmlm/commands holds exactly the subcommands of pmlm.cli, one module each, named after its command."""
+    assert set(COMMAND_MODULES) == {command_module(name) for name in SUBCOMMANDS}
 
 
 def test_the_parser_and_fetch_load_no_engine_dependencies(tmp_path):
@@ -237,3 +224,21 @@ def test_an_incomplete_or_loose_env_is_reported(tmp_path):
     assert "pmlm.yaml: numpy is not pinned exactly (name==version)" in problems
     assert "pmlm.yaml: pandas==1.5.3 is outside pyproject.toml's pandas>=2.1" in problems
     assert "pmlm.yaml lacks pytorch (imported by pmlm tables)" in problems
+
+
+def test_function_local_imports_say_why():
+    """An import inside a function (the command layer's engines, optional or slow dependencies) has its reason
+    written beside it: a comment between the function's first line and the import, or in its docstring."""
+    unexplained = []
+    for path in sorted((REPO / "pmlm").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            docstring = ast.get_docstring(function) or ""
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    before = lines[function.lineno - 1:node.lineno]
+                    if not any("#" in line for line in before) and "import" not in docstring.lower():
+                        unexplained.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert unexplained == []

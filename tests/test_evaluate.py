@@ -15,8 +15,9 @@ from safetensors.torch import load_file, save_file
 from test_finetune import make_encoder, recipe, write_structures
 
 from pmlm.cli import main
-from pmlm.finetune.config import FinetuneConfig
-from pmlm.finetune.evaluate import TSV_COLUMNS, canonical_sha256, unsupervised_contact_scores
+from pmlm.config.finetuning import FinetuneConfig
+from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.finetune.scoring import TSV_COLUMNS, canonical_sha256
 from pmlm.finetune.loop import finetune
 from pmlm.utils import file_digest
 
@@ -37,7 +38,7 @@ def encoders(tmp_path_factory) -> dict:
 
 def _constant_head(tmp_path: Path, encoder: Path, task: str, train: Path, bias: list[float]) -> Path:
     """A head fine-tuned for one step, then set to output ``bias`` everywhere (zero weights)."""
-    head_cfg = {"features": "encoder"} if task == "contact" else {"mlp_hidden": 8}
+    head_cfg = {"features": "M"} if task == "contact" else {"mlp_hidden": 8}
     cfg = FinetuneConfig.from_dict(recipe(task=task, head=head_cfg, optim__total_steps=1, optim__warmup_steps=0,
                                           save_every=0, data__crop=16))
     final = tmp_path / f"{task}.safetensors"
@@ -100,7 +101,7 @@ def test_contact_tsv_matches_a_hand_checked_case(tmp_path, encoders):
     assert len(rows) == 5 * 3 * 2 + 1  # ranges x L/k x (mean, pooled) + n_too_long
     row = rows[("hand", "P@L/5_medium_long")]
     info = json.loads(head.with_suffix(".json").read_text())
-    assert (row["model"], row["task"], row["head"], row["features"]) == ("tiny", "contact", "linear", "encoder")
+    assert (row["model"], row["task"], row["head"], row["features"]) == ("tiny", "contact", "linear", "M")
     assert row["config_sha256"] == canonical_sha256(info["config"])
     assert row["encoder_sha256"] == hashlib.sha256(encoders["pmlm"].read_bytes()).hexdigest()
     assert row["torch_version"] == torch.__version__ and row["pmlm_version"]
@@ -153,13 +154,13 @@ def test_unsupervised_readout_runs_on_a_pmlm_model(tmp_path, encoders):
                      "--out", str(out), *extra]) == 0
         _, rows = _read_tsv(out)
         row = rows[("synthetic", "P@L_tape_s6")]
-        assert (row["head"], row["features"], row["n_proteins"]) == (head, "pair_joint", "3")
+        assert (row["head"], row["features"], row["n_proteins"]) == (head, "pair joint", "3")
         assert 0.0 <= float(row["value"]) <= 1.0
         assert row["encoder_sha256"] == file_digest(encoders["pmlm"])
 
-    from pmlm.evaluation.pretrained import load_pretrained
+    from pmlm.pretrained import load_encoder
 
-    model, _ = load_pretrained(encoders["pmlm"])
+    model, *_ = load_encoder(encoders["pmlm"])
     residues = np.frombuffer(b"\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f", dtype=np.uint8)
     for mask_pairs in (False, True):
         scores = unsupervised_contact_scores(model, residues, "kl", mask_pairs=mask_pairs, pair_batch=7)
@@ -223,17 +224,18 @@ def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path,
     candidates."""
     from pmlm.evaluation.metrics import contact_precision, q3_accuracy
     from pmlm.finetune.data import evaluation_plan, read_task_data
-    from pmlm.finetune.scoring import load_finetuned, score_task
+    from pmlm.finetune.scoring import score_task
+    from pmlm.pretrained import load_head
     from pmlm.tokens import batch_tokens
 
     train = write_structures(tmp_path / "train.jsonl", 4, seed=1, lengths=(12, 20))
     test = write_structures(tmp_path / "test.jsonl", 2, seed=7, lengths=(30, 30))
-    for task, head_cfg in (("contact", {"features": "encoder"}), ("ss3", {"kind": "conv", "conv_hidden": 8})):
+    for task, head_cfg in (("contact", {"features": "M"}), ("ss3", {"kind": "conv", "conv_hidden": 8})):
         cfg = FinetuneConfig.from_dict(recipe(task=task, head=head_cfg, optim__total_steps=3, save_every=0,
                                               data__crop=16))
         final = tmp_path / f"{task}.safetensors"
         assert finetune(cfg, encoders["pmlm"], train, tmp_path / f"run_{task}", final) == 0
-        model, _, _, _ = load_finetuned(final)
+        model = load_head(final).model
         data = read_task_data(test, task)
         metrics, n_long = score_task(model, data, batch_size=3, window=22, too_long="windows", threshold=8.0,
                                      device="cpu")

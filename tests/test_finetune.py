@@ -22,12 +22,13 @@ from safetensors.torch import load_file
 from pmlm.alphabet import RESIDUES
 from pmlm.artefacts import save_weights
 from pmlm.cli import main
-from pmlm.finetune.config import FinetuneConfig
+from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.data import TaskLoader, read_task_data
 from pmlm.finetune.loop import FinetuneHooks, finetune
-from pmlm.finetune.scoring import load_finetuned
+from pmlm.pretrained import load_head
 from pmlm.model.config import ModelConfig
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from pmlm.train.runtime import TrainingDiverged
@@ -83,7 +84,7 @@ def recipe(**changes) -> dict:
     """A contact recipe small enough for CPU steps of a few milliseconds."""
     cfg = {
         "task": "contact",
-        "head": {"kind": "linear", "features": "encoder", "dropout": 0.5},
+        "head": {"kind": "linear", "features": "M", "dropout": 0.5},
         "optim": {"head_lr": 1e-2, "lr": 1e-3, "warmup_steps": 2, "total_steps": 10},
         "data": {"batch_size": 4, "crop": 32},
         "log_every": 1,
@@ -135,7 +136,7 @@ def test_learnable_contacts_are_learned_above_chance(tmp_path, case):
     assert scores["P@L_tape_s6"] > chance + 0.3, (scores["P@L_tape_s6"], chance)
     losses = [float(r["loss"]) for r in _rows(tmp_path / "run")]
     assert np.mean(losses[-5:]) < np.mean(losses[:5])
-    assert info["features"] == "encoder" and info["train"]["contact_atom"] == "CB" and info["step"] == 40
+    assert info["features"] == "M" and info["train"]["contact_atom"] == "CB" and info["step"] == 40
     assert _rows(tmp_path / "run", "valid")[-1]["metric"] == "P@L/5_medium_long"
 
 
@@ -147,7 +148,7 @@ def test_frozen_encoder_is_untouched_and_full_finetuning_updates_it(tmp_path, ca
     def after_step(step, model):
         seen["encoder"] = {k: v.clone() for k, v in model.encoder.state_dict().items()}
 
-    cfg = FinetuneConfig.from_dict(recipe(freeze_encoder=freeze, head__features="mplus", optim__total_steps=3,
+    cfg = FinetuneConfig.from_dict(recipe(freeze_encoder=freeze, head__features="M+", optim__total_steps=3,
                                           save_every=0))
     final = tmp_path / "head.safetensors"
     assert finetune(cfg, case["encoder"], case["train"], tmp_path / "run", final,
@@ -184,7 +185,7 @@ def test_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, cas
     total = 40
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(recipe(
-        freeze_encoder=False, head__kind="resnet", head__features="mplus", head__resnet_blocks=2,
+        freeze_encoder=False, head__kind="resnet", head__features="M+", head__resnet_blocks=2,
         head__resnet_channels=8, head__resnet_norm="batch", head__dropout=0.1, optim__total_steps=total,
         save_every=10)))
     ref = tmp_path / "reference"  # uninterrupted, in this process (same single-threaded CPU arithmetic)
@@ -249,7 +250,7 @@ def test_ss3_and_remote_homology_run_from_their_formats(tmp_path, case):
     weights = load_file(final)
     assert weights["head.norm.running_mean"].abs().sum() > 0  # one training step moved the statistics
     assert {"head.conv1.parametrizations.weight.original0", "head.conv2.parametrizations.weight.original1"} <= set(weights)
-    model, loaded, _, _ = load_finetuned(final)
+    model, loaded, *_ = load_head(final)
     assert loaded.head.kind == "conv" and type(model.head).__name__ == "TapeConvHead"
 
     # three folds with distinct compositions: separable after mean-pooling
@@ -286,7 +287,7 @@ def test_batches_are_a_function_of_seed_and_epoch(case):
         ({"task": "ss3", "head": {"kind": "resnet"}}, "head.kind must be mlp or conv for task ss3"),
         ({"optim": {"head_lr": 0}}, "optim.head_lr must be > 0"),
         ({"data": {"crop": 500}}, "data.crop must be <= the encoder's window of 64 residues"),
-        ({"head": {"features": "mplus"}}, "head.features mplus needs an encoder with a pair head"),
+        ({"head": {"features": "M+"}}, "head.features M+ needs an encoder with a pair head"),
     ],
 )
 def test_bad_config_is_one_line_exit_2(tmp_path, case, capsys, change, message):

@@ -7,14 +7,15 @@ import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError
-from pmlm.evaluation.unsupervised import symmetrize
-from pmlm.finetune.config import FinetuneConfig
-from pmlm.finetune.heads import (
+from pmlm.utils import symmetrize
+from pmlm.config.finetuning import FinetuneConfig
+from pmlm.model.task_heads import (
     ContactLinearHead, ContactResNetHead, RemoteHomologyHead, SecondaryStructureHead, TapeConvHead, TaskModel,
     build_head, pair_features, pair_map, resolve_features,
 )
 from pmlm.model.config import ModelConfig
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 
 HIDDEN = 16
 
@@ -110,8 +111,8 @@ def test_resnet_head_ignores_padding():
     model = _tiny_model()
     tokens, mask = _tokens([5, 9])
     cfg = FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "resnet", "resnet_blocks": 2,
-                                                                "resnet_channels": 4, "features": "mplus"}})
-    task_model = TaskModel(model, build_head(cfg, HIDDEN), "contact", "mplus", freeze_encoder=True).eval()
+                                                                "resnet_channels": 4, "features": "M+"}})
+    task_model = TaskModel(model, build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=True).eval()
     with torch.no_grad():
         both = task_model(tokens, mask)
         alone = task_model(tokens[:1, :7], mask[:1, :5])
@@ -122,13 +123,13 @@ def test_frozen_task_model_trains_only_the_head():
     model = _tiny_model()
     cfg = FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "linear"}})
     tokens, mask = _tokens([8, 6])
-    frozen = TaskModel(model, build_head(cfg, HIDDEN), "contact", "mplus", freeze_encoder=True).train()
+    frozen = TaskModel(model, build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=True).train()
     frozen(tokens, mask).sum().backward()
     assert all(p.grad is None for p in frozen.encoder.parameters())
     assert all(p.grad is not None for p in frozen.head.parameters())
     assert not frozen.encoder.training and list(frozen.trainable()) == ["head"]
 
-    full = TaskModel(_tiny_model(), build_head(cfg, HIDDEN), "contact", "mplus", freeze_encoder=False).train()
+    full = TaskModel(_tiny_model(), build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=False).train()
     full(tokens, mask).sum().backward()
     named = dict(full.encoder.named_parameters())
     assert named["encoder.layers.0.attn.qkv.weight"].grad is not None
@@ -138,11 +139,11 @@ def test_frozen_task_model_trains_only_the_head():
 
 
 def test_features_auto_and_mplus_need_a_pair_head():
-    assert resolve_features("auto", "contact", _tiny_model("pmlm")) == "mplus"
-    assert resolve_features("auto", "contact", _tiny_model("mlm")) == "encoder"
-    assert resolve_features("auto", "ss3", _tiny_model("pmlm")) == "encoder"
+    assert resolve_features("auto", "contact", _tiny_model("pmlm")) == "M+"
+    assert resolve_features("auto", "contact", _tiny_model("mlm")) == "M"
+    assert resolve_features("auto", "ss3", _tiny_model("pmlm")) == "M"
     with pytest.raises(ConfigError, match="needs an encoder with a pair head"):
-        resolve_features("mplus", "contact", _tiny_model("mlm"))
+        resolve_features("M+", "contact", _tiny_model("mlm"))
 
 
 def test_tape_conv_head_layers_and_padding_independence():
@@ -176,3 +177,11 @@ def test_conv_head_is_an_ss3_option_only():
     assert isinstance(build_head(FinetuneConfig.from_dict({"task": "ss3"}), HIDDEN), SecondaryStructureHead)
     with pytest.raises(ConfigError, match="head.kind must be linear or resnet for task contact"):
         FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "conv"}})
+
+
+def test_heads_written_with_the_old_feature_names_read_as_m_and_m_plus():
+    """head.json files of earlier versions spell the features encoder / mplus (pmlm.vocabulary.LEGACY_FEATURES)."""
+    for old, new in (("encoder", "M"), ("mplus", "M+")):
+        assert FinetuneConfig.from_dict({"task": "contact", "head": {"features": old}}).head.features == new
+    with pytest.raises(ConfigError, match="head.features must be one of auto, M, M\\+"):
+        FinetuneConfig.from_dict({"task": "contact", "head": {"features": "M++"}})

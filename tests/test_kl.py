@@ -8,7 +8,8 @@ from pmlm import alphabet
 from pmlm.evaluation.kl import pair_kl, summarise
 from pmlm.evaluation.pair_readout import residue_joint
 from pmlm.model.config import model_config
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 
 
 class Recorder(torch.nn.Module):
@@ -88,7 +89,7 @@ def test_every_model_on_every_validation_set_one_panel_each(tmp_path):
 
     from pmlm.artefacts import write_encoder
     from pmlm.cli import main
-    from pmlm.evaluation.kl import read_sequences
+    from pmlm.evaluation.kl import read_shard_sequences
 
     torch.manual_seed(0)
     weights = {}
@@ -108,12 +109,12 @@ def test_every_model_on_every_validation_set_one_panel_each(tmp_path):
     summary = json.loads(prefix.with_suffix(".json").read_text())
     assert list(summary) == ["fam", "uni"] and all(list(panel) == ["A", "B"] for panel in summary.values())
     # each panel reads its own set: the same numbers as the read-out on that set's sequences
-    from pmlm.evaluation.pretrained import load_pretrained
+    from pmlm.pretrained import load_encoder
 
-    model, _ = load_pretrained(weights["pmlm"])
+    model, *_ = load_encoder(weights["pmlm"])
     for label, folder in sets.items():
         with torch.inference_mode():
-            direct = pair_kl(model, read_sequences(folder, "valid", 4, 254), 3, seed=0)
+            direct = pair_kl(model, read_shard_sequences(folder, "valid", 4, 254), 3, seed=0)
         assert summary[label]["A"]["all"]["pairs"] == direct["kl"].size == 12
         assert summary[label]["A"]["all"]["median"] == pytest.approx(float(np.median(direct["kl"])), rel=1e-5)
     assert summary["fam"]["A"]["all"]["median"] != summary["uni"]["A"]["all"]["median"]

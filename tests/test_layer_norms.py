@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.artefacts import ENCODER_FORMAT, read_encoder_info, save_weights, write_encoder
 from pmlm.errors import ConfigError, InputError
-from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.model import ObjectiveConfig, PMLMModel, build_model, model_config
+from pmlm.pretrained import load_encoder
+from pmlm.model import ObjectiveConfig, PMLMModel, model_config
+from pmlm.pretrained import build_model
 from pmlm.model.config import RELEASED_LAYERS
 
 ACT = {"relu": F.relu, "gelu": F.gelu}
@@ -153,7 +154,7 @@ def test_each_objective_gets_the_released_layer_recipe():
 
 
 def test_train_config_builds_the_objective_recipe():
-    from pmlm.train.config import TrainConfig
+    from pmlm.config.pretraining import TrainConfig
 
     cfg = TrainConfig.from_dict({"model": {"preset": "tiny"}, "objective": {"name": "mlm"}})
     assert cfg.model_config().embedding_norm and cfg.model_config().activation == "gelu"
@@ -179,7 +180,7 @@ def test_version_1_encoder_loads_as_pre_ln(tmp_path, format_field):
         info["format"] = format_field
     path = tmp_path / "model.safetensors"
     save_weights(path, old.state_dict(), info)
-    model, _ = load_pretrained(path)
+    model, *_ = load_encoder(path)
     assert model.cfg.norm == "pre" and model.cfg.activation == "gelu" and not model.cfg.embedding_norm
     assert model.encoder.final_norm is not None
     batch = tokens()
@@ -192,7 +193,7 @@ def test_version_2_round_trip_and_refusals(tmp_path):
     model = build_model(cfg, ObjectiveConfig(name="mlm"))
     path = tmp_path / "model.safetensors"
     write_encoder(path, model.state_dict(), {"model": dataclasses.asdict(cfg), "objective": {"name": "mlm"}})
-    loaded, info = load_pretrained(path)
+    loaded, info, _ = load_encoder(path)
     assert info["format"] == ENCODER_FORMAT == "pmlm-encoder/2"
     assert loaded.cfg == dataclasses.replace(cfg, pair_head=False)
     # a version-1 'full' model had 1,024 pair classes, which nothing builds now

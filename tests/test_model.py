@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pmlm import alphabet
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError, PmlmError
-from pmlm.model import PRESETS, ObjectiveConfig, PMLMModel, build_model, model_config
+from pmlm.model import PRESETS, ObjectiveConfig, PMLMModel, model_config
+from pmlm.pretrained import build_model
 from pmlm.model.heads import PairHead
 from pmlm.model.objectives import pair_labels, swap_pairs, upper_pairs
 

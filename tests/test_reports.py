@@ -7,7 +7,8 @@ import pytest
 
 from pmlm.cli import main
 from pmlm.model.config import model_config
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
 
@@ -83,12 +84,13 @@ def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
 def test_tables_say_which_features_each_row_used(tmp_path):
     from pmlm.reports.results import write_all
 
-    # the same encoder and head fine-tuned on M and on M+: two rows, never merged
+    # the same encoder and head fine-tuned on M and on M+: two rows, never merged (the M+ row as TSVs of
+    # earlier versions spelled it, mplus: read as M+)
     tsv = tmp_path / "run.tsv"
     tsv.write_text("model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
-                   "PMLM-tiny@demo\tlinear\tencoder\tt\tP@L/5_medium_long\t0.25\t3\n"
+                   "PMLM-tiny@demo\tlinear\tM\tt\tP@L/5_medium_long\t0.25\t3\n"
                    "PMLM-tiny@demo\tlinear\tmplus\tt\tP@L/5_medium_long\t0.5\t3\n"
-                   "MLM-tiny@demo\tmlp\tencoder\tcb513\tQ3\t0.6\t3\n")
+                   "MLM-tiny@demo\tmlp\tM\tcb513\tQ3\t0.6\t3\n")
     write_all([("tape_contact", str(tsv)), ("secondary_structure", str(tsv))], tmp_path)
     contact = (tmp_path / "tape_contact.md").read_text()
     assert "| ours | PMLM-tiny | demo | linear | M | t | 25.0 |" in contact
@@ -104,7 +106,7 @@ def test_tables_say_which_features_each_row_used(tmp_path):
 
 
 def test_pretrain_table_has_the_papers_dacc_share():
-    from pmlm.reports.cli import PRETRAIN_COLUMNS, pretrain_rows
+    from pmlm.reports.pretrain_scores import PRETRAIN_COLUMNS, pretrain_rows
     from pmlm.reports.tables import _cell
 
     column = next(c for c in PRETRAIN_COLUMNS if c.key == "dacc_ratio")

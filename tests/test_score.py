@@ -14,7 +14,7 @@ from tiny_models import random_letters, tiny_encoder, write_fasta
 import pmlm
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.pretrained import load_encoder
 from pmlm.model.objectives import pair_labels
 from pmlm.tokens import batch_tokens
 
@@ -101,7 +101,7 @@ def test_scores_agree_with_a_brute_force_reference(tmp_path, case, encoder):
                  str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out), "--device", "cpu"]) == 0
     rows = _read(out)
     assert [r["mutant"] for r in rows] == mutants
-    model, _ = load_pretrained(case[encoder])
+    model, *_ = load_encoder(case[encoder])
     for row in rows:
         sites = [(s[0], int(s[1:-1]) - 1, s[-1]) for s in row["mutant"].split(":")]
         if len(sites) == 1:

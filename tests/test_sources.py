@@ -12,7 +12,8 @@ from archives import tar_bytes, uniprot_release_archive
 from pmlm.cli import main
 from pmlm.data.archive import extract_member
 from pmlm.data.checksums import published_checksums
-from pmlm.data.formats import detect_format, read_fasta_source, read_source, records_of
+from pmlm.data.formats import detect_format, read_fasta_source, read_source
+from pmlm.data.records import records_of
 from pmlm.data.uniref import read_uniref_xml as uniref_blocks
 from pmlm.errors import InputError
 

@@ -22,8 +22,9 @@ from pmlm.cli import main
 from pmlm.errors import ConfigError
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from pmlm.train.config import TrainConfig
-from pmlm.train.loop import TrainHooks, TrainingDiverged, train
+from pmlm.config.pretraining import TrainConfig
+from pmlm.train.loop import TrainHooks, train
+from pmlm.train.runtime import TrainingDiverged
 
 RESUME_STEPS = 80
 # one intra-op thread: a tiny model's ops are too small to share, and on a busy 2-core machine

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from pmlm.utils import symmetrize
+
 from pmlm.alphabet import NUM_RESIDUES
 from pmlm.evaluation.unsupervised import (
-    apc, kl_independence, msa_mi_apc, msa_mutual_information, mutual_information, symmetrize,
+    apc, kl_independence, msa_mi_apc, msa_mutual_information, mutual_information,
 )
 
 

@@ -72,16 +72,16 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     for line in proc.stdout.splitlines():
         if "-m pmlm finetune" in line:
             run = re.search(r"--final results/paper/finetune/(\S+)/head\.safetensors", line).group(1)
-            chosen = re.search(r"--set head\.features=(\w+)", line)
+            chosen = re.search(r"--set '?head\.features=(M\+?)'?", line)
             features[run] = chosen.group(1) if chosen else "auto"
     assert len(features) == 15
-    assert features["pfam/pmlm-base/tape_contact_linear"] == "mplus"
-    assert features["uniref50/pmlm-base/tape_contact_linear"] == "encoder"
-    assert features["uniref50/pmlm-large/tape_contact_linear"] == "mplus"
-    assert features["uniref50/pmlm-base/raptorx_contact_resnet"] == "mplus"
-    assert features["pfam/pmlm-base/raptorx_contact_linear"] == "encoder"
-    assert features["uniref50/pmlm-base/raptorx_contact_linear"] == "mplus"
-    assert features["pfam/mlm-base/tape_contact_linear"] == "encoder"
+    assert features["pfam/pmlm-base/tape_contact_linear"] == "M+"
+    assert features["uniref50/pmlm-base/tape_contact_linear"] == "M"
+    assert features["uniref50/pmlm-large/tape_contact_linear"] == "M+"
+    assert features["uniref50/pmlm-base/raptorx_contact_resnet"] == "M+"
+    assert features["pfam/pmlm-base/raptorx_contact_linear"] == "M"
+    assert features["uniref50/pmlm-base/raptorx_contact_linear"] == "M+"
+    assert features["pfam/mlm-base/tape_contact_linear"] == "M"
     assert features["uniref50/pmlm_pair_only-xl/tape_contact_linear"] == "auto"  # the paper does not say
     assert features["pfam/pmlm-base/secondary_structure"] == "auto"
 

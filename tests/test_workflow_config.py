@@ -21,7 +21,7 @@ from snakemake.utils import validate
 from pmlm.cli import build_parser
 from pmlm.data.normalise import IngestPolicy
 from pmlm.errors import ConfigError
-from pmlm.workflow_config import check_references, schema_error
+from pmlm.config.workflow import check_references, schema_error
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"

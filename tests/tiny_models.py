@@ -12,7 +12,8 @@ import torch
 from pmlm.alphabet import RESIDUES
 from pmlm.artefacts import write_encoder
 from pmlm.model.config import ModelConfig
-from pmlm.model.objectives import ObjectiveConfig, build_model
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
 
 
 def tiny_encoder(path: Path, objective: str = "pmlm", *, max_len: int = 18, num_layers: int = 2,

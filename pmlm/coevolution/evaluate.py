@@ -27,7 +27,7 @@ import torch
 from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.report import run_report
 from pmlm.coevolution.study import evaluate_models, headline, readout_costs
-from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.pretrained import load_encoder
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output, versions
 
@@ -119,7 +119,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
     families = load_families(args.synth, cfg)
     models, infos = {}, {}
     for name, weights, head in (("mlm", args.mlm, "token_head"), ("pmlm", args.pmlm, "pair_head")):
-        model, info = load_pretrained(weights, device=device)
+        model, info, _ = load_encoder(weights, device)
         if getattr(model, head) is None:
             raise InputError(weights, f"--{name} needs a model with a {head.replace('_', ' ')} "
                              f"(this one was trained with objective {info['objective']['name']})")

@@ -1,8 +1,8 @@
 """Supervised contact prediction on planted families, the protocol of the paper's claim: a linear contact
-head (TAPE's, ``pmlm.finetune.heads.ContactLinearHead``) on pair features of a frozen encoder, fitted on
+head (TAPE's, ``pmlm.model.task_heads.ContactLinearHead``) on pair features of a frozen encoder, fitted on
 the planted contacts of some families and scored on held-out families it never saw.
 
-Features, as in fine-tuning (``pmlm.finetune.heads``): ``M`` = concat(h_i * h_j, h_i - h_j) of the encoder
+Features, as in fine-tuning (``pmlm.model.task_heads``): ``M`` = concat(h_i * h_j, h_i - h_j) of the encoder
 outputs h (MLM and PMLM), ``M+`` = the PMLM pair head's first block on them (``PairHead.first_block_grid``).
 Each sequence is one training example with the family's planted map as its label, as each protein is in
 TAPE's contact task; the score of a family is its precision averaged over its evaluation sequences.
@@ -16,10 +16,11 @@ import torch.nn.functional as F
 
 from pmlm.coevolution.families import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
-from pmlm.finetune.heads import ContactLinearHead, TaskModel, set_contact_prior
+from pmlm.model.task_heads import ContactLinearHead, TaskModel, set_contact_prior
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 
-# (read-out, model, TaskModel features): M is TaskModel's "encoder" features, M+ its "mplus"
-HEADS = (("supervised_m", "mlm", "encoder"), ("supervised_m", "pmlm", "encoder"), ("supervised_mplus", "pmlm", "mplus"))
+# (read-out, model, TaskModel features)
+HEADS = (("supervised_m", "mlm", FEATURES_M), ("supervised_m", "pmlm", FEATURES_M), ("supervised_mplus", "pmlm", FEATURES_M_PLUS))
 PAIR_CHUNK_ELEMENTS = 1 << 26  # one chunk at the study's sizes: no activation checkpointing
 
 

@@ -1,7 +1,31 @@
-"""The command layer: one module per ``pmlm`` subcommand, argparse only.
+"""The command layer: ``pmlm X`` is ``pmlm/commands/X.py`` (dashes become underscores), one module per
+subcommand holding its arguments (``add_arguments(parser)``) and its ``run(args) -> int``, which checks what
+argparse cannot, calls the engine functions that do the work and prints the one-line summary.
 
-Each module defines ``add_arguments(parser)`` and ``ENGINE``, the dotted module whose ``run(args) -> int``
-does the work. Command modules import the standard library and light contracts only (never torch,
-pyarrow, pandas or safetensors, not even transitively; tests/test_envs.py checks it), so that
-``pmlm.cli`` can build every parser cheaply and ``pmlm fetch`` runs where torch is not installed.
+``run`` imports its engine when it runs, not at the top of the module: the engines import torch, pyarrow,
+pandas or Biopython, and ``pmlm.cli`` must build every parser without them (``pmlm fetch`` runs where torch
+is not installed, ``pmlm --help`` answers at once). So a command module imports only the standard library and
+light contracts at module level; tests/test_envs.py checks that, and that the conda env of each rule holds
+what its command's ``run`` imports.
 """
+
+from __future__ import annotations
+
+from pmlm.errors import ConfigError
+
+
+def labelled_paths(items: list[str], option: str, *, unique: bool = True,
+                   form: str = "LABEL=PATH") -> list[tuple[str, str]]:
+    """``LABEL=PATH`` command-line items -> (label, path), in order; with ``unique`` a label may appear once
+    (a run's curves, a test set), without it several paths may share one (the TSVs of one result table).
+    ``form`` is how the option's help writes an item (``NAME=PATH``, ``SPLIT=FASTA``)."""
+    out, seen = [], set()
+    for item in items:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            raise ConfigError(f"{option} expects {form}, got {item!r}")
+        if unique and label in seen:
+            raise ConfigError(f"{option} {label} given twice")
+        seen.add(label)
+        out.append((label, path))
+    return out

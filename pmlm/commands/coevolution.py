@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-ENGINE = "pmlm.coevolution.evaluate"
 
 # StudyConfig field -> (type, help); defaults live in pmlm.coevolution.families.StudyConfig (the engine
 # fills every flag left out), so they are stated once
@@ -49,3 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
     r.add_argument("--out-prefix", required=True, metavar="PREFIX",
                    help="writes PREFIX.{csv,md,tex,png,svg} and PREFIX_supervised.{csv,md,tex}")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.coevolution.evaluate import run as run_engine
+
+    return run_engine(args)

@@ -1,10 +1,9 @@
-"""``pmlm contacts MODEL FASTA -o OUT/``: contact maps per sequence (see pmlm.inference.contact_maps)."""
+"""``pmlm contacts MODEL FASTA -o OUT/``: contact maps per sequence (see pmlm.inference.contacts)."""
 
 from __future__ import annotations
 
 import argparse
-
-ENGINE = "pmlm.inference.contact_maps"
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,3 +21,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "adds a contact column, P@L/5 and the true map to the PNG")
     p.add_argument("--png", action="store_true", help="also write a contact-map PNG per sequence")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.inference.contacts import predict_contacts
+
+    done = predict_contacts(args.model, args.fasta, args.out, head=args.head, structure=args.structure, png=args.png,
+                            device=args.device)
+    missing = done["without_structure"]
+    note = f"; {missing} without a structure in {args.structure}" if missing else ""
+    print(f"pmlm contacts: {done['sequences']} sequences ({done['kind']}) -> {args.out}{note}", file=sys.stderr)
+    return 0

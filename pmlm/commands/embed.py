@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-ENGINE = "pmlm.inference.embedding"
-DEFAULT_TOKENS_PER_BATCH = 8192
+from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,3 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-batch", type=int, default=DEFAULT_TOKENS_PER_BATCH,
                    help="token budget of a forward pass: rows x padded width (default %(default)s)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.inference.embedding import embed_fasta
+
+    done = embed_fasta(args.model, args.fasta, args.out, per_sequence=args.per_sequence, layer=args.layer,
+                       tokens_per_batch=args.tokens_per_batch, device=args.device)
+    print(f"pmlm embed: {done['sequences']} sequences, {done['residues']:,} residues, layer {done['layer']} "
+          f"of {done['num_layers']} -> {args.out}, {done['per_sequence']}", file=sys.stderr)
+    return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-ENGINE = "pmlm.finetune.evaluate"
+from pmlm.commands import labelled_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,3 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contact-threshold", type=float,
                    help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.finetune.scoring import evaluate
+
+    tests = dict(labelled_paths(args.test, "--test", form="NAME=PATH"))
+    evaluate(args.head, tests, args.out, encoder=args.encoder, model_label=args.model, batch_size=args.batch_size,
+             too_long=args.too_long, mask_pairs=args.mask_pairs, pair_batch=args.pair_batch, fmt=args.format,
+             contact_atom=args.contact_atom, contact_threshold=args.contact_threshold, device=args.device)
+    return 0

@@ -1,4 +1,4 @@
-"""``pmlm fetch``: download a source with resume and checksum."""
+"""``pmlm fetch URL -o DEST``: download a source (http, https, ftp or file URL) with resume and checksum."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 
 from pmlm.data.transfer import FetchOptions
-
-ENGINE = "pmlm.data.fetch"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,3 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="socket timeout in seconds (default: %(default)s)")
     parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                         help="off a terminal, a progress line this often (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.data.fetch import fetch
+    from pmlm.data.transfer import redact
+    from pmlm.progress import Progress
+
+    with Progress(f"pmlm fetch {redact(args.url)}", unit="bytes", every_s=args.progress_every) as progress:
+        fetch(args.url, args.dest, md5=args.md5, sha256=args.sha256, checksums_from=args.checksums_from,
+              retries=args.retries, backoff=args.backoff, timeout=args.timeout, progress=progress.update)
+    return 0

@@ -6,8 +6,6 @@ import argparse
 
 from pmlm.train import RESUME_NOTE
 
-ENGINE = "pmlm.finetune.loop"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = RESUME_NOTE + (
@@ -24,3 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="final head weights (.safetensors); config, encoder path and sha256 go beside it as .json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optim.head_lr=1e-3 (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.config.finetuning import FinetuneConfig
+    from pmlm.finetune.loop import finetune
+
+    cfg = FinetuneConfig.from_yaml(args.config, args.set)
+    return finetune(cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-ENGINE = "pmlm.evaluation.kl"
+from pmlm.commands import labelled_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,3 +21,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-residues", type=int, default=254, help="crop of each sequence (model max_len - 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="valid")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.evaluation.kl import kl_histograms
+
+    models = dict(labelled_paths(args.model, "--model", form="NAME=WEIGHTS"))
+    shards = dict(labelled_paths(args.shards, "--shards", form="NAME=DIR"))
+    valid = dict(labelled_paths(args.valid, "--valid", form="LABEL=DIR"))
+    summary = kl_histograms(models, valid, shards, args.out_prefix, split=args.split, sequences=args.sequences,
+                            pairs=args.pairs, max_residues=args.max_residues, seed=args.seed)
+    for panel, by_model in summary.items():
+        for name, s in by_model.items():
+            print(f"kl: {name} on {panel}: {s['all']['pairs']} pairs, median {s['all'].get('median', float('nan')):.3e} nats",
+                  file=sys.stderr)
+    return 0

@@ -7,8 +7,6 @@ import argparse
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.launch import DEFAULT_PORT  # the launcher is standard library only
 
-ENGINE = "pmlm.train.launch"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "pmlm launch [--gpus-per-node N] [--port P] [--dry-run] -- PYTHON_ARGS..."
@@ -30,3 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
     parser.add_argument("python_args", nargs=argparse.REMAINDER, metavar="PYTHON_ARGS",
                         help="what to run, as arguments to python: -m MODULE ARGS..., SCRIPT ARGS... or -c CODE")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.train.launch import run as run_engine
+
+    return run_engine(args)

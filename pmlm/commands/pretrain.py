@@ -6,8 +6,6 @@ import argparse
 
 from pmlm.train import RESUME_NOTE
 
-ENGINE = "pmlm.train.loop"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = RESUME_NOTE + (
@@ -22,3 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scores", metavar="PATH", help="last validation metrics (default: OUT/final_scores.json)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optim.lr=1e-4 (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.config.pretraining import TrainConfig
+    from pmlm.train.loop import train
+
+    cfg = TrainConfig.from_yaml(args.config, args.set)
+    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)

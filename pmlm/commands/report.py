@@ -1,10 +1,13 @@
-"""``pmlm report``: arguments of the workflow report's figures and pages (engine: pmlm.reports.report)."""
+"""``pmlm report <item>``: the figures and pages of the workflow report (training curves, contact maps,
+precision by separation, run information)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-ENGINE = "pmlm.reports.report"
+from pmlm.commands import labelled_paths
+
 PAIR_READOUTS = ("pair-kl", "pair-mi")
 
 
@@ -37,3 +40,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     info.add_argument("--config-json", required=True, help="the workflow's effective configuration as JSON")
     info.add_argument("--snakemake-version", help="version of the Snakemake that runs the workflow")
     info.add_argument("--out-prefix", required=True, help="writes PREFIX.html and PREFIX.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, by item: a curve or the run page does not wait for torch, which only contact maps
+    # need (and the parsers stay light, pmlm/commands/__init__.py)
+    if args.item == "curves":
+        from pmlm.reports.curves import write_curves
+
+        paths = write_curves(args.kind, labelled_paths(args.run, "--run"), args.out_prefix)
+    elif args.item == "contact-maps":
+        from pmlm.reports.contact_maps import write_contact_maps
+
+        paths = write_contact_maps(args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix)
+    elif args.item == "separation":
+        from pmlm.reports.separation import write_precision_by_separation
+
+        results = labelled_paths(args.result, "--result", unique=False)
+        paths = write_precision_by_separation(results, args.out_prefix, args.table_prefix or args.out_prefix)
+    else:
+        from pmlm.reports.run_info import write_run_info
+
+        paths = write_run_info(args.config_json, args.snakemake_version, args.out_prefix)
+    print(f"pmlm report {args.item}: wrote {', '.join(map(str, paths))}", file=sys.stderr)
+    return 0

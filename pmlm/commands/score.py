@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import argparse
-
-ENGINE = "pmlm.inference.mutations"
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,3 +21,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="double mutants: from the pair head's joint (pair), the sum of the singles (additive), or "
                         "the joint when the encoder has a pair head (auto, default)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.inference.mutations import score_fasta
+
+    done = score_fasta(args.model, args.sequence, args.mutations, args.out, double=args.double, device=args.device)
+    rows = done["rows"]
+    n_double = sum(r["kind"] == "double" for r in rows)
+    sources = sorted({r["double_from"] for r in rows if r["kind"] == "double"})
+    source = f" (double_from {', '.join(sources)})" if n_double else ""
+    print(f"pmlm score: {done['id']}: {len(rows) - n_double} single and {n_double} double mutants{source} -> {args.out}",
+          file=sys.stderr)
+    return 0

@@ -1,13 +1,13 @@
 """``pmlm split``: cluster with MMseqs2, decontaminate, split train/valid by cluster.
 
-Options left out keep ``pmlm.data.split.SplitConfig``'s defaults (the engine fills them in).
+Options left out keep ``pmlm.data.split.SplitConfig``'s defaults.
 """
 
 from __future__ import annotations
 
 import argparse
-
-ENGINE = "pmlm.data.split"
+import dataclasses
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,3 +25,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decontam-coverage", type=float)
     p.add_argument("--threads", type=int)
     p.add_argument("--mmseqs", help="MMseqs2 executable")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.data.split import SplitConfig, split
+
+    # the options given (named after SplitConfig's fields); the rest keep SplitConfig's defaults
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(SplitConfig)}
+    cfg = SplitConfig(**{name: value for name, value in given.items() if value is not None})
+    stats = split(args.fasta, args.out_dir, cfg, references=args.decontaminate or None)
+    print(
+        f"split: {stats['sequences_in']} sequences in {stats['clusters']} clusters; "
+        f"removed {stats['decontamination']['removed_sequences']} similar to evaluation sets; "
+        f"train {stats['train']['sequences']} ({stats['train']['clusters']} clusters), "
+        f"valid {stats['valid']['sequences']} ({stats['valid']['clusters']} clusters)",
+        file=sys.stderr,
+    )
+    return 0

@@ -7,7 +7,6 @@ import argparse
 from pmlm.synth.config import SynthConfig
 from pmlm.synth.potts import PottsConfig
 
-ENGINE = "pmlm.synth.families"
 
 # CLI flag -> (PottsConfig field, type, help); the field is the option's dest, flags left out keep the dataclass default
 _POTTS_FLAGS = {
@@ -52,3 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=kind.__name__.upper(),
             help=help_text + suffix,
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.synth.families import run as run_engine
+
+    return run_engine(args)

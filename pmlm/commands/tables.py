@@ -1,10 +1,12 @@
-"""``pmlm tables``: arguments of the result tables (engine: pmlm.reports.cli)."""
+"""``pmlm tables``: assemble result tables (CSV, Markdown, LaTeX, HTML) with the paper's rows beside ours."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-ENGINE = "pmlm.reports.cli"
+from pmlm.commands import labelled_paths
+from pmlm.errors import InputError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,3 +22,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "secondary_structure, remote_homology, unsupervised_contact); repeatable")
     res.add_argument("--out-dir", required=True, help="writes <table>.csv / .md / .tex / .html for every table")
     res.add_argument("--test-label", default="the configured test sets", help="how captions name our test sets")
+
+
+def run(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    if args.table == "pretrain-scores":
+        from pmlm.reports.pretrain_scores import write_pretrain_scores
+
+        entries = []
+        for item in args.model:
+            parts = item.split(":", 2)
+            if len(parts) != 3:
+                raise InputError(item, "expected LABEL:DATASET:WEIGHTS")
+            entries.append(tuple(parts))
+        paths = write_pretrain_scores(entries, args.out_prefix)
+        print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
+    else:
+        from pmlm.reports.results import write_all
+
+        results = labelled_paths(args.result, "--result", unique=False)
+        paths = write_all(results, args.out_dir, args.test_label)
+        print(f"tables: wrote {len(paths)} files under {args.out_dir}", file=sys.stderr)
+    return 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import lzma
 import shutil
-import sys
 import tarfile
 from pathlib import Path
 from typing import BinaryIO
@@ -117,10 +116,3 @@ def extract_member(archive: str | Path, member: str, output: str | Path) -> int:
             shutil.copyfileobj(src, out, STREAM_BUFFER)
 
     return open_member(archive, member, copy)
-
-
-def run(args) -> int:
-    size = extract_member(args.archive, args.member, args.output)
-    print(f"extract: {args.member} ({size} bytes) -> {args.output}", file=sys.stderr)
-    return 0
-

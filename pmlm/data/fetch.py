@@ -7,7 +7,6 @@ The transfer itself (protocols, resume, retries) is :mod:`pmlm.data.transfer`'s.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 from pathlib import Path
@@ -16,7 +15,6 @@ from urllib.parse import urlsplit
 from pmlm.data.checksums import published_checksums
 from pmlm.data.transfer import FetchOptions, PartFile, ProgressFn, download, local_path, log, redact
 from pmlm.errors import ConfigError, DownloadError
-from pmlm.progress import Progress
 
 SCHEMES = ("http", "https", "ftp", "file")
 # hex digest length per supported algorithm, to reject a truncated or mistyped checksum up front
@@ -54,14 +52,18 @@ def _mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
 
 
 def fetch(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha256: str | None = None,
-          retries: int = 5, backoff: float = 1.0, timeout: float = 60.0,
+          checksums_from: str | None = None, retries: int = 5, backoff: float = 1.0, timeout: float = 60.0,
           progress: ProgressFn | None = None) -> Path:
     """Download ``url`` to ``dest`` atomically, resuming ``dest.part`` and checking the given digests.
 
+    ``checksums_from``: the publisher's checksum listing (RELEASE.metalink or md5sum output) naming this file;
+    its digests are checked like ``md5`` / ``sha256`` (and must agree with them where both are given).
     An existing ``dest`` is kept when it matches the given digests (or when none are given).
     Raises :class:`DownloadError` for a permanent failure, a checksum mismatch or exhausted retries.
     """
     opts = FetchOptions(retries=retries, backoff=backoff, timeout=timeout)
+    if checksums_from:
+        md5, sha256 = _listed_digests(url, Path(dest), checksums_from, md5, sha256, opts)
     expected = _parse_digests(md5, sha256)
     scheme = urlsplit(url).scheme.lower()
     if scheme not in SCHEMES:
@@ -121,26 +123,18 @@ def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions
     return dest
 
 
-def _listed_digests(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """--md5 / --sha256, completed from the publisher's listing when --checksums-from is given."""
-    if not args.checksums_from:
-        return args.md5, args.sha256
-    listing = args.dest.with_name(args.dest.name + ".checksums")
-    fetch(args.checksums_from, listing, retries=args.retries, backoff=args.backoff, timeout=args.timeout)
+def _listed_digests(url: str, dest: Path, checksums_from: str, md5: str | None, sha256: str | None,
+                    opts: FetchOptions) -> tuple[str | None, str | None]:
+    """``md5`` / ``sha256`` completed from the publisher's listing at ``checksums_from`` (fetched fresh beside
+    ``dest`` each time, as it may change with the file); a given digest must agree with the listed one."""
+    listing = dest.with_name(dest.name + ".checksums")
+    fetch(checksums_from, listing, retries=opts.retries, backoff=opts.backoff, timeout=opts.timeout)
     try:
-        entry = published_checksums(listing, Path(urlsplit(args.url).path).name)
+        entry = published_checksums(listing, Path(urlsplit(url).path).name)
     finally:
-        listing.unlink(missing_ok=True)  # fetched fresh each time: it may change with the file
-    for algo, given in (("md5", args.md5), ("sha256", args.sha256)):
+        listing.unlink(missing_ok=True)
+    for algo, given in (("md5", md5), ("sha256", sha256)):
         if given and entry.get(algo) and given.lower() != entry[algo]:
-            raise ConfigError(f"--{algo} {given} differs from {redact(args.checksums_from)}: {entry[algo]}")
-    log(f"{redact(args.checksums_from)} lists {', '.join(f'{k} {v}' for k, v in sorted(entry.items()))}")
-    return args.md5 or entry.get("md5"), args.sha256 or entry.get("sha256")
-
-
-def run(args: argparse.Namespace) -> int:
-    md5, sha256 = _listed_digests(args)
-    with Progress(f"pmlm fetch {redact(args.url)}", unit="bytes", every_s=args.progress_every) as progress:
-        fetch(args.url, args.dest, md5=md5, sha256=sha256, retries=args.retries,
-              backoff=args.backoff, timeout=args.timeout, progress=progress.update)
-    return 0
+            raise ConfigError(f"--{algo} {given} differs from {redact(checksums_from)}: {entry[algo]}")
+    log(f"{redact(checksums_from)} lists {', '.join(f'{k} {v}' for k, v in sorted(entry.items()))}")
+    return md5 or entry.get("md5"), sha256 or entry.get("sha256")

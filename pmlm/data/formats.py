@@ -7,7 +7,7 @@ Three formats, told apart by their first bytes (after gzip, detected by magic by
 - ``pfam_fasta``: Pfam-A's ``Pfam-A.fasta`` (``>A0A0A0MT78_9CAUL/22-94 A0A0A0MT78.1 PF10417.8;1-cysPrx_C;``);
 - ``fasta``: any other FASTA.
 
-Every reader yields :class:`Block` s of consecutive records: ids and residues as bytes (whitespace
+Every reader yields :class:`~pmlm.data.records.Block` s of consecutive records: ids and residues as bytes (whitespace
 removed, case kept), the 1-based line of each record's start, and ``key=value`` words to carry
 into the clean FASTA header (``members=12 taxon=9606``, ``family=PF10417.8``).
 
@@ -31,6 +31,8 @@ import numpy as np
 
 from pmlm.data.columns import fasta_columns
 from pmlm.data.fasta import GZIP_ERRORS, LATIN1_REPAIR, open_binary
+from pmlm.data.records import Block
+from pmlm.data.uniref import entry_chunks, parse_entries, read_uniref_xml
 from pmlm.errors import ConfigError, InputError
 
 FORMATS = ("fasta", "pfam_fasta", "uniref_xml")
@@ -173,22 +175,6 @@ def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: 
         raise InputError(path, "no FASTA records found (no line starts with '>')")
 
 
-class Block(NamedTuple):
-    """Consecutive records of one source, column by column (readers and ingest work a block at a time:
-    list comprehensions and C calls instead of Python statements per record)."""
-
-    ids: list[bytes]
-    seqs: list[bytes]  # residues, whitespace removed, case kept
-    lines: list[int] | None  # 1-based line of each record's start (None: not counted, see fasta_block)
-    annotations: list[bytes] | None  # key=value words to carry per record; None when the format has none
-
-
-def records_of(blocks: Iterator[Block]) -> Iterator[tuple[bytes, bytes, int, bytes | None]]:
-    """``(id, residues, line, annotation)`` per record of a stream of blocks."""
-    for ids, seqs, lines, annotations in blocks:
-        yield from zip(ids, seqs, lines, annotations if annotations is not None else [None] * len(ids))
-
-
 def record_lines(body: bytes, line: int) -> list[int]:
     """The line of each record of ``body`` (FASTA text from a '>'), the first on ``line``."""
     return list(accumulate([text.count(b"\n") + 1 for text in body[1:].split(b"\n>")[:-1]], initial=line))
@@ -237,15 +223,11 @@ def source_chunks(path: str | os.PathLike, fmt: str, repairs: Counter | None = N
     """The raw pieces of a source that :func:`parse_chunk` turns into blocks, cut in this process
     (decompression, record boundaries, XML well-formedness) so workers can parse them; FASTA headers
     read as Latin-1 are counted in ``repairs``."""
-    from pmlm.data.uniref import entry_chunks  # here, not at the top: pmlm.data.uniref imports this module (Block)
-
     return entry_chunks(path) if fmt == "uniref_xml" else fasta_blocks(path, split=False, repairs=repairs)
 
 
 def parse_chunk(path: str, fmt: str, chunk, lines: bool = True) -> Block:
     """The block of one chunk of :func:`source_chunks`; ``lines=False``: see :func:`fasta_block`."""
-    from pmlm.data.uniref import parse_entries  # here: pmlm.data.uniref imports this module
-
     if fmt == "uniref_xml":
         return parse_entries(path, chunk)
     body, line = chunk
@@ -258,8 +240,6 @@ def chunk_first_line(fmt: str, chunk) -> int:
 
 def read_source(path: str | os.PathLike, fmt: str = AUTO) -> Iterator[Block]:
     """Blocks of records of ``path`` in ``fmt`` (``auto``: detected by content)."""
-    from pmlm.data.uniref import read_uniref_xml  # here: pmlm.data.uniref imports this module
-
     fmt = detect_format(path) if check_format(fmt) == AUTO else fmt
     if fmt == "uniref_xml":
         return read_uniref_xml(path)

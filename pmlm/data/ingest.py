@@ -22,7 +22,6 @@ import bisect
 import json
 import os
 import shutil
-import sys
 import tempfile
 from array import array
 from collections import Counter
@@ -75,6 +74,9 @@ def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPol
 
     ``formats``: one per input (``auto``, ``fasta``, ``pfam_fasta``, ``uniref_xml``), or None for auto.
     """
+    for path in inputs:
+        if not os.path.isfile(path):
+            raise InputError(path, "no such file")
     formats = [check_format(f) for f in (formats or [AUTO] * len(inputs))]
     if len(formats) != len(inputs):
         raise ConfigError(f"ingest: {len(formats)} formats given for {len(inputs)} inputs")
@@ -323,32 +325,19 @@ def _stats(inputs: list[str], formats: list[str], policy: IngestPolicy, norm: No
     }
 
 
-def policy_from_args(args) -> IngestPolicy:
+def read_policy(path: str | None, overrides: list[str] = ()) -> IngestPolicy:
+    """The ingest policy of a YAML file (or the defaults, without one) with ``key=value`` overrides."""
     values: dict = {}
-    if args.policy:
+    if path:
         try:
-            values = yaml.safe_load(Path(args.policy).read_text()) or {}
+            values = yaml.safe_load(Path(path).read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{args.policy}: cannot read ingest policy ({exc})") from None
+            raise ConfigError(f"{path}: cannot read ingest policy ({exc})") from None
         if not isinstance(values, dict):
-            raise ConfigError(f"{args.policy}: ingest policy must be a mapping")
-    for item in args.set or []:
+            raise ConfigError(f"{path}: ingest policy must be a mapping")
+    for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         values[key] = yaml.safe_load(value)
     return IngestPolicy.from_dict(values)
-
-
-def run(args) -> int:
-    policy = policy_from_args(args)
-    for path in args.inputs:
-        if not os.path.isfile(path):
-            raise InputError(path, "no such file")
-    formats = args.format.split(",")
-    if len(formats) == 1:
-        formats *= len(args.inputs)
-    stats = ingest(args.inputs, args.output, args.stats, policy, formats)
-    dropped = ", ".join(f"{k}={v}" for k, v in stats["dropped"].items()) or "none"
-    print(f"ingest: read {stats['read']}, kept {stats['kept']}, dropped {stats['dropped_total']} ({dropped})", file=sys.stderr)
-    return 0

@@ -27,7 +27,6 @@ small enough to stream and shuffle at row-group granularity.
 
 from __future__ import annotations
 
-import sys
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -330,16 +329,3 @@ def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, ro
             manifest["splits"][split] = writer.close()
         write_manifest(root, manifest)
     return manifest
-
-
-def run(args) -> int:
-    inputs: dict[str, list[str]] = {}
-    for item in args.input:
-        split, sep, path = item.partition("=")
-        if not sep or not split or not path:
-            raise ConfigError(f"--input expects SPLIT=FASTA, got {item!r}")
-        inputs.setdefault(split, []).append(path)
-    manifest = tokenize(inputs, args.out_dir, args.num_shards, args.row_group_size, args.compression_level)
-    parts = ", ".join(f"{s}: {m['rows']} sequences / {m['residues']} residues" for s, m in manifest["splits"].items())
-    print(f"tokenize: {parts} -> {args.out_dir}", file=sys.stderr)
-    return 0

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +159,8 @@ def in_valid(cluster: str, cfg: SplitConfig) -> bool:
 
 def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | None = None, log=None) -> dict:
     log = log or sys.stderr
+    if not os.path.isfile(fasta):
+        raise InputError(fasta, "no such file")
     mmseqs_binary(cfg.mmseqs)  # fail before any work when MMseqs2 is missing
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,20 +226,3 @@ def mmseqs_version(name: str) -> str | None:
         return subprocess.run([mmseqs_binary(name), "version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError, ConfigError):
         return None
-
-
-def run(args) -> int:
-    # the options given (named after SplitConfig's fields); the rest keep SplitConfig's defaults
-    given = {f.name: getattr(args, f.name, None) for f in fields(SplitConfig)}
-    cfg = SplitConfig(**{name: value for name, value in given.items() if value is not None})
-    if not os.path.isfile(args.fasta):
-        raise InputError(args.fasta, "no such file")
-    stats = split(args.fasta, args.out_dir, cfg, references=args.decontaminate or None)
-    print(
-        f"split: {stats['sequences_in']} sequences in {stats['clusters']} clusters; "
-        f"removed {stats['decontamination']['removed_sequences']} similar to evaluation sets; "
-        f"train {stats['train']['sequences']} ({stats['train']['clusters']} clusters), "
-        f"valid {stats['valid']['sequences']} ({stats['valid']['clusters']} clusters)",
-        file=sys.stderr,
-    )
-    return 0

@@ -111,16 +111,3 @@ def split_structures(path: str, out_dir: str, cfg: SplitConfig, fractions: tuple
     with atomic_output(out / "structure_split_stats.json") as tmp:
         Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
     return stats
-
-
-def run(args) -> int:
-    cfg = SplitConfig(method=args.method, min_seq_id=args.min_seq_id, coverage=args.coverage, seed=args.seed,
-                      threads=args.threads, mmseqs=args.mmseqs, valid_fraction=0.0)
-    stats = split_structures(args.structures, args.out_dir, cfg, tuple(args.fractions))
-    print(
-        f"split-structures: {stats['chains']} chains in {stats['clusters']} clusters -> train {stats['train']['chains']}, "
-        f"valid {stats['valid']['chains']}, test {stats['test']['chains']} (dropped as similar to train: "
-        f"{stats['dropped_similar_to_train']})",
-        file=sys.stderr,
-    )
-    return 0

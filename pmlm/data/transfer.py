@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pmlm import __version__
+from pmlm.version import __version__
 from pmlm.errors import ConfigError, DownloadError
 
 # progress(bytes_in_part_file, total_bytes_or_None), called after every chunk

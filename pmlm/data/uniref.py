@@ -44,7 +44,7 @@ import re
 from collections.abc import Iterator
 
 from pmlm.data.fasta import GZIP_ERRORS, open_binary
-from pmlm.data.formats import Block
+from pmlm.data.records import Block
 from pmlm.errors import InputError
 
 NAMESPACE = "http://uniprot.org/uniref"
@@ -140,7 +140,7 @@ def _entry(path: str, text: bytes, line: int) -> tuple[bytes, bytes, int, bytes]
 
 
 def read_uniref_xml(path: str | os.PathLike, block_size: int = BLOCK_SIZE) -> Iterator[Block]:
-    """Yield :class:`~pmlm.data.formats.Block` s of the entries of a UniRef XML file (plain or gzip)."""
+    """Yield :class:`~pmlm.data.records.Block` s of the entries of a UniRef XML file (plain or gzip)."""
     for chunk in entry_chunks(path, block_size):
         yield parse_entries(str(path), chunk)
 

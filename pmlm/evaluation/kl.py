@@ -12,7 +12,6 @@ paper: PMLM-large on Pfam valid and on UR50 valid), one panel per set, side by s
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from pmlm import alphabet
 from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.errors import ConfigError
 from pmlm.evaluation.pair_readout import pair_dependence
-from pmlm.evaluation.pretrained import load_pretrained
+from pmlm.pretrained import load_encoder
 from pmlm.figures import pyplot, save_figure
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
@@ -31,7 +30,7 @@ from pmlm.utils import atomic_output
 SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 24"), (24, None, "s >= 24")]
 
 
-def read_sequences(shards_dir: str | Path, split: str, limit: int, max_residues: int) -> list[np.ndarray]:
+def read_shard_sequences(shards_dir: str | Path, split: str, limit: int, max_residues: int) -> list[np.ndarray]:
     """The first ``limit`` sequences of a split in manifest order (deterministic), cropped to ``max_residues``."""
     manifest = load_manifest(shards_dir)
     out: list[np.ndarray] = []
@@ -115,18 +114,13 @@ def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, titl
     return save_figure(fig, prefix, dpi=150)
 
 
-def run(args) -> int:
-    def pairs(items, flag):
-        out = {}
-        for item in items:
-            name, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(f"{flag} expects NAME=PATH, got {item!r}")
-            out[name] = value
-        return out
-
-    models, shards, valid = pairs(args.model, "--model"), pairs(args.shards, "--shards"), pairs(args.valid, "--valid")
-    # (panel, model, shards): every model on every --valid set; a --shards folder is its model's own panel
+def kl_histograms(models: dict[str, str], valid: dict[str, str], shards: dict[str, str], out_prefix: str, *,
+                  split: str = "valid", sequences: int = 64, pairs: int = 16, max_residues: int = 254,
+                  seed: int = 0) -> dict[str, dict[str, dict]]:
+    """Every model (label -> weights) read on every ``valid`` set (label -> shards folder), one panel each; a
+    ``shards`` folder named after a model is that model's own ``validation`` panel. Writes PREFIX.png / .svg
+    (the histograms) and PREFIX.json (the summary it returns: panel -> model -> statistics)."""
+    # (panel, model, shards): every model on every valid set, then each model's own shards
     readings = [(label, name, folder) for label, folder in valid.items() for name in models]
     readings += [("validation", name, folder) for name, folder in shards.items() if name in models]
     missing = sorted(set(models) - {name for _, name, _ in readings})
@@ -135,22 +129,18 @@ def run(args) -> int:
     results: dict[str, dict[str, dict]] = {}
     summary: dict[str, dict[str, dict]] = {}
     for name, weights in models.items():
-        model, info = load_pretrained(weights)
+        model, info, _ = load_encoder(weights)
         if not model.cfg.pair_head:
             raise ConfigError(f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model")
-        max_res = min(args.max_residues, model.cfg.max_len - 2)
+        max_res = min(max_residues, model.cfg.max_len - 2)
         for panel, _, folder in (r for r in readings if r[1] == name):
-            seqs = read_sequences(folder, args.split, args.sequences, max_res)
+            seqs = read_shard_sequences(folder, split, sequences, max_res)
             with Progress(f"pmlm kl {name} on {panel}", len(seqs), unit="sequences") as progress:
-                out = pair_kl(model, seqs, args.pairs, args.seed, progress=progress)
+                out = pair_kl(model, seqs, pairs, seed, progress=progress)
             results.setdefault(panel, {})[name] = out
             summary.setdefault(panel, {})[name] = {"weights": weights, "shards": folder, "sequences": len(seqs),
                                                    **summarise(out["kl"], out["separation"])}
-    plot_histogram(results, args.out_prefix, "Pair head vs independence on validation pairs")
-    with atomic_output(args.out_prefix + ".json") as tmp:
+    plot_histogram(results, out_prefix, "Pair head vs independence on validation pairs")
+    with atomic_output(out_prefix + ".json") as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=2) + "\n")
-    for panel, by_model in summary.items():
-        for name, s in by_model.items():
-            print(f"kl: {name} on {panel}: {s['all']['pairs']} pairs, median {s['all'].get('median', float('nan')):.3e} nats",
-                  file=sys.stderr)
-    return 0
+    return summary

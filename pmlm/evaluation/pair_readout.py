@@ -2,7 +2,8 @@
 independence, KL(P(x_i) P(x_j) || P(x_i, x_j)) (the paper's measure) and the joint's mutual information.
 
 One home for the KL histogram (``pmlm kl``), the unsupervised contacts (``pmlm evaluate --head
-pair-kl|pair-mi``) and the co-evolution study. Two ways to get the joint:
+pair-kl|pair-mi``, ``pmlm contacts`` without a head: ``unsupervised_contact_scores``) and the co-evolution
+study. Two ways to get the joint:
 
 * ``mask_pairs=True``: one copy of the sequence per pair with exactly i and j set to <mask>, as in
   pre-training, so the joint and the marginals condition on the same context X_/{i,j};
@@ -20,8 +21,9 @@ import numpy as np
 import torch
 
 from pmlm import alphabet
-from pmlm.evaluation.unsupervised import kl_independence, mutual_information
+from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, token_positions
+from pmlm.utils import symmetrize
 
 
 def residue_joint(pair_logits: torch.Tensor) -> torch.Tensor:
@@ -141,3 +143,19 @@ def pair_dependence(model, residues: np.ndarray, pairs: np.ndarray, *, mask_pair
         given.append(parts[0])
         swapped.extend(parts[1:])
     return {key: torch.cat([part[key].cpu() for part in given + swapped]) for key in ("kl", "mi")}
+
+
+def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False,
+                                pair_batch: int = 4096, device="cpu") -> np.ndarray:
+    """(L, L) unsupervised contact scores of one sequence from the pair head's joints: ``measure`` (``kl`` or
+    ``mi``, see ``pair_dependence``) of both orders of every pair i < j, symmetrised, then APC (which zeroes the
+    diagonal). The read-out of ``pmlm evaluate --head pair-kl|pair-mi``, ``pmlm contacts`` and the report."""
+    length = int(residues.size)
+    pairs = all_pairs(length)  # (P, 2) rows (i, j), i < j
+    values = pair_dependence(model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch,
+                             device=device)[measure].double()  # (2P,): the (i, j) orders, then (j, i)
+    scores = torch.zeros(length, length, dtype=torch.float64)
+    i, j = torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1])
+    scores[i, j] = values[:len(pairs)]
+    scores[j, i] = values[len(pairs):]
+    return apc(symmetrize(scores)).numpy()

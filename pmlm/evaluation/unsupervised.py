@@ -77,11 +77,6 @@ def mutual_information(joint, *, eps: float = DEFAULT_EPS):
     return (joint * _log(_floor(joint, eps) / _floor(product, eps))).sum(axis=(-2, -1))
 
 
-def symmetrize(matrix):
-    """(..., L, L) -> (M + M^T) / 2 over the last two axes."""
-    return (matrix + matrix.swapaxes(-1, -2)) / 2
-
-
 def _off_diagonal(matrix):
     length = matrix.shape[-1]
     if _is_torch(matrix):

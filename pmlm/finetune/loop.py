@@ -21,17 +21,17 @@ from torch import nn
 
 from pmlm.artefacts import write_head
 from pmlm.errors import ConfigError
-from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.finetune.config import FinetuneConfig
+from pmlm.pretrained import load_encoder, pick_device
+from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
-from pmlm.finetune.heads import TaskModel, build_head, resolve_features, set_contact_prior
+from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_contact_prior
 from pmlm.finetune.scoring import HEADLINE, score_task
 from pmlm.progress import Progress
 from pmlm.train.checkpoint import (
     capture_rng, gather_states, latest_checkpoint, load_checkpoint, load_states, restore_rng, save_checkpoint,
 )
 from pmlm.train.runtime import (
-    METRICS_CSV, MetricsLog, StopSignals, autocast_factory, check_compatible, pick_device, requeue_exit,
+    METRICS_CSV, MetricsLog, StopSignals, autocast_factory, check_compatible, requeue_exit,
     stop_if_diverged,
 )
 from pmlm.utils import file_digest, versions
@@ -83,7 +83,7 @@ def finetune(
     """Fine-tune per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal."""
     hooks = hooks or FinetuneHooks()
     out_dir = Path(out_dir)
-    device = pick_device(cfg.device, 0)
+    device = pick_device(cfg.device, option="device:")
     stop = StopSignals().install()
     log = progress = None
     try:
@@ -94,7 +94,7 @@ def finetune(
         train_data, valid_data = _read_data(cfg, train_path, valid_path)
 
         # -- model: the pre-trained encoder plus a freshly initialised head ---------------------------
-        encoder, encoder_info = load_pretrained(encoder_path)
+        encoder, encoder_info, _ = load_encoder(encoder_path)
         encoder_sha = file_digest(encoder_path)
         cfg, model, window, crop = _task_model(cfg, encoder, train_data)
         trainable = model.to(device).trainable()
@@ -274,9 +274,3 @@ def _head_info(cfg: FinetuneConfig, step: int, encoder_sha: str, encoder_info: d
         "valid": None if valid_data is None else {"path": str(valid_path), "scores": valid_scores},
         "versions": versions(),
     }
-
-
-def run(args) -> int:
-    """``pmlm finetune`` (arguments: pmlm.commands.finetune)."""
-    cfg = FinetuneConfig.from_yaml(args.config, args.set)
-    return finetune(cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid)

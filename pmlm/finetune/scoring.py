@@ -1,36 +1,57 @@
-"""Scores of a fine-tuned task model on a test set, and the head artefact loaded back into a TaskModel.
-
-Shared by the fine-tuning loop (validation) and ``pmlm evaluate`` (test sets).
+"""Scoring on test sets: a fine-tuned head (``score_task``, also the fine-tuning loop's validation) or the pair
+head's unsupervised contacts (``score_unsupervised``), and ``evaluate``, the engine of ``pmlm evaluate``, which
+writes one long-format TSV per (model, task, head) over all its test sets.
 
 A test protein longer than the encoder's window is scored at its true length by default
 (``too_long="windows"``, see ``pmlm.finetune.data.evaluation_plan``): the model reads overlapping
 windows, and each residue's logits (ss3), each pair's contact logit (contact) or the protein's
-logits (remote homology) are the mean over the windows that hold it (``pmlm.tokens.WindowMean``).
-Contact precision then takes k = floor(L / divisor) with L the protein's length. A pair that no
-window holds (residues farther apart than about half a window) has no score and is no candidate: it
-ranks after every scored pair, and when fewer than k scored candidates exist the picks it would fill
-count as misses (``pmlm.evaluation.metrics``, rule 3), whether or not it is a contact.
+logits (remote homology) are the mean over the windows that hold it (``pmlm.tokens.WindowMean``);
+for ``pair-kl`` / ``pair-mi`` each window's APC-corrected scores are averaged. Contact precision then
+takes k = floor(L / divisor) with L the protein's length. A pair that no window holds (residues farther
+apart than about half a window) has no score and is no candidate: it ranks after every scored pair, and
+when fewer than k scored candidates exist the picks it would fill count as misses
+(``pmlm.evaluation.metrics``, rule 3), whether or not it is a contact. ``crop`` instead scores the first
+``window`` residues with L = window, ``skip`` leaves the protein out; either way their number is reported
+as the metric ``n_too_long``.
+
+Unsupervised read-out (``pair-kl`` / ``pair-mi``, contact task only): for each protein, ONE forward pass
+of the unmasked sequence gives the pair head's joint P(x_i, x_j) for every pair i < j (and, mirrored,
+j > i). Nothing is masked by default because that costs one pass per protein instead of one per pair,
+and the pair head still has to express through the joint how strongly two positions depend on each
+other. The score is KL(P(x_i) P(x_j) || P(x_i, x_j)) (``pair-kl``; marginals from the token head when
+the model has one, else from the joint) or the joint's mutual information (``pair-mi``), symmetrised,
+with the diagonal zeroed and average-product correction (``unsupervised_contact_scores``).
+``mask_pairs`` instead masks exactly i and j for each pair, as in pre-training: L(L-1)/2 sequence
+copies per protein, affordable for small proteins only.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import json
+import sys
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
-
-from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
 
-from pmlm.artefacts import head_encoder_path, read_head
-from pmlm.errors import InputError
+from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics, q3_accuracy, top1_accuracy
-from pmlm.evaluation.pretrained import load_pretrained
-from pmlm.finetune.config import FinetuneConfig
-from pmlm.finetune.data import EvaluationPlan, Example, evaluation_plan
-from pmlm.finetune.heads import TaskModel, build_head
+from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.finetune.data import EvaluationPlan, Example, evaluation_plan, read_task_data
+from pmlm.pretrained import load_encoder, load_head, pick_device
+from pmlm.progress import Progress
+from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.tokens import WindowMean
+from pmlm.utils import atomic_output, file_digest, versions
+from pmlm.vocabulary import FEATURES_PAIR_JOINT
 
+PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
+TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
+               "config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 # metric-name label -> range name in pmlm.evaluation.metrics.CONTACT_RANGES
 RANGE_LABELS = {"short": "short", "medium": "medium", "long": "long", "medium_long": "medium_long",
                 "tape_s6": "tape_all"}
@@ -132,19 +153,111 @@ def contact_items(proteins: Iterable[tuple[Example, np.ndarray]], threshold: flo
         yield np.where(held, scores, 0.0), contacts, valid & held
 
 
-def load_finetuned(head_path: str | Path, encoder_path: str | Path | None = None, device="cpu"):
-    """Rebuild a TaskModel from a head artefact: (model, FinetuneConfig, info, encoder path).
+def canonical_sha256(obj) -> str:
+    """sha256 of a JSON value with sorted keys: identical settings give identical digests."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
-    The encoder defaults to the one recorded at fine-tuning time; its sha256 must match.
-    """
-    info, state = read_head(head_path)
-    cfg = FinetuneConfig.from_dict(info["config"])
-    encoder_path = head_encoder_path(head_path, info, encoder_path)
-    encoder, _ = load_pretrained(encoder_path)
-    model = TaskModel(encoder, build_head(cfg, encoder.cfg.hidden), cfg.task, cfg.head.features, cfg.freeze_encoder)
-    try:
-        model.trainable().load_state_dict(state)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise InputError(head_path, f"weights do not match the head in the sidecar: {first}") from None
-    return model.to(device).eval(), cfg, info, encoder_path
+
+def score_unsupervised(model, data, measure: str, *, window: int, too_long: str, threshold: float,
+                       mask_pairs: bool, pair_batch: int, device,
+                       progress=None) -> tuple[dict[str, tuple[float, int]], int]:
+    """Contact metrics of the unsupervised read-out on one test set."""
+    plan = evaluation_plan(data.examples, 1, window, too_long)
+
+    def row_scores():
+        for (p, start, stop), in plan.batches:
+            residues = plan.proteins[p].residues[start:stop]
+            yield (p, start, stop), unsupervised_contact_scores(model, residues, measure, mask_pairs=mask_pairs,
+                                                                 pair_batch=pair_batch, device=device)
+
+    def proteins():
+        for protein, scores in whole_proteins(plan, row_scores(), pairs=True):
+            if progress is not None:
+                progress.advance()
+            yield protein, scores
+
+    return contact_summary(contact_items(proteins(), threshold)), plan.n_long
+
+
+def write_tsv(path: str | Path, rows: list[dict]) -> None:
+    def cell(value):
+        if isinstance(value, float):
+            return repr(value)
+        return "" if value is None else str(value)
+
+    with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+        writer.writerow(TSV_COLUMNS)
+        for row in rows:
+            writer.writerow([cell(row[c]) for c in TSV_COLUMNS])
+
+
+def evaluate(head: str, tests: dict[str, str], out: str | Path, *, encoder: str | None = None,
+             model_label: str | None = None, batch_size: int = 4, too_long: str = "windows", mask_pairs: bool = False,
+             pair_batch: int = 4096, fmt: str = "auto", contact_atom: str | None = None,
+             contact_threshold: float | None = None, device: str = "auto") -> list[dict]:
+    """Score ``head`` (a fine-tuned head file, or ``pair-kl`` / ``pair-mi`` on ``encoder``) on every test set
+    (label -> file) and write the rows to ``out`` (TSV_COLUMNS); returns them. ``contact_atom`` /
+    ``contact_threshold`` default to the head's own (``auto`` and 8 A for a read-out)."""
+    for name, value in (("--batch-size", batch_size), ("--pair-batch", pair_batch)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    dev = pick_device(device)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if dev.type == "cuda" else nullcontext
+
+    unsupervised = head in PAIR_HEADS
+    if unsupervised:
+        if not encoder:
+            raise ConfigError(f"--head {head} reads the encoder's pair head: pass --encoder")
+        model, info, encoder_path = load_encoder(encoder, dev)
+        if model.pair_head is None:
+            raise ConfigError(f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
+                              f"--head {head} needs a PMLM model")
+        task, head_name, features = "contact", head, FEATURES_PAIR_JOINT
+        atom, threshold = contact_atom or "auto", contact_threshold or CONTACT_THRESHOLD
+        settings = {"head": head, "mask_pairs": mask_pairs, "apc": True, "contact_atom": atom,
+                    "contact_threshold": threshold}
+        window = model.cfg.max_len - 2
+        num_classes = None
+    else:
+        if not Path(head).is_file():
+            raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
+        model, cfg, info, _, encoder_path = load_head(head, dev, encoder=encoder)
+        task, head_name, features = cfg.task, cfg.head.kind, cfg.head.features
+        atom = contact_atom or cfg.data.contact_atom
+        threshold = contact_threshold or cfg.data.contact_threshold
+        settings = info["config"]  # the head's own config, plus any contact definition changed here
+        if (atom, threshold) != (cfg.data.contact_atom, cfg.data.contact_threshold):
+            settings = {**settings, "evaluation": {"contact_atom": atom, "contact_threshold": threshold}}
+        window = model.encoder.cfg.max_len - 2
+        num_classes = cfg.num_classes
+    if threshold <= 0:
+        raise ConfigError(f"--contact-threshold must be > 0 (Angstrom), got {threshold}")
+    label = model_label or encoder_path.parent.name or encoder_path.stem
+    v = versions()
+    common = {"model": label, "task": task, "head": head_name, "features": features,
+              "config_sha256": canonical_sha256(settings), "encoder_sha256": file_digest(encoder_path),
+              "pmlm_version": v["pmlm"], "torch_version": v["torch"], "git_commit": v["git_commit"] or ""}
+
+    rows = []
+    for name, path in tests.items():
+        data = read_task_data(path, task, fmt=fmt, contact_atom=atom, threshold=threshold, num_classes=num_classes)
+        with Progress(f"pmlm evaluate {name}", len(data.examples), unit="proteins") as progress:
+            if unsupervised:
+                metrics, n_long = score_unsupervised(
+                    model, data, PAIR_HEADS[head], window=window, too_long=too_long, threshold=threshold,
+                    mask_pairs=mask_pairs, pair_batch=pair_batch, device=dev, progress=progress)
+            else:
+                metrics, n_long = score_task(
+                    model, data, batch_size=batch_size, window=window, too_long=too_long,
+                    threshold=threshold, device=dev, autocast=autocast, progress=progress)
+        metrics["n_too_long"] = (n_long, len(data.examples))
+        for metric, (value, n) in metrics.items():
+            rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})
+        headline, _ = metrics[HEADLINE[task]]
+        atom_note = f", contacts by {data.contact_atom}" if data.contact_atom else ""
+        print(f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins "
+              f"({n_long} longer than {window}, {too_long}{atom_note}), {HEADLINE[task]} {headline:.4f}",
+              file=sys.stderr)
+    write_tsv(out, rows)
+    return rows

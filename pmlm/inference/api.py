@@ -12,13 +12,13 @@ import numpy as np
 import torch
 
 from pmlm.artefacts import read_encoder_info
-from pmlm.commands.embed import DEFAULT_TOKENS_PER_BATCH
 from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
-from pmlm.inference.contact_maps import head_map, readout_map
+from pmlm.inference.contacts import head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
-from pmlm.inference.loading import is_head, load_contact_head, load_encoder, pick_device
 from pmlm.inference.mutations import parse_mutant, score_mutants
+from pmlm.pretrained import is_head, load_encoder, load_head, pick_device
+from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
 
 class TrainedModel:
@@ -79,8 +79,8 @@ def load(path: str | os.PathLike, device: str = "cpu", *, encoder: str | os.Path
     the head's folder need it outside the folder they were made in); it is checked by sha256."""
     dev = pick_device(device)
     if is_head(path):
-        head, head_path, encoder_path = load_contact_head(path, encoder, dev)
-        return TrainedModel(head.encoder, read_encoder_info(encoder_path), head_path, dev, head)
+        head = load_head(path, dev, encoder=encoder, task="contact")
+        return TrainedModel(head.model.encoder, read_encoder_info(head.encoder_path), head.path, dev, head.model)
     encoder, info, weights = load_encoder(path, dev)
     return TrainedModel(encoder, info, weights, dev)
 

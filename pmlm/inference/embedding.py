@@ -22,9 +22,7 @@ Both carry the settings (model sha256, layer, window) as JSON under the schema m
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +31,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pmlm import __version__
+from pmlm.version import __version__
 from pmlm.errors import ConfigError
-from pmlm.inference.loading import Sequence, load_encoder, pick_device, read_sequences
+from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
+from pmlm.pretrained import load_encoder, pick_device
 from pmlm.progress import Progress
-from pmlm.tokens import RESIDUE_OFFSET, WindowMean, batch_tokens, max_residues, padded_width, window_starts
+from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, RESIDUE_OFFSET, WindowMean, batch_tokens, max_residues, padded_width, window_starts
 from pmlm.utils import atomic_output, file_digest
 
 # windows planned and batched together: enough batches that sorting by length pays, few enough that the
@@ -205,22 +204,25 @@ def write_embeddings(model: PMLMModel, records: list[Sequence], out: Path, per_s
             progress.advance(len(chunk), residues=done_residues)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.tokens_per_batch < 1:
-        raise ConfigError(f"--tokens-per-batch must be >= 1, got {args.tokens_per_batch}")
-    device = pick_device(args.device)
-    model, info, weights = load_encoder(args.model, device)
-    layer = layer_index(args.layer, model.cfg.num_layers)
-    records = read_sequences(args.fasta)  # all checked before anything is computed
-    out = Path(args.out)
-    per_sequence = Path(args.per_sequence) if args.per_sequence else default_per_sequence(out)
+def embed_fasta(model: str, fasta: str, out: str, *, per_sequence: str | None = None, layer: int = -1,
+                tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH, device: str = "auto") -> dict:
+    """Embeddings of every sequence of ``fasta`` by encoder ``model`` (file or folder): per residue into ``out``,
+    per sequence into ``per_sequence`` (default: OUT with .per_sequence.parquet); ``layer`` as ``--layer``.
+    Returns what was written (sequences, residues, layer, num_layers, per_sequence)."""
+    if tokens_per_batch < 1:
+        raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
+    dev = pick_device(device)
+    encoder, info, weights = load_encoder(model, dev)
+    layer = layer_index(layer, encoder.cfg.num_layers)
+    records = read_fasta_sequences(fasta)  # all checked before anything is computed
+    out = Path(out)
+    per_sequence = Path(per_sequence) if per_sequence else default_per_sequence(out)
     if per_sequence.resolve() == out.resolve():
         raise ConfigError("--per-sequence must differ from -o")
     settings = {"model": str(weights), "model_sha256": file_digest(weights), "objective": info["objective"]["name"],
-                "layer": layer, "num_layers": model.cfg.num_layers, "window": max_residues(model.cfg.max_len),
-                "window_stride": max_residues(model.cfg.max_len) // 2, "pmlm_version": __version__}
-    write_embeddings(model, records, out, per_sequence, layer=layer, tokens_per_batch=args.tokens_per_batch,
-                     device=device, settings=settings)
-    print(f"pmlm embed: {len(records)} sequences, {sum(len(r.letters) for r in records):,} residues, layer {layer} "
-          f"of {model.cfg.num_layers} -> {out}, {per_sequence}", file=sys.stderr)
-    return 0
+                "layer": layer, "num_layers": encoder.cfg.num_layers, "window": max_residues(encoder.cfg.max_len),
+                "window_stride": max_residues(encoder.cfg.max_len) // 2, "pmlm_version": __version__}
+    write_embeddings(encoder, records, out, per_sequence, layer=layer, tokens_per_batch=tokens_per_batch,
+                     device=dev, settings=settings)
+    return {"sequences": len(records), "residues": sum(len(r.letters) for r in records), "layer": layer,
+            "num_layers": encoder.cfg.num_layers, "per_sequence": per_sequence}

@@ -21,10 +21,8 @@ in input order: ``mutant``, ``kind`` (single | double), ``score``, ``additive`` 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,8 @@ import torch
 from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import residue_joint
-from pmlm.inference.loading import load_encoder, pick_device, read_sequences
+from pmlm.inference.sequences import read_fasta_sequences
+from pmlm.pretrained import load_encoder, pick_device
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
 from pmlm.utils import atomic_output
@@ -228,21 +227,19 @@ def write_scores(path: str | Path, rows: list[dict]) -> None:
                              for c in OUT_COLUMNS])
 
 
-def run(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
-    model, info, weights = load_encoder(args.model, device)
-    records = read_sequences(args.sequence)
+def score_fasta(model: str, sequence: str, mutations: str, out: str, *, double: str = "auto",
+                device: str = "auto") -> dict:
+    """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
+    ``model``; writes the TSV ``out``. Returns the wild type's id, the rows and where the doubles came from."""
+    dev = pick_device(device)
+    encoder, info, weights = load_encoder(model, dev)
+    records = read_fasta_sequences(sequence)
     if len(records) != 1:
-        raise InputError(args.sequence, f"expected one sequence (the wild type), found {len(records)}",
-                         line=records[1].line)
+        raise InputError(sequence, f"expected one sequence (the wild type), found {len(records)}",
+                         line=records[1].line if len(records) > 1 else None)
     wild = records[0]
-    mutants = read_mutants(args.mutations, wild.letters)
-    rows = score_mutants(model, wild.residues, mutants, double=args.double, device=device, path=args.mutations,
+    mutants = read_mutants(mutations, wild.letters)
+    rows = score_mutants(encoder, wild.residues, mutants, double=double, device=dev, path=mutations,
                          model_name=str(weights))
-    write_scores(args.out, rows)
-    n_double = sum(r["kind"] == "double" for r in rows)
-    sources = sorted({r["double_from"] for r in rows if r["kind"] == "double"})
-    source = f" (double_from {', '.join(sources)})" if n_double else ""
-    print(f"pmlm score: {wild.id}: {len(rows) - n_double} single and {n_double} double mutants{source} -> {args.out}",
-          file=sys.stderr)
-    return 0
+    write_scores(out, rows)
+    return {"id": wild.id, "rows": rows}

@@ -1,7 +1,8 @@
-"""The PMLM encoder, its token and pair heads, and the pre-training objectives."""
+"""The PMLM encoder, its token and pair heads, the task heads put on it, and the pre-training objectives.
+Models are built and loaded through pmlm.pretrained."""
 
 from pmlm.model.config import PRESETS, ModelConfig, model_config
-from pmlm.model.objectives import ObjectiveConfig, build_model, mask_tokens, pretraining_losses
+from pmlm.model.objectives import ObjectiveConfig, mask_tokens, pretraining_losses
 from pmlm.model.pmlm_model import PMLMModel, unwrap
 
 __all__ = [
@@ -9,7 +10,6 @@ __all__ = [
     "ModelConfig",
     "ObjectiveConfig",
     "PMLMModel",
-    "build_model",
     "mask_tokens",
     "model_config",
     "pretraining_losses",

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from pmlm.alphabet import NUM_FULL_PAIR_CLASSES, NUM_PAIR_CLASSES
 from pmlm.errors import ConfigError
+from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
 
 PAIR_VOCABS = ("standard", "full")
 NORMS = ("post", "pre")
@@ -39,11 +40,11 @@ ACTIVATIONS = ("relu", "gelu")
 
 # the released code's layer recipe per pre-training objective (module docstring, with the lines read)
 RELEASED_LAYERS: dict[str, dict] = {
-    "pmlm": {"norm": "post", "embedding_norm": False, "activation": "relu",
+    PMLM: {"norm": "post", "embedding_norm": False, "activation": "relu",
              "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0},
-    "mlm": {"norm": "post", "embedding_norm": True, "activation": "gelu",
+    MLM: {"norm": "post", "embedding_norm": True, "activation": "gelu",
             "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0},
-    "pmlm_pair_only": {"norm": "post", "embedding_norm": True, "activation": "gelu",
+    PMLM_PAIR_ONLY: {"norm": "post", "embedding_norm": True, "activation": "gelu",
                        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0},
 }
 
@@ -127,7 +128,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def model_config(preset: str, objective: str = "pmlm", **overrides) -> ModelConfig:
+def model_config(preset: str, objective: str = PMLM, **overrides) -> ModelConfig:
     """Build a ModelConfig from a named preset and the layer recipe of ``objective`` (``RELEASED_LAYERS``),
     with any field overridden by keyword."""
     if preset not in PRESETS:

@@ -25,7 +25,6 @@ so pairs with it are ignored. All randomness comes from the caller's ``torch.Gen
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +33,9 @@ from torch import Tensor
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, X_ID
 from pmlm.errors import ConfigError
-from pmlm.model.config import ModelConfig
-from pmlm.model.pmlm_model import PMLMModel, unwrap
+from pmlm.model.pmlm_model import unwrap
+from pmlm.vocabulary import MLM, OBJECTIVES, PMLM, PMLM_PAIR_ONLY
 
-OBJECTIVES = ("mlm", "pmlm", "pmlm_pair_only")
 IGNORE_INDEX = -100  # target of unmasked positions and of masked non-standard residues
 
 
@@ -45,7 +43,7 @@ IGNORE_INDEX = -100  # target of unmasked positions and of masked non-standard r
 class ObjectiveConfig:
     """Which pre-training loss to use and how tokens are masked."""
 
-    name: str = "pmlm"  # "mlm" | "pmlm" | "pmlm_pair_only"
+    name: str = PMLM  # one of OBJECTIVES
     mask_prob: float = 0.15  # expected fraction of residue positions selected per sequence
     mask_token_prob: float = 0.8  # of the selected: replaced by <mask>
     random_token_prob: float = 0.1  # of the selected: replaced by a random standard residue
@@ -182,12 +180,12 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
     ``pair_correct``, ``pair_total`` (detached int64 sums).
     """
     core = unwrap(model)
-    uses_token_head = cfg.name in ("mlm", "pmlm")
-    uses_pair_head = cfg.name in ("pmlm", "pmlm_pair_only")
+    uses_token_head = cfg.name != PMLM_PAIR_ONLY
+    uses_pair_head = cfg.name != MLM
     if uses_token_head and core.token_head is None:
-        raise ConfigError(f"objective {cfg.name!r} needs a token head; build the model with build_model()")
+        raise ConfigError(f"objective {cfg.name!r} needs a token head; build the model with pmlm.pretrained.build_model()")
     if uses_pair_head and core.pair_head is None:
-        raise ConfigError(f"objective {cfg.name!r} needs a pair head; build the model with build_model()")
+        raise ConfigError(f"objective {cfg.name!r} needs a pair head; build the model with pmlm.pretrained.build_model()")
     pair_vocab = core.cfg.pair_vocab
     device = tokens.device
 
@@ -197,7 +195,7 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
     n_valid = valid_targets.numel()
     upper = upper_pairs(valid) if uses_pair_head else None  # (P, 3)
     pair_index = upper
-    if cfg.name == "pmlm_pair_only":
+    if cfg.name == PMLM_PAIR_ONLY:
         # diagonal rows ride along; their mirrored copies (identical) are computed and dropped
         pair_index = torch.cat([upper, diagonal_pairs(valid)])  # (P + N, 3)
     out = model(
@@ -227,7 +225,7 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
         off_ce, n_off, pair_correct = masked_pair_loss(off_logits, upper, targets, pair_vocab)
         pair_total = torch.tensor(n_off, device=device)
         l_pmlm = off_ce / max(n_off, 1)
-        if cfg.name == "pmlm":
+        if cfg.name == PMLM:
             loss = l_mlm + cfg.pair_weight * l_pmlm
         else:
             diag_logits = logits[n_upper:n_rows]  # (N, K)
@@ -247,13 +245,3 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
         "pair_correct": pair_correct.detach(),
         "pair_total": pair_total.detach(),
     }
-
-
-def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel:
-    """A PMLMModel carrying exactly the heads ``objective`` trains."""
-    cfg = dataclasses.replace(
-        model_cfg,
-        token_head=objective.name != "pmlm_pair_only",
-        pair_head=objective.name != "mlm",
-    )
-    return PMLMModel(cfg)

@@ -15,10 +15,10 @@ import torch
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
-from pmlm.evaluation.pretrained import load_pretrained
 from pmlm.finetune.data import evaluation_plan, read_task_data
-from pmlm.finetune.evaluate import PAIR_HEADS, unsupervised_contact_scores
-from pmlm.finetune.scoring import load_finetuned
+from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.finetune.scoring import PAIR_HEADS
+from pmlm.pretrained import load_encoder, load_head
 from pmlm.figures import draw_contact_map, pyplot, save_figure
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 
@@ -35,7 +35,7 @@ def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
     if unsupervised:
         if not encoder:
             raise ConfigError(f"--head {head} reads the encoder's pair head: pass --encoder")
-        model, info = load_pretrained(encoder)
+        model, info, _ = load_encoder(encoder)
         if model.pair_head is None:
             raise ConfigError(f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
                               f"--head {head} needs a PMLM model")
@@ -43,7 +43,7 @@ def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
     else:
         if not Path(head).is_file():
             raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
-        model, cfg, _, _ = load_finetuned(head, encoder)
+        model, cfg, *_ = load_head(head, encoder=encoder)
         if cfg.task != "contact":
             raise ConfigError(f"{head}: a {cfg.task} head has no contact map")
         atom, threshold, window = cfg.data.contact_atom, cfg.data.contact_threshold, model.encoder.cfg.max_len - 2
@@ -91,7 +91,3 @@ def write_contact_maps(head: str, encoder: str | None, test: str | Path, chains:
     maps = predicted_maps(head, encoder, test, chains)
     kind = f"pair-head read-out {head}" if head in PAIR_HEADS else "fine-tuned head, P(contact)"
     return plot(maps, f"{label}: {kind}", prefix)
-
-
-def run(args) -> list[Path]:
-    return write_contact_maps(args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from pmlm.errors import InputError
 from pmlm.figures import pyplot, save_figure
-from pmlm.reports.arguments import labelled_paths
 
 # (column, panel title): pre-training logs L_mlm / Acc_mlm per masked residue, L_pmlm / Acc_pmlm per masked pair
 PRETRAIN_PANELS = (("l_mlm", "L_mlm (per masked residue)"), ("l_pmlm", "L_pmlm (per masked pair)"),
@@ -118,7 +117,3 @@ def write_curves(kind: str, runs: list[tuple[str, str]], prefix: str | Path) -> 
     """kind ``pretrain`` or ``finetune``; runs: (label, metrics.csv)."""
     logs = [(label, read_metrics(path)) for label, path in runs]
     return plot_pretrain(logs, prefix) if kind == "pretrain" else plot_finetune(logs, prefix)
-
-
-def run(args) -> list[Path]:
-    return write_curves(args.kind, labelled_paths(args.run, "--run"), args.out_prefix)

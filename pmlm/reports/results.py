@@ -15,14 +15,13 @@ import pandas as pd
 from pmlm.errors import InputError
 from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
+from pmlm.vocabulary import LEGACY_FEATURES
 
 KINDS = ("tape_contact", "raptorx_contact", "contact_ablation", "secondary_structure", "remote_homology",
          "unsupervised_contact")
 # the tables `write_all` writes (OUT_DIR/<name>.md, .csv, .tex); the workflow declares its outputs from this
 TABLES = ("tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology",
           "unsupervised_contact")
-# the evaluation TSV's features -> the paper's names (M: encoder outputs, M+: the pair head's first block)
-FEATURE_LABELS = {"encoder": "M", "mplus": "M+", "pair_joint": "pair joint"}
 PROVENANCE = ("config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 
 
@@ -39,7 +38,7 @@ def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
         if missing:
             raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
         parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
-        features = df["features"].astype(str).map(lambda f: FEATURE_LABELS.get(f, f)) if "features" in df else "–"
+        features = df["features"].astype(str).map(lambda f: LEGACY_FEATURES.get(f, f)) if "features" in df else "–"
         frames.append(df.assign(kind=kind, label=parts[0], data=parts[2], features=features, path=str(path)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

@@ -48,7 +48,3 @@ def write_run_info(config_json: str, snakemake_version: str | None, prefix: str 
         with atomic_output(path) as tmp:
             Path(tmp).write_text(text)
     return paths
-
-
-def run(args) -> list[Path]:
-    return write_run_info(args.config_json, args.snakemake_version, args.out_prefix)

@@ -11,7 +11,6 @@ import numpy as np
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS
 from pmlm.figures import pyplot, save_figure
-from pmlm.reports.arguments import labelled_paths
 from pmlm.reports.results import read_results
 from pmlm.reports.tables import Column, write_table
 
@@ -79,7 +78,3 @@ def write_precision_by_separation(kind_paths: list[tuple[str, str]], figure_pref
                                   table_prefix: str | Path) -> list[Path]:
     rows = precision_rows(kind_paths)
     return write_table_files(rows, table_prefix) + plot(rows, figure_prefix)
-
-
-def run(args) -> list[Path]:
-    return write_precision_by_separation(labelled_paths(args.result, "--result", unique=False), args.out_prefix, args.table_prefix or args.out_prefix)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pmlm import __version__
+from pmlm.version import __version__
 from pmlm.alphabet import RESIDUES
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision

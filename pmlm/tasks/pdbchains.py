@@ -16,7 +16,6 @@ import gzip
 import io
 import json
 import re
-import sys
 import warnings
 from pathlib import Path
 
@@ -109,9 +108,3 @@ def convert(chain_list: str | Path, pdb_dir: str | Path, output: str | Path) -> 
         for pdb_id, chain_id in chains:
             out.write(json.dumps(chain_record(find_structure(folder, pdb_id), pdb_id, chain_id)) + "\n")
     return len(chains)
-
-
-def run(args) -> int:
-    n = convert(args.chains, args.pdb_dir, args.output)
-    print(f"contacts-from-pdb: {n} chains -> {args.output}", file=sys.stderr)
-    return 0

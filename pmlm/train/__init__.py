@@ -1,5 +1,6 @@
-"""Pre-training engine: Parquet shard loader, training loop, checkpoints; ``run`` of ``pmlm pretrain`` is
-:func:`pmlm.train.loop.run`."""
+"""Pre-training engine: Parquet shard loader, training loop, checkpoints, the multi-GPU launcher; the loop is
+:func:`pmlm.train.loop.train` (``pmlm pretrain``). This package's own module holds only light constants that
+the command layer reads."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ from torch.distributed.fsdp import fully_shard
 
 from pmlm.artefacts import write_encoder
 from pmlm.errors import ConfigError
-from pmlm.model.objectives import build_model, pretraining_losses
+from pmlm.model.objectives import pretraining_losses
+from pmlm.pretrained import build_model, pick_device
 from pmlm.progress import Progress
 from pmlm.train.checkpoint import (
     capture_rng,
@@ -38,19 +39,17 @@ from pmlm.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from pmlm.train.config import TrainConfig
+from pmlm.config.pretraining import TrainConfig
 from pmlm.train.loader import Batch, ShardStream
-from pmlm.train.metrics import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
+from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
 from pmlm.train.runtime import (
     METRICS_CSV,
     MetricsLog,
     StopSignals,
-    TrainingDiverged,  # noqa: F401  (raised by stop_if_diverged; importable from here as before)
     agree,
     autocast_factory,
     check_compatible,
     derived_seed,
-    pick_device,
     requeue_exit,
     stop_if_diverged,
 )
@@ -97,7 +96,7 @@ def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_p
 
     # -- init: processes, devices, precision, signals ------------------------------------------------
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
+    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)), option="device:")
     # FSDP also runs at world size 1 under torchrun (MASTER_ADDR set), so its code path runs on one GPU
     distributed = world > 1 or (cfg.fsdp and "MASTER_ADDR" in os.environ)
     own_group = distributed and _join_process_group(device)
@@ -351,9 +350,3 @@ def _clean_name(name: str) -> str:
     for wrapper in ("_orig_mod.", "_checkpoint_wrapped_module."):
         name = name.replace(wrapper, "")
     return name.removeprefix("module.")
-
-
-def run(args) -> int:
-    """``pmlm pretrain`` (arguments: pmlm.commands.pretrain)."""
-    cfg = TrainConfig.from_yaml(args.config, args.set)
-    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)

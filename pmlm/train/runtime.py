@@ -33,17 +33,6 @@ class TrainingDiverged(PmlmError):
     """The loss or gradient became NaN / inf; the run stops without saving."""
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    """``auto`` | ``cpu`` | ``cuda`` -> this process's device (the local rank's GPU under torchrun)."""
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda was requested but no CUDA device is visible; use device: auto or cpu")
-    if choice == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
-
-
 def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
     """A fresh autocast context per forward: bf16 on CUDA when ``bf16`` (``auto``: on CUDA), else none."""
     use_bf16 = device.type == "cuda" if bf16 == "auto" else bf16

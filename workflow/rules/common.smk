@@ -9,7 +9,8 @@ from urllib.parse import urlparse
 from snakemake import __version__ as SNAKEMAKE_VERSION
 
 from pmlm.reports.results import TABLES as RESULT_TABLES
-from pmlm.workflow_config import CONTACT_TABLES
+from pmlm.config.workflow import CONTACT_TABLES
+from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
 
 RUN = config["run"]
 SOURCES = config["sources"]
@@ -17,8 +18,8 @@ DATASETS = config["datasets"]
 TASK_DATA = config["task_data"]
 # task data that split-structures derives (the others are files named in the config)
 DERIVED_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("split")]
-OBJECTIVE_LABEL = {"mlm": "MLM", "pmlm": "PMLM", "pmlm_pair_only": "PMLM-pair"}
-PAIR_OBJECTIVES = [o for o in OBJECTIVE_LABEL if o != "mlm"]  # the objectives with a pair head
+OBJECTIVE_LABEL = {MLM: "MLM", PMLM: "PMLM", PMLM_PAIR_ONLY: "PMLM-pair"}
+PAIR_OBJECTIVES = [o for o in OBJECTIVE_LABEL if o != MLM]  # the objectives with a pair head
 RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"
 BENCH = f"benchmarks/{RUN}"
@@ -302,10 +303,6 @@ def finetune_inputs(wildcards):
     }
 
 
-# the workflow's names of the fine-tuning features -> the recipe's head.features
-HEAD_FEATURES = {"M": "encoder", "M+": "mplus"}
-
-
 def run_features(m, ft):
     """M, M+ or auto: the features run ``ft`` gives encoder ``m`` (config finetune.runs.<ft>.features)."""
     spec = FINETUNE_RUNS[ft]["features"]
@@ -316,7 +313,7 @@ def finetune_overrides(wildcards):
     sets = dict(FINETUNE["set"])
     features = run_features(model_of(wildcards), wildcards.ft)
     if features != "auto":  # auto: the recipe's own head.features
-        sets["head.features"] = HEAD_FEATURES[features]
+        sets["head.features"] = features
     return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in sets.items())
 
 
@@ -416,7 +413,7 @@ def finetune_curve_args(wildcards):
 def contact_map_runs(m):
     """Contact runs and unsupervised read-outs of encoder ``m`` to draw (report.contact_maps.runs, else all)."""
     names = [ft for ft in runs_for(m) if FINETUNE_RUNS[ft]["table"] in CONTACT_TABLES]
-    if m["objective"] != "mlm":
+    if m["objective"] != MLM:
         names += [f"unsupervised-{r}" for r in UNSUPERVISED["readouts"]]
     wanted = CONTACT_MAPS.get("runs")
     return names if wanted is None else [n for n in names if n in wanted]

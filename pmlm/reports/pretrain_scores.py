@@ -1,20 +1,15 @@
-"""``pmlm tables``: assemble result tables with the paper's reference rows beside ours (arguments in
-pmlm/commands/tables.py)."""
+"""The pre-training table (``pmlm tables pretrain-scores``): validation losses and accuracies of our encoders,
+read from their sidecars, beside the paper's rows."""
 
 from __future__ import annotations
-
-import sys
 
 import torch
 
 from pmlm.artefacts import read_encoder_info
-from pmlm.errors import InputError
-from pmlm.evaluation.pretrained import encoder_configs
-from pmlm.model.objectives import build_model
+from pmlm.pretrained import build_model, encoder_configs
 from pmlm.reports import paper
-from pmlm.reports.arguments import labelled_paths
-from pmlm.reports.results import write_all
 from pmlm.reports.tables import Column, write_table
+from pmlm.vocabulary import MLM
 
 PRETRAIN_COLUMNS = [
     Column("model", "model"),
@@ -57,27 +52,16 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
         rows.append({
             "source": "ours", "model": label, "data": dataset, "params": _params_label(info, weights),
             "step": scores["step"],
-            "l_mlm": scores.get("l_mlm"), "l_pmlm": scores.get("l_pmlm") if objective != "mlm" else None,
-            "acc_mlm": scores.get("acc_mlm"), "acc_pmlm": scores.get("acc_pmlm") if objective != "mlm" else None,
-            "dacc": scores.get("dacc") if objective != "mlm" else None,
+            "l_mlm": scores.get("l_mlm"), "l_pmlm": scores.get("l_pmlm") if objective != MLM else None,
+            "acc_mlm": scores.get("acc_mlm"), "acc_pmlm": scores.get("acc_pmlm") if objective != MLM else None,
+            "dacc": scores.get("dacc") if objective != MLM else None,
         })
     return [{**row, "dacc_ratio": dacc_ratio(row)} for row in rows]
 
 
-def run(args) -> int:
-    if args.table == "pretrain-scores":
-        entries = []
-        for item in args.model:
-            parts = item.split(":", 2)
-            if len(parts) != 3:
-                raise InputError(item, "expected LABEL:DATASET:WEIGHTS")
-            entries.append(tuple(parts))
-        rows = pretrain_rows(entries)
-        caption = ("Validation losses and accuracies of pre-training (paper rows: 60 epochs on Pfam / UR50; "
-                   "ours: this run's final validation, per masked residue / masked pair)")
-        paths = write_table(rows, PRETRAIN_COLUMNS, args.out_prefix, caption=caption)
-        print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
-    elif args.table == "results":
-        paths = write_all(labelled_paths(args.result, "--result", unique=False), args.out_dir, args.test_label)
-        print(f"tables: wrote {len(paths)} files under {args.out_dir}", file=sys.stderr)
-    return 0
+def write_pretrain_scores(entries: list[tuple[str, str, str]], out_prefix: str) -> list:
+    """The table of ``entries`` (label, dataset, weights) beside the paper's rows, as PREFIX.csv / .md / .tex /
+    .html; returns the paths written."""
+    caption = ("Validation losses and accuracies of pre-training (paper rows: 60 epochs on Pfam / UR50; "
+               "ours: this run's final validation, per masked residue / masked pair)")
+    return write_table(pretrain_rows(entries), PRETRAIN_COLUMNS, out_prefix, caption=caption)

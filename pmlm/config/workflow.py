@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from pmlm.errors import ConfigError
+from pmlm.vocabulary import FEATURES_M_PLUS, MLM
 
 # finetune.runs.<name>.table values whose runs predict contacts
 CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
@@ -129,9 +130,9 @@ def _check_features(where: str, run: dict, models: list[dict]) -> None:
     else:
         chosen = {i: spec for i in applies}
     for encoder, features in chosen.items():
-        if features == "M+" and run.get("table") not in CONTACT_TABLES:
+        if features == FEATURES_M_PLUS and run.get("table") not in CONTACT_TABLES:
             raise ConfigError(f"{where}.features: M+ describes residue pairs; table {run.get('table')} reads encoder outputs (M)")
-        if features == "M+" and ids[encoder]["objective"] == "mlm":
+        if features == FEATURES_M_PLUS and ids[encoder]["objective"] == MLM:
             raise ConfigError(f"{where}.features: M+ needs a pair head; {encoder} is an MLM encoder (use M)")
 
 

@@ -4,8 +4,8 @@ TAPE's convolutional head; remote homology) and ``TaskModel``, the encoder plus 
 Every head takes residue representations ``reps`` (B, L, C) (``<cls>`` / ``<eos>`` stripped)
 and a residue mask (B, L). Contact heads score all L x L pairs from pair features, either
 
-* ``encoder``: ``concat(f_i * f_j, f_i - f_j)`` (B, L, L, 2C), TAPE's pairwise features, or
-* ``mplus``: M+, the PMLM pair head's first block on those features,
+* ``M``: ``concat(f_i * f_j, f_i - f_j)`` (B, L, L, 2C) of the encoder outputs, TAPE's pairwise features, or
+* ``M+``: the PMLM pair head's first block on those features,
   ``LayerNorm(act(Linear(concat(h_i * h_j, h_i - h_j))))`` with the encoder's activation (the
   paper's fine-tuning input),
 
@@ -26,7 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pmlm.errors import ConfigError
-from pmlm.evaluation.unsupervised import symmetrize
+from pmlm.utils import symmetrize
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel
 
@@ -245,15 +246,15 @@ def build_head(cfg, hidden: int) -> nn.Module:
 
 
 def resolve_features(requested: str, task: str, encoder: PMLMModel) -> str:
-    """``auto`` -> mplus for contact heads on encoders with a pair head, else encoder; mplus is checked."""
+    """``auto`` -> M+ for contact heads on encoders with a pair head, else M; M+ is checked."""
     if task != "contact":
-        return "encoder"
+        return FEATURES_M
     has_pair_head = encoder.pair_head is not None
     if requested == "auto":
-        return "mplus" if has_pair_head else "encoder"
-    if requested == "mplus" and not has_pair_head:
-        raise ConfigError("head.features mplus needs an encoder with a pair head (a PMLM model); "
-                          "this one was pre-trained without (use head.features: encoder)")
+        return FEATURES_M_PLUS if has_pair_head else FEATURES_M
+    if requested == FEATURES_M_PLUS and not has_pair_head:
+        raise ConfigError("head.features M+ needs an encoder with a pair head (a PMLM model); "
+                          "this one was pre-trained without (use head.features: M)")
     return requested
 
 
@@ -273,7 +274,7 @@ class TaskModel(nn.Module):
         self.features = features
         self.freeze_encoder = freeze_encoder
         trained = set() if freeze_encoder else {"encoder."}
-        if not freeze_encoder and features == "mplus":
+        if not freeze_encoder and features == FEATURES_M_PLUS:
             trained |= {"pair_head.dense.", "pair_head.norm."}
         for name, p in encoder.named_parameters():
             p.requires_grad_(any(name.startswith(prefix) for prefix in trained))
@@ -297,5 +298,5 @@ class TaskModel(nn.Module):
         length = mask.shape[1]
         with torch.no_grad() if self.freeze_encoder else nullcontext():
             reps = self.encoder.encode(tokens)[:, 1:1 + length]  # (B, L, C) without <cls> / <eos>
-        pair_block = self.encoder.pair_head if self.features == "mplus" else None
+        pair_block = self.encoder.pair_head if self.features == FEATURES_M_PLUS else None
         return self.head(reps, mask, pair_block)

@@ -21,7 +21,6 @@ the predicted top L pairs in the upper one.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import re
 import sys
@@ -33,8 +32,9 @@ import torch
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import contact_precision
 from pmlm.figures import draw_contact_map, pyplot
-from pmlm.finetune.evaluate import unsupervised_contact_scores
-from pmlm.inference.loading import Sequence, load_contact_head, load_encoder, pick_device, read_sequences
+from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.inference.sequences import Sequence, read_fasta_sequences
+from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tasks.structures import CONTACT_ATOMS, CONTACT_THRESHOLD, read_structure_jsonl
 from pmlm.tokens import WindowMean, batch_tokens, max_residues, window_starts
@@ -130,27 +130,31 @@ def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) 
     plt.close(fig)
 
 
-def run(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
-    if args.head is not None:
-        task_model, _, _ = load_contact_head(args.head, args.model, device)
+def predict_contacts(model: str, fasta: str, out: str, *, head: str | None = None, structure: str | None = None,
+                     png: bool = False, device: str = "auto") -> dict:
+    """Contact maps of every sequence of ``fasta`` into the folder ``out`` (module docstring), from the contact
+    ``head`` fine-tuned on encoder ``model``, or from ``model``'s pair head without one. Returns the number of
+    sequences, the score kind and how many had no structure in ``structure``."""
+    dev = pick_device(device)
+    if head is not None:
+        task_model = load_head(head, dev, encoder=model, task="contact").model
         kind = PROBABILITY
 
         def compute(residues):
-            return head_map(task_model, residues, device)
+            return head_map(task_model, residues, dev)
     else:
-        model, info, weights = load_encoder(args.model, device)
-        if model.pair_head is None:
+        encoder, info, weights = load_encoder(model, dev)
+        if encoder.pair_head is None:
             raise ConfigError(f"{weights}: this encoder has no pair head (objective {info['objective']['name']}); "
                               "pass --head with a fine-tuned contact head")
         kind = READOUT
 
         def compute(residues):
-            return readout_map(model, residues, device)
-    records = read_sequences(args.fasta)
-    names = file_names(records, args.fasta)
-    truth = true_contacts(args.structure, records)
-    with atomic_output(args.out, directory=True) as tmp, \
+            return readout_map(encoder, residues, dev)
+    records = read_fasta_sequences(fasta)
+    names = file_names(records, fasta)
+    truth = true_contacts(structure, records)
+    with atomic_output(out, directory=True) as tmp, \
             Progress("pmlm contacts", len(records), unit="sequences") as progress:
         for record, name in zip(records, names):
             scores = compute(record.residues)
@@ -158,14 +162,12 @@ def run(args: argparse.Namespace) -> int:
             write_tsv(str(Path(tmp) / f"{name}.tsv"), record, scores, known)
             np.savez(Path(tmp) / f"{name}.npz", scores=scores.astype(np.float32), sequence=np.array(record.letters),
                      id=np.array(record.id), score_kind=np.array(kind))
-            if args.png:
+            if png:
                 plot_map(str(Path(tmp) / f"{name}.png"), record, scores, known, kind)
             if known is not None:
                 precision = contact_precision(np.nan_to_num(scores, nan=-np.inf), *known, min_sep=LONG_RANGE,
                                               k_divisor=5)
                 print(f"pmlm contacts: {record.id}: P@L/5 long range {precision:.3f}", file=sys.stderr)
             progress.advance()
-    missing = sum(r.id not in truth for r in records) if args.structure else 0
-    note = f"; {missing} without a structure in {args.structure}" if missing else ""
-    print(f"pmlm contacts: {len(records)} sequences ({kind}) -> {args.out}{note}", file=sys.stderr)
-    return 0
+    missing = sum(r.id not in truth for r in records) if structure else 0
+    return {"sequences": len(records), "kind": kind, "without_structure": missing}

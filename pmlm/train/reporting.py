@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pmlm.train.config import TrainConfig
+from pmlm.config.pretraining import TrainConfig
 from pmlm.train.loader import ShardStream
 from pmlm.train.runtime import derived_seed
 

@@ -7,9 +7,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from pmlm.errors import ConfigError
+from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS, LEGACY_FEATURES
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.tasks.tape import NUM_FOLDS
-from pmlm.train.config import YamlConfig, check_adamw, require, warmup_decay
+from pmlm.config.optim import FinetuneOptimConfig
+from pmlm.config.tree import YamlConfig, require
 
 TASKS = ("contact", "ss3", "remote_homology")
 # head kinds each task accepts; the first is what "auto" resolves to
@@ -20,12 +22,13 @@ TASK_HEADS: dict[str, tuple[str, ...]] = {
 }
 # classes a head predicts: one contact logit per pair, H/E/C, or the TAPE folds
 TASK_CLASSES: dict[str, int] = {"contact": 1, "ss3": 3, "remote_homology": NUM_FOLDS}
-FEATURES = ("auto", "encoder", "mplus")
+# head.features: M (encoder outputs), M+ (the pair head's first block) or auto (M+ where the encoder has a pair
+# head); older heads' encoder / mplus read as M / M+ (pmlm.vocabulary.LEGACY_FEATURES)
+FEATURES = ("auto", FEATURES_M, FEATURES_M_PLUS)
 NORMS = ("instance", "batch")
 DATA_FORMATS = ("auto", "structure_jsonl", "tape", "raptorx")
 CONTACT_ATOM_CHOICES = ("auto", "CA", "CB")
 ON_ERROR = ("raise", "skip")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -36,9 +39,9 @@ class HeadConfig:
     # ss3: mlp (per residue) | conv (TAPE's secondary-structure head, two 1-D convolutions);
     # remote_homology: mlp; auto picks linear for contact and mlp otherwise
     kind: str = "auto"
-    # contact only. encoder: concat(f_i * f_j, f_i - f_j) of the encoder outputs;
-    # mplus: the pair head's first-block output M+ (needs a PMLM encoder);
-    # auto: mplus when the encoder has a pair head (the paper's choice), encoder otherwise
+    # contact only. M: concat(f_i * f_j, f_i - f_j) of the encoder outputs;
+    # M+: the pair head's first-block output (needs a PMLM encoder);
+    # auto: M+ when the encoder has a pair head (the paper's choice), M otherwise
     features: str = "auto"
     # contact heads: dropout on the input pair features (TAPE: 0.5); mlp: after the hidden layer;
     # conv: after the first convolution (TAPE: 0.0)
@@ -58,6 +61,7 @@ class HeadConfig:
     def __post_init__(self) -> None:
         require(self.kind in ("auto", "linear", "resnet", "mlp", "conv"), "head.kind",
                  "must be one of auto, linear, resnet, mlp, conv", self.kind)
+        self.features = LEGACY_FEATURES.get(self.features, self.features)
         require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
         require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
         for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "conv_hidden", "pair_chunk_elements"):
@@ -70,29 +74,7 @@ class HeadConfig:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW with two learning rates (encoder, head), linear warm-up then linear decay to 0."""
-
-    lr: float = 1e-5  # peak learning rate of the encoder (used only when freeze_encoder is false)
-    head_lr: float = 1e-3  # peak learning rate of the head
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam moment decay rates
-    eps: float = 1e-8  # Adam denominator epsilon
-    weight_decay: float = 0.01  # decoupled decay on weight matrices (not biases / norms)
-    warmup_steps: int = 100  # optimizer steps of linear warm-up
-    total_steps: int = 3000  # optimizer steps in the whole run
-    clip_norm: float = 1.0  # global gradient-norm clip; 0 disables clipping
-
-    def __post_init__(self) -> None:
-        check_adamw(self)
-        require(self.head_lr > 0, "optim.head_lr", "must be > 0", self.head_lr)
-
-    def scale_at(self, step: int) -> float:
-        """Multiplier of both peak learning rates at optimizer step ``step`` (0-based): linear up, linear down."""
-        return warmup_decay(step, self.warmup_steps, self.total_steps)
-
-
-@dataclass
-class DataConfig:
+class TaskDataConfig:
     """How task files become labelled, cropped batches."""
 
     format: str = "auto"  # auto (by file name / content) | structure_jsonl | tape | raptorx
@@ -128,8 +110,8 @@ class FinetuneConfig(YamlConfig):
     task: str = "contact"  # contact | ss3 | remote_homology
     freeze_encoder: bool = True  # true: train the head only (frozen features); false: full fine-tuning
     head: HeadConfig = field(default_factory=HeadConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
+    data: TaskDataConfig = field(default_factory=TaskDataConfig)
     grad_accum: int = 1  # micro-batches per optimizer step
     log_every: int = 10  # optimizer steps between rows of metrics.csv
     eval_every: int = 0  # optimizer steps between validations on --valid; 0 = only at the end
@@ -146,9 +128,9 @@ class FinetuneConfig(YamlConfig):
             self.head = dataclasses.replace(self.head, kind=allowed[0])
         require(self.head.kind in allowed, "head.kind",
                  f"must be {' or '.join(allowed)} for task {self.task}", self.head.kind)
-        if self.task != "contact" and self.head.features == "mplus":
-            raise ConfigError(f"head.features mplus describes residue pairs; task {self.task} uses encoder outputs "
-                              "(set head.features: encoder or auto)")
+        if self.task != "contact" and self.head.features == FEATURES_M_PLUS:
+            raise ConfigError(f"head.features M+ describes residue pairs; task {self.task} uses encoder outputs "
+                              "(set head.features: M or auto)")
         for name in ("grad_accum", "log_every", "keep_last_checkpoints"):
             require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("eval_every", "save_every", "seed"):

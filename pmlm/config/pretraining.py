@@ -1,0 +1,108 @@
+"""The typed configuration tree of a pre-training run, loaded from YAML / dicts with strict key checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pmlm.config.optim import PretrainOptimConfig
+from pmlm.config.tree import YamlConfig, require
+from pmlm.errors import ConfigError
+from pmlm.model.config import PRESETS, ModelConfig, model_config
+from pmlm.model.encoder import ATTENTION_LAYOUTS
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.vocabulary import DEVICES, PMLM
+
+
+
+@dataclass
+class ModelSection:
+    """Which encoder to train: a named preset plus field overrides (see pmlm.model.config)."""
+
+    preset: str = "tiny"  # tiny | base | large | xl
+    # ModelConfig fields replacing the preset's and the objective's layer recipe, e.g. {norm: pre}; they apply
+    # to every objective trained from the recipe (see pmlm.model.config)
+    overrides: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # an unknown preset or field fails here, at load time, not after the data has been read
+        require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}", self.preset)
+        try:
+            self.build()
+        except ConfigError as exc:
+            raise ConfigError(f"model.overrides: {exc}") from None
+
+    def build(self, objective: str = PMLM) -> ModelConfig:
+        """The encoder of ``objective``: the preset's dimensions, the objective's released layer recipe, the overrides."""
+        return model_config(self.preset, objective, **self.overrides)
+
+
+@dataclass
+class ShardDataConfig:
+    """How shards become batches."""
+
+    tokens_per_batch: int = 8192  # budget per micro-batch: rows * padded length (specials and padding included)
+    max_len: int | None = None  # crop length in tokens incl. <cls>/<eos>; None = the model's max_len
+    buffer_rows: int = 16_384  # rows shuffled and length-bucketed together; larger = less padding
+    pad_to_multiple: int = 8  # padded batch length rounded up to this (tensor-core friendly shapes)
+    num_workers: int = 1  # background threads preparing upcoming shuffle buffers; 0 = inline
+
+    def __post_init__(self) -> None:
+        require(self.tokens_per_batch >= 1, "data.tokens_per_batch", "must be >= 1", self.tokens_per_batch)
+        max_len_ok = self.max_len is None or self.max_len >= 3
+        require(max_len_ok, "data.max_len", "must be >= 3 (it counts <cls> and <eos>) or null", self.max_len)
+        require(self.buffer_rows >= 1, "data.buffer_rows", "must be >= 1", self.buffer_rows)
+        require(self.pad_to_multiple >= 1, "data.pad_to_multiple", "must be >= 1", self.pad_to_multiple)
+        require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
+
+
+@dataclass
+class TrainConfig(YamlConfig):
+    """Everything a pre-training run depends on; saved into every checkpoint as config.json."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: PretrainOptimConfig = field(default_factory=PretrainOptimConfig)
+    data: ShardDataConfig = field(default_factory=ShardDataConfig)
+    grad_accum: int = 1  # micro-batches per optimizer step (per rank)
+    log_every: int = 10  # optimizer steps between rows of metrics.csv / TensorBoard
+    eval_every: int = 1000  # optimizer steps between validations; 0 = only at the end
+    eval_batches: int = 50  # validation micro-batches per rank (the first ones of the fixed-seed valid stream)
+    save_every: int = 1000  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM/SIGUSR1
+    keep_last_checkpoints: int = 3  # older step-N/ folders are deleted
+    seed: int = 1  # seeds model init, data order, crops and masks
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false
+    compile: bool = False  # torch.compile the encoder layers (see Encoder.compile_layers)
+    # layout of padded batches: auto (packed with the fused variable-length kernel on CUDA under bf16,
+    # padded with a key mask elsewhere) | packed | padded; see pmlm.model.encoder
+    attention: str = "auto"
+    # shard parameters and optimizer state with FSDP instead of DDP (for xl); also on one GPU under torchrun
+    fsdp: bool = False
+    tensorboard: bool = True  # also write TensorBoard events to <out>/tb
+
+    def __post_init__(self) -> None:
+        for name in ("grad_accum", "log_every", "eval_batches", "keep_last_checkpoints"):
+            require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+        for name in ("eval_every", "save_every", "seed"):
+            require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
+        require(self.attention in ATTENTION_LAYOUTS, "attention", f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
+                 self.attention)
+        require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+        model_max = self.model_config().max_len
+        require(
+            self.data.max_len is None or self.data.max_len <= model_max,
+            "data.max_len",
+            f"must be <= the model's max_len ({model_max}); raise model.overrides.max_len to go longer",
+            self.data.max_len,
+        )
+
+    @property
+    def max_len(self) -> int:
+        """Crop length in tokens (<cls> and <eos> included)."""
+        return self.data.max_len if self.data.max_len is not None else self.model_config().max_len
+
+    def model_config(self) -> ModelConfig:
+        """The encoder this run trains (its preset and overrides, with the objective's layer recipe)."""
+        return self.model.build(self.objective.name)
+

@@ -1,0 +1,153 @@
+"""Every way pmlm builds or loads a model, in one place: an encoder from its config (``build_model``), a
+pre-trained encoder artefact (``load_encoder``), a fine-tuned head with the encoder it was trained on
+(``load_head``), and the device they run on (``pick_device``). ``encoder_from_state`` is the one place where
+weights meet the model a description builds: the artefact reader and the importer of released checkpoints
+both go through it, so a model loads the same way whatever file it came from.
+
+Artefacts are given as the weights file or the folder holding it (``model.safetensors`` / ``head.safetensors``
+with their JSON sidecars, see pmlm.artefacts). Loading reads tensors and JSON only, never pickled code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from pmlm.artefacts import head_encoder_path, read_encoder, read_head, read_head_info, sidecar_path
+from pmlm.config.finetuning import FinetuneConfig
+from pmlm.errors import ConfigError, InputError
+from pmlm.model.config import ModelConfig
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.model.pmlm_model import PMLMModel
+from pmlm.model.task_heads import TaskModel, build_head
+from pmlm.vocabulary import DEVICES, MLM, PMLM_PAIR_ONLY
+
+ENCODER_FILE = "model.safetensors"
+HEAD_FILE = "head.safetensors"
+
+
+def pick_device(choice: str, local_rank: int = 0, *, option: str = "--device") -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` -> the device to run on: CUDA when asked for or (auto) available, on
+    GPU ``local_rank`` (torchrun's local rank; made the current device). ``option`` names the setting in
+    errors (``--device`` for commands, ``device:`` for recipes)."""
+    if choice not in DEVICES:
+        raise ConfigError(f"{option} must be one of {', '.join(DEVICES)}, got {choice!r}")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{option} cuda was requested but no CUDA device is visible; use auto or cpu")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel:
+    """A PMLMModel carrying exactly the heads ``objective`` trains (randomly initialised)."""
+    cfg = dataclasses.replace(
+        model_cfg,
+        token_head=objective.name != PMLM_PAIR_ONLY,
+        pair_head=objective.name != MLM,
+    )
+    return PMLMModel(cfg)
+
+
+def encoder_configs(info: dict, weights: str | Path) -> tuple[ModelConfig, ObjectiveConfig]:
+    """The model and objective an encoder sidecar describes; fields this version does not know are ignored."""
+    try:
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        model_cfg = ModelConfig(**{k: v for k, v in info["model"].items() if k in known})
+        objective = ObjectiveConfig(**info["objective"])
+    except (KeyError, TypeError) as exc:
+        raise InputError(sidecar_path(weights), f"incomplete model description ({exc})") from None
+    except ConfigError as exc:  # values the model config refuses: the sidecar is what is wrong
+        raise InputError(sidecar_path(weights), f"incompatible model description: {exc}") from None
+    return model_cfg, objective
+
+
+def encoder_from_state(model_cfg: ModelConfig, objective: ObjectiveConfig, state: dict, source: str | Path,
+                       described_by: str = "its description") -> PMLMModel:
+    """The model ``model_cfg`` and ``objective`` describe, holding ``state`` (name -> tensor) exactly: every
+    parameter present with its shape, nothing left over. A mismatch is a one-line error naming ``source``."""
+    model = build_model(model_cfg, objective)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of other shapes than the described model has
+        lines = str(exc).splitlines()
+        first = lines[1].strip() if len(lines) > 1 else str(exc)
+        raise InputError(source, f"weights do not match the model in {described_by} ({first})") from None
+    if missing or unexpected:
+        raise InputError(source, f"weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model
+
+
+def artefact_file(path: str | os.PathLike, name: str) -> Path:
+    """``path`` itself, or ``path/name`` when ``path`` is a folder."""
+    path = Path(path)
+    return path / name if path.is_dir() else path
+
+
+def is_head(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (file or folder) is a fine-tuned head rather than an encoder."""
+    path = Path(path)
+    if path.is_dir():
+        return (path / HEAD_FILE).is_file() and not (path / ENCODER_FILE).is_file()
+    return path.name == HEAD_FILE or sidecar_path(path).name == "head.json"
+
+
+def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[PMLMModel, dict, Path]:
+    """(model in eval mode on ``device``, sidecar info, weights path) of a pre-trained encoder given as its
+    ``model.safetensors`` or the folder holding it; callers choose the grad mode."""
+    weights = artefact_file(path, ENCODER_FILE)
+    if not weights.is_file():
+        raise InputError(weights, "no encoder weights here (model.safetensors with its model.json, "
+                                  "written by pmlm pretrain or pmlm import)")
+    info, state = read_encoder(weights)
+    model_cfg, objective = encoder_configs(info, weights)
+    model = encoder_from_state(model_cfg, objective, state, weights, sidecar_path(weights).name)
+    return model.to(device).eval(), info, weights
+
+
+class FineTuned(NamedTuple):
+    """A fine-tuned head loaded back: the TaskModel (encoder + head, eval mode), its recipe, its sidecar, and
+    the files it came from."""
+
+    model: TaskModel
+    config: FinetuneConfig
+    info: dict
+    path: Path
+    encoder_path: Path
+
+
+def load_head(path: str | os.PathLike, device: str | torch.device = "cpu", *,
+              encoder: str | os.PathLike | None = None, task: str | None = None) -> FineTuned:
+    """A fine-tuned head (``head.safetensors`` or its folder) on the encoder it was trained on. The encoder is
+    the one the head records (relative to the head's folder); ``encoder`` overrides it (a file or folder),
+    checked by sha256 either way. With ``task`` the head must be one of that task."""
+    head = artefact_file(path, HEAD_FILE)
+    if not head.is_file():
+        raise InputError(head, "no head weights here (head.safetensors with its head.json, written by pmlm finetune)")
+    if task is not None:
+        recorded = read_head_info(head)["config"]
+        found = recorded.get("task") if isinstance(recorded, dict) else None
+        if found != task:
+            raise InputError(sidecar_path(head), f"a {found} head, not a {task} head")
+    info, state = read_head(head)
+    try:
+        cfg = FinetuneConfig.from_dict(info["config"])
+    except ConfigError as exc:
+        raise InputError(sidecar_path(head), f"incompatible head description: {exc}") from None
+    override = None if encoder is None else artefact_file(encoder, ENCODER_FILE)
+    encoder_path = head_encoder_path(head, info, override)
+    encoder_model, _, _ = load_encoder(encoder_path)
+    model = TaskModel(encoder_model, build_head(cfg, encoder_model.cfg.hidden), cfg.task, cfg.head.features,
+                      cfg.freeze_encoder)
+    try:
+        model.trainable().load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(head, f"weights do not match the head in the sidecar: {first}") from None
+    return FineTuned(model.to(device).eval(), cfg, info, head, Path(encoder_path))
