@@ -89,7 +89,7 @@ def load_checkpoint(path: Path) -> dict:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names the first global it would not build
         if found:
             raise InputError(path, f"refused: the pickle names {found.group(1)}, which is not on the allow-list "
                                    "of a fairseq checkpoint (argparse.Namespace, torch tensors); nothing was "

@@ -31,7 +31,7 @@ SEED = 20240521
 SEQUENCES = ["MKTAYIAKQRQISFVKSHFSRQ", "GSHMLEDPV#RLQEWAKX", "MADQLTEEQIAEFKEAFSLFDKDGDGTITTKEL"]
 MARKED = [[2, 5, 9, 17], [1, 4, 10, 13], [3, 7, 20, 30]]
 DIMS = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "4", "--max-positions", "40", "--tokens-per-sample", "40"]
+        "--encoder-attention-heads", "4", "--max-positions", "128", "--tokens-per-sample", "128"]
 MODELS = {
     # the released pmlm_650m.pt: pmlm/script/pretrain.sh's task, criterion and arch, here with tiny dims
     "pmlm": ["--task", "prot_pmlm", "--criterion", "prot_pmlm", "--arch", "prot_pmlm_1b", "--pretrain-task", "pcomb",
