@@ -53,8 +53,8 @@ def tokenize_runtime(wildcards, input, attempt):
 
 
 # --- encoders larger than the presets. A released checkpoint holds fp32 weights, so its parameters are its size / 4
-# bytes; the rules that run an encoder give one of more than LARGE_ENCODER_PARAMS the second amount (estimates for the
-# released PMLM-650M on one GPU: README "Using the released PMLM-650M").
+# bytes. The steps that run an encoder give one of more than LARGE_ENCODER_PARAMS the second amount, estimates for the
+# released PMLM-650M on one GPU (README "Using the released PMLM-650M").
 LARGE_ENCODER_PARAMS = 300e6
 
 
@@ -63,8 +63,8 @@ def is_large(m):
 
 
 def by_encoder(amount, large_amount):
-    """A resource of a rule with the encoder's wildcards: ``amount``, or ``large_amount`` for a large released
-    encoder, times the attempt."""
+    """A resource that depends on the encoder named by the job's wildcards, times the attempt: ``amount``, or
+    ``large_amount`` for a large released encoder."""
 
     def scaled(wildcards, attempt):
         return attempt * (large_amount if is_large(model_of(wildcards)) else amount)
