@@ -21,6 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import pmlm
+from conftest import reorder_tolerance
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.errors import InputError
@@ -224,3 +226,128 @@ def test_the_expected_objective_is_checked(released_tiny, tmp_path):
     with pytest.raises(InputError, match="trained with objective pmlm, not mlm as expected"):
         import_checkpoint(released_tiny, tmp_path / "out", "mlm")
     assert not (tmp_path / "out").exists()
+
+
+# -- equivalence with the released code run by fairseq -------------------------------------------------------
+
+PROVENANCE = json.loads((FIXTURE / "provenance.json").read_text())
+
+
+def released_class_of_ours() -> list[int]:
+    """For each of our 27^2 pair classes (27 * id_i + id_j over our token ids, the gap last), the released class of
+    the same residue pair: the released code labels the features of (i, j) with t_j * 27 + t_i over its dictionary
+    (pmlm_utils.mask_batch_target), here read from the dictionary fairseq built for the fixture."""
+    names = {alphabet.CLS: "<s>", alphabet.PAD: "<pad>", alphabet.EOS: "</s>"}
+    fairseq = PROVENANCE["models"]["pmlm"]["dictionary"]
+    ours = [*alphabet.TOKENS[:alphabet.FULL_PAIR_SIDE - 1], alphabet.GAP]
+    index = [fairseq.index(names.get(t, t)) for t in ours]
+    side = len(fairseq)
+    return [side * index[b] + index[a] for a in range(side) for b in range(side)]
+
+
+def our_tokens(released_tokens: torch.Tensor) -> torch.Tensor:
+    """The fixture's fairseq token ids as ours, symbol by symbol."""
+    names = {"<s>": alphabet.CLS, "<pad>": alphabet.PAD, "</s>": alphabet.EOS}
+    fairseq = PROVENANCE["models"]["pmlm"]["dictionary"]
+    table = torch.tensor([alphabet.TOKEN_TO_ID.get(names.get(s, s), -1) for s in fairseq])  # the gap: no token
+    ours = table[released_tokens]
+    assert (ours >= 0).all()
+    return ours
+
+
+def layer_tolerance(reference: torch.Tensor, depth: int, cfg) -> float:
+    """fp32 rounding, accumulated: each layer's sums run over at most C + ffn + T terms (projections, feed-forward,
+    attention), each layer adds its own rounding to what it was given, so the bound grows with the depth."""
+    return depth * reorder_tolerance(reference, cfg.hidden + cfg.ffn + cfg.max_len)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("released")
+    return {name: import_checkpoint(FIXTURE / f"{name}_tiny.pt", root / name) for name in ("pmlm", "mlm")}
+
+
+@pytest.mark.parametrize("name", ["pmlm", "mlm"])
+@pytest.mark.parametrize("attention", ["padded", "packed"])
+def test_imported_model_computes_what_the_released_one_computes(imported, name, attention):
+    """Every layer's hidden states and the token logits at every real position, and (PMLM) the pair logits of the
+    ordered pairs of the marked positions, against fairseq running the released plugin (tests/data/released)."""
+    model, info = load_pretrained(imported[name])
+    model.encoder.attention = attention
+    cfg = model.cfg
+    ref = load_file(FIXTURE / f"{name}_tiny_reference.safetensors")
+    tokens = our_tokens(ref["src_tokens"])
+    real = tokens.ne(alphabet.PAD_ID)
+    states = []
+    model.encoder.dropout.register_forward_hook(lambda m, i, o: states.append(o))
+    for layer in model.encoder.layers:
+        layer.register_forward_hook(lambda m, i, o: states.append(o))
+    with torch.no_grad():
+        out = model(tokens)
+    if attention == "packed":  # the packed layout's layers see (T, C) rows of the real tokens
+        states = [torch.zeros(*tokens.shape, cfg.hidden).masked_scatter(real[..., None], s) for s in states]
+    assert len(states) == cfg.num_layers + 1 == ref["hidden_states"].shape[0]
+    for depth, (ours, theirs) in enumerate(zip(states, ref["hidden_states"])):
+        np.testing.assert_allclose(ours[real], theirs[real], rtol=0, atol=layer_tolerance(theirs, depth + 1, cfg))
+    fairseq = PROVENANCE["models"][name]["dictionary"]
+    residues = [fairseq.index(r) for r in alphabet.RESIDUES]
+    theirs = ref["token_logits"][..., residues]  # our 20 classes: the released logits of the residues
+    np.testing.assert_allclose(out["logits"][real], theirs[real], rtol=0,
+                               atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg))
+    if name == "pmlm":
+        marked = ref["marked"]
+        pairs = torch.tensor([(b, i, j) for b in range(marked.shape[0]) for i in marked[b].nonzero().flatten().tolist()
+                              for j in marked[b].nonzero().flatten().tolist() if i != j])  # row-major, as released
+        with torch.no_grad():
+            pair_logits = model(tokens, pair_index=pairs)["pair_logits"]
+        theirs = ref["pair_logits"][:, released_class_of_ours()]
+        assert pair_logits.shape == theirs.shape == (len(pairs), 27 * 27)
+        np.testing.assert_allclose(pair_logits, theirs, rtol=0, atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg))
+        np.testing.assert_allclose(out["logits"][marked], ref["marked_token_logits"][:, residues], rtol=0,
+                                   atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg))
+
+
+def test_fixture_models_are_the_released_families(imported):
+    pmlm_info = json.loads(imported["pmlm"].with_suffix(".json").read_text())
+    mlm_info = json.loads(imported["mlm"].with_suffix(".json").read_text())
+    assert (pmlm_info["source"]["arch"], pmlm_info["objective"]["name"]) == ("prot_pmlm_1b", "pmlm")
+    assert (pmlm_info["model"]["activation"], pmlm_info["model"]["embedding_norm"]) == ("relu", False)
+    assert (mlm_info["source"]["arch"], mlm_info["objective"]["name"]) == ("prot_mlm_base", "mlm")
+    assert (mlm_info["model"]["activation"], mlm_info["model"]["embedding_norm"]) == ("gelu", True)
+    assert mlm_info["source"]["share_encoder_input_output_embed"] is True
+    # the MLM checkpoint carries an Adam state, as fairseq saves it by default; it is read past, not imported
+    assert "encoder.sentence_projection_layer.weight" in mlm_info["source"]["dropped"]
+
+
+# -- using an imported model ------------------------------------------------------------------------------
+
+def test_embed_contacts_score_and_load_on_an_imported_model(imported, tmp_path):
+    model_dir = imported["pmlm"].parent
+    seqs = {"first": PROVENANCE["sequences"][0], "third": PROVENANCE["sequences"][2]}
+    fasta = tmp_path / "seqs.fasta"
+    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    assert main(["embed", str(model_dir), str(fasta), "-o", str(tmp_path / "emb.parquet"), "--device", "cpu"]) == 0
+    emb = pd.read_parquet(tmp_path / "emb.parquet")
+    ref = load_file(FIXTURE / "pmlm_tiny_reference.safetensors")["hidden_states"][-1]  # the released final layer
+    for b, (name, seq) in zip((0, 2), seqs.items()):
+        rows = np.stack(emb[emb["id"] == name]["embedding"].to_numpy())
+        np.testing.assert_allclose(rows, ref[b, 1:len(seq) + 1], rtol=0, atol=layer_tolerance(ref, 4, load_pretrained(
+            imported["pmlm"])[0].cfg))
+    assert main(["contacts", str(model_dir), str(fasta), "-o", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    scores = np.load(tmp_path / "maps" / "third.npz")["scores"]
+    assert scores.shape == (len(seqs["third"]),) * 2 and np.isfinite(scores[np.triu_indices(len(seqs["third"]), 1)]).all()
+    wt = tmp_path / "wt.fasta"
+    wt.write_text(f">wt\n{seqs['third']}\n")
+    (tmp_path / "muts.csv").write_text("mutant\nM1A\nA2G\nM1A:A2G\nD3E:K22R\n")
+    assert main(["score", str(model_dir), "--sequence", str(wt), "--mutations", str(tmp_path / "muts.csv"),
+                 "-o", str(tmp_path / "scores.tsv"), "--device", "cpu"]) == 0
+    table = pd.read_csv(tmp_path / "scores.tsv", sep="\t")
+    assert list(table["kind"]) == ["single", "single", "double", "double"]
+    assert list(table["double_from"].fillna("-"))[2:] == ["pair_joint", "pair_joint"]
+    assert np.isfinite(table["score"]).all()
+    loaded = pmlm.load(model_dir)
+    np.testing.assert_allclose(loaded.embed(seqs["first"]), ref[0, 1:len(seqs["first"]) + 1], rtol=0,
+                               atol=layer_tolerance(ref, 4, loaded.encoder.cfg))
+    np.testing.assert_allclose(loaded.contacts(seqs["third"]), scores, rtol=0, atol=1e-5, equal_nan=True)
+    rows = loaded.score(seqs["third"], ["M1A", "M1A:A2G"])
+    np.testing.assert_allclose([r["score"] for r in rows], table["score"].iloc[[0, 2]], rtol=0, atol=1e-5)
