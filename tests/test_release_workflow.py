@@ -65,22 +65,25 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
     shutil.copy(FIXTURE, served / FIXTURE.name)
     data = FIXTURE.read_bytes()
     chains = _chains(24, 120)
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
+    local = tmp_path / "resources" / "local"  # where the workflow takes task files the user provides
+    local.mkdir(parents=True)
     for split, rows in (("train", chains[:14]), ("valid", chains[14:18]), ("test", chains[18:])):
-        (tasks / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (local / f"chains_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with static_http_server(served) as url:
         release = {"url": f"{url}/{FIXTURE.name}", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         config = {
             "run": "rel",
             "pretrain": {"models": [{"dataset": "ur50-release", "objective": "pmlm", "preset": "tiny",
                                      "release": release}]},
-            "task_data": {"chains": {"files": {s: {"path": str(tasks / f"{s}.jsonl")} for s in ("train", "valid", "test")}}},
+            "task_data": {"chains": {"files": {s: {"path": f"resources/local/chains_{s}.jsonl"}
+                                               for s in ("train", "valid", "test")}}},
             "finetune": {
                 "recipes": {"contact": "config/finetune/contact_linear_tiny.yaml", "ss3": "config/finetune/ss3_tiny.yaml"},
                 "runs": {"contact": {"recipe": "contact", "data": "chains", "table": "tape_contact", "tests": {"t": "test"}},
                          "ss3": {"recipe": "ss3", "data": "chains", "table": "secondary_structure", "tests": {"t": "test"}}},
-                "set": {"optim.total_steps": 4, "optim.warmup_steps": 1, "save_every": 2, "data.batch_size": 4},
+                # the fixture reads 126 residues at a time
+                "set": {"optim.total_steps": 4, "optim.warmup_steps": 1, "save_every": 2, "data.batch_size": 4,
+                        "data.crop": 96},
                 "unsupervised": {"readouts": ["pair-kl"], "data": "chains", "tests": {"t": "test"}},
                 "test_label": "six demo chains",
             },
@@ -92,7 +95,7 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
         bad.write_text(yaml.safe_dump({**config, "pretrain": {"models": [
             {**config["pretrain"]["models"][0], "release": {**release, "sha256": "0" * 64}}]}}))
         proc = snakemake(*args, "--configfile", str(bad))
-        assert proc.returncode != 0
+        assert proc.returncode != 0, proc.stdout[-2000:]
         fetched = tmp_path / "resources" / "sources" / "release-ur50-release-pmlm-tiny" / FIXTURE.name
         log = (tmp_path / "logs" / "fetch" / "release-ur50-release-pmlm-tiny" / f"{FIXTURE.name}.log").read_text()
         assert "sha256 expected 0000" in log, log
