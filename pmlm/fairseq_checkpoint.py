@@ -122,8 +122,8 @@ def released_model(state: dict, path: Path) -> tuple[ModelConfig, ObjectiveConfi
     args = state.get("args")
     if not isinstance(args, argparse.Namespace):
         if "cfg" in state:
-            raise InputError(path, "a fairseq >= 0.10 hydra checkpoint ('cfg', no 'args'); the released code "
-                                   "writes fairseq 0.10.2's layout with an 'args' Namespace")
+            raise InputError(path, "a later fairseq's checkpoint ('cfg', no 'args'); the released code writes "
+                                   "fairseq 0.10.2's layout with an 'args' Namespace")
         raise InputError(path, "not a fairseq checkpoint: no 'args' Namespace (top-level keys: "
                                f"{', '.join(map(str, list(state)[:8])) or 'none'})")
     arch = _arg(args, "arch", path, str)

@@ -60,7 +60,7 @@ rule finetune:
     resources:
         gpu=1,
         cpus_per_gpu=4,
-        mem_mb=by_encoder(16000, 64000),
+        mem_mb=by_encoder(16000, 32000),
         runtime=by_encoder(240, 720),
     conda:
         "../../envs/pmlm.yaml"
@@ -87,7 +87,7 @@ rule evaluate:
     threads: 1
     resources:
         gpu=1,
-        mem_mb=by_encoder(8000, 32000),
+        mem_mb=by_encoder(8000, 16000),
         runtime=by_encoder(60, 180),
     conda:
         "../../envs/pmlm.yaml"
@@ -114,7 +114,7 @@ rule evaluate_unsupervised:
     threads: 1
     resources:
         gpu=1,
-        mem_mb=by_encoder(8000, 32000),
+        mem_mb=by_encoder(8000, 16000),
         runtime=by_encoder(60, 180),
     conda:
         "../../envs/pmlm.yaml"

@@ -89,7 +89,7 @@ rule plot_kl_histogram:
     benchmark:
         f"{BENCH}/figures/kl_histogram.tsv"
     resources:
-        mem_mb=for_kl_models(8000, 32000),
+        mem_mb=for_kl_models(8000, 16000),
         runtime=for_kl_models(60, 180),
     conda:
         "../../envs/pmlm.yaml"
