@@ -133,6 +133,16 @@ def test_released_layout_imports_with_its_provenance(released_tiny, tmp_path):
     assert torch.equal(ours["encoder.layers.1.attn.qkv.weight"][32:], v)
 
 
+def test_the_released_file_size_is_its_fp32_parameters():
+    """prot_pmlm_1b's tensors (bench_import.released_shapes, which the import test above maps name by name) are
+    680,814,837 values: 4 bytes each leave 245,962 of the released 2,723,505,310 bytes for the pickle and the zip
+    records, far less than one more copy (an optimiser state) or than half of them (fp16 weights) would change."""
+    bench = bench_module()
+    count = sum(math.prod(shape) for shape in bench.released_shapes(bench.DIMS["default"]).values())
+    assert count == 680_814_837
+    assert bench.RELEASED_SIZE - 4 * count == 245_962
+
+
 def test_a_truncated_file_is_one_line(released_tiny, tmp_path, capsys):
     cut = tmp_path / "cut.pt"
     data = released_tiny.read_bytes()
