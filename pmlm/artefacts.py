@@ -6,7 +6,7 @@
   (the head, plus the encoder under full fine-tuning) and the run's config, task and encoder;
 * shard manifest: ``manifest.json`` beside the Parquet shards (written by ``pmlm tokenize``).
 
-Each JSON carries a ``format`` field (``pmlm-encoder/2``, ``pmlm-head/1``, ``pmlm-shards/2``); a
+Each JSON carries a ``format`` field (``pmlm-encoder/3``, ``pmlm-head/1``, ``pmlm-shards/2``); a
 reader refuses another value with a one-line error. Sidecars written before the field existed
 have none and read as version 1 (their layout is that version's).
 
@@ -16,7 +16,9 @@ dictionary squared, 729 classes, instead of the padded vocabulary squared, 1,024
 sidecar reads as the encoder it describes: pre-LN with a final LayerNorm, GELU, no embedding
 LayerNorm, no attention or activation dropout unless recorded (``ENCODER_V1_LAYERS``); a version-1 ``full`` encoder is refused,
 as no current model has its 1,024-class head. An older pmlm refuses version 2, rather than build a
-pre-LN model from post-LN weights. Only tensors (safetensors) and
+pre-LN model from post-LN weights. ``pmlm-encoder/3`` added ``model.positions`` (``fairseq``: the
+numbering of imported released checkpoints); a version-2 sidecar has none and reads as ``pmlm``, what it was
+built with, and an older pmlm refuses version 3 rather than add another position table. Only tensors (safetensors) and
 JSON are read, so loading never runs code from a file.
 
 A head records its encoder's path relative to the head's own folder, so a results folder can be
@@ -26,14 +28,17 @@ moved whole; a path recorded by older versions (relative to the working director
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from pathlib import Path
 
 from pmlm.errors import InputError
 from pmlm.utils import atomic_output, file_digest
 
-ENCODER_FORMAT = "pmlm-encoder/2"
+ENCODER_FORMAT = "pmlm-encoder/3"
 ENCODER_V1 = "pmlm-encoder/1"
+ENCODER_V2 = "pmlm-encoder/2"
 # the layers every version-1 encoder was built with (the fields did not exist then)
 ENCODER_V1_LAYERS = {"norm": "pre", "embedding_norm": False, "activation": "gelu", "attention_dropout": 0.0,
                      "activation_dropout": 0.0}
@@ -110,10 +115,35 @@ def write_encoder(path: str | os.PathLike, state: dict, info: dict) -> tuple[Pat
     return save_weights(path, state, {"format": ENCODER_FORMAT, **info})
 
 
+def write_encoder_tensors(path: str | os.PathLike, tensors: dict, info: dict) -> tuple[Path, Path]:
+    """``write_encoder`` for float32 weights made one at a time: ``tensors`` maps each name to (shape, a function
+    returning the tensor). The safetensors layout (8-byte header length, JSON header, the tensors' bytes in order)
+    is written as the tensors are made, so the whole state is never in memory at once (``pmlm import``)."""
+    path = Path(path)
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, (shape, _) in tensors.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with atomic_output(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text)
+        for name, (shape, make) in tensors.items():
+            tensor = make().detach().to("cpu").contiguous()
+            if tensor.dtype.itemsize != 4 or not tensor.is_floating_point() or tuple(tensor.shape) != tuple(shape):
+                raise ValueError(f"{name}: made {tensor.dtype} {tuple(tensor.shape)}, declared float32 {tuple(shape)}")
+            fh.write(tensor.numpy().data)
+    sidecar = sidecar_path(path)
+    with atomic_output(sidecar) as tmp:
+        Path(tmp).write_text(json.dumps({"format": ENCODER_FORMAT, **info}, indent=2) + "\n")
+    return path, sidecar
+
+
 def read_encoder_info(weights: str | os.PathLike) -> dict:
     """The encoder's sidecar, checked to describe a model (``model`` and ``objective`` sections); a version-1
     model section gets the layer fields its encoder was built with (module docstring)."""
-    info = _read_sidecar(weights, (ENCODER_V1, ENCODER_FORMAT), "pmlm pretrain")
+    info = _read_sidecar(weights, (ENCODER_V1, ENCODER_V2, ENCODER_FORMAT), "pmlm pretrain")
     for key in ("model", "objective"):
         if not isinstance(info.get(key), dict):
             raise InputError(sidecar_path(weights), f"incomplete model description (no {key!r} section)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import keyword
 import sys
 
 from pmlm.version import __version__
@@ -37,12 +38,15 @@ SUBCOMMANDS: dict[str, str] = {
     "embed": "per-residue and per-sequence embeddings of a FASTA file (Parquet)",
     "contacts": "contact maps of FASTA sequences from a contact head or the pair head",
     "score": "single and double mutant scores (masked marginals, the pair head's joint)",
+    "import": "a released fairseq PMLM / MLM checkpoint (e.g. pmlm_650m.pt) as an encoder (model.safetensors + model.json)",
 }
 
 
 def command_module(name: str) -> str:
-    """The module of ``pmlm name``: ``pmlm.commands.<name with dashes as underscores>``."""
-    return "pmlm.commands." + name.replace("-", "_")
+    """The module of ``pmlm name``: ``pmlm.commands.<name>``, dashes as underscores, and a Python keyword with a
+    trailing underscore (``pmlm import`` is ``pmlm/commands/import_.py``)."""
+    module = name.replace("-", "_")
+    return "pmlm.commands." + (module + "_" if keyword.iskeyword(module) else module)
 
 
 class _OneLineErrors(argparse.ArgumentParser):

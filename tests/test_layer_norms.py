@@ -194,7 +194,7 @@ def test_version_2_round_trip_and_refusals(tmp_path):
     path = tmp_path / "model.safetensors"
     write_encoder(path, model.state_dict(), {"model": dataclasses.asdict(cfg), "objective": {"name": "mlm"}})
     loaded, info, _ = load_encoder(path)
-    assert info["format"] == ENCODER_FORMAT == "pmlm-encoder/2"
+    assert info["format"] == ENCODER_FORMAT == "pmlm-encoder/3"
     assert loaded.cfg == dataclasses.replace(cfg, pair_head=False)
     # a version-1 'full' model had 1,024 pair classes, which nothing builds now
     v1 = v1_model_section(model_config("tiny", pair_vocab="full"))

@@ -47,7 +47,8 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     proc = snakemake("-n", "-p", "--configfile", "config/paper.yaml")
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    assert counts["fetch_source"] == 5  # UniRef50 2018_03, Pfam-A 31.0, TAPE proteinnet / secondary_structure / remote_homology
+    # UniRef50 2018_03, Pfam-A 31.0, TAPE proteinnet / secondary_structure / remote_homology, the released PMLM
+    assert counts["fetch_source"] == 6
     assert counts["extract_member"] == 14  # uniref50.fasta.gz + 3 + 5 + 5 TAPE split files
     assert counts["expect_local_file"] == 3  # the RaptorX set has no public archive: the user places it
     for rule in ("ingest_sequences", "split_clusters", "tokenize_shards"):
@@ -55,9 +56,10 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     assert counts["pretrain"] == 6  # MLM/PMLM-base on Pfam and UR50, PMLM-large and PMLM-xl on UR50
     assert counts["tabulate_pretrain_scores"] == 1 and counts["plot_kl_histogram"] == 1
     assert "results/paper/pretrain/uniref50/pmlm_pair_only-xl/model.safetensors" in proc.stdout
-    # TAPE-Contact for all 6 encoders, RaptorX ResNet for 3 and linear for the 4 ablation encoders, SS and RH for PMLM-base Pfam
-    assert counts["finetune"] == 15 and counts["evaluate"] == 15
-    assert counts["evaluate_unsupervised"] == 4  # the PMLM encoders' pair-head contacts
+    # TAPE-Contact for all 7 encoders, RaptorX ResNet for 4 and linear for the 4 ablation encoders, SS and RH for
+    # PMLM-base Pfam and the released PMLM
+    assert counts["finetune"] == 19 and counts["evaluate"] == 19
+    assert counts["evaluate_unsupervised"] == 5  # the PMLM encoders' pair-head contacts
     assert counts["aggregate_tables"] == 1
     for dataset in ("uniref50", "pfam"):
         assert f"results/paper/data/{dataset}/shards" in proc.stdout
@@ -66,7 +68,7 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     kl = next(line for line in proc.stdout.splitlines() if "-m pmlm kl " in line)
     assert re.findall(r"--valid (\w+)=results/paper/data/\1/shards", kl) == ["pfam", "uniref50"]
     assert re.findall(r"--model (\S+)=", kl) == ["PMLM-base@pfam", "PMLM-base@uniref50", "PMLM-large@uniref50",
-                                                 "PMLM-pair-xl@uniref50"]
+                                                 "PMLM-pair-xl@uniref50", "PMLM-650m@ur50-release"]
     # the features of each contact run reach `pmlm finetune`, per encoder as config/paper.yaml sets them
     features = {}
     for line in proc.stdout.splitlines():
@@ -74,7 +76,7 @@ def test_paper_config_shows_every_job_of_the_reproduction():
             run = re.search(r"--final results/paper/finetune/(\S+)/head\.safetensors", line).group(1)
             chosen = re.search(r"--set '?head\.features=(M\+?)'?", line)
             features[run] = chosen.group(1) if chosen else "auto"
-    assert len(features) == 15
+    assert len(features) == 19
     assert features["pfam/pmlm-base/tape_contact_linear"] == "M+"
     assert features["uniref50/pmlm-base/tape_contact_linear"] == "M"
     assert features["uniref50/pmlm-large/tape_contact_linear"] == "M+"

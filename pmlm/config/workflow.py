@@ -61,11 +61,15 @@ def check_references(config: dict) -> None:
     seen = set()
     for i, model in enumerate(pretrain.get("models") or []):
         where = f"config.pretrain.models[{i}]"
-        if model["dataset"] not in datasets:
-            raise ConfigError(f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(datasets))}")
-        if model["preset"] not in recipes:
-            raise ConfigError(f"{where}.preset: no recipe for {model['preset']!r} in config.pretrain.recipes")
         key = (model["dataset"], model["objective"], model["preset"])
+        if model.get("release"):  # a released checkpoint: named freely, neither trained nor read from a dataset
+            if release_source(model) in sources:
+                raise ConfigError(f"{where}: the source name {release_source(model)!r} of this release is taken "
+                                  "by config.sources")
+        elif model["dataset"] not in datasets:
+            raise ConfigError(f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(datasets))}")
+        elif model["preset"] not in recipes:
+            raise ConfigError(f"{where}.preset: no recipe for {model['preset']!r} in config.pretrain.recipes")
         if key in seen:
             raise ConfigError(f"{where}: duplicate model {'/'.join(key)}")
         seen.add(key)
@@ -115,6 +119,11 @@ def check_references(config: dict) -> None:
 
 
 CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
+
+
+def release_source(model: dict) -> str:
+    """The name under which the workflow downloads a released encoder's checkpoint (a source of fetch_source)."""
+    return f"release-{model['dataset']}-{model['objective']}-{model['preset']}"
 
 
 def _check_features(where: str, run: dict, models: list[dict]) -> None:

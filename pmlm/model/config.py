@@ -37,6 +37,7 @@ from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
 PAIR_VOCABS = ("standard", "full")
 NORMS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
+POSITIONS = ("pmlm", "fairseq")
 
 # the released code's layer recipe per pre-training objective (module docstring, with the lines read)
 RELEASED_LAYERS: dict[str, dict] = {
@@ -73,6 +74,10 @@ class ModelConfig:
     # "full": the released code's dictionary squared, FULL_PAIR_SIDE ** 2 = 729 classes over token ids (pmlm.alphabet)
     pair_vocab: str = "standard"
     pair_chunk_size: int = 65536  # rows of pair_index pushed through the pair head at once (bounds transient memory)
+    # sinusoidal position table: "pmlm" (token t at angle t * f_k, <cls> = 0) or "fairseq" (fairseq 0.10.2's
+    # SinusoidalPositionalEmbedding: t + padding index + 1, computed in fp32), the convention of imported
+    # released checkpoints (pmlm.model.encoder.position_table)
+    positions: str = "pmlm"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "ffn", "heads", "pair_chunk_size"):
@@ -100,6 +105,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
+        if self.positions not in POSITIONS:
+            raise ConfigError(f"model.positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
         if self.pair_vocab not in PAIR_VOCABS:
             raise ConfigError(
                 f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}"

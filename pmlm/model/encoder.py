@@ -19,6 +19,11 @@ Choices (documented here once):
 * **Non-learnable sinusoidal positions** (paper, Experiment Setup): position ``t`` of the
   token sequence (``<cls>`` is position 0) gets ``[sin(t * f_k), cos(t * f_k)]`` with
   ``f_k = 10000^(-k / (C/2 - 1))``, the fairseq layout (sine half, then cosine half).
+  ``model.positions: fairseq`` is fairseq 0.10.2's own numbering, which the released checkpoints were
+  trained with: token ``t`` sits at ``t + padding_idx + 1 = t + 2`` (``utils.make_positions``) and the
+  table is computed in fp32 (``SinusoidalPositionalEmbedding.get_embedding``), so an imported model adds
+  exactly the vectors the released one adds. (fairseq's padding positions get a zero row; ours get a
+  row too, but no query attends to ``<pad>`` and nothing reads a ``<pad>`` output.)
 * Token embeddings are drawn from N(0, 1) (torch's default, as in the released PMLM code) so token
   identity and position (entries in [-1, 1]) enter the first layer at a comparable scale; the
   ``<pad>`` row is zero.
@@ -64,6 +69,25 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     freqs = torch.exp(torch.arange(half, dtype=torch.float64) * -scale)  # (C/2,)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * freqs[None, :]  # (T, C/2)
     return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (T, C)
+
+
+def fairseq_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """fairseq 0.10.2's table for tokens t = 0..num_positions-1 at positions t + PAD_ID + 1, with its fp32
+    arithmetic (the same expressions as ``SinusoidalPositionalEmbedding.get_embedding``; fairseq's padding
+    index is 1, ours too)."""
+    half = dim // 2
+    scale = math.log(POSITION_BASE) / (half - 1)
+    freqs = torch.exp(torch.arange(half, dtype=torch.float) * -scale)  # (C/2,) fp32
+    first = PAD_ID + 1
+    angles = torch.arange(first, first + num_positions, dtype=torch.float).unsqueeze(1) * freqs.unsqueeze(0)
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (T, C)
+
+
+def position_table(cfg: ModelConfig) -> torch.Tensor:
+    """(max_len, C) positions of the convention ``cfg.positions`` names (module docstring)."""
+    if cfg.positions == "fairseq":
+        return fairseq_positions(cfg.max_len, cfg.hidden)
+    return sinusoidal_positions(cfg.max_len, cfg.hidden)
 
 
 def key_padding_mask(tokens: torch.Tensor) -> torch.Tensor | None:
@@ -150,7 +174,7 @@ class Encoder(nn.Module):
         self.compiled = False  # set by compile_layers
         self.embed = nn.Embedding(VOCAB_SIZE, cfg.hidden, padding_idx=PAD_ID)
         # not a parameter and not saved: rebuilt from the config on load
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.hidden), persistent=False)
+        self.register_buffer("positions", position_table(cfg), persistent=False)
         self.embed_norm = nn.LayerNorm(cfg.hidden) if cfg.embedding_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))

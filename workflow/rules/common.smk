@@ -9,11 +9,15 @@ from urllib.parse import urlparse
 from snakemake import __version__ as SNAKEMAKE_VERSION
 
 from pmlm.reports.results import TABLES as RESULT_TABLES
-from pmlm.config.workflow import CONTACT_TABLES
+from pmlm.config.workflow import CONTACT_TABLES, release_source
 from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
 
 RUN = config["run"]
-SOURCES = config["sources"]
+# encoders given by a released checkpoint (pretrain.models entries with release:) instead of a pre-training run
+RELEASED = [m for m in config["pretrain"]["models"] if m.get("release")]
+# a release's checkpoint is downloaded like any source (fetch_source: resumable, checksummed)
+SOURCES = {**config["sources"], **{release_source(m): {"url": m["release"]["url"], "sha256": m["release"]["sha256"]}
+                                   for m in RELEASED}}
 DATASETS = config["datasets"]
 TASK_DATA = config["task_data"]
 # task data that split-structures derives (the others are files named in the config)
@@ -35,7 +39,8 @@ def one_of(names):
 
 wildcard_constraints:
     source=one_of(SOURCES),
-    dataset=one_of(DATASETS),
+    # encoders' folders: a configured dataset, or the name a release gives (rule pretrain reads configured ones only)
+    dataset=one_of(list(dict.fromkeys([*DATASETS, *(m["dataset"] for m in RELEASED)]))),
     taskdata=one_of(DERIVED_TASK_DATA),
     split="train|valid",
     objective=one_of(OBJECTIVE_LABEL),
@@ -201,6 +206,25 @@ def pretrained_targets():
     return [pretrained_weights(m) for m in PRETRAIN_MODELS]
 
 
+def trained_models():
+    """The encoders this workflow pre-trains (not released checkpoints)."""
+    return [m for m in PRETRAIN_MODELS if not m.get("release")]
+
+
+def release_of(wildcards):
+    """The released encoder ``wildcards.release`` (DATASET/OBJECTIVE-PRESET) names."""
+    return next(m for m in RELEASED if encoder_id(m) == wildcards.release)
+
+
+def released_checkpoint(wildcards):
+    return downloaded(release_source(release_of(wildcards)))
+
+
+def release_objective(wildcards):
+    """The objective the entry says its release was trained with; `pmlm import` checks the file agrees."""
+    return release_of(wildcards)["objective"]
+
+
 def pretrain_table_args(wildcards, input):
     models = []
     for m, weights in zip(PRETRAIN_MODELS, input.weights):
@@ -216,7 +240,8 @@ def kl_models():
 
 def kl_datasets():
     """The validation sets of the KL figure: the configured ones, else those the PMLM encoders were trained on."""
-    return PRETRAIN["kl"]["datasets"] or list(dict.fromkeys(m["dataset"] for m in kl_models()))
+    # a release's dataset names no validation set of this config
+    return PRETRAIN["kl"]["datasets"] or list(dict.fromkeys(m["dataset"] for m in kl_models() if m["dataset"] in DATASETS))
 
 
 def kl_args(wildcards, input):
@@ -231,7 +256,7 @@ def pretraining_targets():
     if not PRETRAIN_MODELS:
         return []
     targets = pretrained_targets() + [f"{RESULTS}/tables/pretrain_scores.html"]
-    if kl_models():
+    if kl_models() and kl_datasets():
         targets.append(f"{RESULTS}/figures/kl_histogram.svg")
     return targets
 
@@ -401,7 +426,7 @@ def finetuned_runs():
 def pretrain_curve_args(wildcards):
     # metrics.csv sits beside the checkpoints, outside the declared outputs (see the pretrain step); the final
     # weights are the inputs that say the log is complete
-    runs = [f"{encoder_label(m)}={pretrain_run_dir(m)}/metrics.csv" for m in PRETRAIN_MODELS]
+    runs = [f"{encoder_label(m)}={pretrain_run_dir(m)}/metrics.csv" for m in trained_models()]
     return " ".join(f"--run {shlex.quote(r)}" for r in runs)
 
 
@@ -458,7 +483,7 @@ def run_config_json(wildcards):
 
 def report_targets():
     targets = [f"{REPORT_DIR}/run_info.html"]
-    if PRETRAIN_MODELS:
+    if trained_models():
         targets.append(f"{RESULTS}/figures/pretrain_curves.svg")
     if finetuned_runs():
         targets.append(f"{RESULTS}/figures/finetune_curves.svg")

@@ -60,8 +60,8 @@ rule finetune:
     resources:
         gpu=1,
         cpus_per_gpu=4,
-        mem_mb=per_attempt(16000),
-        runtime=per_attempt(240),
+        mem_mb=by_encoder(16000, 32000),
+        runtime=by_encoder(240, 720),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -87,8 +87,8 @@ rule evaluate:
     threads: 1
     resources:
         gpu=1,
-        mem_mb=per_attempt(8000),
-        runtime=per_attempt(60),
+        mem_mb=by_encoder(8000, 16000),
+        runtime=by_encoder(60, 180),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -114,8 +114,8 @@ rule evaluate_unsupervised:
     threads: 1
     resources:
         gpu=1,
-        mem_mb=per_attempt(8000),
-        runtime=per_attempt(60),
+        mem_mb=by_encoder(8000, 16000),
+        runtime=by_encoder(60, 180),
     conda:
         "../../envs/pmlm.yaml"
     shell:

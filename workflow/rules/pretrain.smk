@@ -22,6 +22,10 @@ rule pretrain:
         f"{LOGS}/pretrain/{{dataset}}/{{objective}}-{{preset}}.log",
     benchmark:
         f"{BENCH}/pretrain/{{dataset}}/{{objective}}-{{preset}}.tsv"
+    # a configured dataset and recipe: never a released encoder's folder (rule import_release writes those)
+    wildcard_constraints:
+        dataset=one_of(DATASETS),
+        preset=one_of(PRETRAIN["recipes"]),
     # A trainer stopped by SIGUSR1/SIGTERM (time limit warning, preemption) saves a checkpoint and exits
     # with 99; the job fails and is resubmitted with attempt + 1 (a longer runtime), and resumes. Only
     # the submitting Snakemake retries: inside a SLURM job a retry would rerun the trainer in the same
@@ -85,8 +89,8 @@ rule plot_kl_histogram:
     benchmark:
         f"{BENCH}/figures/kl_histogram.tsv"
     resources:
-        mem_mb=per_attempt(8000),
-        runtime=per_attempt(60),
+        mem_mb=for_kl_models(8000, 16000),
+        runtime=for_kl_models(60, 180),
     conda:
         "../../envs/pmlm.yaml"
     shell:

@@ -5,7 +5,7 @@
 
 rule plot_pretrain_curves:
     input:
-        weights=pretrained_targets(),
+        weights=[pretrained_weights(m) for m in trained_models()],
     output:
         png=f"{RESULTS}/figures/pretrain_curves.png",
         svg=report(
@@ -73,8 +73,8 @@ rule plot_contact_maps:
         ft=r"[A-Za-z0-9_]+|unsupervised-pair-(kl|mi)",
     threads: 1
     resources:
-        mem_mb=per_attempt(4000),
-        runtime=per_attempt(20),
+        mem_mb=by_encoder(4000, 16000),
+        runtime=by_encoder(20, 60),
     conda:
         "../../envs/pmlm.yaml"
     shell:

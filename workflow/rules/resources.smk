@@ -50,3 +50,37 @@ def tokenize_mem_mb(wildcards, input, attempt):
 def tokenize_runtime(wildcards, input, attempt):
     # measured: ~30 MiB of FASTA per second; budget 2 MiB/s
     return attempt * (15 + int(input_mib(input) / 120))
+
+
+# --- encoders larger than the presets. A released checkpoint holds fp32 weights, so its parameters are its size / 4
+# bytes. The steps that run an encoder give one of more than LARGE_ENCODER_PARAMS the second amount, estimates for the
+# released PMLM-650M on one GPU (README "Using the released PMLM-650M").
+LARGE_ENCODER_PARAMS = 300e6
+
+
+def is_large(m):
+    return bool(m.get("release")) and m["release"]["size"] / 4 > LARGE_ENCODER_PARAMS
+
+
+def by_encoder(amount, large_amount):
+    """A resource that depends on the encoder named by the job's wildcards, times the attempt: ``amount``, or
+    ``large_amount`` for a large released encoder."""
+
+    def scaled(wildcards, attempt):
+        return attempt * (large_amount if is_large(model_of(wildcards)) else amount)
+
+    return scaled
+
+
+def for_kl_models(amount, large_amount):
+    """As ``by_encoder`` for the KL figure, which reads every PMLM encoder in one job."""
+
+    def scaled(wildcards, attempt):
+        return attempt * (large_amount if any(map(is_large, kl_models())) else amount)
+
+    return scaled
+
+
+def import_mem_mb(wildcards, attempt):
+    # measured (bench/bench_import.py): peak RSS within 1.5 x the checkpoint's size, its tensors memory-mapped
+    return attempt * (1000 + int(1.5 * release_of(wildcards)["release"]["size"] / 2**20))
