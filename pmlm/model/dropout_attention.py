@@ -16,10 +16,11 @@ the backward reads them once, with the closed form ``dscores = P * keep * dPk - 
   and a score is dropped where its integer falls below ``round(p * 2^16)``: the dropout probability is
   rounded to a multiple of 2^-16 (0.1 becomes 0.1000061) and ``1 / (1 - p)`` uses the rounded value, so
   the expectation stays exact. ``keep_mask`` rebuilds the full mask of a call from its seed.
-* **Threads.** The groups run on a pool of ``torch.get_num_threads()`` Python threads, each op
-  single-threaded (torch and NumPy release the GIL inside ops). A group's arithmetic is the same
-  whatever the thread count, so results are bit-identical with 1, 2 or 4 threads, and the many small
-  ops never wait on each other at OpenMP barriers (on a loaded machine those cost more than the ops).
+* **Threads.** The groups run on the calling thread and a pool of ``torch.get_num_threads() - 1`` more
+  Python threads, each op single-threaded (torch and NumPy release the GIL inside ops). A group's
+  arithmetic is the same whatever the thread count, so results are bit-identical with 1, 2 or 4 threads,
+  and the many small ops never wait on each other at OpenMP barriers (on a loaded machine those cost more
+  than the ops).
 * **Keys.** Trailing key columns that are ``<pad>`` in every row of the batch are cut before the blocks
   are formed (their probabilities are exactly 0); other ``<pad>`` keys get -inf scores as in SDPA.
 
@@ -129,30 +130,35 @@ def keep_mask(seed: int, matrices: int, rows: int, width: int, dropout_p: float)
 
 
 def _run(tasks: list) -> None:
-    """Run the tasks (callables) on ``torch.get_num_threads()`` threads with single-threaded ops, no autograd."""
+    """Run the tasks (callables) with single-threaded ops and no autograd: in this thread and, when torch has
+    more threads and there is more than one task, on ``torch.get_num_threads() - 1`` pool threads beside it."""
     global _pool
-    workers = torch.get_num_threads()
-    if workers == 1:
-        with torch.no_grad():
-            for task in tasks:
-                task()
-        return
-    with _pool_lock:
-        if _pool is None or _pool[:2] != (os.getpid(), workers):  # a forked child rebuilds its own threads
-            _pool = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="pmlm-attention"))
-        executor = _pool[2]
+    threads = torch.get_num_threads()
+    helpers = min(threads, len(tasks)) - 1
+    pending = iter(tasks)  # shared: each thread takes the next task until none is left
 
-    def no_grad(task):
+    def drain() -> None:
         with torch.no_grad():  # grad mode is per thread
-            task()
+            for task in pending:
+                task()
 
-    # torch's thread count is global: ops in the pool run single-threaded until it is restored
+    if threads == 1:
+        drain()
+        return
+    if helpers > 0:
+        with _pool_lock:
+            if _pool is None or _pool[:2] != (os.getpid(), threads):  # a forked child starts its own threads
+                _pool = (os.getpid(), threads, ThreadPoolExecutor(threads - 1, thread_name_prefix="pmlm-attention"))
+            executor = _pool[2]
+    # torch's thread count is global: every op runs single-threaded until it is restored
     torch.set_num_threads(1)
     try:
-        for future in [executor.submit(no_grad, task) for task in tasks]:
+        futures = [executor.submit(drain) for _ in range(helpers)] if helpers > 0 else []
+        drain()
+        for future in futures:
             future.result()
     finally:
-        torch.set_num_threads(workers)
+        torch.set_num_threads(threads)
 
 
 def _scores(qs, kt, bias, heads, rows):
