@@ -3,13 +3,14 @@
 For each model size (``--dims``, default base and xl) and crop length L (``--lengths``, default
 512 and 1024), one set of batches is built and every model trains on exactly those sequences:
 
-* ours, MLM and PMLM objectives, in each attention layout (``--layouts``; on CUDA ``auto``, the
-  packed layout with ``varlen_attn`` under bf16, and ``padded``, the key-masked SDPA reference),
+* ours, MLM and PMLM objectives with their released layers (attention dropout 0.1), in each attention
+  layout (``--layouts``; on CUDA ``auto``, the packed layout under bf16: FlashAttention's variable-length
+  kernel on jagged tensors, with dropout; and ``padded``, the key-masked SDPA reference),
   fed token-budget length-bucketed batches as the loader builds them (budget ``--token-budget``,
   width rounded up to a multiple of 8); ``--compile`` adds ``auto`` with compiled layers;
-* HF transformers ``EsmForMaskedLM`` of the same dims (its default attention, learned absolute
-  positions), fed the same sequences in random order in fixed batches of budget / L sequences,
-  each padded to L: the usual HF Trainer set-up (needs ``transformers``; skipped if absent).
+* HF transformers ``EsmForMaskedLM`` of the same dims and dropouts as our MLM (0.1 / 0.1; its default
+  attention, learned absolute positions), fed the same sequences in random order in fixed batches of
+  budget / L sequences, each padded to L: the usual HF Trainer set-up (needs ``transformers``; skipped if absent).
 
 A step is masking + forward + backward + AdamW, bf16 autocast on CUDA (fp32 on CPU). Each model
 runs ``--warmup`` untimed batches, then ``--rounds`` timed passes over ``--batches`` batches;
@@ -255,7 +256,9 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
     for objective in args.objectives:
         for layout, compiled in variants:
             def build(objective=objective, layout=layout, compiled=compiled):
-                model = build_model(model_config("base", max_len=L, **dims), ObjectiveConfig(name=objective))
+                # the objective's released layers; HF ESM below has the MLM recipe's dropouts (bench_vs_esm.build_hf)
+                cfg = model_config("base", objective=objective, max_len=L, **dims)
+                model = build_model(cfg, ObjectiveConfig(name=objective))
                 model.encoder.attention = layout
                 if compiled:
                     model.encoder.compile_layers()

@@ -86,3 +86,52 @@ def test_embed_bench_smoke_run(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["bench"] == "embed" and result["batches"] >= 1 and len(result["rounds"]) == 1
     assert result["ratio_embed_over_forward"] == result["rounds"][0]["ratio"] > 0
+
+
+def test_attention_dropout_bench_smoke_run(capsys):
+    """bench_attention_dropout.py --quick: attention alone three ways, then the step with and without dropout."""
+    bench = load("bench_attention_dropout")
+    assert bench.main(["--quick", "--no-sdpa-dropout"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-2])
+    assert result["bench"] == "attention_dropout" and result["passed"] is None  # --quick is not the bar
+    for shape in result["attention"].values():
+        assert set(shape["fwd_bwd_ms"]) == {"sdpa_no_dropout", "sdpa_dropout", "ours_dropout"}
+        assert shape["over_sdpa_no_dropout"]["sdpa_no_dropout"] == 1.0
+    step = result["step"]
+    assert set(step["median_step_s"]) == {"dropout_0.0", "dropout_0.1"} and len(step["all_step_s"]["dropout_0.1"]) == 2
+    assert step["ratio_over_dropout_0.0"]["dropout_0.1"] > 0
+
+
+def test_vs_esm_guard_names_every_difference():
+    vs_esm = load("bench_vs_esm")
+    ours = {"layers": 4, "attention_dropout": [0.1], "activation": "gelu"}
+    assert vs_esm.differences(ours, dict(ours)) == []
+    hf = {**ours, "attention_dropout": [0.0], "layer_norm_eps": [1e-12]}
+    assert vs_esm.differences(ours, hf) == [
+        "attention_dropout: ours [0.1], HF [0.0]", "layer_norm_eps: ours None, HF [1e-12]",
+    ]
+
+
+def test_vs_esm_builds_like_for_like_models_and_refuses_others(capsys, monkeypatch):
+    vs_esm = load("bench_vs_esm")
+    if not _has_transformers():
+        assert vs_esm.main(["--quick"]) == 0
+        assert "skipped" in json.loads(capsys.readouterr().out.splitlines()[0])
+        return
+    dims = vs_esm.DIMS["tiny"]
+    for attention_dropout in (0.1, 0.0):
+        ours = vs_esm.ours_fields(vs_esm.build_ours(dims, 64, 0.1, attention_dropout).train())
+        hf = vs_esm.hf_fields(vs_esm.build_hf(dims, 64, 0.1, attention_dropout).train())
+        assert vs_esm.differences(ours, hf) == [] and ours["attention_dropout"] == [attention_dropout]
+    args = ["--quick", "--preset", "tiny", "--max-len", "64", "--pool", "64", "--sequences", "4", "--control"]
+    assert vs_esm.main([*args, "--attention-dropouts", "0.1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[0])
+    (setting,) = result["settings"]
+    assert setting["differences"] == [] and setting["attention_dropout"] == 0.1
+    assert set(setting["ratios"]) == {"ours_over_hf", "ours_on_padded_over_hf"}
+    assert set(setting["bars"]) == set(setting["ratios"])  # the issue's bars apply at attention dropout 0.1
+    # HF built with another attention dropout: the guard stops the run before any timing
+    build_hf = vs_esm.build_hf
+    monkeypatch.setattr(vs_esm, "build_hf", lambda dims, max_len, dropout, _: build_hf(dims, max_len, dropout, 0.0))
+    assert vs_esm.main([*args, "--attention-dropouts", "0.1"]) == 2
+    assert "attention_dropout: ours [0.1], HF [0.0]" in capsys.readouterr().out

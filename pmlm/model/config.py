@@ -65,7 +65,7 @@ class ModelConfig:
     embedding_norm: bool = False  # LayerNorm on token + position embeddings (fairseq's encoder_normalize_before)
     activation: str = "relu"  # of the feed-forward blocks and of both heads' hidden layers: relu | gelu
     dropout: float = 0.1  # dropout on embeddings, attention output and feed-forward output
-    # dropout on attention probabilities; the fused variable-length kernel has none, so > 0 trains in the padded layout
+    # dropout on attention probabilities (on CPU: pmlm.model.dropout_attention; packed on GPUs: FlashAttention's own)
     attention_dropout: float = 0.1
     activation_dropout: float = 0.0  # dropout after the feed-forward activation
     token_head: bool = True  # 20-class masked-token head; False for the pmlm_pair_only objective

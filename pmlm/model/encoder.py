@@ -37,10 +37,10 @@ Choices (documented here once):
   sequence over ``cu_seqlens`` (see ``pmlm.model.attention``), then scatters back to (B, L, C)
   with zeros at ``<pad>``; ``"padded"`` keeps (B, L, C) and passes a key-padding mask to
   ``scaled_dot_product_attention`` (the reference; on a GPU the mask rules out the flash
-  kernel). ``"auto"`` packs where the fused variable-length kernel runs (CUDA under bf16 /
-  fp16, attention dropout off) and stays padded elsewhere, e.g. on CPU, where packing would
-  mean a per-sequence attention loop. The released recipes' attention dropout (0.1) therefore
-  trains padded; evaluation (no dropout) packs.
+  kernel; on CPU with attention dropout, ``pmlm.model.dropout_attention``'s blockwise kernel).
+  ``"auto"`` packs where a fused variable-length kernel runs (CUDA under bf16 / fp16:
+  ``varlen_attn`` without attention dropout, FlashAttention on jagged tensors with it) and stays
+  padded elsewhere, e.g. on CPU, where packing would mean a per-sequence attention loop.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ from torch import nn
 
 from pmlm.alphabet import PAD_ID, VOCAB_SIZE
 from pmlm.errors import PmlmError
-from pmlm.model.attention import HALF_DTYPES, Packing, pack, packed_attention, unpack, varlen_kernel_usable
+from pmlm.model.attention import HALF_DTYPES, Packing, pack, packed_attention, packed_kernel_usable, unpack
 from pmlm.model.config import ModelConfig
+from pmlm.model.dropout_attention import attention
 
 INIT_STD = 0.02  # std of Linear weights (BERT / fairseq RoBERTa)
 POSITION_BASE = 10000.0  # wavelength base of the sinusoidal positions
@@ -122,11 +123,7 @@ class SelfAttention(nn.Module):
         B, L, C = x.shape
         # (B, L, 3C) -> 3 x (B, H, L, D)
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=layout,  # (B, 1, 1, L) True = may attend, or None
-            dropout_p=dropout_p,
-        )  # (B, H, L, D)
+        out = attention(q, k, v, layout, dropout_p)  # layout: (B, 1, 1, L) True = may attend, or None; (B, H, L, D)
         return self.proj(out.transpose(1, 2).reshape(B, L, C))
 
 
@@ -233,7 +230,7 @@ class Encoder(nn.Module):
         autocast = device.type == "cuda" and torch.is_autocast_enabled("cuda")
         dtype = torch.get_autocast_dtype("cuda") if autocast else self.embed.weight.dtype
         dropout_p = self.cfg.attention_dropout if self.training else 0.0
-        return dtype in HALF_DTYPES and varlen_kernel_usable(device, dtype, self.cfg.head_dim, dropout_p)
+        return dtype in HALF_DTYPES and packed_kernel_usable(device, dtype, self.cfg.head_dim, dropout_p)
 
 
 def init_weights(module: nn.Module) -> None:
