@@ -118,4 +118,3 @@ def test_the_two_node_block_asks_for_gpus_per_node(in_repo):
     assert block["tasks_per_node"] == int(per_node.group(1)) == default["gpu"], block
     same = {k: v for k, v in default.items() if k not in ("gpu", "nodes")}
     assert {k: block[k] for k in same} == same
-

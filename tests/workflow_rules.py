@@ -93,4 +93,3 @@ def commented_block(path: Path, first_line: str) -> str:
             break
         body.append(line)
     return "\n".join(line[len(prefix):] for line in [first_line, *body])
-
