@@ -93,5 +93,14 @@ if [ "$want_slurm" = 1 ]; then
             say "SLURM daemons not installed and not root on Debian: the SLURM integration test will skip."
         fi
     fi
+    # the three-node test cluster: a network namespace, veth pair and host name per node
+    if ! command -v ip >/dev/null 2>&1 || ! command -v nsenter >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1; then
+        if is_root_debian; then
+            say "installing iproute2 and util-linux from Debian, for the multi-node SLURM test"
+            apt_install iproute2 util-linux
+        else
+            say "ip / nsenter / unshare missing and not root on Debian: the multi-node SLURM test will skip."
+        fi
+    fi
 fi
 say "ready: $("$PY" -c 'import torch, snakemake, pmlm; print("pmlm", pmlm.__version__, "| torch", torch.__version__, "| snakemake", snakemake.__version__)') | $(mmseqs version 2>/dev/null | head -1 | sed 's/^/mmseqs /')"

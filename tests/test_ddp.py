@@ -166,6 +166,27 @@ def test_a_stop_on_one_rank_stops_both_and_the_resumed_run_matches(ddp_case):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+def test_four_ranks_resume_bit_identical(shard_case):
+    """With two ranks every gradient sum has one order; with four, gloo adds the ranks' values in an order set by
+    where the gradient sits in the buffer it reduces. DDP lays its buckets out anew after each process's first
+    step, so the resumed run's first step has another layout than the uninterrupted run's at that step: the
+    gradients are reduced parameter by parameter so that this changes nothing."""
+    root, shards = shard_case
+    cfg_path = root / "ddp4.yaml"
+    cfg_path.write_text(yaml.safe_dump(_config()))
+    reference, out = root / "ddp4", root / "ddp4-stopped"
+    done = _torchrun(cfg_path, shards, reference, ranks=4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _torchrun(cfg_path, shards, out, stop_at=3, ranks=4)
+    assert [json.loads((out / f"rank{r}-3.json").read_text())["code"] for r in range(4)] == [REQUEUE_EXIT_CODE] * 4
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3"]
+    done = _torchrun(cfg_path, shards, out, ranks=4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = load_file(reference / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a), max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def test_fsdp_and_ddp_train_the_same_model(shard_case):
     root, _ = shard_case
     runs = {mode: root / mode / "final" / "model.safetensors" for mode in ("ddp", "fsdp")}

@@ -1,11 +1,14 @@
 """`pmlm launch`: the command it builds from SLURM's environment (1 x 1, 1 x 4, 2 x 4, with and without
-the variables the executor strips), and, with real child processes, the requeue exit code and signal
-forwarding through torchrun."""
+the variables the executor strips), the rendezvous port, the timeouts and the environment it hands to every
+node, and, with real child processes, the requeue exit code and signal forwarding through torchrun, what each
+node and rank says, the one line on a failure, and a collective that times out when a rank hangs."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,18 +16,19 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pmlm.cli import main
 from pmlm.errors import ConfigError
-from pmlm.train import REQUEUE_EXIT_CODE
-from pmlm.train.allocation import count_visible_gpus, first_host, read_allocation
-from pmlm.train.launch import plan_launch
+from pmlm.train import COLLECTIVE_TIMEOUT_ENV, REQUEUE_EXIT_CODE
+from pmlm.train.allocation import count_visible_gpus, expand_hostlist, first_host, read_allocation
+from pmlm.train.launch import LaunchPlan, failure_summary, pick_rendezvous_port, plan_launch, rendezvous_port
 
 PY = "python"
 MARKER = Path("/shared/run/.pmlm-launch-x")
 COMMAND = ["-m", "pmlm", "pretrain", "--config", "base.yaml"]
 WORKER = ["-m", "pmlm.train.launch", "--requeue-marker", str(MARKER), *COMMAND]
-AGENT = [PY, "-m", "pmlm.train.launch", "--ignore-usr1", "-m", "torch.distributed.run"]
+AGENT = [PY, "-m", "pmlm.train.launch", "--ignore-usr1", "--node-report", str(MARKER), "-m", "torch.distributed.run"]
 # bound for each real launch below (torchrun with two CPU workers starts in ~3 s here)
 LAUNCH_TIMEOUT_S = 120
 READY_WAIT_S = 60
@@ -43,10 +47,11 @@ BATCH_2X4 = {
     "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
     "SLURM_CPUS_ON_NODE": "32", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
 }  # fmt: skip
-SRUN_2X4 = ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpus-per-task=32"]
+SRUN_2X4 = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpus-per-task=32"]
+# the port from the job id: 29500 + 4242 mod 2000
 TORCHRUN_2X4 = [
     "--nnodes", "2", "--nproc_per_node", "4", "--rdzv_backend", "c10d",
-    "--rdzv_endpoint", "gpu07:29500", "--rdzv_id", "4242",
+    "--rdzv_endpoint", "gpu07:29742", "--rdzv_id", "4242", "--rdzv_conf", "join_timeout=600", "--max_restarts", "0",
 ]  # fmt: skip
 
 
@@ -75,8 +80,8 @@ def test_one_gpu_in_a_batch_job_gets_its_own_srun_step():
            "SLURM_CPUS_ON_NODE": "8", "CUDA_VISIBLE_DEVICES": "0"}  # fmt: skip
     plan = _plan(env)
     assert plan.mode == "srun"
-    assert plan.argv == ["srun", "--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpus-per-task=8",
-                         PY, *COMMAND]  # fmt: skip
+    assert plan.argv == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                         "--cpus-per-task=8", PY, *COMMAND]  # fmt: skip
 
 
 def test_four_gpus_on_one_node_use_standalone_torchrun():
@@ -88,14 +93,78 @@ def test_four_gpus_on_one_node_use_standalone_torchrun():
 def test_four_gpus_in_a_batch_job_run_torchrun_in_an_srun_step():
     env = {**BATCH_2X4, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu07"}
     plan = _plan(env)
-    assert plan.argv == [*SRUN_2X4[:1], "--nodes=1", *SRUN_2X4[2:], *AGENT, "--standalone", "--nproc_per_node", "4",
-                         *WORKER]  # fmt: skip
+    assert plan.argv == ["srun", "--nodes=1", "--ntasks=1", *SRUN_2X4[3:], *AGENT, "--standalone", "--nproc_per_node",
+                         "4", *WORKER]  # fmt: skip
 
 
 def test_two_nodes_by_four_gpus_rendezvous_on_the_first_node():
     plan = _plan(BATCH_2X4)
-    assert (plan.mode, plan.nodes, plan.procs_per_node) == ("srun", 2, 4)
+    assert (plan.mode, plan.nodes, plan.procs_per_node, plan.world_size) == ("srun", 2, 4, 8)
     assert plan.argv == [*SRUN_2X4, *AGENT, *TORCHRUN_2X4, *WORKER]
+    assert plan.hosts == ["gpu07", "gpu08"] and plan.rendezvous == "gpu07:29742"
+    # every node's workers get the collective timeout (the trainer reads it)
+    assert plan.env == {COLLECTIVE_TIMEOUT_ENV: "600"}
+
+
+def test_rendezvous_port_follows_the_job_id_and_timeouts_reach_torchrun():
+    # jobs that share a first node meet at different ports; below Linux's ephemeral ports (32768-)
+    assert [rendezvous_port(j) for j in ("7", "4242", "2007", "1999", None)] == [29507, 29742, 29507, 31499, 29500]
+    alloc = read_allocation(BATCH_2X4, job_record=_no_job_record)
+    plan = plan_launch(alloc, COMMAND, port=31000, marker_dir=MARKER, python=PY, join_timeout=45,
+                       collective_timeout=30)
+    assert "gpu07:31000" in plan.argv and "join_timeout=45" in plan.argv
+    assert plan.env == {COLLECTIVE_TIMEOUT_ENV: "30"}
+    with pytest.raises(ConfigError, match="--join-timeout"):
+        plan_launch(alloc, COMMAND, join_timeout=0)
+
+
+def test_a_taken_port_on_the_first_node_moves_to_the_next_free_one(monkeypatch):
+    import socket
+
+    job = {**BATCH_2X4, "SLURM_JOB_NODELIST": f"{socket.gethostname()},gpu08"}
+    alloc = read_allocation(job, job_record=_no_job_record)
+    port = rendezvous_port("4242")
+    with socket.socket() as busy:  # something listens at the job's port on this (the first) node
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("", port))
+        except OSError:
+            pytest.skip(f"port {port} is in use on this machine already")
+        busy.listen()
+        chosen, note = pick_rendezvous_port(alloc)
+    assert chosen != port and 29500 <= chosen < 31500, (chosen, note)
+    assert f"{port} was in use here" in note
+    # elsewhere (not the first node) nothing can be probed: the job id's port
+    other = read_allocation(BATCH_2X4, job_record=_no_job_record)
+    assert pick_rendezvous_port(other) == (port, "from job id 4242")
+
+
+def test_a_user_batch_script_keeps_one_task_per_node():
+    # sbatch --ntasks-per-node=4 exports SLURM_NTASKS=8 to the script; the step asks for one task per node
+    # explicitly, or srun would start 8 torchruns and ask for more CPUs than the job has
+    plan = _plan({**BATCH_2X4, "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"})
+    assert plan.argv[:4] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [("gpu07", ["gpu07"]), ("gpu[07-08,12],cpu1", ["gpu07", "gpu08", "gpu12", "cpu1"]), ("n[3,1-2]", ["n3", "n1", "n2"]),
+     ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]), ("pmlm-n[1-3]", ["pmlm-n1", "pmlm-n2", "pmlm-n3"])],
+)  # fmt: skip
+def test_expand_hostlist(nodelist, hosts):
+    # expected values as `scontrol show hostnames` prints them
+    assert expand_hostlist(nodelist) == hosts
+    assert first_host(nodelist) == hosts[0]
+
+
+def test_failure_summary_names_each_node():
+    plan = LaunchPlan("srun", ["srun"], 2, 2, MARKER, ["n1", "n2"], "n1:29501", {})
+    line = failure_summary(plan, 137, 8.4, {"n1": "torchrun exited 1: rank 0 exit 2, rank 1 exit 2 after 40 s"},
+                           ["n2: task 1: Killed", "n1: task 0: Exited with exit code 1"])
+    assert "\n" not in line
+    assert line == ("pmlm launch: error: exit 137 after 8 s on 2 node(s): n1: torchrun exited 1: rank 0 exit 2, "
+                    "rank 1 exit 2 after 40 s; n2: no report (its processes were killed, or the node was lost, "
+                    "before torchrun ended); srun: n2: task 1: Killed | n1: task 0: Exited with exit code 1")
 
 
 def test_two_nodes_from_the_job_record_when_the_executor_stripped_slurm_variables():
@@ -137,7 +206,7 @@ def test_cpu_count_is_optional_but_nodes_are_not():
         raise ConfigError("scontrol not on PATH")
 
     plan = _plan(env, job_record=unavailable)
-    assert plan.argv[:4] == ["srun", "--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert plan.argv[:5] == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert not any(a.startswith("--cpus-per-task") for a in plan.argv)
     with pytest.raises(ConfigError, match="scontrol"):
         _plan({"SLURM_JOB_ID": "9"}, job_record=unavailable)
@@ -150,6 +219,7 @@ def test_bad_arguments_are_one_line_errors():
         plan_launch(read_allocation({}), [])
     with pytest.raises(ConfigError, match="--port"):
         plan_launch(read_allocation({}, gpus_per_node=2), COMMAND, port=70000)
+
     with pytest.raises(ConfigError, match="gpus-per-node"):
         read_allocation({}, gpus_per_node=-1)
     with pytest.raises(ConfigError, match="not a number"):
@@ -170,6 +240,8 @@ def test_first_host_of_a_hostlist(nodelist, first):
 def test_unreadable_hostlists_are_refused(nodelist):
     with pytest.raises(ConfigError, match="node list"):
         first_host(nodelist)
+    with pytest.raises(ConfigError, match="node list"):
+        expand_hostlist(nodelist)
 
 
 @pytest.mark.parametrize(
@@ -189,6 +261,11 @@ def test_dry_run_prints_the_command(monkeypatch, capsys):
     assert printed == [sys.executable, *AGENT[1:], "--standalone", "--nproc_per_node", "2", *WORKER]
     assert main(["launch", "--dry-run", "--"]) == 2  # no command: one-line error
     assert "no command" in capsys.readouterr().err
+    assert main(["launch", "--env", "NO_EQUALS", "--dry-run", "--", *COMMAND]) == 2
+    assert "--env expects NAME=VALUE" in capsys.readouterr().err
+    monkeypatch.setenv("PMLM_JOIN_TIMEOUT", "soon")
+    assert main(["launch", "--gpus-per-node", "2", "--dry-run", "--", *COMMAND]) == 2
+    assert "PMLM_JOIN_TIMEOUT must be a whole number of seconds" in capsys.readouterr().err
 
 
 # -- real child processes: exit codes and signals --------------------------------------------------
@@ -246,10 +323,18 @@ def test_a_worker_requeue_exit_under_torchrun_becomes_99(tmp_path):
     # torchrun itself reports any failed worker as exit 1
     code, out = _finish(_launch(tmp_path, 2, "0,99"))
     assert code == REQUEUE_EXIT_CODE, out
-    assert "exitcode  : 99" in out or "exitcode: 99" in out  # torchrun saw the worker's 99
+    # torchrun saw the worker's 99, and the node's wrapper says so in one line instead of torchrun's traceback
+    assert re.search(r"^pmlm launch: node \S+: torchrun exited 1: .*rank 1 exit 99 \(requeue\)", out, re.M), out
+    assert "Traceback" not in out, out
     assert not list(tmp_path.glob(".pmlm-launch-*")), "marker folder left behind"
     code, out = _finish(_launch(tmp_path, 2, "0,3"))
-    assert code == 1, out  # an ordinary failure stays a failure
+    assert code == 1, out  # an ordinary failure stays a failure, said in one line at the end
+    host = socket.gethostname()
+    assert re.search(rf"^pmlm launch: error: exit 1 after \d+ s on 1 node\(s\): {re.escape(host)}: torchrun exited 1: "
+                     r".*rank 1 exit 3 after \d+ s$", out, re.M), out
+    # each worker says which rank runs where
+    for rank in (0, 1):
+        assert re.search(rf"^pmlm launch: rank {rank} of 2 \(local rank {rank}\) on {re.escape(host)} ", out, re.M), out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
@@ -262,7 +347,7 @@ def test_stop_signals_reach_every_worker_and_the_requeue_code_comes_back(tmp_pat
     assert code == REQUEUE_EXIT_CODE, out
     if sig == signal.SIGUSR1:
         # torchrun ignored it (USR1's default action is to die) and reported its workers' exits itself
-        assert "exitcode  : 99" in out, out
+        assert re.search(r"^pmlm launch: node \S+: torchrun exited 1: .*exit 99 \(requeue\)", out, re.M), out
     assert not list(tmp_path.glob(".pmlm-launch-*")), "marker folder left behind"
 
 
@@ -277,3 +362,60 @@ def test_worker_wrapper_records_a_requeue_exit(tmp_path):
     assert [p.name.split("-")[:2] for p in marker.iterdir()] == [["requeue", "3"]]
     done = subprocess.run([*wrapper, "-c", "import sys; sys.exit(4)"], capture_output=True, text=True)
     assert done.returncode == 4 and len(list(marker.iterdir())) == 1  # other exits leave no marker
+
+
+# -- a rank that hangs: the collective timeout ends the run, in one line ---------------------------------------
+
+HANG_TIMEOUT_S = 4
+
+
+@pytest.mark.slow
+def test_a_hung_rank_fails_the_run_after_the_collective_timeout(shard_dir, tmp_path):
+    """The trainer under `pmlm launch --collective-timeout`: one of two ranks is stopped (SIGSTOP, as a hung node);
+    the other gives up after the timeout with one line naming the step and the intact last checkpoint, instead of
+    waiting in its all-reduce for good (torch's own default is 30 minutes)."""
+    cfg = {
+        "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
+        "optim": {"lr": 1e-3, "warmup_steps": 1, "total_steps": 100000},
+        "data": {"tokens_per_batch": 256, "buffer_rows": 32, "num_workers": 0},
+        "log_every": 1, "eval_every": 0, "save_every": 5, "tensorboard": False, "device": "cpu",
+    }  # fmt: skip
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    out_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "pmlm", "launch", "--gpus-per-node", "2", "--collective-timeout", str(HANG_TIMEOUT_S),
+           "--", "-m", "pmlm", "pretrain", "--config", str(tmp_path / "cfg.yaml"), "--shards", str(shard_dir),
+           "--out", str(out_dir), "--final", str(tmp_path / "final" / "model.safetensors")]  # fmt: skip
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    stopped = None
+    try:
+        deadline = time.monotonic() + READY_WAIT_S
+        while not (out_dir / "checkpoints" / "step-5").is_dir():  # training is under way, a checkpoint written
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        pids = dict(re.findall(r"^pmlm launch: rank (\d) of 2 .*, pid (\d+);", log.read_text(), re.M))
+        stopped = int(pids["1"])
+        os.kill(stopped, signal.SIGSTOP)
+        started = time.monotonic()
+        lost = re.compile(r"^pmlm pretrain: error: rank 0 on \S+ lost the other ranks at step (\d+) \((.*)\); "
+                          r"last checkpoint: (\S+), rerun to resume from it$", re.M)
+        while not lost.search(log.read_text()):
+            assert proc.poll() is None and time.monotonic() < started + LAUNCH_TIMEOUT_S, log.read_text()
+            time.sleep(0.1)
+        print(f"rank 1 stopped -> rank 0 gave up after {time.monotonic() - started:.1f} s "
+              f"(collective timeout {HANG_TIMEOUT_S} s)")
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)  # so that it can be torn down
+        code = proc.wait(timeout=LAUNCH_TIMEOUT_S)
+    text = log.read_text()
+    step, reason, checkpoint = lost.search(text).groups()
+    # gloo's own timeout (the waits above are far shorter than its default of 600 s): the operation that waited,
+    # or, when another was first to notice, the pair it closed
+    assert re.search(rf"Timed out waiting {HANG_TIMEOUT_S * 1000}ms|timeout caused pair closure", reason), reason
+    assert Path(checkpoint).parent == out_dir / "checkpoints" and int(step) > int(Path(checkpoint).name[5:])
+    assert code not in (0, REQUEUE_EXIT_CODE), text
+    assert re.search(r"^pmlm launch: error: exit \d+ after \d+ s on 1 node\(s\): ", text, re.M), text
+    assert "Traceback" not in text, text

@@ -9,7 +9,7 @@ import re
 
 import pytest
 import yaml
-from workflow_rules import REPO, local_rules, read_rules
+from workflow_rules import REPO, commented_block, local_rules, read_rules
 
 from snakemake.cli import get_profile_dir, parse_args
 
@@ -106,3 +106,15 @@ def test_every_job_rule_has_resources_and_a_benchmark():
     missing = {name: sorted({"mem_mb", "runtime"} - rule.resources) for name, rule in jobs.items()}
     assert {name: m for name, m in missing.items() if m} == {}
     assert sorted(name for name, rule in jobs.items() if "benchmark" not in rule.directives) == []
+
+
+def test_the_two_node_block_asks_for_gpus_per_node(in_repo):
+    """The commented block for two nodes, as a user uncomments it: the default block's settings, with GPUs counted
+    per node (`gres`, so that SLURM cannot spread them unevenly) and one task slot per GPU on each node."""
+    block = yaml.safe_load(commented_block(SLURM_PROFILE, "  #   pretrain:"))["pretrain"]
+    default = _raw(_parse(["--profile", "slurm"]).set_resources["pretrain"])
+    per_node = re.fullmatch(r"gpu:(\d+)", block["gres"])
+    assert block["nodes"] == 2 and block["gpu"] == 0 and per_node, block
+    assert block["tasks_per_node"] == int(per_node.group(1)) == default["gpu"], block
+    same = {k: v for k, v in default.items() if k not in ("gpu", "nodes")}
+    assert {k: block[k] for k in same} == same

@@ -43,6 +43,17 @@ def test_lint_is_clean():
     assert "Lints for" not in proc.stdout + proc.stderr
 
 
+def test_pretrain_resources_become_the_launcher_options():
+    """GPUs per node from `gres` over two nodes, and the site's `launch_env` as one --env per variable."""
+    proc = snakemake("-n", "-p", "--cores", "2", "--set-resources", "pretrain:nodes=2", "pretrain:gres=gpu:2",
+                     "pretrain:launch_env='NCCL_SOCKET_IFNAME=ib0 PMLM_COLLECTIVE_TIMEOUT=900'", "--",
+                     "results/demo/pretrain/demo/pmlm-tiny/model.safetensors")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    launch = re.search(r"python -m pmlm launch (.*?) -- -m pmlm pretrain", proc.stdout)
+    assert launch, proc.stdout[-3000:]
+    assert launch.group(1) == "--gpus-per-node 2 --env NCCL_SOCKET_IFNAME=ib0 --env PMLM_COLLECTIVE_TIMEOUT=900"
+
+
 def test_paper_config_shows_every_job_of_the_reproduction():
     proc = snakemake("-n", "-p", "--configfile", "config/paper.yaml")
     assert proc.returncode == 0, proc.stderr

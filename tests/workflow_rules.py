@@ -79,3 +79,17 @@ def local_rules() -> set[str]:
     block = re.search(r"^localrules:\n((?:[ \t]+\S.*\n|\n)+)", text, re.M)
     assert block, "no localrules: block in the Snakefile"
     return set(re.findall(r"(\w+),?", block.group(1)))
+
+
+def commented_block(path: Path, first_line: str) -> str:
+    """A commented-out YAML block of a profile, uncommented: ``first_line`` (e.g. ``  #   pretrain:``) and the
+    lines below it that are indented further, with the comment prefix of ``first_line`` removed."""
+    lines = path.read_text().splitlines()
+    start = lines.index(first_line)
+    prefix = first_line[: len(first_line) - len(first_line.lstrip(" #"))]
+    body = []
+    for line in lines[start + 1:]:
+        if not line.startswith(prefix + "  "):
+            break
+        body.append(line)
+    return "\n".join(line[len(prefix):] for line in [first_line, *body])

@@ -9,6 +9,13 @@ from __future__ import annotations
 # rerunning the same command resumes from the checkpoint. Distinct from the codes that shells,
 # signals (128 + n), timeout(1) (124, 137) and pmlm's own errors (2) use.
 REQUEUE_EXIT_CODE = 99
+# Seconds a worker waits in one collective (gradient all-reduce, checkpoint gather, barrier) for the other
+# ranks before it fails: a rank that hangs or whose node vanished without closing its connections fails the
+# job in bounded time (a rank that died is noticed at once). Read by the trainer from this variable, which
+# `pmlm launch --collective-timeout` sets on every node; long checkpoint writes on a slow filesystem (the
+# other ranks wait for rank 0 to write) need it raised.
+COLLECTIVE_TIMEOUT_ENV = "PMLM_COLLECTIVE_TIMEOUT"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600
 # what `pmlm pretrain --help` and `pmlm finetune --help` say about it
 RESUME_NOTE = (
     "Resumes from the newest checkpoint in OUT/checkpoints automatically. On SIGTERM or SIGUSR1 it saves a "

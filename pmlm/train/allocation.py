@@ -68,6 +68,48 @@ def first_host(nodelist: str) -> str:
     return re.sub(r"\[([^\]]*)\]", lambda m: re.match(r"\s*(\d+)", m.group(1)).group(1), entry)
 
 
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Every host of a SLURM hostlist in `scontrol show hostnames` order: ``gpu[07-08],cpu1`` -> gpu07, gpu08,
+    cpu1; ``rack[1-2]-n[01-02]`` -> rack1-n01, rack1-n02, rack2-n01, rack2-n02."""
+    hosts = []
+    depth, entry = 0, []
+    for ch in nodelist.strip() + ",":
+        if ch == "," and depth == 0:
+            hosts += _expand_entry("".join(entry).strip(), nodelist)
+            entry = []
+            continue
+        depth += (ch == "[") - (ch == "]")
+        if depth not in (0, 1):
+            break
+        entry.append(ch)
+    if depth != 0 or entry:
+        raise ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
+    return hosts
+
+
+def _expand_entry(entry: str, nodelist: str) -> list[str]:
+    bad = ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
+    parts = re.split(r"(\[[^\[\]]*\])", entry)
+    if not entry or entry.startswith("[") or any(ch in p for p in parts[::2] for ch in "[]"):
+        raise bad
+    names = [""]
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            names = [n + part for n in names]
+            continue
+        values = []
+        for item in part[1:-1].split(","):
+            match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)
+            if not match:
+                raise bad
+            lo, hi = match.group(1), match.group(2) or match.group(1)
+            if int(hi) < int(lo):
+                raise bad
+            values += [str(k).zfill(len(lo)) for k in range(int(lo), int(hi) + 1)]
+        names = [n + v for n in names for v in values]
+    return names
+
+
 def scontrol_job_record(job_id: str) -> dict[str, str]:
     """`scontrol show job` as key=value pairs (NumNodes, NumCPUs, NodeList, ...)."""
     try:

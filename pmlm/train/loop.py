@@ -10,6 +10,7 @@ fine-tuning (device, precision, signals, divergence stop, metrics log) is in ``t
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import json
 import math
@@ -49,7 +50,10 @@ from pmlm.train.runtime import (
     agree,
     autocast_factory,
     check_compatible,
+    collective_timeout,
     derived_seed,
+    is_communication_failure,
+    lost_ranks,
     requeue_exit,
     stop_if_diverged,
 )
@@ -101,7 +105,8 @@ def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_p
     distributed = world > 1 or (cfg.fsdp and "MASTER_ADDR" in os.environ)
     own_group = distributed and _join_process_group(device)
     stop = StopSignals().install()
-    train_stream = log = progress = None
+    train_stream = log = progress = wrapped = fsdp_module = None
+    step = 0
     try:
         autocast = autocast_factory(device, cfg.bf16)
         if device.type == "cuda":
@@ -198,12 +203,23 @@ def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_p
         if is_main:
             _write_outputs(cfg, model, step, valid_metrics, final_state, scores_path, final_path)
         return 0
+    except RuntimeError as exc:
+        if distributed and is_communication_failure(exc):
+            # another rank died, hung past the collective timeout or became unreachable: one line, not a traceback
+            raise lost_ranks(exc, step, out_dir) from None
+        raise
     finally:
         stop.restore()
         for part in (progress, log, train_stream):
             if part is not None:
                 part.close()
         if own_group and dist.is_initialized():
+            # The DDP / FSDP wrapper goes first. Its reducer holds the process group, and a gloo group destroyed
+            # from there (with the GIL held) joins its worker threads while one of them may be waiting for the
+            # GIL to free the last collective's tensors: a rank then hangs at exit for good. Released by
+            # destroy_process_group instead, the group is destroyed without the GIL.
+            wrapped = fsdp_module = None
+            gc.collect()
             dist.destroy_process_group()
 
 
@@ -212,7 +228,8 @@ def _join_process_group(device: torch.device) -> bool:
     if dist.is_initialized():
         return False  # a caller's own process group is left alone
     backend, device_id = ("nccl", device) if device.type == "cuda" else ("gloo", None)
-    dist.init_process_group(backend, device_id=device_id)
+    # a bounded wait in every collective: a rank that hangs or vanishes fails the job instead of holding it
+    dist.init_process_group(backend, device_id=device_id, timeout=collective_timeout())
     return True
 
 
@@ -251,11 +268,43 @@ def _wrap(objective: PretrainingObjective, cfg: TrainConfig, device, rank: int, 
         wrapped = nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None, **_NO_BUFFER_SYNC
         )
+        if device.type == "cpu":
+            wrapped.register_comm_hook(None, _allreduce_by_parameter)
     else:
         wrapped = objective
     if cfg.compile:
         model.encoder.compile_layers()  # per layer: the objective's dynamic shapes stay out of the graphs
     return wrapped, _adamw(wrapped, decay, cfg, device)
+
+
+def _allreduce_by_parameter(process_group, bucket):  # no annotations: DDP checks them, and these are strings
+    """DDP's gradient reduction on CPU (gloo), one parameter at a time: each gradient averaged over the ranks on
+    its own, so that the order in which gloo adds the ranks' values (its ring goes round in chunks of the tensor
+    it reduces) depends on the parameter alone, not on where DDP's bucket holds it. DDP lays its buckets out
+    anew after the first step of each process, so a resumed run's first step has another layout than the run
+    it continues; with three or more ranks some sums would then be added in another order, and the resumed run
+    would not end bit-identical to an uninterrupted one."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    futures = []
+    for grad in bucket.gradients():  # views into the bucket's buffer
+        grad.div_(world)
+        futures.append(dist.all_reduce(grad, group=group, async_op=True).get_future())
+
+    def reduced(done):
+        # a failed reduction raises here, in the backward pass, instead of going unnoticed; the first failure
+        # is the cause (e.g. a timeout), the others its consequence (gloo closes the pair it timed out on)
+        errors = []
+        for future in done.value():
+            try:
+                future.wait()
+            except RuntimeError as exc:
+                errors.append(exc)
+        if errors:
+            raise next((e for e in errors if "pair closure" not in str(e)), errors[0])
+        return bucket.buffer()
+
+    return torch.futures.collect_all(futures).then(reduced)
 
 
 def _adamw(wrapped: nn.Module, decay: set[str], cfg: TrainConfig, device) -> torch.optim.AdamW:

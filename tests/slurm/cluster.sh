@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Start, stop or query a real one-node SLURM cluster on this machine (munged, MariaDB, slurmdbd,
-# slurmctld, slurmd; all state under one directory in /tmp) for the workflow's SLURM integration tests.
-# The node is a pretend GPU node, sized like the machines profiles/slurm asks for (64 CPUs, 256 GB,
+# Start, stop or query a real SLURM cluster on this machine (munged, MariaDB, slurmdbd, slurmctld,
+# slurmd; all state under one directory in /tmp) for the workflow's SLURM integration tests.
+# Each node is a pretend GPU node, sized like the machines profiles/slurm asks for (64 CPUs, 256 GB,
 # 4 GPUs: booked, not enforced), in two partitions (debug, the default, and gpu), with an accounting
 # database and an account `pmlm-test`: `snakemake --profile slurm` runs on it as on a real cluster.
+#
+# One node (the default): this host, on 127.0.0.1. PMLM_SLURM_NODES=N (N >= 2): N nodes, each a slurmd
+# in a network namespace of its own with its own host name (pmlm-n1, pmlm-n2, ...) and address on a
+# bridge (10.199.77.11, .12, ...), the controller and slurmdbd on the host's end of the bridge
+# (10.199.77.1); /etc/netns/<node>/hosts names every node for the processes inside (tests/slurm/README.md).
 #
 # Usage: tests/slurm/cluster.sh start|stop|status
 #
@@ -17,6 +22,10 @@
 #   PMLM_SLURM_SLURMD_PORT      slurmd port                        [6818]
 #   PMLM_SLURM_DBD_PORT         slurmdbd port                      [6819]
 #   PMLM_SLURM_DB_PORT          MariaDB port (127.0.0.1 only)      [6820]
+#   PMLM_SLURM_NODES            compute nodes; 2 or more: one network namespace each     [1]
+#   PMLM_SLURM_SUBNET           first three octets of the nodes' /24 (N >= 2)  [10.199.77]
+#   PMLM_SLURM_NODE_PREFIX      node (and namespace) names: <prefix>1 ... (N >= 2)        [pmlm-n]
+#   PMLM_SLURM_BRIDGE           the bridge joining the namespaces (N >= 2)     [pmlm-br0]
 #   PMLM_SLURM_NODE_CPUS        CPUs the node claims (at least this machine's)  [64]
 #   PMLM_SLURM_NODE_MEMORY_MB   memory the node claims (at least this machine's) [262144]
 #   PMLM_SLURM_NODE_GPUS        fake GPUs                          [4]
@@ -41,6 +50,10 @@ MIN_JOB_AGE=${PMLM_SLURM_MIN_JOB_AGE:-300}
 DEF_MEM_PER_CPU=${PMLM_SLURM_DEF_MEM_PER_CPU:-1024}
 START_TIMEOUT=${PMLM_SLURM_START_TIMEOUT:-60}
 NO_INSTALL=${PMLM_SLURM_NO_INSTALL:-0}
+NODES=${PMLM_SLURM_NODES:-1}
+SUBNET=${PMLM_SLURM_SUBNET:-10.199.77}
+NODE_PREFIX=${PMLM_SLURM_NODE_PREFIX:-pmlm-n}
+BRIDGE=${PMLM_SLURM_BRIDGE:-pmlm-br0}
 
 TEMPLATE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/templates
 ETC_DIR=$STATE_DIR/etc
@@ -57,19 +70,25 @@ SLURM_CONF_FILE=$ETC_DIR/slurm.conf
 # Commands inside jobs find the cluster through the default config path only: the
 # executor's job step strips every SLURM_* variable (SLURM_CONF included) before its srun.
 SYSTEM_CONF=${PMLM_SLURM_SYSTEM_CONF:-/etc/slurm/slurm.conf}
-# The node is addressed on loopback so that no name resolution is needed.
-NODE_ADDR=127.0.0.1
+# One node: this host, addressed on loopback so that no name resolution is needed. Several nodes: the
+# controller on the host's end of the bridge (.1), node i at .(10 + i).
+FIRST_NODE_OCTET=11
+# what start set up (layout, namespaces, links, hosts files), read back by status and stop
+LAYOUT_FILE=$STATE_DIR/layout
+NETWORK_FILE=$STATE_DIR/network
 # Daemons are stopped with SIGTERM, then SIGKILL after this many seconds in all.
 STOP_GRACE_SECONDS=10
 # Keep this much of the machine's memory out of RealMemory: slurmd drains a node whose
 # configured memory exceeds what it measures.
 MEMORY_HEADROOM_PERCENT=5
 
-DEBIAN_PACKAGES=(munge slurm-wlm slurm-client slurmdbd mariadb-server)
+DEBIAN_PACKAGES=(munge slurm-wlm slurm-client slurmdbd mariadb-server iproute2 util-linux)
 REQUIRED_COMMANDS=(munged slurmctld slurmd slurmdbd mariadbd mariadb-install-db mariadb sinfo sbatch squeue scontrol
     srun sacct sacctmgr)
-# in start order
-DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+# several nodes: network namespaces, veth pairs and a bridge (iproute2), a host name per node (util-linux)
+MULTI_NODE_COMMANDS=(ip nsenter unshare)
+# in start order; one slurmd@<node> per node follows (see all_daemons)
+HOST_DAEMONS=(munged mariadbd slurmdbd slurmctld)
 
 say() { printf 'pmlm-slurm: %s\n' "$*"; }
 fail() { printf 'pmlm-slurm: error: %s\n' "$*" >&2; exit 1; }
@@ -81,8 +100,18 @@ pid_file() {
         mariadbd) echo "$RUN_DIR/mariadbd.pid" ;;
         slurmdbd) echo "$RUN_DIR/slurmdbd.pid" ;;
         slurmctld) echo "$RUN_DIR/slurmctld.pid" ;;
-        slurmd) echo "$RUN_DIR/slurmd.pid" ;;
+        # slurm.conf: SlurmdPidFile=.../slurmd-%n.pid (%n: the node name)
+        slurmd@*) echo "$RUN_DIR/slurmd-${1#slurmd@}.pid" ;;
     esac
+}
+
+# The daemons of the layout in $LAYOUT_FILE (or of the one about to start), in start order.
+all_daemons() {
+    local node
+    printf '%s\n' "${HOST_DAEMONS[@]}"
+    for node in "${NODE_NAMES[@]}"; do
+        printf 'slurmd@%s\n' "$node"
+    done
 }
 
 # Print the pid of a daemon if its pid file names a live process, else nothing.
@@ -97,8 +126,9 @@ live_pid() {
 }
 
 missing_commands() {
-    local cmd missing=()
-    for cmd in "${REQUIRED_COMMANDS[@]}"; do
+    local cmd missing=() required=("${REQUIRED_COMMANDS[@]}")
+    ((NODES == 1)) || required+=("${MULTI_NODE_COMMANDS[@]}")
+    for cmd in "${required[@]}"; do
         command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
     done
     echo "${missing[*]}"
@@ -142,8 +172,26 @@ ensure_installed() {
 # jobs for (slurm.conf's SlurmdParameters=config_overrides makes slurmd accept the claim). Jobs book
 # these resources; nothing enforces them (no cgroups), so the machine itself may be small.
 detect_node() {
-    NODE_NAME=$(hostname -s)
-    [[ -n $NODE_NAME ]] || fail "hostname -s printed nothing; cannot name the node"
+    CTLD_HOST=$(hostname -s)
+    [[ -n $CTLD_HOST ]] || fail "hostname -s printed nothing; cannot name the controller"
+    [[ $NODES =~ ^[1-9][0-9]?$ ]] || fail "PMLM_SLURM_NODES must be a number from 1 to 99, got '$NODES'"
+    NODE_NAMES=() NODE_ADDRS=()
+    if ((NODES == 1)); then
+        CTLD_ADDR=127.0.0.1
+        NODE_NAMES=("$CTLD_HOST") NODE_ADDRS=(127.0.0.1)
+        NODE_LIST=$CTLD_HOST NODE_ADDR_LIST=127.0.0.1
+    else
+        [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "PMLM_SLURM_SUBNET must be three octets, e.g. 10.199.77"
+        CTLD_ADDR=$SUBNET.1
+        local i
+        for ((i = 1; i <= NODES; i++)); do
+            NODE_NAMES+=("$NODE_PREFIX$i")
+            NODE_ADDRS+=("$SUBNET.$((FIRST_NODE_OCTET + i - 1))")
+        done
+        # SLURM hostlists: pmlm-n[1-3] at 10.199.77.[11-13]
+        NODE_LIST="$NODE_PREFIX[1-$NODES]"
+        NODE_ADDR_LIST="$SUBNET.[$FIRST_NODE_OCTET-$((FIRST_NODE_OCTET + NODES - 1))]"
+    fi
     CPUS=$(nproc)
     ((CPUS >= NODE_CPUS)) || CPUS=$NODE_CPUS
     local mem_kb
@@ -158,8 +206,10 @@ render() {
     local template=$1 target=$2
     [[ -r $template ]] || fail "template $template not found"
     sed -e "s|@STATE_DIR@|$STATE_DIR|g" \
-        -e "s|@NODE_NAME@|$NODE_NAME|g" \
-        -e "s|@NODE_ADDR@|$NODE_ADDR|g" \
+        -e "s|@CTLD_HOST@|$CTLD_HOST|g" \
+        -e "s|@CTLD_ADDR@|$CTLD_ADDR|g" \
+        -e "s|@NODE_LIST@|$NODE_LIST|g" \
+        -e "s|@NODE_ADDR_LIST@|$NODE_ADDR_LIST|g" \
         -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
         -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
         -e "s|@MUNGE_SOCKET@|$MUNGE_SOCKET|g" \
@@ -199,7 +249,7 @@ unlink_system_conf() {
 log_tails() {
     local f
     for f in "$LOG_DIR"/munged.log "$LOG_DIR"/mariadbd.log "$LOG_DIR"/slurmdbd.log "$LOG_DIR"/slurmctld.log \
-        "$LOG_DIR"/slurmd.log; do
+        "$LOG_DIR"/slurmd-*.log; do
         [[ -s $f ]] || continue
         printf -- '--- last lines of %s ---\n' "$f" >&2
         tail -n 15 "$f" >&2
@@ -292,40 +342,52 @@ wait_for_controller() {
     done
 }
 
-node_state() {
-    SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE_NAME" -o '%T' 2>/dev/null | head -n 1
+# "<node> <state>" per node, one a line.
+node_states() {
+    SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -o '%N %T' 2>/dev/null | sort -u
 }
 
 wait_for_idle() {
-    local deadline=$((SECONDS + START_TIMEOUT)) state=""
+    local deadline=$((SECONDS + START_TIMEOUT)) states="" node state up name
     while ((SECONDS < deadline)); do
-        state=$(node_state || true)
-        case $state in
-            idle | mixed | allocated) return 0 ;;
-            drain* | down* | inval* | fail*)
-                log_tails
-                SLURM_CONF=$SLURM_CONF_FILE scontrol show node "$NODE_NAME" >&2 || true
-                fail "node $NODE_NAME is $state"
-                ;;
-        esac
+        states=$(node_states || true)
+        up=0
+        while read -r node state; do
+            [[ -n $node ]] || continue
+            case $state in
+                idle | mixed | allocated) up=$((up + 1)) ;;
+                drain* | down* | inval* | fail*)
+                    log_tails
+                    SLURM_CONF=$SLURM_CONF_FILE scontrol show node "$node" >&2 || true
+                    fail "node $node is $state"
+                    ;;
+            esac
+        done <<<"$states"
+        ((up == ${#NODE_NAMES[@]})) && return 0
         # slurmd may hold an 'unknown' state until it registers
-        for name in "${DAEMONS[@]}"; do
+        while read -r name; do
             if [[ -z $(live_pid "$name") ]]; then
                 log_tails
                 fail "$name died during start-up"
             fi
-        done
+        done < <(all_daemons)
         sleep 0.5
     done
     log_tails
-    fail "node $NODE_NAME not idle after ${START_TIMEOUT}s (state: ${state:-none})"
+    fail "nodes not all idle after ${START_TIMEOUT}s: ${states:-no answer from sinfo}"
 }
 
 all_running() {
     local name
-    for name in "${DAEMONS[@]}"; do
+    while read -r name; do
         [[ -n $(live_pid "$name") ]] || return 1
-    done
+    done < <(all_daemons)
+    return 0
+}
+
+# The node count of the cluster this script last started (from its layout file), or nothing.
+running_layout() {
+    [[ -r $LAYOUT_FILE ]] && sed -n 's/^nodes=//p' "$LAYOUT_FILE"
     return 0
 }
 
@@ -344,13 +406,133 @@ cancel_jobs() {
     done
 }
 
+# -- several nodes: one network namespace per node on a bridge -----------------------------------------
+
+# Each piece is recorded in $NETWORK_FILE as soon as it exists, so that stop removes exactly what start
+# made, even after a start that failed half-way.
+record_network() {
+    printf '%s %s\n' "$1" "$2" >>"$NETWORK_FILE"
+}
+
+# /etc/netns/<node>/hosts: mounted over /etc/hosts for the node's slurmd and so for its job steps (as
+# `ip netns exec <node>` does too), so that every node resolves every node name and the controller's name
+# to their bridge addresses, as a cluster's DNS would. Each name resolves to the node's own address, never
+# to loopback: gloo and NCCL bind to what the host name resolves to.
+write_hosts_file() {
+    local target=$1 i
+    {
+        printf '# pmlm test cluster (tests/slurm/cluster.sh); removed by its stop\n'
+        printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
+        printf '%s\t%s\n' "$CTLD_ADDR" "$CTLD_HOST"
+        for ((i = 0; i < ${#NODE_NAMES[@]}; i++)); do
+            printf '%s\t%s\n' "${NODE_ADDRS[$i]}" "${NODE_NAMES[$i]}"
+        done
+    } >"$target"
+}
+
+setup_network() {
+    local i node addr host_end
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        fail "network link $BRIDGE already exists (another test cluster?); stop it or set PMLM_SLURM_BRIDGE"
+    fi
+    for node in "${NODE_NAMES[@]}"; do
+        if ip netns list | grep -qw "^$node"; then
+            fail "network namespace $node already exists; remove it (ip netns del $node) or set PMLM_SLURM_NODE_PREFIX"
+        fi
+    done
+    ip link add "$BRIDGE" type bridge
+    record_network link "$BRIDGE"
+    ip addr add "$CTLD_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    for ((i = 0; i < ${#NODE_NAMES[@]}; i++)); do
+        node=${NODE_NAMES[$i]} addr=${NODE_ADDRS[$i]} host_end="${NODE_NAMES[$i]}-h"
+        ((${#host_end} <= 15)) || fail "link name $host_end is longer than 15 characters; shorten PMLM_SLURM_NODE_PREFIX"
+        ip netns add "$node"
+        record_network netns "$node"
+        # a veth pair: one end on the bridge, the other the node's eth0
+        ip link add "$host_end" type veth peer name "$node-c"
+        record_network link "$host_end"
+        ip link set "$node-c" netns "$node"
+        ip -n "$node" link set "$node-c" name eth0
+        ip -n "$node" addr add "$addr/24" dev eth0
+        ip -n "$node" link set eth0 up
+        ip -n "$node" link set lo up
+        ip link set "$host_end" master "$BRIDGE" up
+        mkdir -p "/etc/netns/$node"
+        record_network etc "/etc/netns/$node"
+        write_hosts_file "/etc/netns/$node/hosts"
+        # the host's DNS server is out of reach from the bridge: lookups of names and addresses not in the hosts
+        # file (c10d looks up each peer's address) would wait for its timeout instead of failing at once
+        printf '# pmlm test cluster: names come from /etc/hosts\nnameserver 127.0.0.1\n' >"/etc/netns/$node/resolv.conf"
+    done
+}
+
+# Processes left in a namespace (a job step that outlived its slurmd) go with it.
+kill_namespace_processes() {
+    local ns=$1 pids=() waited=0
+    mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+    ((${#pids[@]} > 0)) || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    while ((waited < STOP_GRACE_SECONDS * 10)); do
+        mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+        ((${#pids[@]} > 0)) || return 0
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    say "processes in namespace $ns ignored SIGTERM for ${STOP_GRACE_SECONDS}s; sending SIGKILL"
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+}
+
+teardown_network() {
+    [[ -r $NETWORK_FILE ]] || return 0
+    local kind name
+    # namespaces first (their ends of the veth pairs go with them), then the host's links, then the files
+    while read -r kind name; do
+        [[ $kind == netns ]] || continue
+        kill_namespace_processes "$name"
+        ip netns del "$name" 2>/dev/null || true
+    done <"$NETWORK_FILE"
+    while read -r kind name; do
+        [[ $kind == link ]] || continue
+        ip link del "$name" 2>/dev/null || true
+    done <"$NETWORK_FILE"
+    while read -r kind name; do
+        [[ $kind == etc && $name == /etc/netns/* ]] || continue
+        rm -f "$name/hosts" "$name/resolv.conf"
+        rmdir "$name" 2>/dev/null || true
+    done <"$NETWORK_FILE"
+    rmdir /etc/netns 2>/dev/null || true
+    rm -f "$NETWORK_FILE"
+}
+
+# slurmd of one node: on this host (one node), or inside the node's network namespace, under its own host
+# name and with its hosts and resolv.conf files in place of /etc's (slurmd and everything it starts, job
+# steps included, keep all of these). This is what `ip netns exec <node>` does, without its fresh /sys, which would hide the
+# host's cgroup mounts that slurmd reads at start.
+start_slurmd() {
+    local node=$1
+    mkdir -p "$STATE_DIR/slurmd/$node"
+    if ((NODES == 1)); then
+        start_daemon "slurmd@$node" slurmd -f "$SLURM_CONF_FILE" -N "$node"
+    else
+        start_daemon "slurmd@$node" nsenter --net="/run/netns/$node" \
+            unshare --mount --uts --propagation slave -- \
+            sh -c 'mount --bind "$3/hosts" /etc/hosts && mount --bind "$3/resolv.conf" /etc/resolv.conf &&
+                hostname "$1" && exec slurmd -f "$2" -N "$1"' \
+            sh "$node" "$SLURM_CONF_FILE" "/etc/netns/$node"
+    fi
+}
+
 do_stop() {
-    local quiet=${1:-0} name pid pids=() waited=0
+    local quiet=${1:-0} name pid pids=() waited=0 file
     cancel_jobs
-    # all at once: each daemon takes a second or two to exit, and nothing is left to protect
-    for name in "${DAEMONS[@]}"; do
-        pid=$(live_pid "$name")
-        [[ -n $pid ]] || continue
+    # all at once: each daemon takes a second or two to exit, and nothing is left to protect; every pid
+    # file counts, whatever layout started them
+    for file in "$RUN_DIR"/*.pid; do
+        [[ -e $file ]] || continue
+        name=$(basename "$file" .pid)
+        pid=$(tr -dc '0-9' <"$file")
+        [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || continue
         [[ $quiet == 1 ]] || say "stopping $name (pid $pid)"
         kill -TERM "$pid" 2>/dev/null || true
         pids+=("$pid")
@@ -365,6 +547,7 @@ do_stop() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
     done
+    teardown_network
     unlink_system_conf
     # refuse to delete anything but our own state directory
     if [[ -d $STATE_DIR && -e $STATE_DIR/.pmlm-slurm ]]; then
@@ -377,8 +560,13 @@ do_start() {
     ensure_installed
     check_system_conf
     detect_node
-    if all_running && [[ -n $(node_state || true) ]]; then
-        say "already running (node $NODE_NAME: $(node_state)); config: $SLURM_CONF_FILE"
+    local running
+    running=$(running_layout)
+    if [[ -n $running ]] && all_running_layout "$running"; then
+        if [[ $running != "$NODES" ]]; then
+            unsupported "a test cluster of $running node(s) is running; stop it first (tests/slurm/cluster.sh stop)"
+        fi
+        say "already running ($NODES node(s): $(node_states | tr '\n' ' ')); config: $SLURM_CONF_FILE"
         return 0
     fi
     if [[ -e $STATE_DIR && ! -e $STATE_DIR/.pmlm-slurm ]]; then
@@ -392,6 +580,7 @@ do_start() {
     # munged refuses directories that others can write to, and clients must be able to
     # reach its socket; the key itself is readable by root only
     chmod 0755 "$STATE_DIR" "$ETC_DIR" "$RUN_DIR" "$LOG_DIR" "$MUNGE_DIR"
+    printf 'nodes=%s\n' "$NODES" >"$LAYOUT_FILE"
 
     dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
     chmod 0400 "$MUNGE_DIR/munge.key"
@@ -402,11 +591,12 @@ do_start() {
     render "$TEMPLATE_DIR/slurmdbd.conf" "$ETC_DIR/slurmdbd.conf"
     chmod 0600 "$ETC_DIR/slurmdbd.conf"
     make_gpu_devices
+    ((NODES == 1)) || setup_network
     link_system_conf
     export SLURM_CONF=$SLURM_CONF_FILE
 
-    say "starting munged, MariaDB, slurmdbd, slurmctld, slurmd for node $NODE_NAME ($CPUS CPUs," \
-        "${REAL_MEMORY} MB, $NODE_GPUS fake GPUs)"
+    say "starting munged, MariaDB, slurmdbd, slurmctld and $NODES slurmd: $NODE_LIST at $NODE_ADDR_LIST" \
+        "($CPUS CPUs, ${REAL_MEMORY} MB, $NODE_GPUS fake GPUs each)"
     start_daemon munged munged --force \
         --key-file="$MUNGE_DIR/munge.key" \
         --socket="$MUNGE_SOCKET" \
@@ -418,15 +608,37 @@ do_start() {
     wait_for_dbd_and_add_account
     start_daemon slurmctld slurmctld -f "$SLURM_CONF_FILE"
     wait_for_controller
-    start_daemon slurmd slurmd -f "$SLURM_CONF_FILE" -N "$NODE_NAME"
+    local node
+    for node in "${NODE_NAMES[@]}"; do
+        start_slurmd "$node"
+    done
     wait_for_idle
-    say "up: node $NODE_NAME $(node_state), partitions debug (default) and gpu, account $TEST_ACCOUNT"
+    say "up: $(node_states | tr '\n' ' '); partitions debug (default) and gpu, account $TEST_ACCOUNT"
     say "config: $SLURM_CONF_FILE (linked from $SYSTEM_CONF); logs: $LOG_DIR"
 }
 
+# Whether every daemon of a cluster of $1 nodes is alive.
+all_running_layout() {
+    local saved=$NODES
+    NODES=$1
+    detect_node
+    local rc=0
+    all_running || rc=1
+    NODES=$saved
+    detect_node
+    return $rc
+}
+
 do_status() {
-    local name pid up=1
-    for name in "${DAEMONS[@]}"; do
+    local name pid up=1 running
+    running=$(running_layout)
+    if [[ -z $running ]]; then
+        say "not running"
+        return 3
+    fi
+    NODES=$running
+    detect_node
+    while read -r name; do
         pid=$(live_pid "$name")
         if [[ -n $pid ]]; then
             say "$name running (pid $pid)"
@@ -434,10 +646,10 @@ do_status() {
             say "$name not running"
             up=0
         fi
-    done
+    done < <(all_daemons)
     if [[ $up == 1 ]]; then
         SLURM_CONF=$SLURM_CONF_FILE sinfo -N -o '%N %P %T %c %m %G' || up=0
-        say "config: $SLURM_CONF_FILE (linked from $SYSTEM_CONF); logs: $LOG_DIR"
+        say "$NODES node(s); config: $SLURM_CONF_FILE (linked from $SYSTEM_CONF); logs: $LOG_DIR"
     fi
     [[ $up == 1 ]] && return 0
     return 3

@@ -1,5 +1,6 @@
-"""Helpers for tests that run Snakemake on the one-node SLURM cluster of cluster.sh: the module-scoped
-``slurm_cluster`` fixture, the command-line values of that cluster (its CPU partition and account, the only
+"""Helpers for tests that run Snakemake on the SLURM cluster of cluster.sh: the module-scoped fixtures
+``slurm_cluster`` (one node: this host) and ``multinode_cluster`` (three nodes, each a slurmd in a network
+namespace of its own), the command-line values of that cluster (its CPU partition and account, the only
 settings a run gives beside ``--profile slurm``), a bounded Snakemake call, and readers for what SLURM and
 the executor record.
 
@@ -32,6 +33,11 @@ SNAKEMAKE = VENV_BIN / "snakemake"
 
 # cluster.sh's exit status for "this machine cannot host the cluster" (not root, no SLURM, no apt)
 UNSUPPORTED_EXIT = 2
+# the multi-node cluster: its nodes (cluster.sh's PMLM_SLURM_NODE_PREFIX + 1..N) and their network
+MULTINODE_NODES = ("pmlm-n1", "pmlm-n2", "pmlm-n3")
+MULTINODE_SUBNET = "10.199.77"
+# the interface of each node on the bridge (what GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name on a real cluster)
+MULTINODE_INTERFACE = "eth0"
 # a first start may install the Debian packages
 CLUSTER_START_TIMEOUT_S = 600
 CLUSTER_STOP_TIMEOUT_S = 120
@@ -60,24 +66,25 @@ class LocalCluster:
 
     def log_tails(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log", "jobcomp.log"):
-            path = self.state_dir / "log" / name
+        logs = self.state_dir / "log"
+        for path in [logs / "slurmctld.log", *sorted(logs.glob("slurmd-*.log")), logs / "jobcomp.log"]:
             if path.exists():
                 lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
                 parts.append(f"--- {path} ---\n" + "\n".join(lines))
         return "\n".join(parts)
 
 
-def _cluster(command: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout)
+def _cluster(command: str, timeout: int, nodes: int = 1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PMLM_SLURM_NODES": str(nodes)}
+    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout,
+                          env=env)
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """Start the local cluster (or reuse one already up); stop it afterwards if we started it."""
+def _local_cluster(nodes: int):
+    """Start the local cluster of ``nodes`` nodes (or reuse one already up); stop it afterwards if we started it."""
     state_dir = Path(os.environ.get("PMLM_SLURM_DIR", "/tmp/pmlm-slurm"))
     was_running = _cluster("status", CLUSTER_STOP_TIMEOUT_S).returncode == 0
-    start = _cluster("start", CLUSTER_START_TIMEOUT_S)
+    start = _cluster("start", CLUSTER_START_TIMEOUT_S, nodes)
     if start.returncode == UNSUPPORTED_EXIT:
         pytest.skip(f"no local SLURM cluster: {start.stderr.strip()}")
     if start.returncode != 0:
@@ -90,12 +97,31 @@ def slurm_cluster():
             assert stop.returncode == 0, f"cluster.sh stop failed:\n{stop.stdout}\n{stop.stderr}"
 
 
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """One node: this host."""
+    yield from _local_cluster(1)
+
+
+@pytest.fixture(scope="module")
+def multinode_cluster():
+    """Three nodes pmlm-n1..3, each a slurmd in a network namespace of its own (tests/slurm/README.md)."""
+    yield from _local_cluster(len(MULTINODE_NODES))
+
+
 def cluster_default_resources() -> list[str]:
     """``--default-resources`` values for the local cluster: profiles/slurm's own, with this cluster's partition
     and account in place of the placeholders (a key on the command line replaces the profile's whole key)."""
     profile = yaml.safe_load((SITE_PROFILE / "config.yaml").read_text())["default-resources"]
     values = {**profile, "slurm_partition": CLUSTER_PARTITION, "slurm_account": CLUSTER_ACCOUNT}
     return [f"{key}={value}" for key, value in values.items()]
+
+
+def cluster_set_resources(**rules: dict) -> list[str]:
+    """``--set-resources`` values: profiles/slurm's own, with the given rules' resources in place of the profile's
+    (a key on the command line replaces the profile's whole key, so a user who changes one rule gives them all)."""
+    profile = yaml.safe_load((SITE_PROFILE / "config.yaml").read_text())["set-resources"]
+    return [f"{rule}:{key}={value}" for rule, res in {**profile, **rules}.items() for key, value in res.items()]
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -105,6 +131,21 @@ def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
 def fields(line: str) -> dict[str, str]:
     """`key=value key=value` (the format of SLURM's job records)."""
     return dict(token.split("=", 1) for token in line.split() if "=" in token)
+
+
+def node_job_pids(node: str, job_id: str) -> list[int]:
+    """The processes of a job on one node of the multi-node cluster: those in the node's network namespace
+    whose environment names the job (slurmd and its slurmstepd do not)."""
+    out = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, check=True).stdout
+    pids = []
+    for pid in map(int, out.split()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if f"SLURM_JOB_ID={job_id}".encode() in environ:
+            pids.append(pid)
+    return pids
 
 
 def scontrol_job(job_id: str) -> dict[str, str]:

@@ -194,12 +194,15 @@ def pretrain_overrides(wildcards):
 def pretrain_launcher(wildcards, resources):
     """`pmlm launch` with the job's GPUs per node: one trainer per GPU on every node of the job (torchrun),
     through its own srun step in a SLURM batch job, or the trainer itself for one GPU. GPUs per node come
-    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`."""
+    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`. The
+    site profile's `launch_env` resource ("NAME=VALUE NAME=VALUE", e.g. NCCL_SOCKET_IFNAME=ib0) becomes
+    `--env` options: set for the trainers on every node."""
     nodes = max(1, int(resources.get("nodes", 1) or 1))
     per_node = re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", str(resources.get("gres", "") or ""))
     gpus = int(per_node.group(1)) if per_node else -(-int(resources.get("gpu", 0) or 0) // nodes)
     per_node_flag = f" --gpus-per-node {gpus}" if gpus > 0 else ""
-    return f"python -m pmlm launch{per_node_flag} --"
+    env = "".join(f" --env {shlex.quote(item)}" for item in str(resources.get("launch_env", "") or "").split())
+    return f"python -m pmlm launch{per_node_flag}{env} --"
 
 
 def pretrained_targets():
