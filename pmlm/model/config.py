@@ -46,6 +46,8 @@ RELEASED_LAYERS: dict[str, dict] = {
     "pmlm_pair_only": {"norm": "post", "embedding_norm": True, "activation": "gelu",
                        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0},
 }
+# the Triple MLM has no released code: it trains with PMLM's layers, so the two differ in their objective only
+RELEASED_LAYERS["tmlm"] = dict(RELEASED_LAYERS["pmlm"])
 
 
 @dataclass
@@ -72,9 +74,13 @@ class ModelConfig:
     # "full": the released code's dictionary squared, FULL_PAIR_SIDE ** 2 = 729 classes over token ids (pmlm.alphabet)
     pair_vocab: str = "standard"
     pair_chunk_size: int = 65536  # rows of pair_index pushed through the pair head at once (bounds transient memory)
+    triple_head: bool = False  # the Triple MLM's factorised triple-joint head (pmlm.model.triple); objective tmlm
+    triple_rank: int = 16  # rank R of its three-way factors
+    triple_width: int = 0  # width of its hidden layer; 0: 2 * hidden, as the pair head
+    triple_chunk_size: int = 1024  # triples pushed through it at once (each materialises 8,000 logits)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden", "ffn", "heads", "pair_chunk_size"):
+        for name in ("num_layers", "hidden", "ffn", "heads", "pair_chunk_size", "triple_rank", "triple_chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
@@ -99,6 +105,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
+        if not isinstance(self.triple_width, int) or isinstance(self.triple_width, bool) or self.triple_width < 0:
+            raise ConfigError(f"model.triple_width must be an integer >= 0 (0: 2 * hidden), got {self.triple_width!r}")
         if self.pair_vocab not in PAIR_VOCABS:
             raise ConfigError(
                 f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}"
@@ -112,6 +120,11 @@ class ModelConfig:
     def pair_classes(self) -> int:
         """Number of classes K of the pair head."""
         return NUM_PAIR_CLASSES if self.pair_vocab == "standard" else NUM_FULL_PAIR_CLASSES
+
+    @property
+    def triple_hidden(self) -> int:
+        """Width of the triple head's hidden layer."""
+        return self.triple_width or 2 * self.hidden
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -17,7 +17,7 @@ DATASETS = config["datasets"]
 TASK_DATA = config["task_data"]
 # task data that split-structures derives (the others are files named in the config)
 DERIVED_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("split")]
-OBJECTIVE_LABEL = {"mlm": "MLM", "pmlm": "PMLM", "pmlm_pair_only": "PMLM-pair"}
+OBJECTIVE_LABEL = {"mlm": "MLM", "pmlm": "PMLM", "pmlm_pair_only": "PMLM-pair", "tmlm": "TMLM"}
 PAIR_OBJECTIVES = [o for o in OBJECTIVE_LABEL if o != "mlm"]  # the objectives with a pair head
 RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"
