@@ -74,6 +74,9 @@ class ModelConfig:
     # "full": the released code's dictionary squared, FULL_PAIR_SIDE ** 2 = 729 classes over token ids (pmlm.alphabet)
     pair_vocab: str = "standard"
     pair_chunk_size: int = 65536  # rows of pair_index pushed through the pair head at once (bounds transient memory)
+    # the pair head's output written as out(M+)[a, b] + u_1(M+)[a] + u_2(M+)[b]: the same linear map of M+ (the
+    # same functions), with per-residue terms every class of that residue trains (pmlm.model.heads); false: the paper
+    pair_unary: bool = False
     triple_head: bool = False  # the Triple MLM's factorised triple-joint head (pmlm.model.triple); objective tmlm
     triple_rank: int = 16  # rank R of its three-way factors
     triple_width: int = 0  # width of its hidden layer; 0: 2 * hidden, as the pair head
@@ -99,8 +102,9 @@ class ModelConfig:
             raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        if not isinstance(self.embedding_norm, bool):
-            raise ConfigError(f"model.embedding_norm must be true or false, got {self.embedding_norm!r}")
+        for name in ("embedding_norm", "pair_unary", "triple_head", "token_head", "pair_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
