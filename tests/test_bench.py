@@ -1,5 +1,6 @@
 """The GPU benchmarks' CPU modes: the FLOP formula on a hand-counted case, the throughput smoke run
-(synthetic and shard lengths; HF ESM when transformers is installed) and the pair-loss step share."""
+(synthetic and shard lengths; HF ESM when transformers is installed) and the pair-loss step share; the Triple
+MLM bench at toy dims."""
 
 from __future__ import annotations
 
@@ -86,3 +87,17 @@ def test_embed_bench_smoke_run(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["bench"] == "embed" and result["batches"] >= 1 and len(result["rounds"]) == 1
     assert result["ratio_embed_over_forward"] == result["rounds"][0]["ratio"] > 0
+
+
+def test_triple_bench_at_toy_dims(capsys):
+    triple = load("bench_triple")
+    assert triple.main(["--layers", "1", "--hidden", "16", "--ffn", "32", "--heads", "2", "--length", "64",
+                        "--naive-lengths", "40", "56", "--warmup", "0", "--steps", "1", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert set(result["steps"]["median_step_s"]) == {"mlm", "pmlm", "tmlm"}
+    mem = result["memory"]
+    for point in mem["naive_points"]:  # every ordered triple of the masked residues
+        m = point["masked"]
+        assert point["triples"] == m * (m - 1) * (m - 2) and point["naive_peak_gib"] > 0
+    assert mem["ours_triples"] == mem["masked"]  # triples_per_masked 1
+    assert 0 < mem["ratio_ours_over_naive"]
