@@ -141,17 +141,18 @@ def test_unary_pair_head_is_the_same_linear_map():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_product_base_pair_head_starts_from_the_product_of_the_token_marginals():
-    """pair_product_base: with the head's own output at zero, its joint is the product of the token head's
-    marginals at the two positions (both orders of a mirrored row), and the token head's weights stay in their
-    own place in the state dict."""
+def test_product_base_heads_start_from_the_product_of_the_token_marginals():
+    """product_base: with a head's own output at zero, its joint is the product of the token head's marginals at
+    its positions (both orders of a mirrored pair row; the three sites of a triple), and the token head's weights
+    stay in their own place in the state dict."""
     torch.manual_seed(3)
-    model = build_model(model_config("tiny", "pmlm", pair_product_base=True, dropout=0.0, attention_dropout=0.0),
-                        ObjectiveConfig(name="pmlm")).eval()
-    assert not any(k.startswith("pair_head.") and "token" in k for k in model.state_dict())
+    model = build_model(model_config("tiny", "tmlm", product_base=True, dropout=0.0, attention_dropout=0.0),
+                        ObjectiveConfig(name="tmlm")).eval()
+    assert not any(k.startswith(("pair_head.", "triple_head.")) and "token" in k for k in model.state_dict())
     with torch.no_grad():
-        model.pair_head.out.weight.zero_()
-        model.pair_head.out.bias.zero_()
+        for head in (model.pair_head, model.triple_head):
+            head.out.weight.zero_()
+            head.out.bias.zero_()
         tokens = _tokens([12, 9])
         index = torch.tensor([[0, 2, 7], [1, 1, 5]])
         out = model(tokens, pair_index=index, mirror_pairs=True)
@@ -163,5 +164,10 @@ def test_product_base_pair_head_starts_from_the_product_of_the_token_marginals()
             torch.testing.assert_close(joint, pi[:, None] + pj[None, :], atol=1e-5, rtol=1e-5)
             swapped = torch.log_softmax(out["pair_logits"][row + len(index)], dim=-1).view(Q, Q)
             torch.testing.assert_close(swapped, joint.T, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ConfigError, match="pair_product_base"):
-        model_config("tiny", "pmlm", pair_product_base=True, pair_vocab="full")
+        triple = torch.tensor([[0, 1, 4, 9]])
+        logits = model(tokens, triple_index=triple)["triple_logits"][0]
+        marginals = [torch.log_softmax(model.token_head(reps[0, p]), dim=-1) for p in (1, 4, 9)]
+        want = marginals[0][:, None, None] + marginals[1][None, :, None] + marginals[2][None, None, :]
+        torch.testing.assert_close(torch.log_softmax(logits, dim=-1).view(Q, Q, Q), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="product_base"):
+        model_config("tiny", "pmlm", product_base=True, pair_vocab="full")

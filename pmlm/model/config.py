@@ -77,9 +77,10 @@ class ModelConfig:
     # the pair head's output written as out(M+)[a, b] + u_1(M+)[a] + u_2(M+)[b]: the same linear map of M+ (the
     # same functions), with per-residue terms every class of that residue trains (pmlm.model.heads); false: the paper
     pair_unary: bool = False
-    # the pair head's joint as the product of the token head's marginals at i and j times exp(its own output), so
-    # independence is its default and it learns only the departure from it (pmlm.model.heads); false: the paper
-    pair_product_base: bool = False
+    # the pair (and triple) head's joint as the product of the token head's marginals at its positions times
+    # exp(its own output), so independence is its default and it learns only the departure from it
+    # (pmlm.model.heads, pmlm.model.triple); false: the paper's free 400-class softmax
+    product_base: bool = False
     triple_head: bool = False  # the Triple MLM's factorised triple-joint head (pmlm.model.triple); objective tmlm
     triple_rank: int = 16  # rank R of its three-way factors
     triple_width: int = 0  # width of its hidden layer; 0: 2 * hidden, as the pair head
@@ -105,7 +106,7 @@ class ModelConfig:
             raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        for name in ("embedding_norm", "pair_unary", "pair_product_base", "triple_head", "token_head", "pair_head"):
+        for name in ("embedding_norm", "pair_unary", "product_base", "triple_head", "token_head", "pair_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -118,8 +119,9 @@ class ModelConfig:
             raise ConfigError(
                 f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}"
             )
-        if self.pair_product_base and self.pair_head and (self.pair_vocab != "standard" or not self.token_head):
-            raise ConfigError("model.pair_product_base needs a token head and pair_vocab standard (the product of "
+        if self.product_base and (self.pair_head or self.triple_head) and (
+                self.pair_vocab != "standard" or not self.token_head):
+            raise ConfigError("model.product_base needs a token head and pair_vocab standard (the product of "
                               "the token head's 20-class marginals)")
 
     @property

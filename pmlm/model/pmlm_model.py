@@ -22,10 +22,12 @@ class PMLMModel(nn.Module):
         self.token_head = TokenHead(cfg.hidden, cfg.activation) if cfg.token_head else None
         self.pair_head = (PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size, cfg.activation,
                                    unary=cfg.pair_unary) if cfg.pair_head else None)
-        if self.pair_head is not None and cfg.pair_product_base:
+        if self.pair_head is not None and cfg.product_base:
             self.pair_head.set_product_base(self.token_head)
         self.triple_head = (TripleHead(cfg.hidden, cfg.triple_hidden, cfg.triple_rank, cfg.triple_chunk_size,
                                        cfg.activation) if cfg.triple_head else None)
+        if self.triple_head is not None and cfg.product_base:
+            self.triple_head.set_product_base(self.token_head)
         self.apply(init_weights)
 
     def encode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,12 @@ class TripleHead(nn.Module):
         self.product = nn.Linear(hidden, width)  # W_p and the bias
         self.norm = nn.LayerNorm(width)
         self.out = nn.Linear(width, 3 * Q + 3 * Q * Q + 3 * rank * Q)
+        self._base = None  # a TokenHead whose log-probabilities at i, j, k are added (model.product_base)
+
+    def set_product_base(self, token_head: nn.Module) -> None:
+        """Predict the joint as the product of ``token_head``'s marginals at i, j, k times exp(this head's output);
+        the token head is referenced, not registered (its weights stay where they are in the state dict)."""
+        object.__setattr__(self, "_base", token_head)
 
     def forward(self, reps: Tensor, triple_index: Tensor) -> Tensor:
         """Logits (T, 8000) for the rows of ``triple_index`` (T, 4) = (b, i, j, k) over ``reps`` (B, L, C)."""
@@ -60,6 +66,7 @@ class TripleHead(nn.Module):
         h_used = F.embedding(used, reps.reshape(B * L, C))  # (U, C)
         proj = self.project(h_used).view(-1, 3, self.width)  # (U, role, W)
         inverse = inverse.view(T, 3)
+        base = torch.log_softmax(self._base(h_used).float(), dim=-1).to(proj.dtype) if self._base else None  # (U, Q)
         parts = []
         for start in range(0, max(T, 1), self.chunk_size):
             idx = inverse[start:start + self.chunk_size]  # (t, 3)
@@ -67,7 +74,12 @@ class TripleHead(nn.Module):
             pre = self.product(h[0] * h[1] * h[2])
             for role in range(3):
                 pre = pre + proj[idx[:, role], role]
-            parts.append(self.logits(self.out(self.norm(self.act(pre)))))
+            logits = self.logits(self.out(self.norm(self.act(pre))))
+            if base is not None:
+                bi, bj, bk = (F.embedding(idx[:, r], base) for r in range(3))  # (t, Q) each
+                product = bi[:, :, None, None] + bj[:, None, :, None] + bk[:, None, None, :]
+                logits = logits + product.flatten(1)
+            parts.append(logits)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def logits(self, factors: Tensor) -> Tensor:
