@@ -3,7 +3,8 @@ encoder dims; (2) the peak memory of the triple loss, ours against the naive for
 
 (1) A step is masking + forward + loss + backward + Adam, as in ``bench_pmlm_step.py``: the three models are
 stepped in turn on the same batch with the same masks, the order alternating every round; the figure is the
-median over rounds of the per-round ratio TMLM step / PMLM step. Bar: <= 1.5 at base dims (12 x 768, 12 heads),
+median over rounds of the per-round ratio TMLM step / PMLM step. The ratio of median process CPU times is reported
+beside it (with ``--threads 1`` the work each step does, steadier than wall time on a loaded machine). Bar: <= 1.5 at base dims (12 x 768, 12 heads),
 L = 512, 15 % masking, ``triples_per_masked`` 1 (the objective's default).
 
 (2) Peak bytes of the triple loss, forward + backward from encoder output (1, L, C), measured as
@@ -94,7 +95,7 @@ def step_times(args, device: torch.device) -> dict:
         torch.manual_seed(args.seed)
         objective = ObjectiveConfig(name=name, mask_prob=args.mask_prob, triples_per_masked=args.triples_per_masked)
         model = build_model(cfg, objective).to(device).train()
-        runs[name] = {"model": model, "objective": objective, "times": [],
+        runs[name] = {"model": model, "objective": objective, "times": [], "cpu_times": [],
                       "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6)}
     for step in range(args.warmup + args.steps):
         names = list(runs) if step % 2 == 0 else list(runs)[::-1]
@@ -102,7 +103,7 @@ def step_times(args, device: torch.device) -> dict:
             run = runs[name]
             generator = torch.Generator().manual_seed(args.seed + step)  # the same masks for every model
             sync(device)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             out = pretraining_losses(run["model"], tokens, run["objective"], generator)
             run["optimizer"].zero_grad(set_to_none=True)
             out["loss"].backward()
@@ -110,7 +111,9 @@ def step_times(args, device: torch.device) -> dict:
             sync(device)
             if step >= args.warmup:
                 run["times"].append(time.perf_counter() - start)
+                run["cpu_times"].append(time.process_time() - cpu_start)
     per_round = [t / p for t, p in zip(runs["tmlm"]["times"], runs["pmlm"]["times"])]
+    cpu = {k: statistics.median(r["cpu_times"]) for k, r in runs.items()}
     return {
         "median_step_s": {k: round(statistics.median(r["times"]), 4) for k, r in runs.items()},
         "all_step_s": {k: [round(t, 4) for t in r["times"]] for k, r in runs.items()},
@@ -118,6 +121,10 @@ def step_times(args, device: torch.device) -> dict:
         "ratio_per_round": [round(r, 4) for r in per_round],
         "ratio_pmlm_over_mlm": round(statistics.median(
             p / m for p, m in zip(runs["pmlm"]["times"], runs["mlm"]["times"])), 4),
+        # process CPU time: on a loaded machine less noisy than wall time (with --threads 1, the work done)
+        "median_cpu_s": {k: round(v, 4) for k, v in cpu.items()},
+        "ratio_cpu_time_tmlm_over_pmlm": round(cpu["tmlm"] / cpu["pmlm"], 4),
+        "ratio_cpu_time_pmlm_over_mlm": round(cpu["pmlm"] / cpu["mlm"], 4),
         "triple_head_parameters": sum(p.numel() for p in runs["tmlm"]["model"].triple_head.parameters()),
     }
 
@@ -230,7 +237,9 @@ def main(argv=None) -> int:
         med = steps["median_step_s"]
         print(f"TMLM step {med['tmlm']:.3f}s vs PMLM {med['pmlm']:.3f}s vs MLM {med['mlm']:.3f}s: TMLM / PMLM "
               f"{steps['ratio_tmlm_over_pmlm']:.3f} (bar <= {BAR}: {verdict}), PMLM / MLM "
-              f"{steps['ratio_pmlm_over_mlm']:.3f}; {args.layers}x{args.hidden}, L={args.length}")
+              f"{steps['ratio_pmlm_over_mlm']:.3f}; CPU-time ratios TMLM / PMLM "
+              f"{steps['ratio_cpu_time_tmlm_over_pmlm']:.3f}, PMLM / MLM {steps['ratio_cpu_time_pmlm_over_mlm']:.3f}; "
+              f"{args.layers}x{args.hidden}, L={args.length}")
     naive = mem["naive_at_length"]
     print(f"triple loss peak at L={args.length} (|M|={mem['masked']}): ours {mem['ours_peak_gib']:.3f} GiB "
           f"({mem['ours_triples']} sampled triples) vs naive >= {naive['analytic_lower_bound_gib']:.1f} GiB analytic, "
