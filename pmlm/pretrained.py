@@ -26,7 +26,7 @@ from pmlm.model.encoder import position_table
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.task_heads import TaskModel, build_head
-from pmlm.vocabulary import DEVICES, MLM, PMLM_PAIR_ONLY
+from pmlm.vocabulary import DEVICES, MLM, PMLM_PAIR_ONLY, TMLM
 
 ENCODER_FILE = "model.safetensors"
 HEAD_FILE = "head.safetensors"
@@ -53,6 +53,7 @@ def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel
         model_cfg,
         token_head=objective.name != PMLM_PAIR_ONLY,
         pair_head=objective.name != MLM,
+        triple_head=objective.name == TMLM,
     )
     return PMLMModel(cfg)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 MLM = "mlm"  # cross-entropy of the token head on masked residues
 PMLM = "pmlm"  # L_mlm + lambda * L_pmlm over every ordered pair of masked residues
 PMLM_PAIR_ONLY = "pmlm_pair_only"  # the pair loss alone, with the diagonal; no token head
-OBJECTIVES = (MLM, PMLM, PMLM_PAIR_ONLY)
+TMLM = "tmlm"  # PMLM plus a factorised triple-joint loss on sampled triples of masked residues
+OBJECTIVES = (MLM, PMLM, PMLM_PAIR_ONLY, TMLM)
 
 # the features a task head reads, named as in the paper
 FEATURES_M = "M"  # encoder outputs (pairs: concat(h_i * h_j, h_i - h_j))

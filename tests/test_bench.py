@@ -1,5 +1,6 @@
 """The GPU benchmarks' CPU modes: the FLOP formula on a hand-counted case, the throughput smoke run
-(synthetic and shard lengths; HF ESM when transformers is installed) and the pair-loss step share."""
+(synthetic and shard lengths; HF ESM when transformers is installed) and the pair-loss step share; the Triple
+MLM bench at toy dims."""
 
 from __future__ import annotations
 
@@ -135,3 +136,17 @@ def test_vs_esm_builds_like_for_like_models_and_refuses_others(capsys, monkeypat
     monkeypatch.setattr(vs_esm, "build_hf", lambda dims, max_len, dropout, _: build_hf(dims, max_len, dropout, 0.0))
     assert vs_esm.main([*args, "--attention-dropouts", "0.1"]) == 2
     assert "attention_dropout: ours [0.1], HF [0.0]" in capsys.readouterr().out
+
+
+def test_triple_bench_at_toy_dims(capsys):
+    triple = load("bench_triple")
+    assert triple.main(["--layers", "1", "--hidden", "16", "--ffn", "32", "--heads", "2", "--length", "64",
+                        "--naive-lengths", "40", "56", "--warmup", "0", "--steps", "1", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert set(result["steps"]["median_step_s"]) == {"mlm", "pmlm", "tmlm"}
+    mem = result["memory"]
+    for point in mem["naive_points"]:  # every ordered triple of the masked residues
+        m = point["masked"]
+        assert point["triples"] == m * (m - 1) * (m - 2) and point["naive_peak_gib"] > 0
+    assert mem["ours_triples"] == mem["masked"]  # triples_per_masked 1
+    assert 0 < mem["ratio_ours_over_naive"]

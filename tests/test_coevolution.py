@@ -16,6 +16,7 @@ import yaml
 
 from pmlm import alphabet
 from pmlm.cli import main
+from pmlm.coevolution.exact_report import exact_rows
 from pmlm.coevolution.families import FamilyData, StudyConfig, heldout_draw, load_families
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
@@ -323,6 +324,14 @@ def test_report_aggregates_over_seeds(tmp_path):
                                                          "ratio": 2.0}}}},
             "dependence_values": {"pair_head": {"pmlm": {"kl": {"planted": [1.0, 2.0], "non_planted": [0.5]}}},
                                   "chain_rule": {"mlm": {"kl": {"planted": [0.1], "non_planted": [0.01]}}}},
+            "exact": {"summary": {
+                "epistasis": {"pmlm": {"score": {"spearman_planted": pair, "mean_abs_planted": 1.0,
+                                                 "exact_mean_abs_planted": 1.5}},
+                              "mlm": {"score": {"spearman_planted": 0.0, "mean_abs_planted": 0.0,
+                                                "exact_mean_abs_planted": 1.5}}},
+                "pair_logloss": {"pmlm": {"joint": {"planted": {"ce": 2.5, "entropy": 2.0, "gap": 0.5}},
+                                          "product": {"planted": {"ce": 2.7, "entropy": 2.0, "gap": 0.7}}},
+                                 "mlm": {"product": {"planted": {"ce": 2.6, "entropy": 2.0, "gap": 0.6}}}}}},
         }
 
     # heads per family: (MLM M, PMLM M, PMLM M+); PMLM M+ beats MLM on all 6 (seed, family) units,
@@ -353,8 +362,17 @@ def test_report_aggregates_over_seeds(tmp_path):
     assert sup["PMLM, M"]["vs_mlm_p"] == pytest.approx(1.0)
     assert main(["coevolution", "report", "--results", *paths, "--out-prefix", str(tmp_path / "t")]) == 0
     for name in ("t.csv", "t.md", "t.tex", "t.html", "t.png", "t.svg",
-                 "t_supervised.csv", "t_supervised.md", "t_supervised.tex", "t_supervised.html"):
+                 "t_supervised.csv", "t_supervised.md", "t_supervised.tex", "t_supervised.html",
+                 "t_exact.csv", "t_exact.md", "t_exact.tex", "t_exact.html"):
         assert (tmp_path / name).stat().st_size > 0
+    exact = {r["measure"]: r for r in exact_rows(docs)}
+    rho = exact["epistasis rank correlation, planted pairs (as pmlm score computes it)"]
+    assert rho["pmlm_mean"] == pytest.approx(0.4) and rho["mlm_mean"] == 0.0 and rho["tmlm_mean"] is None
+    size = exact["mean |epistasis|, planted pairs (as pmlm score)"]
+    assert size["exact"] == pytest.approx(1.5) and size["pmlm_mean"] == pytest.approx(1.0)
+    # a model's own joint where it has one, the product of its marginals where it has none
+    loss = exact["pair log-loss gap to the exact entropy, planted pairs (KL, nats)"]
+    assert loss["pmlm_mean"] == pytest.approx(0.5) and loss["mlm_mean"] == pytest.approx(0.6)
     assert "sign-flip" in (tmp_path / "t_supervised.md").read_text()
     with pytest.raises(InputError, match="seed 1 already"):
         load_results([paths[0], paths[0]])

@@ -136,6 +136,7 @@ def test_each_objective_gets_the_released_layer_recipe():
         "pmlm": ("post", False, "relu", 0.1, 0.1, 0.0),
         "mlm": ("post", True, "gelu", 0.1, 0.1, 0.0),
         "pmlm_pair_only": ("post", True, "gelu", 0.0, 0.0, 0.0),
+        "tmlm": ("post", False, "relu", 0.1, 0.1, 0.0),  # no released Triple MLM: PMLM's layers
     }
     fields = ("norm", "embedding_norm", "activation", "dropout", "attention_dropout", "activation_dropout")
     assert set(RELEASED_LAYERS) == set(expected)

@@ -219,7 +219,7 @@ def test_objective_config_validation():
         ObjectiveConfig(mask_token_prob=0.9, random_token_prob=0.2)
 
 
-@pytest.mark.parametrize("objective", ["mlm", "pmlm", "pmlm_pair_only"])
+@pytest.mark.parametrize("objective", ["mlm", "pmlm", "pmlm_pair_only", "tmlm"])
 def test_loss_decreases_with_adam(objective):
     model = tiny_model(objective)
     cfg = ObjectiveConfig(name=objective, mask_prob=0.25)

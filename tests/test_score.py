@@ -1,10 +1,12 @@
 """`pmlm score`: single mutants by masked marginal and double mutants from the pair head's joint, both against
 references computed by hand from the model's own logits (both pair vocabularies, pair classes labelled as the
-objective labels them); epistasis exactly zero for an MLM encoder; one-line refusals with no output."""
+objective labels them); triple mutants from a Triple MLM's triple joint, from a PMLM's pairs or additively;
+epistasis exactly zero for an MLM encoder; one-line refusals with no output."""
 
 from __future__ import annotations
 
 import csv
+import itertools
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.pretrained import load_encoder
 from pmlm.model.objectives import pair_labels
+from pmlm.model.triple import triple_labels
 from pmlm.tokens import batch_tokens
 
 # log-probabilities are fp32 softmaxes of logits of size ~10-100: differences agree to a few fp32 ulps of them
@@ -35,6 +38,7 @@ def case(tmp_path_factory):
         "full": tiny_encoder(root / "full" / "model.safetensors", pair_vocab="full", seed=1),
         "mlm": tiny_encoder(root / "mlm" / "model.safetensors", objective="mlm", seed=2),
         "pair_only": tiny_encoder(root / "pair_only" / "model.safetensors", objective="pmlm_pair_only", seed=3),
+        "tmlm": tiny_encoder(root / "tmlm" / "model.safetensors", objective="tmlm", seed=4),
         "wild": wild,
         "fasta": write_fasta(root / "wt.fasta", {"wt": wild}),
         "root": root,
@@ -143,6 +147,57 @@ def test_epistasis_is_zero_for_an_mlm_encoder(tmp_path, case):
     assert all(r["epistasis"] == 0.0 and r["double_from"] == "additive" for r in pmlm_rows if r["kind"] == "double")
 
 
+def _triple_reference(model, wild: str, sites: list[tuple[str, int, str]]) -> float:
+    """log P(mut) - log P(wt) of the triple head's softmax, the classes taken from the training labels."""
+    positions = [p for _, p, _ in sites]
+    index = torch.tensor([[0] + [p + 1 for p in positions]])
+    with torch.no_grad():
+        out = model(_masked(wild, positions), triple_index=index)
+    log_p = torch.log_softmax(out["triple_logits"][0].double(), dim=-1)
+
+    def label(letters) -> int:
+        targets = torch.full((1, len(wild) + 2), -100)
+        for p, letter in zip(positions, letters):
+            targets[0, p + 1] = alphabet.RESIDUES.index(letter)
+        return int(triple_labels(index, targets)[0])
+
+    return float(log_p[label([m for _, _, m in sites])] - log_p[label([w for w, _, _ in sites])])
+
+
+def test_triple_mutants_from_the_triple_joint_the_pairs_or_additively(tmp_path, case):
+    """A Triple MLM scores triples from its triple head; a PMLM from its singles plus the three doubles' epistasis
+    (no third-order term); an MLM additively. Sites may be listed in any order."""
+    wild = case["wild"]
+    other = lambda pos: next(c for c in "AGWP" if c != wild[pos - 1])  # noqa: E731
+    sites = [(wild[p - 1], p, other(p)) for p in (2, 7, 12)]
+    text = ":".join(f"{w}{p}{m}" for w, p, m in reversed(sites))
+    doubles = [f"{w}{p}{m}:{w2}{p2}{m2}" for (w, p, m), (w2, p2, m2) in itertools.combinations(sites, 2)]
+    singles = [f"{w}{p}{m}" for w, p, m in sites]
+    mutants = singles + doubles + [text]
+    scored = {}
+    for name in ("tmlm", "pmlm", "mlm"):
+        out = tmp_path / f"{name}.tsv"
+        assert main(["score", str(case[name]), "--sequence", str(case["fasta"]), "--mutations",
+                     str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out), "--device", "cpu"]) == 0
+        scored[name] = {r["mutant"]: r for r in _read(out)}
+    model, _, _ = load_encoder(case["tmlm"], "cpu")
+    row = scored["tmlm"][text]
+    assert row["kind"] == "triple" and row["triple_from"] == "triple_joint" and row["double_from"] == ""
+    zero_based = [(w, p - 1, m) for w, p, m in sites]
+    assert float(row["score"]) == pytest.approx(_triple_reference(model, wild, zero_based), abs=ATOL)
+    additive = sum(float(scored["tmlm"][s]["score"]) for s in singles)
+    assert float(row["additive"]) == pytest.approx(additive, abs=ATOL)
+    assert float(row["epistasis"]) == pytest.approx(float(row["score"]) - additive, abs=2 * ATOL)
+    pmlm_rows = scored["pmlm"]
+    want = (sum(float(pmlm_rows[s]["score"]) for s in singles)
+            + sum(float(pmlm_rows[d]["epistasis"]) for d in doubles))
+    assert pmlm_rows[text]["triple_from"] == "pairs" and float(pmlm_rows[text]["score"]) == pytest.approx(want, abs=ATOL)
+    mlm_row = scored["mlm"][text]
+    assert mlm_row["triple_from"] == "additive" and float(mlm_row["epistasis"]) == 0.0
+    rows = pmlm.load(case["tmlm"]).score(wild, [text], triple="additive")
+    assert rows[0]["triple_from"] == "additive" and rows[0]["epistasis"] == 0.0
+
+
 def test_pair_only_singles_and_the_python_api(case):
     model = pmlm.load(case["pair_only"])
     rows = model.score(case["wild"], _mutants(case["wild"]))
@@ -152,8 +207,9 @@ def test_pair_only_singles_and_the_python_api(case):
     assert [r["kind"] for r in api] == ["single", "single", "double"]
 
 
-@pytest.mark.parametrize("problem", ["wild_type", "outside", "no_column", "malformed", "triple", "not_a_residue",
-                                     "same_site", "mlm_pair", "two_records", "far_apart", "missing_model"])
+@pytest.mark.parametrize("problem", ["wild_type", "outside", "no_column", "malformed", "quadruple", "not_a_residue",
+                                     "same_site", "mlm_pair", "two_records", "far_apart", "missing_model",
+                                     "triple_joint", "triple_far_apart"])
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
     wild = case["wild"]
     first = f"{wild[0]}1A"
@@ -172,9 +228,19 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     elif problem == "malformed":
         lines.append(f"{first};{wild[1]}2A,0.3")
         expected = "m.csv:3: "
-    elif problem == "triple":
-        lines.append(f"{first}:{wild[1]}2A:{wild[2]}3A,0.3")
-        expected = "m.csv:3: " + repr(lines[-1].split(",")[0]) + ": only single and double mutants are scored"
+    elif problem == "quadruple":
+        lines.append(f"{first}:{wild[1]}2A:{wild[2]}3A:{wild[3]}4A,0.3")
+        expected = "m.csv:3: " + repr(lines[-1].split(",")[0]) + ": only single, double and triple mutants are scored"
+    elif problem == "triple_joint":
+        extra = ["--triple", "triple"]
+        lines.append(f"{first}:{wild[4]}5A:{wild[8]}9A,0.3")
+        expected = f"{case['pmlm']}: no triple head"
+    elif problem == "triple_far_apart":
+        long_wild = random_letters(40, seed=9)
+        fasta = write_fasta(tmp_path / "long.fasta", {"wt": long_wild})
+        model = case["tmlm"]
+        lines = ["mutant", f"{long_wild[0]}1A:{long_wild[5]}6A:{long_wild[39]}40A"]
+        expected = "m.csv:2: " + repr(lines[-1]) + ": sites 1 and 40 do not fit in one window of 16 residues"
     elif problem == "not_a_residue":
         lines.append(f"{wild[1]}2X,0.3")
         expected = "m.csv:3: " + repr(f"{wild[1]}2X") + ": 'X' is not one of the 20 residues"

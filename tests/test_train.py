@@ -132,7 +132,7 @@ def test_smoke_loss_falls_outputs_and_idempotent_rerun(tmp_path):
     assert all(torch.equal(weights[k], v) for k, v in load_file(final).items())
 
 
-@pytest.mark.parametrize("objective", ["mlm", "pmlm_pair_only"])
+@pytest.mark.parametrize("objective", ["mlm", "pmlm_pair_only", "tmlm"])
 def test_other_objectives_run_and_report_their_metrics(tmp_path, shard_dir, objective):
     cfg = TrainConfig.from_dict(_config(objective__name=objective, optim__total_steps=2, save_every=0))
     assert train(cfg, shard_dir, tmp_path / "run") == 0
@@ -142,6 +142,10 @@ def test_other_objectives_run_and_report_their_metrics(tmp_path, shard_dir, obje
         assert scores["l_pmlm"] is None and scores["dacc"] is None
     else:
         assert scores["l_pmlm"] > 0 and scores["dacc"] is not None
+    if objective == "tmlm":  # the triple head's loss and accuracy, near log(8000) after two steps
+        assert 0 < scores["l_tmlm"] < 2 * math.log(8000) and scores["triple_total"] > 0
+        rows = _rows(tmp_path / "run")
+        assert all(float(r["l_tmlm"]) > 0 for r in rows)
 
 
 @pytest.mark.slow

@@ -120,6 +120,18 @@ def test_coevolution_large_study_dag():
     assert "--families 16 --length 64 --sequences 5000 --coupling-strength 1.0" in proc.stdout
 
 
+def test_coevolution_triplets_study_dag():
+    """Three-body families and a Triple MLM per seed: three encoders per seed, the TMLM handed to the evaluation,
+    the exact read-outs' table among the report's outputs."""
+    proc = snakemake("-n", "-p", "coevolution", "--configfile", "config/coevolution_triplets.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert job_counts(proc.stdout)["pretrain_coevolution"] == 9  # MLM, PMLM and TMLM for each of 3 seeds
+    assert "--set objective.name=tmlm" in proc.stdout
+    assert "--tmlm results/coevolution_triplets/coevolution/seed1/tmlm/model.safetensors" in proc.stdout
+    assert "--triplets 4 --triplet-strength 3.0" in proc.stdout
+    assert "results/coevolution_triplets/coevolution/coevolution_exact.md" in proc.stdout
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -32,6 +32,8 @@ def tiny_encoder(path: Path, objective: str = "pmlm", *, max_len: int = 18, num_
         for head in (model.token_head, model.pair_head):
             if head is not None:
                 head.out.weight.mul_(50.0)
+        if model.triple_head is not None:  # its three-way factors multiply: a smaller scale gives logits ~10
+            model.triple_head.out.weight.mul_(5.0)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_encoder(path, model.state_dict(), {"model": model.cfg.to_dict(),
                                              "objective": dataclasses.asdict(objective_cfg)})

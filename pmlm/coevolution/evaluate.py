@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pmlm.coevolution.epistasis import exact_headline, study_readouts
 from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.report import run_report
 from pmlm.coevolution.study import evaluate_models, headline, readout_costs
@@ -127,18 +128,33 @@ def run_evaluation(args: argparse.Namespace) -> int:
         if model.cfg.max_len < max(f.length for f in families) + 2:
             raise InputError(weights, f"model max_len {model.cfg.max_len} is too short for length-"
                              f"{max(f.length for f in families)} families (+2 specials)")
+    exact_models = dict(models)
+    if args.tmlm:  # the Triple MLM joins the exact read-outs only
+        model, info, _ = load_encoder(args.tmlm, device)
+        if model.triple_head is None:
+            raise InputError(args.tmlm, f"--tmlm needs a model with a triple head (this one was trained with "
+                             f"objective {info['objective']['name']})")
+        if model.cfg.max_len < max(f.length for f in families) + 2:
+            raise InputError(args.tmlm, f"model max_len {model.cfg.max_len} is too short for length-"
+                             f"{max(f.length for f in families)} families (+2 specials)")
+        exact_models["tmlm"], infos["tmlm"] = model, info
     # read-outs run under no_grad (the probe enables grad for its own fit); no process-wide switch
     result = evaluate_models(families, models, cfg)
-    scores = {name: infos[name].get("final_scores") or {} for name in models}
+    exact = study_readouts(families, exact_models, cfg) if cfg.exact else None
+    if exact is not None:
+        print(f"coevolution: seed {cfg.seed}: {exact_headline(exact['summary'])}", file=sys.stderr)
+    scores = {name: infos[name].get("final_scores") or {} for name in exact_models}
     document = {
         "seed": cfg.seed,
         "config": asdict(cfg),
-        "inputs": {"synth": str(args.synth), "mlm": str(args.mlm), "pmlm": str(args.pmlm)},
+        "inputs": {"synth": str(args.synth), "mlm": str(args.mlm), "pmlm": str(args.pmlm),
+                   **({"tmlm": str(args.tmlm)} if args.tmlm else {})},
         "device": device,
         "families": {f.name: {"length": f.length, "edges": int(np.triu(f.contacts).sum()), "train": len(f.train),
                               "heldout": len(f.heldout)} for f in families},
         "pretraining": {name: {k: scores[name].get(k) for k in ("step", "acc_mlm", "acc_pmlm", "dacc", "l_mlm",
-                                                                "l_pmlm")} for name in models},
+                                                                "l_pmlm", "l_tmlm", "acc_tmlm")}
+                        for name in exact_models},
         "summary": summarise(result["per_family"]),
         # encoder forwards per evaluation sequence and per pair, at the families' length
         "costs": readout_costs(max(f.length for f in families)),
@@ -147,6 +163,8 @@ def run_evaluation(args: argparse.Namespace) -> int:
         "folds": result["folds"],
         "sequences": result["sequences"],
         "dependence_values": _rounded(result["dependence"]),
+        # epistasis and conditional log-loss against the exact Potts values (pmlm.coevolution.epistasis)
+        "exact": exact,
         "versions": versions(),
     }
     with atomic_output(args.out_prefix + ".json") as tmp:

@@ -13,7 +13,8 @@ import numpy as np
 from pmlm.alphabet import RESIDUES
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError, InputError
-from pmlm.synth.potts import read_contacts
+from pmlm.synth.parameters import PARAMS_DIR, read_potts
+from pmlm.synth.potts import PottsModel, read_contacts
 
 FAMILIES_FASTA = "families.fasta"
 CONTACTS_DIR = "contacts"
@@ -38,12 +39,17 @@ class StudyConfig:
     head_lr: float = 1e-2  # its learning rate
     head_dropout: float = 0.0  # dropout on its pair features (TAPE's fine-tuning uses 0.5 on far more data)
     batch_rows: int = 4096  # sequences per forward pass (bounds memory)
+    # 1: epistasis and conditional log-loss against the exact Potts values (pmlm.coevolution.epistasis); 0 skips
+    exact: int = 1
+    # 1: also the token heads' epistasis by substitution (40 forwards per pair, planted and as many other pairs)
+    substitution: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.valid_fraction < 1.0:
             raise ConfigError(f"valid_fraction (--valid-fraction) must be in (0, 1), got {self.valid_fraction}")
-        if self.chain_rule not in (0, 1):
-            raise ConfigError(f"chain_rule (--chain-rule) must be 0 or 1, got {self.chain_rule}")
+        for name in ("chain_rule", "exact", "substitution"):
+            if getattr(self, name) not in (0, 1):
+                raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be 0 or 1, got {getattr(self, name)}")
         for name in ("sequences", "min_separation", "k_divisor", "head_steps", "batch_rows"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
@@ -62,6 +68,7 @@ class FamilyData:
     heldout: np.ndarray  # (M, L) uint8
     contacts: np.ndarray  # (L, L) bool, symmetric
     heldout_ids: list[str]  # (M,) sequence ids of ``heldout``, in file order
+    potts: PottsModel | None = None  # the family's model (params/<family>.safetensors), None if not written
 
     def evaluation_rows(self, cfg: StudyConfig) -> tuple[np.ndarray, list[str]]:
         """The held-out sequences every read-out uses: the first ``cfg.sequences`` in file order, (n, L), and ids."""
@@ -133,5 +140,9 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
         contacts = np.zeros((length, length), dtype=bool)
         contacts[edges[:, 0], edges[:, 1]] = True
         contacts |= contacts.T
-        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts, ids[name]))
+        params = synth_dir / PARAMS_DIR / f"{name}.safetensors"
+        potts = read_potts(params) if params.exists() else None  # older pmlm synth output has none
+        if potts is not None and potts.length != length:
+            raise InputError(params, f"a model of {potts.length} sites for family {name} of length {length}")
+        families.append(FamilyData(name, np.stack(train), np.stack(heldout), contacts, ids[name], potts))
     return families

@@ -277,7 +277,9 @@ def run_report(args) -> int:
     if len(docs) < MIN_SEEDS:
         print(f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
               file=sys.stderr)
+    from pmlm.coevolution.exact_report import write_exact_table  # it imports this module's helpers
+
     paths = (write_report_table(docs, args.out_prefix) + write_supervised_table(docs, args.out_prefix)
-             + plot_report(docs, args.out_prefix))
+             + write_exact_table(docs, args.out_prefix + "_exact") + plot_report(docs, args.out_prefix))
     print(f"coevolution report: {len(docs)} seed(s) -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0

@@ -21,6 +21,9 @@ STUDY_FLAGS: dict[str, tuple[type, str]] = {
     "head_lr": (float, "learning rate of the supervised contact head (default 0.01)"),
     "head_dropout": (float, "dropout on the supervised head's pair features (default 0)"),
     "batch_rows": (int, "sequences per forward pass, bounds memory (default 4096)"),
+    "exact": (int, "1: epistasis and conditional log-loss against the families' exact Potts values; 0 skips it "
+                   "(default 1)"),
+    "substitution": (int, "1: also the token heads' epistasis by substitution (40 forwards per pair) (default 0)"),
 }
 
 
@@ -29,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
     p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
     p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
+    p.add_argument("--tmlm", metavar="WEIGHTS", help="optional Triple MLM encoder, read out beside the two")
     p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the encoders run: auto (CUDA when available), cpu or cuda (default: auto)")

@@ -22,6 +22,9 @@ _POTTS_FLAGS = {
     "chains": ("chains", int, "independent Gibbs chains"),
     "burn_in": ("burn_in", int, "sweeps discarded per chain"),
     "thinning": ("thinning", int, "sweeps between kept samples"),
+    "triplets": ("triplets", int, "planted three-body terms per family (disjoint site triples)"),
+    "triplet_strength": ("triplet_strength", float, "K bonus in nats of each favoured residue triple"),
+    "compatible_triples": ("compatible_triples", int, "residue triples each three-body term favours"),
 }
 
 

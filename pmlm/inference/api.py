@@ -64,13 +64,13 @@ class TrainedModel:
                               "load a fine-tuned contact head instead")
         return readout_map(self.encoder, residues, self.device)
 
-    def score(self, sequence: str, mutants: list[str], *, double: str = "auto") -> list[dict]:
-        """One dict per mutant (``A23G`` or ``A23G:L40P``, 1-based): mutant, kind, score, additive, epistasis,
-        double_from (see ``pmlm score``)."""
+    def score(self, sequence: str, mutants: list[str], *, double: str = "auto", triple: str = "auto") -> list[dict]:
+        """One dict per mutant (``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E``, 1-based): mutant, kind, score,
+        additive, epistasis, double_from, triple_from (see ``pmlm score``)."""
         residues = self._residues(sequence)
         parsed = [parse_mutant(m, sequence, "<mutants>", k + 1) for k, m in enumerate(mutants)]
-        return score_mutants(self.encoder, residues, parsed, double=double, device=self.device, path="<mutants>",
-                             model_name=str(self.path))
+        return score_mutants(self.encoder, residues, parsed, double=double, triple=triple, device=self.device,
+                             path="<mutants>", model_name=str(self.path))
 
 
 def load(path: str | os.PathLike, device: str = "cpu", *, encoder: str | os.PathLike | None = None) -> TrainedModel:

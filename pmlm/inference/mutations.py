@@ -7,7 +7,13 @@
   joint over residue classes at (23, 40), log P(G, P) - log P(A, L). ``epistasis`` is that minus the sum of
   the two single scores: how far the pair departs from independent effects;
 * double on an encoder without a pair head (MLM), or with ``--double additive``: the sum of the two single
-  scores (``double_from = additive``, epistasis 0 by construction).
+  scores (``double_from = additive``, epistasis 0 by construction);
+* triple ``A23G:L40P:K51E`` from the Triple MLM's triple head (``triple_from = triple_joint``): the three sites
+  masked, log P(a', b', c') - log P(a, b, c) of its joint; on an encoder with a pair head but no triple head
+  from its pairs (``triple_from = pairs``): the three single scores plus the three double mutants' epistasis
+  (each pair's joint with that pair masked), so no third-order term; without a pair head, or with
+  ``--triple additive``, the sum of the single scores (``triple_from = additive``). ``epistasis`` is the score
+  minus the sum of the singles; the third-order part is that minus the three doubles' epistasis.
 
 Sites are read in a window of the model's size centred on them (both sites of a double in one window; a
 double whose sites are farther apart than the window has no joint and is an error). Sites sharing a masked
@@ -16,7 +22,8 @@ input share its forward pass.
 Mutations CSV: a header row with a ``mutant`` column (the ProteinGym / ESM variant-prediction convention;
 ``mutation`` is accepted too), one mutant per row, other columns ignored. Output TSV, one row per input row
 in input order: ``mutant``, ``kind`` (single | double), ``score``, ``additive`` (sum of the single scores),
-``epistasis`` (doubles: score - additive), ``double_from`` (doubles: pair_joint | additive).
+``epistasis`` (doubles and triples: score - additive), ``double_from`` (doubles: pair_joint | additive),
+``triple_from`` (triples: triple_joint | pairs | additive).
 """
 
 from __future__ import annotations
@@ -35,13 +42,16 @@ from pmlm.evaluation.pair_readout import residue_joint
 from pmlm.inference.sequences import read_fasta_sequences
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.model.pmlm_model import PMLMModel
+from pmlm.model.triple import Q
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
 from pmlm.utils import atomic_output
 
 MUTANT_COLUMNS = ("mutant", "mutation")
 DOUBLE_MODES = ("auto", "pair", "additive")
-PAIR_JOINT, ADDITIVE = "pair_joint", "additive"
-OUT_COLUMNS = ("mutant", "kind", "score", "additive", "epistasis", "double_from")
+TRIPLE_MODES = ("auto", "triple", "pairs", "additive")
+PAIR_JOINT, ADDITIVE, TRIPLE_JOINT, PAIRS = "pair_joint", "additive", "triple_joint", "pairs"
+OUT_COLUMNS = ("mutant", "kind", "score", "additive", "epistasis", "double_from", "triple_from")
+KINDS = {1: "single", 2: "double", 3: "triple"}
 ROWS_PER_PASS = 32  # masked copies of the sequence per forward pass
 _SITE = re.compile(r"^([A-Z])([0-9]+)([A-Z])$")
 
@@ -56,20 +66,20 @@ class Site:
 @dataclass(frozen=True)
 class Mutant:
     text: str
-    sites: tuple[Site, ...]  # one or two, sorted by position
+    sites: tuple[Site, ...]  # one, two or three, sorted by position
     line: int
 
 
 def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
-    """``A23G`` or ``A23G:L40P`` checked against the sequence ``letters``."""
+    """``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E`` checked against the sequence ``letters``."""
     parts = text.strip().split(":")
-    if len(parts) > 2:
-        raise InputError(path, f"{text!r}: only single and double mutants are scored", line=line)
+    if len(parts) > 3:
+        raise InputError(path, f"{text!r}: only single, double and triple mutants are scored", line=line)
     sites = []
     for part in parts:
         match = _SITE.match(part.strip())
         if match is None:
-            raise InputError(path, f"{text!r}: expected mutants like A23G or A23G:L40P", line=line)
+            raise InputError(path, f"{text!r}: expected mutants like A23G, A23G:L40P or A23G:L40P:K51E", line=line)
         wt, pos, mut = match.group(1), int(match.group(2)), match.group(3)
         for letter in (wt, mut):
             if letter not in alphabet.RESIDUES:
@@ -81,8 +91,10 @@ def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
             raise InputError(path, f"{text!r}: wild type {wt} does not match the sequence, which has "
                                    f"{letters[pos - 1]} at {pos}", line=line)
         sites.append(Site(pos - 1, alphabet.RESIDUES.index(wt), alphabet.RESIDUES.index(mut)))
-    if len(sites) == 2 and sites[0].pos == sites[1].pos:
-        raise InputError(path, f"{text!r}: both mutations are at position {sites[0].pos + 1}", line=line)
+    positions = [s.pos for s in sites]
+    if len(set(positions)) < len(positions):
+        repeated = next(p for p in positions if positions.count(p) > 1)
+        raise InputError(path, f"{text!r}: two mutations are at position {repeated + 1}", line=line)
     return Mutant(text.strip(), tuple(sorted(sites, key=lambda s: s.pos)), line)
 
 
@@ -177,44 +189,102 @@ def pair_log_joints(model: PMLMModel, residues: np.ndarray, pairs: list[tuple[in
     return out
 
 
+@torch.no_grad()
+def triple_log_joints(model: PMLMModel, residues: np.ndarray, triples: list[tuple[int, int, int]],
+                      device) -> dict[tuple[int, int, int], np.ndarray]:
+    """{(i, j, k): (20, 20, 20) log P(x_i = a, x_j = b, x_k = c | sequence with i, j, k masked)}, i < j < k: the
+    triple head's class ``400 a + 20 b + c`` (float64 numpy)."""
+    room = max_residues(model.cfg.max_len)
+    out = {}
+    for k in range(0, len(triples), ROWS_PER_PASS):
+        chunk = triples[k:k + ROWS_PER_PASS]
+        tokens, pos = _masked_rows(residues, room, chunk)
+        tokens, pos = tokens.to(device), pos.to(device)
+        reps = model.encode(tokens)  # (B, T, C)
+        rows = torch.arange(len(chunk), device=device)[:, None]
+        logits = model.triple_head(reps, torch.cat([rows, pos], dim=1))  # (B, 8000)
+        log_joint = torch.log_softmax(logits.float(), dim=-1).double().view(-1, Q, Q, Q)
+        for triple, values in zip(chunk, log_joint.cpu().numpy()):
+            out[triple] = values
+    return out
+
+
+def _check_window(mutants: list[Mutant], room: int, path: str, what: str, fallback: str) -> None:
+    for m in mutants:
+        first, last = m.sites[0].pos, m.sites[-1].pos
+        if last - first >= room:
+            raise InputError(path, f"{m.text!r}: sites {first + 1} and {last + 1} do not fit in one window of {room} "
+                                   f"residues, so the {what} has no joint for them (use {fallback})", line=m.line)
+
+
 def score_mutants(model: PMLMModel, residues: np.ndarray, mutants: list[Mutant], *, double: str = "auto",
-                  device="cpu", path: str = "mutations", model_name: str = "the encoder") -> list[dict]:
+                  triple: str = "auto", device="cpu", path: str = "mutations",
+                  model_name: str = "the encoder") -> list[dict]:
     """One output row per mutant (the module docstring's columns); ``path`` and ``model_name`` name the mutant
     file and the encoder in errors."""
     if double not in DOUBLE_MODES:
         raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
+    if triple not in TRIPLE_MODES:
+        raise ConfigError(f"--triple must be one of {', '.join(TRIPLE_MODES)}, got {triple!r}")
     doubles = [m for m in mutants if len(m.sites) == 2]
-    use_pair = double == "pair" or (double == "auto" and model.pair_head is not None)
-    if doubles and use_pair and model.pair_head is None:
+    triples = [m for m in mutants if len(m.sites) == 3]
+    has_pair, has_triple = model.pair_head is not None, getattr(model, "triple_head", None) is not None
+    use_pair = double == "pair" or (double == "auto" and has_pair)
+    if doubles and use_pair and not has_pair:
         raise InputError(model_name, f"no pair head (an MLM model): the double mutants of {path} need the pair "
                                      "head's joint (a PMLM model), or --double additive", line=None)
+    triple_source = triple if triple != "auto" else TRIPLE_JOINT if has_triple else PAIRS if has_pair else ADDITIVE
+    triple_source = {"triple": TRIPLE_JOINT}.get(triple_source, triple_source)
+    if triples and triple_source == TRIPLE_JOINT and not has_triple:
+        raise InputError(model_name, f"no triple head: the triple mutants of {path} need a Triple MLM (objective "
+                                     "tmlm), or --triple pairs / additive", line=None)
+    if triples and triple_source == PAIRS and not has_pair:
+        raise InputError(model_name, f"no pair head (an MLM model): --triple pairs needs the pair head's joints; "
+                                     "use --triple additive", line=None)
     room = max_residues(model.cfg.max_len)
     if use_pair:
-        for m in doubles:
-            i, j = m.sites[0].pos, m.sites[1].pos
-            if j - i >= room:
-                raise InputError(path, f"{m.text!r}: sites {i + 1} and {j + 1} do not fit in one window of {room} "
-                                       "residues, so the pair head has no joint for them (use --double additive)",
-                                 line=m.line)
+        _check_window(doubles, room, path, "pair head", "--double additive")
+    if triple_source in (TRIPLE_JOINT, PAIRS):
+        _check_window(triples, room, path, "triple head" if triple_source == TRIPLE_JOINT else "pair head",
+                      "--triple additive")
     singles = site_log_probs(model, residues, sorted({s.pos for m in mutants for s in m.sites}), device)
-    joints = pair_log_joints(model, residues, sorted({(m.sites[0].pos, m.sites[1].pos) for m in doubles}), device) \
-        if use_pair else {}
+    pair_sets = {(m.sites[0].pos, m.sites[1].pos) for m in doubles} if use_pair else set()
+    if triple_source == PAIRS:
+        pair_sets |= {(a.pos, b.pos) for m in triples for a, b in ((m.sites[0], m.sites[1]),
+                                                                   (m.sites[0], m.sites[2]), (m.sites[1], m.sites[2]))}
+    joints = pair_log_joints(model, residues, sorted(pair_sets), device) if pair_sets else {}
+    triple_joints = (triple_log_joints(model, residues, sorted({tuple(s.pos for s in m.sites) for m in triples}), device)
+                     if triple_source == TRIPLE_JOINT and triples else {})
+
+    def single(s: Site) -> float:
+        return float(singles[s.pos][s.mut] - singles[s.pos][s.wt])
+
+    def pair_score(a: Site, b: Site) -> float:
+        log_joint = joints[(a.pos, b.pos)]
+        return float(log_joint[a.mut, b.mut] - log_joint[a.wt, b.wt])
+
     rows = []
     for m in mutants:
-        effects = [float(singles[s.pos][s.mut] - singles[s.pos][s.wt]) for s in m.sites]
-        additive = sum(effects)
-        if len(m.sites) == 1:
-            rows.append({"mutant": m.text, "kind": "single", "score": additive, "additive": additive,
-                         "epistasis": None, "double_from": None})
-            continue
-        a, b = m.sites
-        if use_pair:
-            log_joint = joints[(a.pos, b.pos)]
-            score, source = float(log_joint[a.mut, b.mut] - log_joint[a.wt, b.wt]), PAIR_JOINT
-        else:
-            score, source = additive, ADDITIVE
-        rows.append({"mutant": m.text, "kind": "double", "score": score, "additive": additive,
-                     "epistasis": score - additive, "double_from": source})
+        additive = sum(single(s) for s in m.sites)
+        row = {"mutant": m.text, "kind": KINDS[len(m.sites)], "score": additive, "additive": additive,
+               "epistasis": None, "double_from": None, "triple_from": None}
+        if len(m.sites) == 2:
+            a, b = m.sites
+            source = PAIR_JOINT if use_pair else ADDITIVE
+            score = pair_score(a, b) if use_pair else additive
+            row.update(score=score, epistasis=score - additive, double_from=source)
+        elif len(m.sites) == 3:
+            a, b, c = m.sites
+            if triple_source == TRIPLE_JOINT:
+                log_joint = triple_joints[(a.pos, b.pos, c.pos)]
+                score = float(log_joint[a.mut, b.mut, c.mut] - log_joint[a.wt, b.wt, c.wt])
+            elif triple_source == PAIRS:
+                # the singles plus each pair's epistasis (its double score minus its two singles)
+                score = pair_score(a, b) + pair_score(a, c) + pair_score(b, c) - additive
+            else:
+                score = additive
+            row.update(score=score, epistasis=score - additive, triple_from=triple_source)
+        rows.append(row)
     return rows
 
 
@@ -228,7 +298,7 @@ def write_scores(path: str | Path, rows: list[dict]) -> None:
 
 
 def score_fasta(model: str, sequence: str, mutations: str, out: str, *, double: str = "auto",
-                device: str = "auto") -> dict:
+                triple: str = "auto", device: str = "auto") -> dict:
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
     ``model``; writes the TSV ``out``. Returns the wild type's id, the rows and where the doubles came from."""
     dev = pick_device(device)
@@ -239,7 +309,7 @@ def score_fasta(model: str, sequence: str, mutations: str, out: str, *, double: 
                          line=records[1].line if len(records) > 1 else None)
     wild = records[0]
     mutants = read_mutants(mutations, wild.letters)
-    rows = score_mutants(encoder, wild.residues, mutants, double=double, device=dev, path=mutations,
+    rows = score_mutants(encoder, wild.residues, mutants, double=double, triple=triple, device=dev, path=mutations,
                          model_name=str(weights))
     write_scores(out, rows)
     return {"id": wild.id, "rows": rows}

@@ -48,6 +48,8 @@ RELEASED_LAYERS: dict[str, dict] = {
     PMLM_PAIR_ONLY: {"norm": "post", "embedding_norm": True, "activation": "gelu",
                        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0},
 }
+# the Triple MLM has no released code: it trains with PMLM's layers, so the two differ in their objective only
+RELEASED_LAYERS["tmlm"] = dict(RELEASED_LAYERS["pmlm"])
 
 
 @dataclass
@@ -78,9 +80,20 @@ class ModelConfig:
     # SinusoidalPositionalEmbedding: t + padding index + 1, computed in fp32), the convention of imported
     # released checkpoints (pmlm.model.encoder.position_table)
     positions: str = "pmlm"
+    # the pair head's output written as out(M+)[a, b] + u_1(M+)[a] + u_2(M+)[b]: the same linear map of M+ (the
+    # same functions), with per-residue terms every class of that residue trains (pmlm.model.heads); false: the paper
+    pair_unary: bool = False
+    # the pair (and triple) head's joint as the product of the token head's marginals at its positions times
+    # exp(its own output), so independence is its default and it learns only the departure from it
+    # (pmlm.model.heads, pmlm.model.triple); false: the paper's free 400-class softmax
+    product_base: bool = False
+    triple_head: bool = False  # the Triple MLM's factorised triple-joint head (pmlm.model.triple); objective tmlm
+    triple_rank: int = 16  # rank R of its three-way factors
+    triple_width: int = 0  # width of its hidden layer; 0: 2 * hidden, as the pair head
+    triple_chunk_size: int = 1024  # triples pushed through it at once (each materialises 8,000 logits)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden", "ffn", "heads", "pair_chunk_size"):
+        for name in ("num_layers", "hidden", "ffn", "heads", "pair_chunk_size", "triple_rank", "triple_chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
@@ -99,18 +112,25 @@ class ModelConfig:
             raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        if not isinstance(self.embedding_norm, bool):
-            raise ConfigError(f"model.embedding_norm must be true or false, got {self.embedding_norm!r}")
+        for name in ("embedding_norm", "pair_unary", "product_base", "triple_head", "token_head", "pair_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
         if self.positions not in POSITIONS:
             raise ConfigError(f"model.positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if not isinstance(self.triple_width, int) or isinstance(self.triple_width, bool) or self.triple_width < 0:
+            raise ConfigError(f"model.triple_width must be an integer >= 0 (0: 2 * hidden), got {self.triple_width!r}")
         if self.pair_vocab not in PAIR_VOCABS:
             raise ConfigError(
                 f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}"
             )
+        if self.product_base and (self.pair_head or self.triple_head) and (
+                self.pair_vocab != "standard" or not self.token_head):
+            raise ConfigError("model.product_base needs a token head and pair_vocab standard (the product of "
+                              "the token head's 20-class marginals)")
 
     @property
     def head_dim(self) -> int:
@@ -120,6 +140,11 @@ class ModelConfig:
     def pair_classes(self) -> int:
         """Number of classes K of the pair head."""
         return NUM_PAIR_CLASSES if self.pair_vocab == "standard" else NUM_FULL_PAIR_CLASSES
+
+    @property
+    def triple_hidden(self) -> int:
+        """Width of the triple head's hidden layer."""
+        return self.triple_width or 2 * self.hidden
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

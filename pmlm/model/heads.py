@@ -21,6 +21,8 @@ halves the head's dominant cost when all ordered pairs of a set are needed.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,7 +48,8 @@ class TokenHead(nn.Module):
 class PairHead(nn.Module):
     """Masked-pair head evaluated on selected pair rows (b, i, j), in chunks."""
 
-    def __init__(self, hidden: int, num_classes: int, chunk_size: int, activation: str = "gelu"):
+    def __init__(self, hidden: int, num_classes: int, chunk_size: int, activation: str = "gelu",
+                 unary: bool = False):
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.hidden = hidden
@@ -54,6 +57,19 @@ class PairHead(nn.Module):
         self.dense = nn.Linear(2 * hidden, 2 * hidden)
         self.norm = nn.LayerNorm(2 * hidden)
         self.out = nn.Linear(2 * hidden, num_classes)
+        # unary: logits(a, b) = out(M+)[a, b] + u_1(M+)[a] + u_2(M+)[b], the same linear map of M+ written with
+        # shared per-residue terms (pmlm.model.config, pair_unary)
+        self.side = math.isqrt(num_classes)
+        self.unary = nn.Linear(2 * hidden, 2 * self.side) if unary else None
+        self._base = None  # a TokenHead whose log-probabilities at i and j are added (set_product_base)
+
+    def set_product_base(self, token_head: "TokenHead") -> None:
+        """Predict the joint as the product of ``token_head``'s marginals at i and j times exp(this head's output):
+        logits(a, b) = log P(x_i = a) + log P(x_j = b) + out(M+)[a, b] (standard vocabulary). The token head is
+        referenced, not registered, so its weights stay where they are in the state dict."""
+        if self.side != NUM_RESIDUES:
+            raise ValueError("a product base needs the standard 400-class pair vocabulary")
+        object.__setattr__(self, "_base", token_head)
 
     def forward(
         self,
@@ -84,6 +100,7 @@ class PairHead(nn.Module):
         w_prod, w_diff = self.dense.weight.split(C, dim=1)  # (2C, C) each
         d_used = F.linear(h_used, w_diff)  # (U, 2C)
         idx_i, idx_j = inverse[:P], inverse[P:]
+        base = torch.log_softmax(self._base(h_used).float(), dim=-1).to(d_used.dtype) if self._base else None  # (U, 20)
 
         # +1 / -1 per output block: (b, i, j) rows get S + D, swapped rows S - D
         signs = torch.tensor([1.0, -1.0], dtype=d_used.dtype, device=d_used.device).view(2, 1, 1)
@@ -97,13 +114,29 @@ class PairHead(nn.Module):
             # both orders in one fused op, so the activation, LayerNorm and the output matmul run once on 2p rows
             pre = torch.addcmul(sym, signs, diff) if mirror else sym + diff  # (2, p, 2C) or (p, 2C)
             m_plus = self.norm(self.act(pre))  # same shape as pre
-            logits_parts.append(self.out(m_plus).view(blocks, -1, self.out.out_features))  # (blocks, p, K)
+            logits = self.logits(m_plus).view(blocks, -1, self.out.out_features)  # (blocks, p, K)
+            if base is not None:
+                bi, bj = F.embedding(ci, base), F.embedding(cj, base)  # (p, 20) each
+                first = torch.stack([bi, bj])[:blocks]  # the row's first residue: i for given rows, j for swapped
+                second = torch.stack([bj, bi])[:blocks]
+                logits = (logits.view(blocks, -1, self.side, self.side) + first[..., :, None]
+                          + second[..., None, :]).flatten(-2)
+            logits_parts.append(logits)
             if return_repr:
                 repr_parts.append(m_plus.view(blocks, -1, 2 * C))
         # rows ordered block-major: all given orders first, then all swapped orders
         logits = _join(logits_parts).flatten(0, 1)  # (blocks * P, K)
         m_plus_all = _join(repr_parts).flatten(0, 1) if return_repr else None  # (blocks * P, 2C)
         return logits, m_plus_all
+
+    def logits(self, m_plus: torch.Tensor) -> torch.Tensor:
+        """The output layer on M+ (..., 2C) -> (..., K)."""
+        out = self.out(m_plus)
+        if self.unary is None:
+            return out
+        u = self.unary(m_plus).unflatten(-1, (2, self.side))  # (..., 2, side)
+        joint = out.unflatten(-1, (self.side, self.side)) + u[..., 0, :, None] + u[..., 1, None, :]
+        return joint.flatten(-2)
 
     def first_block_grid(self, reps: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """M+ of every pair (i, j), i in [start, stop), all j of ``reps`` (B, L, C): (B, stop - start, L, 2C).

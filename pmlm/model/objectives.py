@@ -14,6 +14,10 @@ Objectives (``ObjectiveConfig.name``):
   pair head's marginal on the diagonal, ``P(x_i) = sum_y softmax(pair_logits(i, i))[x_i, y]``;
   ``l_pmlm`` and the pair accuracy are reported on the off-diagonal pairs only, so they
   compare with the ``pmlm`` objective's figures.
+* ``tmlm`` (the Triple MLM the paper's Discussion proposes): ``L = L_mlm + pair_weight * L_pmlm +
+  triple_weight * L_tmlm``, ``L_tmlm`` the mean cross-entropy of the triple head (``pmlm.model.triple``) over
+  ``ceil(triples_per_masked * n)`` sampled triples i < j < k of each sequence's n masked standard residues, the
+  label of (i, j, k) ``400 x_i + 20 x_j + x_k``.
 
 Masking follows fairseq's MaskTokensDataset: per sequence, ``floor(mask_prob * n + u)``
 (u ~ U[0, 1)) of its n residue positions are chosen without replacement (the expected
@@ -34,7 +38,8 @@ from torch import Tensor
 from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model.pmlm_model import unwrap
-from pmlm.vocabulary import MLM, OBJECTIVES, PMLM, PMLM_PAIR_ONLY
+from pmlm.model.triple import sample_triples, triple_labels, triple_loss
+from pmlm.vocabulary import MLM, OBJECTIVES, PMLM, PMLM_PAIR_ONLY, TMLM
 
 IGNORE_INDEX = -100  # target of unmasked positions and of masked non-standard residues
 
@@ -48,6 +53,8 @@ class ObjectiveConfig:
     mask_token_prob: float = 0.8  # of the selected: replaced by <mask>
     random_token_prob: float = 0.1  # of the selected: replaced by a random standard residue
     pair_weight: float = 1.0  # lambda in L = L_mlm + lambda * L_pmlm
+    triple_weight: float = 1.0  # tmlm: weight of L_tmlm in L = L_mlm + pair_weight * L_pmlm + triple_weight * L_tmlm
+    triples_per_masked: float = 1.0  # tmlm: triples sampled per sequence = ceil(this * its masked residues)
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
@@ -64,6 +71,10 @@ class ObjectiveConfig:
             )
         if self.pair_weight < 0:
             raise ConfigError(f"objective.pair_weight must be >= 0, got {self.pair_weight!r}")
+        if self.triple_weight < 0:
+            raise ConfigError(f"objective.triple_weight must be >= 0, got {self.triple_weight!r}")
+        if not self.triples_per_masked > 0:
+            raise ConfigError(f"objective.triples_per_masked must be > 0, got {self.triples_per_masked!r}")
 
 
 def mask_tokens(tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
@@ -176,16 +187,19 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
 
     ``model`` may be wrapped (DistributedDataParallel, torch.compile): it is called, never
     bypassed, so gradient synchronisation hooks run. Keys: ``loss`` (scalar to backward);
-    ``l_mlm``, ``l_pmlm`` (detached mean CE, 0-dim); ``mlm_correct``, ``mlm_total``,
-    ``pair_correct``, ``pair_total`` (detached int64 sums).
+    ``l_mlm``, ``l_pmlm``, ``l_tmlm`` (detached mean CE, 0-dim); ``mlm_correct``, ``mlm_total``,
+    ``pair_correct``, ``pair_total``, ``triple_correct``, ``triple_total`` (detached int64 sums).
     """
     core = unwrap(model)
     uses_token_head = cfg.name != PMLM_PAIR_ONLY
     uses_pair_head = cfg.name != MLM
+    uses_triple_head = cfg.name == TMLM
     if uses_token_head and core.token_head is None:
         raise ConfigError(f"objective {cfg.name!r} needs a token head; build the model with pmlm.pretrained.build_model()")
     if uses_pair_head and core.pair_head is None:
         raise ConfigError(f"objective {cfg.name!r} needs a pair head; build the model with pmlm.pretrained.build_model()")
+    if uses_triple_head and core.triple_head is None:
+        raise ConfigError(f"objective {cfg.name!r} needs a triple head; build the model with pmlm.pretrained.build_model()")
     pair_vocab = core.cfg.pair_vocab
     device = tokens.device
 
@@ -198,17 +212,19 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
     if cfg.name == PMLM_PAIR_ONLY:
         # diagonal rows ride along; their mirrored copies (identical) are computed and dropped
         pair_index = torch.cat([upper, diagonal_pairs(valid)])  # (P + N, 3)
+    triples = sample_triples(valid, cfg.triples_per_masked, generator) if uses_triple_head else None  # (T, 4)
     out = model(
         inputs,
         pair_index=pair_index,
         token_positions=valid if uses_token_head else None,
         mirror_pairs=True,
+        **({"triple_index": triples} if uses_triple_head else {}),
     )
 
     zero = torch.zeros((), dtype=torch.float32, device=device)
     no_count = torch.zeros((), dtype=torch.long, device=device)
-    l_mlm, l_pmlm, loss = zero, zero, zero
-    mlm_correct, pair_correct, pair_total = no_count, no_count, no_count
+    l_mlm, l_pmlm, l_tmlm, loss = zero, zero, zero, zero
+    mlm_correct, pair_correct, pair_total, triple_correct, triple_total = (no_count,) * 5
 
     if uses_token_head:
         token_logits = out["logits"]  # (N, 20)
@@ -225,7 +241,7 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
         off_ce, n_off, pair_correct = masked_pair_loss(off_logits, upper, targets, pair_vocab)
         pair_total = torch.tensor(n_off, device=device)
         l_pmlm = off_ce / max(n_off, 1)
-        if cfg.name == PMLM:
+        if cfg.name in (PMLM, TMLM):
             loss = l_mlm + cfg.pair_weight * l_pmlm
         else:
             diag_logits = logits[n_upper:n_rows]  # (N, K)
@@ -236,6 +252,12 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
             l_mlm = F.nll_loss(log_marginal, valid_targets, reduction="sum") / max(n_valid, 1)
             mlm_correct = (log_marginal.argmax(dim=-1) == valid_targets).sum()
 
+    if uses_triple_head:
+        tri_ce, n_triples, triple_correct = triple_loss(out["triple_logits"], triple_labels(triples, targets))
+        triple_total = torch.tensor(n_triples, device=device)
+        l_tmlm = tri_ce / max(n_triples, 1)
+        loss = loss + cfg.triple_weight * l_tmlm
+
     return {
         "loss": loss,
         "l_mlm": l_mlm.detach(),
@@ -244,4 +266,7 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
         "mlm_total": torch.tensor(n_valid, device=device),
         "pair_correct": pair_correct.detach(),
         "pair_total": pair_total.detach(),
+        "l_tmlm": l_tmlm.detach(),
+        "triple_correct": triple_correct.detach(),
+        "triple_total": triple_total.detach(),
     }

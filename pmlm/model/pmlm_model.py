@@ -9,18 +9,25 @@ from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import Encoder, init_weights
 from pmlm.model.heads import PairHead, TokenHead
+from pmlm.model.triple import TripleHead
 
 
 class PMLMModel(nn.Module):
-    """Encoder with a 20-class token head and/or a masked-pair head, per ``ModelConfig``."""
+    """Encoder with a 20-class token head, a masked-pair head and/or a triple head, per ``ModelConfig``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.token_head = TokenHead(cfg.hidden, cfg.activation) if cfg.token_head else None
-        self.pair_head = (PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size, cfg.activation)
-                          if cfg.pair_head else None)
+        self.pair_head = (PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size, cfg.activation,
+                                   unary=cfg.pair_unary) if cfg.pair_head else None)
+        if self.pair_head is not None and cfg.product_base:
+            self.pair_head.set_product_base(self.token_head)
+        self.triple_head = (TripleHead(cfg.hidden, cfg.triple_hidden, cfg.triple_rank, cfg.triple_chunk_size,
+                                       cfg.activation) if cfg.triple_head else None)
+        if self.triple_head is not None and cfg.product_base:
+            self.triple_head.set_product_base(self.token_head)
         self.apply(init_weights)
 
     def encode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -35,6 +42,7 @@ class PMLMModel(nn.Module):
         *,
         token_positions: torch.Tensor | None = None,
         mirror_pairs: bool = False,
+        triple_index: torch.Tensor | None = None,
     ) -> dict:
         """Run the encoder and the configured heads.
 
@@ -45,13 +53,16 @@ class PMLMModel(nn.Module):
         positions and ``logits`` is (N, 20) in row-major order (the objectives use this).
         mirror_pairs: also score every swapped row (b, j, i); ``pair_logits`` is then (2P, K),
         the given rows first (see ``PairHead``).
+        triple_index: (T, 4) int64 rows (b, i, j, k), i < j < k, whose joint the triple head predicts.
 
         Returns a dict: ``representations`` (B, L, C); ``logits`` (B, L, 20) or None;
         ``pair_logits`` (P, K) or None; ``pair_repr`` (P, 2C) or None, the output of the
-        pair head's first block (M+).
+        pair head's first block (M+); ``triple_logits`` (T, 8000) or None (class ``400 a + 20 b + c``).
         """
         if pair_index is not None and self.pair_head is None:
             raise ConfigError("pair_index was given but this model has no pair head (model.pair_head is false)")
+        if triple_index is not None and self.triple_head is None:
+            raise ConfigError("triple_index was given but this model has no triple head (model.triple_head is false)")
         if return_pair_repr and pair_index is None:
             raise ValueError("return_pair_repr needs a pair_index naming the pairs")
         reps = self.encoder(tokens)  # (B, L, C)
@@ -64,11 +75,13 @@ class PMLMModel(nn.Module):
             pair_logits, pair_repr = self.pair_head(
                 reps, pair_index, mirror=mirror_pairs, return_repr=return_pair_repr
             )
+        triple_logits = None if triple_index is None else self.triple_head(reps, triple_index)
         return {
             "representations": reps,
             "logits": logits,
             "pair_logits": pair_logits,
             "pair_repr": pair_repr,
+            "triple_logits": triple_logits,
         }
 
     def num_parameters(self) -> int:

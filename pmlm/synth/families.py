@@ -1,5 +1,6 @@
 """``pmlm synth``: sample synthetic protein families from Potts models and write their sequences,
-planted contacts and parameters, each file replaced atomically."""
+planted contacts and parameters (the run's in ``params.json``, each family's Potts model in
+``params/<family>.safetensors``, see ``pmlm.synth.parameters``), each file replaced atomically."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc
 from pmlm.synth.config import SynthConfig
+from pmlm.synth.parameters import PARAMS_DIR, POTTS_FORMAT, write_potts
 from pmlm.synth.potts import BACKGROUND, Family, PottsConfig, family_rng, generate_family
 
 FASTA_NAME = "families.fasta"
@@ -108,6 +110,7 @@ def params_document(config: SynthConfig, families: list[Family]) -> dict:
                 "edges_short": int((sep < potts.medium_separation).sum()),
                 "edges_medium": int(((sep >= potts.medium_separation) & (sep < LONG_SEPARATION)).sum()),
                 "edges_long": int((sep >= LONG_SEPARATION).sum()),
+                "triplets": int(len(fam.model.triplets)),
                 # NaN (one chain or one round) is not JSON: written as null
                 "sampler": {k: (None if np.isnan(v) else v) for k, v in dataclasses.asdict(fam.stats).items()},
                 "validation": validation_summary(fam, config),
@@ -117,36 +120,49 @@ def params_document(config: SynthConfig, families: list[Family]) -> dict:
         "pmlm_version": __version__,
         "seed": config.seed,
         "config": dataclasses.asdict(config),
-        "model": "P(x) ~ exp(sum_i h_i(x_i) + sum_(i,j) J_ij(x_i, x_j)), residue classes in the order of RESIDUES",
+        "model": "P(x) ~ exp(sum_i h_i(x_i) + sum_(i,j) J_ij(x_i, x_j) + sum_(i,j,k) K_ijk(x_i, x_j, x_k)), "
+                 "residue classes in the order of RESIDUES",
         "residues": RESIDUES,
         "background_composition": [round(float(b), 6) for b in BACKGROUND],
         "contacts_format": (
             "TSV with header i, j (0-based positions, i < j), strength (zero-sum-gauge Frobenius norm of J_ij)"
         ),
         "validation_method": "MI with APC, top-(#edges) pairs with |i-j| >= validation_min_separation",
-        "files": {"fasta": FASTA_NAME, "contacts": f"{CONTACTS_DIR}/{{family}}.tsv"},
+        "files": {"fasta": FASTA_NAME, "contacts": f"{CONTACTS_DIR}/{{family}}.tsv",
+                  "potts": f"{PARAMS_DIR}/{{family}}.safetensors"},
+        "potts_format": (f"{POTTS_FORMAT}: safetensors fields (L, 20), edges (E, 2), couplings (E, 20, 20), "
+                         "triplets (T, 3), triple_couplings (T, 20, 20, 20)"),
         "families": per_family,
     }
 
 
-def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> None:
-    """Write contacts (as a whole folder swapped in), then FASTA, then params.json last."""
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=f".{CONTACTS_DIR}.", suffix=".tmp"))
+def _swap_in_folder(out: Path, name: str, families: list[Family], write) -> None:
+    """Write one file per family into a fresh folder, then swap it in for ``out/name`` as a whole."""
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.", suffix=".tmp"))
     try:
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp creates 0700
         for fam in families:
-            (staging / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8")
-        final = out / CONTACTS_DIR
-        # a rerun with fewer families must not leave stale edge lists behind
+            write(staging, fam)
+        for written in staging.iterdir():  # some writers (safetensors) create private files
+            os.chmod(written, 0o666 & ~_umask())
+        final = out / name
+        # a rerun with fewer families must not leave stale files behind
         if final.exists():
-            retired = Path(tempfile.mkdtemp(dir=out, prefix=f".{CONTACTS_DIR}.", suffix=".old"))
-            os.replace(final, retired / CONTACTS_DIR)
+            retired = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.", suffix=".old"))
+            os.replace(final, retired / name)
             shutil.rmtree(retired)
         os.replace(staging, final)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+
+
+def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> None:
+    """Write contacts and Potts parameters (each as a whole folder swapped in), then FASTA, then params.json last."""
+    out.mkdir(parents=True, exist_ok=True)
+    _swap_in_folder(out, CONTACTS_DIR, families,
+                    lambda d, fam: (d / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8"))
+    _swap_in_folder(out, PARAMS_DIR, families, lambda d, fam: write_potts(d / f"{fam.name}.safetensors", fam.model))
     _atomic_write(out / FASTA_NAME, fasta_text(families))
     _atomic_write(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")
 

@@ -3,13 +3,14 @@ planted-contact lists (the MSA statistics that check them live in ``pmlm.evaluat
 
 Sequences are arrays of residue classes 0..19 (``token_id - FIRST_RESIDUE_ID`` of
 :mod:`pmlm.alphabet`); positions and edges are 0-based. The model is
-``P(x) ∝ exp(sum_i h_i(x_i) + sum_(i,j) in E J_ij(x_i, x_j))`` over a sparse edge set E.
+``P(x) ∝ exp(sum_i h_i(x_i) + sum_(i,j) in E J_ij(x_i, x_j) + sum_(i,j,k) in T K_ijk(x_i, x_j, x_k))`` over a
+sparse edge set E and an optional set T of three-body terms (``triplets``; none by default).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +47,9 @@ class PottsConfig:
     chains: int = 64  # independent Gibbs chains, run in parallel
     burn_in: int = 200  # sweeps discarded before the first sample of every chain
     thinning: int = 10  # sweeps between two kept samples of a chain
+    triplets: int = 0  # planted three-body terms K_ijk per family (disjoint site triples); 0: pairwise Potts
+    triplet_strength: float = 2.0  # K bonus (nats) of each compatible residue triple of a three-body term
+    compatible_triples: int = 4  # residue triples (a, b, c) a three-body term favours
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -96,19 +100,44 @@ class PottsConfig:
         need(self.chains >= 1, f"chains (--chains) must be >= 1 (got {self.chains})")
         need(self.burn_in >= 0, f"burn_in (--burn-in) must be >= 0 (got {self.burn_in})")
         need(self.thinning >= 1, f"thinning (--thinning) must be >= 1 (got {self.thinning})")
+        need(self.triplets >= 0, f"triplets (--triplets) must be >= 0 (got {self.triplets})")
+        need(
+            3 * self.triplets <= self.length,
+            f"triplets (--triplets) = {self.triplets} needs {3 * self.triplets} distinct sites; length is {self.length}",
+        )
+        need(
+            math.isfinite(self.triplet_strength) and self.triplet_strength >= 0,
+            f"triplet_strength (--triplet-strength) must be a finite number >= 0 (got {self.triplet_strength})",
+        )
+        need(
+            1 <= self.compatible_triples <= NUM_RESIDUES,
+            f"compatible_triples must be in [1, {NUM_RESIDUES}] (got {self.compatible_triples})",
+        )
 
     @property
     def num_short_edges(self) -> int:
         return int(round(self.short_range_fraction * self.edges))
 
 
+def _no_triplets() -> np.ndarray:
+    return np.zeros((0, 3), dtype=np.int64)
+
+
+def _no_triple_couplings() -> np.ndarray:
+    return np.zeros((0, NUM_RESIDUES, NUM_RESIDUES, NUM_RESIDUES))
+
+
 @dataclass(frozen=True)
 class PottsModel:
-    """Fields and sparse couplings; ``couplings[e, a, b]`` is J for x_i = a, x_j = b of edge (i, j)."""
+    """Fields, sparse couplings and optional three-body terms; ``couplings[e, a, b]`` is J for x_i = a, x_j = b
+    of edge (i, j), ``triple_couplings[t, a, b, c]`` is K for x_i = a, x_j = b, x_k = c of triplet (i, j, k).
+    The number of states per site q is ``fields.shape[1]`` (20 residue classes; smaller in tests)."""
 
-    fields: np.ndarray  # (L, 20)
+    fields: np.ndarray  # (L, q)
     edges: np.ndarray  # (E, 2) int64, i < j
-    couplings: np.ndarray  # (E, 20, 20)
+    couplings: np.ndarray  # (E, q, q)
+    triplets: np.ndarray = field(default_factory=_no_triplets)  # (T, 3) int64, i < j < k
+    triple_couplings: np.ndarray = field(default_factory=_no_triple_couplings)  # (T, q, q, q)
 
     @property
     def length(self) -> int:
@@ -135,6 +164,9 @@ class PottsModel:
         if len(self.edges):
             e = np.arange(len(self.edges))
             out = out + self.couplings[e, x[:, self.edges[:, 0]], x[:, self.edges[:, 1]]].sum(axis=1)
+        if len(self.triplets):
+            t, (i, j, k) = np.arange(len(self.triplets)), self.triplets.T
+            out = out + self.triple_couplings[t, x[:, i], x[:, j], x[:, k]].sum(axis=1)
         return out
 
 
@@ -199,15 +231,50 @@ def random_potts_model(config: PottsConfig, rng: np.random.Generator) -> PottsMo
         a = rng.choice(NUM_RESIDUES, size=config.compatible_pairs, replace=False, p=profiles[i])
         b = rng.choice(NUM_RESIDUES, size=config.compatible_pairs, replace=False, p=profiles[j])
         couplings[e, a, b] += config.coupling_strength
-    return PottsModel(fields=fields, edges=edges, couplings=couplings)
+    if not config.triplets:  # a pairwise family draws nothing more: families without triplets are unchanged
+        return PottsModel(fields=fields, edges=edges, couplings=couplings)
+    triplets = plant_triplets(config, rng)
+    q = NUM_RESIDUES
+    triple_couplings = config.coupling_noise * rng.standard_normal((len(triplets), q, q, q))  # (T, 20, 20, 20)
+    for t, sites in enumerate(triplets):
+        # favoured residue triples among the residues the three sites show, as for the couplings
+        a, b, c = (rng.choice(q, size=config.compatible_triples, replace=False, p=profiles[s]) for s in sites)
+        triple_couplings[t, a, b, c] += config.triplet_strength
+    return PottsModel(fields=fields, edges=edges, couplings=couplings, triplets=triplets,
+                      triple_couplings=triple_couplings)
 
 
-def _colour_groups(length: int, edges: np.ndarray) -> list[np.ndarray]:
-    """Greedy graph colouring: sites of one colour share no edge, so Gibbs updates them at once."""
+def plant_triplets(config: PottsConfig, rng: np.random.Generator) -> np.ndarray:
+    """``config.triplets`` disjoint site triples (T, 3), i < j < k, every two sites at least ``min_separation``
+    apart, sorted; drawn by rejection from the sites not yet used."""
+    free = list(range(config.length))
+    chosen: list[tuple[int, int, int]] = []
+    for _ in range(100 * max(config.triplets, 1)):
+        if len(chosen) == config.triplets:
+            break
+        i, j, k = sorted(int(s) for s in rng.choice(free, size=3, replace=False))
+        if j - i >= config.min_separation and k - j >= config.min_separation:
+            chosen.append((i, j, k))
+            free = [s for s in free if s not in (i, j, k)]
+            if len(free) < 3 and len(chosen) < config.triplets:
+                break
+    if len(chosen) < config.triplets:
+        raise ConfigError(
+            f"could place only {len(chosen)} of {config.triplets} triplets with sites {config.min_separation} apart "
+            f"at length {config.length}; lower --triplets or raise --length"
+        )
+    return np.array(sorted(chosen), dtype=np.int64).reshape(-1, 3)
+
+
+def _colour_groups(length: int, edges: np.ndarray, triplets: np.ndarray | None = None) -> list[np.ndarray]:
+    """Greedy graph colouring: sites of one colour share no edge (nor triplet), so Gibbs updates them at once."""
     neighbours: list[set[int]] = [set() for _ in range(length)]
     for i, j in edges:
         neighbours[int(i)].add(int(j))
         neighbours[int(j)].add(int(i))
+    for sites in [] if triplets is None else triplets:
+        for s in sites:
+            neighbours[int(s)].update(int(o) for o in sites if o != s)
     colour = np.full(length, -1, dtype=np.int64)
     for site in sorted(range(length), key=lambda s: -len(neighbours[s])):
         used = {int(colour[n]) for n in neighbours[site]}
@@ -243,13 +310,38 @@ class _GroupUpdate:
         # row (k, s, x_other) of the flattened tables is found at base + x_other
         self.rows = tables.reshape(-1, NUM_RESIDUES)  # (K * S * 20, 20)
         self.base = np.arange(degree * len(sites)).reshape(degree, len(sites)) * NUM_RESIDUES  # (K, S)
+        self._triple_tables(model, local)
+
+    def _triple_tables(self, model: PottsModel, local: dict[int, int]) -> None:
+        """The same for three-body terms: per site, tables [x_other1, x_other2, own] padded to the largest
+        triplet degree D, gathered at row base + 20 * x_other1 + x_other2."""
+        per_site: list[list[tuple[np.ndarray, int, int]]] = [[] for _ in local]
+        for t, (i, j, k) in enumerate(model.triplets):
+            table = model.triple_couplings[t]  # [a, b, c]
+            for own, axes, o1, o2 in ((i, (1, 2, 0), j, k), (j, (0, 2, 1), i, k), (k, (0, 1, 2), i, j)):
+                if int(own) in local:
+                    per_site[local[int(own)]].append((table.transpose(axes), int(o1), int(o2)))
+        degree = max((len(p) for p in per_site), default=0)
+        q = NUM_RESIDUES
+        tables = np.zeros((degree, len(local), q, q, q))  # (D, S, 20 other1, 20 other2, 20 own)
+        self.triple_others = np.zeros((2, degree, len(local)), dtype=np.int64)  # (2, D, S); padding -> site 0
+        for s, entries in enumerate(per_site):
+            for d, (table, o1, o2) in enumerate(entries):
+                tables[d, s] = table
+                self.triple_others[:, d, s] = (o1, o2)
+        self.triple_rows = tables.reshape(-1, q)  # (D * S * 400, 20)
+        self.triple_base = np.arange(degree * len(local)).reshape(degree, len(local)) * q * q  # (D, S)
 
     def __call__(self, state: np.ndarray, rng: np.random.Generator) -> None:
         logits = self.fields  # (S, 20), broadcast against chains below
         if len(self.others):
             contrib = np.take(self.rows, self.base + state[:, self.others], axis=0)  # (C, K, S, 20)
             logits = logits + contrib.sum(axis=1)  # (C, S, 20)
-        else:
+        if self.triple_others.shape[1]:
+            first, second = state[:, self.triple_others[0]], state[:, self.triple_others[1]]  # (C, D, S) each
+            rows = self.triple_base + first * NUM_RESIDUES + second
+            logits = logits + np.take(self.triple_rows, rows, axis=0).sum(axis=1)  # (C, S, 20)
+        if logits.ndim == 2:  # no couplings at these sites
             logits = np.broadcast_to(logits, (state.shape[0], *logits.shape))
         state[:, self.sites] = _sample_categorical(logits, rng)
 
@@ -285,7 +377,7 @@ def gibbs_sample(
             f"need num_sequences >= 1, chains >= 1, burn_in >= 0, thinning >= 1 "
             f"(got {num_sequences}, {chains}, {burn_in}, {thinning})"
         )
-    updates = [_GroupUpdate(model, g) for g in _colour_groups(model.length, model.edges)]
+    updates = [_GroupUpdate(model, g) for g in _colour_groups(model.length, model.edges, model.triplets)]
     rounds = -(-num_sequences // chains)
     init = np.broadcast_to(model.fields, (chains, *model.fields.shape))
     state = _sample_categorical(init, rng).astype(np.int64)  # (C, L)

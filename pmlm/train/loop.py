@@ -370,6 +370,8 @@ def _write_outputs(cfg: TrainConfig, model, step: int, valid_metrics: dict, fina
     scores = {"step": step, "split": "valid", "objective": cfg.objective.name, "model_preset": cfg.model.preset,
               **{k: valid_metrics.get(k) for k in ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc",
                                                    "mlm_total", "pair_total")}}
+    if cfg.objective.name == "tmlm":
+        scores.update({k: valid_metrics.get(k) for k in ("l_tmlm", "acc_tmlm", "triple_total")})
     with atomic_output(scores_path) as tmp:
         Path(tmp).write_text(json.dumps(scores, indent=2) + "\n")
     if final_path is not None:

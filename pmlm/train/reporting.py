@@ -15,12 +15,12 @@ from pmlm.train.loader import ShardStream
 from pmlm.train.runtime import derived_seed
 
 CSV_FIELDS = ("split", "step", "epoch", "lr", "loss", "l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc",
-              "grad_norm", "residues", "residues_per_s", "elapsed_s")
+              "grad_norm", "residues", "residues_per_s", "elapsed_s", "l_tmlm", "acc_tmlm")
 # running sums behind the logged metrics; summed over micro-batches and then over ranks
 SUMS = ("loss", "l_mlm_x_n", "mlm_correct", "mlm_total", "l_pmlm_x_n", "pair_correct", "pair_total",
-        "residues", "batches")
+        "residues", "batches", "l_tmlm_x_n", "triple_correct", "triple_total")
 # counters, not metrics: in the CSV's scores but not plotted
-COUNTS = ("mlm_total", "pair_total")
+COUNTS = ("mlm_total", "pair_total", "triple_total")
 VALID_STREAM = 2  # random stream (see runtime.derived_seed) of the validation masks
 
 
@@ -37,6 +37,9 @@ def step_sums(out: dict, residues: int, device) -> torch.Tensor:
         out["pair_total"].double(),
         torch.tensor(float(residues), dtype=torch.float64, device=device),
         torch.ones((), dtype=torch.float64, device=device),
+        out["l_tmlm"].double() * out["triple_total"],
+        out["triple_correct"].double(),
+        out["triple_total"].double(),
     ])
 
 
@@ -56,6 +59,10 @@ def summarise(values: list[float]) -> dict:
         "residues": int(s["residues"]),
         "mlm_total": int(s["mlm_total"]),
         "pair_total": int(s["pair_total"]),
+        # the Triple MLM's triple head (None for the other objectives)
+        "l_tmlm": s["l_tmlm_x_n"] / s["triple_total"] if s["triple_total"] else None,
+        "acc_tmlm": s["triple_correct"] / s["triple_total"] if s["triple_total"] else None,
+        "triple_total": int(s["triple_total"]),
     }
 
 
@@ -102,7 +109,7 @@ class TrainWindow:
         self.started = time.perf_counter()
 
     def mean_loss(self) -> float:
-        return float(self.sums[0] / self.sums[-1])
+        return float(self.sums[0] / self.sums[SUMS.index("batches")])
 
     def flush(self, log, step: int, epoch: int, lr: float, world: int) -> None:
         """Sum over ranks, write the row (rank 0 holds ``log``), start a new window."""

@@ -69,7 +69,7 @@ rule pretrain_coevolution:
     benchmark:
         f"{BENCH}/coevolution/seed{{seed}}/pretrain_{{objective}}.tsv"
     wildcard_constraints:
-        objective="mlm|pmlm",  # the study compares these two
+        objective="mlm|pmlm|tmlm",  # the study compares these (tmlm when coevolution.tmlm is true)
     threads: 1
     resources:
         mem_mb=per_attempt(4000),
@@ -84,15 +84,15 @@ rule pretrain_coevolution:
 
 rule evaluate_coevolution:
     input:
+        unpack(coevolution_encoders),
         synth=f"{COEVOLUTION_DIR}/seed{{seed}}/synth",
-        mlm=f"{COEVOLUTION_DIR}/seed{{seed}}/mlm/model.safetensors",
-        pmlm=f"{COEVOLUTION_DIR}/seed{{seed}}/pmlm/model.safetensors",
     output:
         json=f"{COEVOLUTION_DIR}/seed{{seed}}/results.json",
         tsv=f"{COEVOLUTION_DIR}/seed{{seed}}/results.tsv",
     params:
         prefix=output_prefix,
         args=coevolution_evaluate_args,
+        tmlm=coevolution_tmlm_flag,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/evaluate_coevolution.log",
     benchmark:
@@ -105,7 +105,8 @@ rule evaluate_coevolution:
         "../../envs/pmlm.yaml"
     shell:
         "OMP_NUM_THREADS={threads} python -m pmlm coevolution --synth {input.synth:q} --mlm {input.mlm:q} "
-        "--pmlm {input.pmlm:q} --seed {wildcards.seed} --out-prefix {params.prefix:q} {params.args} > {log:q} 2>&1"
+        "--pmlm {input.pmlm:q} {params.tmlm} --seed {wildcards.seed} --out-prefix {params.prefix:q} {params.args} "
+        "> {log:q} 2>&1"
 
 
 rule report_coevolution:
@@ -125,6 +126,13 @@ rule report_coevolution:
             caption="../report/coevolution_supervised.rst",
             category="Co-evolution",
             labels={"item": "table: supervised contact head"},
+        ),
+        multiext(f"{COEVOLUTION_DIR}/coevolution_exact", ".md", ".csv", ".tex"),
+        report(
+            f"{COEVOLUTION_DIR}/coevolution_exact.html",
+            caption="../report/coevolution_exact.rst",
+            category="Co-evolution",
+            labels={"item": "table: epistasis against the exact Potts values"},
         ),
         f"{COEVOLUTION_DIR}/coevolution.png",
         report(

@@ -10,7 +10,7 @@ from snakemake import __version__ as SNAKEMAKE_VERSION
 
 from pmlm.reports.results import TABLES as RESULT_TABLES
 from pmlm.config.workflow import CONTACT_TABLES, release_source
-from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
+from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY, TMLM
 
 RUN = config["run"]
 # encoders given by a released checkpoint (pretrain.models entries with release:) instead of a pre-training run
@@ -22,7 +22,7 @@ DATASETS = config["datasets"]
 TASK_DATA = config["task_data"]
 # task data that split-structures derives (the others are files named in the config)
 DERIVED_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("split")]
-OBJECTIVE_LABEL = {MLM: "MLM", PMLM: "PMLM", PMLM_PAIR_ONLY: "PMLM-pair"}
+OBJECTIVE_LABEL = {MLM: "MLM", PMLM: "PMLM", PMLM_PAIR_ONLY: "PMLM-pair", TMLM: "TMLM"}
 PAIR_OBJECTIVES = [o for o in OBJECTIVE_LABEL if o != MLM]  # the objectives with a pair head
 RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"

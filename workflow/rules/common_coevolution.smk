@@ -44,6 +44,22 @@ def coevolution_pretrain_overrides(wildcards):
     return " ".join(f"--set {shlex.quote(s)}" for s in sets)
 
 
+def coevolution_objectives():
+    """The encoders trained per seed: MLM and PMLM, and the Triple MLM when coevolution.tmlm is true."""
+    return ["mlm", "pmlm"] + (["tmlm"] if COEVOLUTION["tmlm"] else [])
+
+
+def coevolution_encoders(wildcards):
+    return {name: f"{COEVOLUTION_DIR}/seed{wildcards.seed}/{name}/model.safetensors"
+            for name in coevolution_objectives()}
+
+
+def coevolution_tmlm_flag(wildcards):
+    if "tmlm" not in coevolution_objectives():
+        return ""
+    return f"--tmlm {shlex.quote(coevolution_encoders(wildcards)['tmlm'])}"
+
+
 def coevolution_results():
     return [f"{COEVOLUTION_DIR}/seed{s}/results.json" for s in coevolution_seeds()]
 
@@ -51,4 +67,5 @@ def coevolution_results():
 def coevolution_targets():
     if not COEVOLUTION:
         return []
-    return [f"{COEVOLUTION_DIR}/coevolution.html", f"{COEVOLUTION_DIR}/coevolution.svg"]
+    return [f"{COEVOLUTION_DIR}/coevolution.html", f"{COEVOLUTION_DIR}/coevolution_exact.html",
+            f"{COEVOLUTION_DIR}/coevolution.svg"]

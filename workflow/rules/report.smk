@@ -68,7 +68,7 @@ rule plot_contact_maps:
     benchmark:
         f"{BENCH}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
     wildcard_constraints:
-        objective="mlm|pmlm|pmlm_pair_only",
+        objective="mlm|pmlm|pmlm_pair_only|tmlm",
         preset=r"[A-Za-z0-9_]+",
         ft=r"[A-Za-z0-9_]+|unsupervised-pair-(kl|mi)",
     threads: 1
