@@ -39,6 +39,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "embed": ("pmlm.commands.embed", "per-residue and per-sequence embeddings of a FASTA file (Parquet)"),
     "contacts": ("pmlm.commands.contacts", "contact maps of FASTA sequences from a contact head or the pair head"),
     "score": ("pmlm.commands.score", "single and double mutant scores (masked marginals, the pair head's joint)"),
+    "proteingym": ("pmlm.commands.proteingym", "zero-shot mutation effects on ProteinGym's assays: select, score, "
+                                               "aggregate, tables"),
 }
 
 
