@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 NDCG_TOP_PERCENT = 10
-PERMUTATION_BLOCK = 32  # permutations drawn and scored at once (bounds memory at 32 x n indices)
+PERMUTATION_ENTRIES = 1 << 22  # permutations drawn and scored at once: at most this many indices (32 MiB)
 
 
 def _vector(x, name: str) -> np.ndarray:
@@ -61,22 +61,28 @@ def spearman(y_true, y_score) -> float:
     return float(a @ b) / denom if denom > 0 else float("nan")
 
 
-def spearman_permutation_p(y_true, y_score, permutations: int, seed: int = 0) -> float:
+def spearman_permutation_p(y_true, y_score, permutations: int, seed: int = 0):
     """One-sided permutation p-value of Spearman's rho > 0: ``(1 + #{rho_perm >= rho}) / (1 + permutations)``,
-    the scores shuffled against the measurements (so the smallest possible value is 1 / (1 + permutations))."""
-    a, b = _centred_ranks(y_true), _centred_ranks(y_score)
+    the measurements shuffled against the scores (so the smallest possible value is 1 / (1 + permutations)).
+    ``y_score`` (n,) gives a float; (n, k), k scorers tested on the same shuffles, an array of k p-values."""
+    a = _centred_ranks(y_true)
+    scores = np.asarray(y_score, dtype=np.float64)
+    single = scores.ndim == 1
+    b = np.stack([_centred_ranks(column) for column in scores.reshape(a.size, -1).T], axis=1)  # (n, k)
     if a.size < 2 or permutations < 1:
-        return float("nan")
-    observed = float(a @ b)
+        return float("nan") if single else np.full(b.shape[1], np.nan)
+    observed = a @ b  # (k,)
     # sums of the same terms in another order differ by rounding only: count those as ties, not as below
-    slack = 1e-9 * float(np.abs(a) @ np.abs(b))
+    slack = 1e-9 * (np.abs(a) @ np.abs(b))
     rng = np.random.default_rng(seed)
-    at_least = 0
-    for start in range(0, permutations, PERMUTATION_BLOCK):
-        count = min(PERMUTATION_BLOCK, permutations - start)
+    at_least = np.zeros(b.shape[1], dtype=np.int64)
+    block = max(1, PERMUTATION_ENTRIES // a.size)
+    for start in range(0, permutations, block):
+        count = min(block, permutations - start)
         shuffled = rng.permuted(np.broadcast_to(np.arange(a.size), (count, a.size)), axis=1)  # (count, n)
-        at_least += int((a[shuffled] @ b >= observed - slack).sum())
-    return (1 + at_least) / (1 + permutations)
+        at_least += (a[shuffled] @ b >= observed - slack).sum(axis=0)
+    p = (1 + at_least) / (1 + permutations)
+    return float(p[0]) if single else p
 
 
 def _labels(labels, n: int) -> np.ndarray:

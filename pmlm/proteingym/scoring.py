@@ -19,8 +19,8 @@ row would condition each on the others' masks, so no fewer rows give the same sc
 
 Outputs: ``PREFIX.tsv`` (one row per kept mutant, in file order: ``mutant``, ``depth``, ``DMS_score``,
 ``DMS_score_bin``, ``score``, ``additive``, ``double_from``) and ``PREFIX.json`` (counts, skips, costs and the
-metrics of ``pmlm.evaluation.fitness`` per scorer and mutational depth, with a permutation p-value of each
-Spearman, and the doubles' epistasis against the measured one where both singles are in the assay).
+metrics of ``pmlm.evaluation.fitness`` per scorer and mutational depth, a permutation p-value of the
+Spearman on all mutants, and the doubles' epistasis against the measured one where both singles are in the assay).
 """
 
 from __future__ import annotations
@@ -94,24 +94,25 @@ def _finite(value: float) -> float | None:
 
 
 def assay_metrics(mutants: list[AssayMutant], scored: dict, *, permutations: int, seed: int) -> dict:
-    """{scorer: {subset: {spearman, spearman_p, auc, mcc, ndcg, n}}} for the encoder's scores (``pair_joint``,
-    when it scores doubles from the pair head) and the additive scores."""
+    """{scorer: {subset: {spearman, auc, mcc, ndcg, n}}} for the encoder's scores (``pair_joint``, when it scores
+    doubles from the pair head) and the additive scores; on all mutants also ``spearman_p``, a permutation p-value
+    (every scorer tested on the same shuffles)."""
     dms = np.array([m.dms_score for m in mutants])
     labels = np.array([m.dms_bin for m in mutants], dtype=np.float64)
     scorers = {PAIR_JOINT: scored["score"], ADDITIVE: scored["additive"]} if scored["use_pair"] \
         else {ADDITIVE: scored["additive"]}
-    out = {}
-    for name, values in scorers.items():
-        out[name] = {}
-        for subset, keep in SUBSETS.items():
-            mask = keep(scored["depth"])
+    out = {name: {} for name in scorers}
+    for subset, keep in SUBSETS.items():
+        mask = keep(scored["depth"])
+        for name, values in scorers.items():
             entry = {"n": int(mask.sum())}
             if entry["n"]:
-                metrics = fitness_metrics(dms[mask], labels[mask], values[mask])
-                metrics["spearman_p"] = spearman_permutation_p(dms[mask], values[mask], permutations, seed) \
-                    if entry["n"] >= 2 and permutations else float("nan")
-                entry.update({k: _finite(v) for k, v in metrics.items()})
+                entry.update({k: _finite(v) for k, v in fitness_metrics(dms[mask], labels[mask], values[mask]).items()})
             out[name][subset] = entry
+    if permutations and len(mutants) >= 2:
+        p = spearman_permutation_p(dms, np.stack(list(scorers.values()), axis=1), permutations, seed)
+        for name, value in zip(scorers, p):
+            out[name]["all"]["spearman_p"] = float(value)
     return out
 
 
