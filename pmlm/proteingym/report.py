@@ -61,6 +61,10 @@ class Levels:
         c = self.counts
         return set(c.loc[(c["category"] == category) & (c["encoder"] == encoder), "DMS_id"])
 
+    def assays_scored(self) -> int:
+        """Assays scored (every encoder scores every selected assay)."""
+        return int(self.counts["DMS_id"].nunique())
+
     def categories(self) -> list[str]:
         found = set(self.frame.loc[self.frame["level"] == "category", "key"])
         return [c for c in published.CATEGORIES if c in found] + sorted(found - set(published.CATEGORIES))
@@ -73,7 +77,7 @@ def _published_note(n_assays: int) -> str:
                                      "rows only when all of them are scored") + ".")
 
 
-def headline_rows(levels: Levels) -> tuple[list[dict], int]:
+def headline_rows(levels: Levels) -> list[dict]:
     rows = []
     for p in published.rows():
         v = p["values"]
@@ -83,10 +87,8 @@ def headline_rows(levels: Levels) -> tuple[list[dict], int]:
                      **{m: v[m]["average"] for m in published.METRICS},
                      **{f"spearman_{c}": v["spearman"][c] for c in published.CATEGORIES},
                      "spearman_depth1": v["spearman"]["depth1"], "spearman_depth2": v["spearman"]["depth2"]})
-    n_assays = 0
     for encoder, scorer in levels.runs():
         main = levels.get("overall", "overall", encoder, scorer, "all", "spearman") or {}
-        n_assays = max(n_assays, int(main.get("n_assays", 0)))
         row = {"source": "ours", "model": encoder, "type": "single sequence", "doubles": SCORER_LABELS.get(scorer, scorer),
                "assays": main.get("n_assays"), "proteins": main.get("n_proteins"), "mutants": main.get("n_mutants")}
         row.update({m: levels.value("overall", "overall", encoder, scorer, "all", m) for m in published.METRICS})
@@ -95,11 +97,11 @@ def headline_rows(levels: Levels) -> tuple[list[dict], int]:
         for subset in ("depth1", "depth2"):
             row[f"spearman_{subset}"] = levels.value("overall", "overall", encoder, scorer, subset, "spearman")
         rows.append(row)
-    return rows, n_assays
+    return rows
 
 
 def headline_table(levels: Levels, prefix: Path) -> list[Path]:
-    rows, n_assays = headline_rows(levels)
+    rows = headline_rows(levels)
     categories = list(dict.fromkeys([*published.CATEGORIES, *levels.categories()]))
     cols = [Column("model", "model"), Column("type", "type"), Column("doubles", "doubles from"),
             Column("assays", "assays", "{:d}"), Column("proteins", "proteins", "{:d}"),
@@ -113,7 +115,7 @@ def headline_table(levels: Levels, prefix: Path) -> list[Path]:
                "UniProt ID, then per function category, then over categories (ProteinGym's aggregation); singles / "
                "doubles: Spearman on the mutants with one / two sites, averaged over (UniProt ID, category) groups. "
                "Doubles from: the pair head's joint or the sum of single-site masked marginals (3+ sites: always the "
-               "sum). " + _published_note(n_assays))
+               "sum). " + _published_note(levels.assays_scored()))
     return write_table(rows, cols, prefix, caption=caption)
 
 
@@ -135,8 +137,7 @@ def category_table(levels: Levels, prefix: Path) -> list[Path]:
             Column("mutants", "mutants", "{:,d}")] + [Column(m, METRIC_TITLES[m], "{:.3f}") for m in published.METRICS]
     return write_table(rows, cols, prefix, caption=(
         "ProteinGym metrics per function category (coarse_selection_type): the mean over the (UniProt ID, category) "
-        "groups of each category. " + _published_note(max((r.get("assays") or 0) for r in rows if r["source"] == "ours")
-                                                      if levels.runs() else 0)))
+        "groups of each category. " + _published_note(levels.assays_scored())))
 
 
 def assay_table(levels: Levels, prefix: Path) -> list[Path]:
