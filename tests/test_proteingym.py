@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -542,3 +543,20 @@ def test_a_broken_proteingym_section_names_the_key(tmp_path, text, expected):
     proc = snakemake("-n", "--configfile", str(cfg), cwd=REPO, timeout=300)
     assert proc.returncode != 0
     assert expected in proc.stdout + proc.stderr
+
+
+def test_benchmark_smoke_run(capsys):
+    """bench/bench_proteingym.py --quick: the assay shape it claims (19 singles per site, doubles per pair), one
+    forward row per site and per pair, 32 rows to a pass, and the side-by-side batching rounds."""
+    spec = importlib.util.spec_from_file_location("bench_proteingym", REPO / "bench" / "bench_proteingym.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (row,) = result["results"]
+    length, sites, pairs, per_pair = bench.QUICK_SHAPE
+    assert (row["encoder"], row["length"]) == ("demo", length)
+    assert (row["singles"], row["doubles"], row["mutants"]) == (19 * sites, pairs * per_pair, 19 * sites + pairs * per_pair)
+    assert row["rows"] == sites + pairs and row["forward_passes"] == -(-sites // 32) - (-pairs // 32)
+    assert row["mutants_per_s"] > 0 and len(row["batching"]["rounds"]) == 1
+    assert row["gpu_estimate"]["tflops_per_row"] == pytest.approx(bench.row_flops(bench.ENCODERS["demo"], length + 2) / 1e12)
