@@ -148,8 +148,8 @@ def main(argv=None) -> int:
         if "batching" in r:
             per = ", ".join(f"{x['ratio']:.2f}" for x in r["batching"]["rounds"])
             extra = f"; one row per pass takes {r['batching']['ratio_one_over_batched']:.2f}x as long (rounds {per})"
-        print(f"{name}: {r['mutants']} mutants ({r['singles']} singles, {r['doubles']} doubles) of a {r['length']}-residue "
-              f"protein, {r['rows']} rows in {r['forward_passes']} passes: {r['seconds']:.2f} s, "
+        print(f"{name}: {r['mutants']} mutants ({r['singles']} singles, {r['doubles']} doubles) of a "
+              f"{r['length']}-residue protein, {r['rows']} rows in {r['forward_passes']} passes: {r['seconds']:.2f} s, "
               f"{r['mutants_per_s']:.1f} mutants/s, {r['rows_per_s']:.2f} rows/s; GPU estimate "
               f"{r['gpu_estimate']['rows_per_s']:.0f} rows/s at {args.gpu_tflops:g} TFLOP/s{extra}", file=sys.stderr)
     print(json.dumps({"bench": "proteingym", "device": "cpu", "threads": torch.get_num_threads(), "quick": args.quick,

@@ -10,8 +10,10 @@ ENGINE = "pmlm.proteingym.cli"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="step", required=True, metavar="<step>")
     sel = sub.add_parser("select", help="the assays to score, from the reference file; checks the archive holds them")
-    sel.add_argument("--reference", required=True, metavar="CSV", help="ProteinGym's reference file (DMS_substitutions.csv)")
-    sel.add_argument("--archive", required=True, metavar="ZIP", help="the assays archive (DMS_ProteinGym_substitutions.zip)")
+    sel.add_argument("--reference", required=True, metavar="CSV",
+                     help="ProteinGym's reference file (DMS_substitutions.csv)")
+    sel.add_argument("--archive", required=True, metavar="ZIP",
+                     help="the assays archive (DMS_ProteinGym_substitutions.zip)")
     sel.add_argument("--assays", default="all", metavar="all|ID,ID,...", help="DMS_id values, comma-separated, or all")
     sel.add_argument("--max-length", type=int, metavar="N", help="leave out assays whose target_seq is longer")
     sel.add_argument("-o", "--out", required=True, metavar="ASSAYS.tsv")

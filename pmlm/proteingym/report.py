@@ -89,7 +89,8 @@ def headline_rows(levels: Levels) -> list[dict]:
                      "spearman_depth1": v["spearman"]["depth1"], "spearman_depth2": v["spearman"]["depth2"]})
     for encoder, scorer in levels.runs():
         main = levels.get("overall", "overall", encoder, scorer, "all", "spearman") or {}
-        row = {"source": "ours", "model": encoder, "type": "single sequence", "doubles": SCORER_LABELS.get(scorer, scorer),
+        row = {"source": "ours", "model": encoder, "type": "single sequence",
+               "doubles": SCORER_LABELS.get(scorer, scorer),
                "assays": main.get("n_assays"), "proteins": main.get("n_proteins"), "mutants": main.get("n_mutants")}
         row.update({m: levels.value("overall", "overall", encoder, scorer, "all", m) for m in published.METRICS})
         row.update({f"spearman_{c}": levels.value("category", c, encoder, scorer, "all", "spearman")

@@ -40,14 +40,14 @@ from pmlm.data.ziparchive import ZipMembers
 from pmlm.errors import ConfigError
 from pmlm.evaluation.fitness import fitness_metrics, spearman, spearman_permutation_p
 from pmlm.inference.loading import load_encoder, pick_device
-from pmlm.inference.mutations import ADDITIVE, PAIR_JOINT, ROWS_PER_PASS, pair_log_joints, site_log_probs
+from pmlm.inference import mutations
+from pmlm.inference.mutations import ADDITIVE, DOUBLE_MODES, PAIR_JOINT, pair_log_joints, site_log_probs
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.proteingym.assays import AssayMutant, read_assay
 from pmlm.proteingym.reference import find_assay, read_selection
 from pmlm.tokens import max_residues
 from pmlm.utils import atomic_output, versions
 
-DOUBLE_MODES = ("auto", "pair", "additive")
 SCORE_COLUMNS = ("mutant", "depth", "DMS_score", "DMS_score_bin", "score", "additive", "double_from")
 # subsets of an assay's mutants by number of sites (ProteinGym's Depth_1, Depth_2, ...; 3+ pooled here)
 SUBSETS = {"all": lambda d: d >= 1, "depth1": lambda d: d == 1, "depth2": lambda d: d == 2, "depth3+": lambda d: d >= 3}
@@ -85,7 +85,7 @@ def score_assay(model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutan
             double_from[k] = PAIR_JOINT if joint is not None else ADDITIVE
     return {"score": score, "additive": additive, "depth": depth, "double_from": double_from,
             "use_pair": use_pair, "forward_rows": {"sites": len(sites), "pairs": len(pairs)},
-            "forward_passes": -(-len(sites) // ROWS_PER_PASS) - (-len(pairs) // ROWS_PER_PASS),
+            "forward_passes": -(-len(sites) // mutations.ROWS_PER_PASS) - (-len(pairs) // mutations.ROWS_PER_PASS),
             "seconds": seconds}
 
 
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                    "depth": {str(d): n for d, n in sorted(depths.items())},
                    "doubles_from": dict(Counter(f for f in scored["double_from"] if f))},
         "cost": {"forward_rows": scored["forward_rows"], "forward_passes": scored["forward_passes"],
-                 "rows_per_pass": ROWS_PER_PASS, "seconds": round(scored["seconds"], 3),
+                 "rows_per_pass": mutations.ROWS_PER_PASS, "seconds": round(scored["seconds"], 3),
                  "mutants_per_s": round(len(read.mutants) / max(scored["seconds"], 1e-9), 2),
                  "device": str(device)},
         "metrics": assay_metrics(read.mutants, scored, permutations=args.permutations, seed=args.seed),

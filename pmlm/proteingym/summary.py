@@ -61,7 +61,8 @@ def assay_rows(encoders: list[tuple[str, str]], selection_path: str) -> tuple[pd
             path = Path(folder) / f"{assay.dms_id}.json"
             doc = _read_summary(path)
             if doc.get("assay", {}).get("DMS_id") != assay.dms_id:
-                raise InputError(path, f"holds the scores of {doc.get('assay', {}).get('DMS_id')!r}, not {assay.dms_id!r}")
+                held = doc.get("assay", {}).get("DMS_id")
+                raise InputError(path, f"holds the scores of {held!r}, not {assay.dms_id!r}")
             base = {"encoder": label, "key": assay.dms_id, "uniprot": assay.uniprot, "category": assay.category}
             for scorer, subsets in doc["metrics"].items():
                 for subset, entry in subsets.items():
