@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from loopback_servers import static_http_server
 from tiny_models import random_letters, tiny_encoder
 
@@ -528,6 +529,38 @@ def test_proteingym_config_plans_fetch_score_aggregate_tables(tmp_path, assays):
         assert sorted(line.split(flags)[1].split()[0] for line in scores) == ["MLM-tiny@demo"] * 2 + ["PMLM-tiny@demo"] * 2
         for assay in listed:
             assert f"results/proteingym/proteingym/scores/demo/pmlm-tiny/{assay}.json" in proc.stdout
+
+
+def schema_accepts_releases() -> bool:
+    """Whether pretrain.models entries may name a released checkpoint (``release:``, the released-model workflow)."""
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    return "release" in schema["properties"]["pretrain"]["properties"]["models"]["items"]["properties"]
+
+
+@pytest.mark.skipif(not schema_accepts_releases(), reason="this schema has no released encoders (pretrain.models[].release)")
+@pytest.mark.parametrize("assays", ["all", "listed"])
+def test_proteingym_config_plans_the_released_model(tmp_path, assays):
+    """config/proteingym.yaml as it is: the released PMLM-650M fetched (its checksum) and imported, then scored per
+    assay from the imported weights, aggregated and tabulated."""
+    args = ["-n", "-p", "--configfile", "config/proteingym.yaml"]
+    if assays == "listed":
+        override = tmp_path / "listed.yaml"
+        override.write_text("proteingym:\n  assays: [BLAT_ECOLX_Stiffler_2015, GFP_AEQVI_Sarkisyan_2016]\n")
+        args.append(str(override))
+    proc = snakemake(*args, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout)
+    assert counts["fetch_source"] == 3  # the archive, the reference file, the released checkpoint
+    assert counts["import_release"] == counts["select_proteingym_assays"] == counts["aggregate_proteingym"] == 1
+    assert counts["tabulate_proteingym"] == 1
+    assert "--sha256 41ec3830624151782d20d41c033bd22a4a268a065ccb2dc8276ecf5d7cd62caa" in proc.stdout
+    weights = "results/proteingym/pretrain/ur50-release/pmlm-650m/model.safetensors"
+    if assays == "all":
+        assert "score_proteingym_assay" not in counts and "checkpoint jobs" in proc.stdout + proc.stderr
+    else:
+        scores = [line for line in proc.stdout.splitlines() if "-m pmlm proteingym score" in line]
+        assert counts["score_proteingym_assay"] == len(scores) == 2
+        assert all(f"score {weights} " in line and "--label PMLM-650m@ur50-release" in line for line in scores)
 
 
 @pytest.mark.parametrize("text, expected", [
