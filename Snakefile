@@ -25,12 +25,14 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/common_coevolution.smk"
+include: "workflow/rules/common_proteingym.smk"
 include: "workflow/rules/resources.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/release.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/coevolution.smk"
+include: "workflow/rules/proteingym.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -50,6 +52,10 @@ localrules:
     plot_finetune_curves,
     plot_precision_by_separation,
     record_run_info,
+    select_proteingym_assays,
+    aggregate_proteingym,
+    tabulate_proteingym,
+    proteingym,
 
 
 rule all:
@@ -58,4 +64,5 @@ rule all:
         pretraining_targets(),
         downstream_targets(),
         report_targets(),
+        proteingym_targets(),
     default_target: True

@@ -37,8 +37,9 @@ SUBCOMMANDS: dict[str, str] = {
     "evaluate": "evaluate a fine-tuned head or the pair head's unsupervised contacts",
     "embed": "per-residue and per-sequence embeddings of a FASTA file (Parquet)",
     "contacts": "contact maps of FASTA sequences from a contact head or the pair head",
-    "score": "single and double mutant scores (masked marginals, the pair head's joint)",
+    "score": "single, double and triple mutant scores (masked marginals, the pair and triple heads' joints)",
     "import": "a released fairseq PMLM / MLM checkpoint (e.g. pmlm_650m.pt) as an encoder (model.safetensors + model.json)",
+    "proteingym": "zero-shot mutation effects on ProteinGym's assays: select, score, aggregate, tables",
 }
 
 

@@ -16,7 +16,7 @@ from snakemake.cli import get_profile_dir, parse_args
 SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 WORKFLOW_PROFILE = REPO / "profiles" / "default" / "config.yaml"
 # rule -> resources of the rule's own defaults that make it a GPU job
-GPU_RULES = ("pretrain", "finetune", "evaluate", "evaluate_unsupervised")
+GPU_RULES = ("pretrain", "finetune", "evaluate", "evaluate_unsupervised", "score_proteingym_assay")
 # keys whose values are per-resource mappings, compared one resource at a time
 RESOURCE_KEYS = ("default-resources", "set-resources")
 

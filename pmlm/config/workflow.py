@@ -109,6 +109,7 @@ def check_references(config: dict) -> None:
         for label, split in (unsupervised.get("tests") or {}).items():
             if split not in splits:
                 raise ConfigError(f"config.finetune.unsupervised.tests.{label}: no split {split!r}")
+    _check_proteingym(config)
     maps = ((config.get("report") or {}).get("contact_maps") or {}).get("runs") or []
     contact_runs = {name for name, run in (finetune.get("runs") or {}).items() if run["table"] in CONTACT_TABLES}
     drawable = contact_runs | {f"unsupervised-{r}" for r in unsupervised.get("readouts") or []}
@@ -124,6 +125,26 @@ CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
 def release_source(model: dict) -> str:
     """The name under which the workflow downloads a released encoder's checkpoint (a source of fetch_source)."""
     return f"release-{model['dataset']}-{model['objective']}-{model['preset']}"
+
+
+def _check_proteingym(config: dict) -> None:
+    """The ProteinGym section names defined sources and pre-trained encoders."""
+    section = config.get("proteingym") or {}
+    if not section.get("archive") and not section.get("reference"):
+        return
+    sources = config.get("sources") or {}
+    for key in ("archive", "reference"):
+        if section.get(key) not in sources:
+            raise ConfigError(f"config.proteingym.{key}: unknown source {section.get(key)!r}; defined sources: "
+                              f"{', '.join(sorted(sources)) or 'none'}")
+    models = (config.get("pretrain") or {}).get("models") or []
+    ids = [f"{m['dataset']}/{m['objective']}-{m['preset']}" for m in models]
+    for i, encoder in enumerate(section.get("encoders") or []):
+        if encoder not in ids:
+            raise ConfigError(f"config.proteingym.encoders[{i}]: {encoder!r} is not an encoder of pretrain.models "
+                              f"(have: {', '.join(ids) or 'none'})")
+    if not models:
+        raise ConfigError("config.proteingym: no encoder to score (pretrain.models is empty)")
 
 
 def _check_features(where: str, run: dict, models: list[dict]) -> None:

@@ -70,17 +70,27 @@ class Mutant:
     line: int
 
 
-def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
-    """``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E`` checked against the sequence ``letters``."""
-    parts = text.strip().split(":")
-    if len(parts) > 3:
-        raise InputError(path, f"{text!r}: only single, double and triple mutants are scored", line=line)
-    sites = []
-    for part in parts:
+def split_mutant(text: str) -> list[tuple[str, int, str]] | None:
+    """``A23G:L40P`` -> ``[("A", 23, "G"), ("L", 40, "P")]`` (wild type, 1-based position, mutant; any number of
+    sites, the ProteinGym / ESM convention), or None when a part is not of that form. Letters are not checked."""
+    out = []
+    for part in text.strip().split(":"):
         match = _SITE.match(part.strip())
         if match is None:
-            raise InputError(path, f"{text!r}: expected mutants like A23G, A23G:L40P or A23G:L40P:K51E", line=line)
-        wt, pos, mut = match.group(1), int(match.group(2)), match.group(3)
+            return None
+        out.append((match.group(1), int(match.group(2)), match.group(3)))
+    return out
+
+
+def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
+    """``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E`` checked against the sequence ``letters``."""
+    if len(text.strip().split(":")) > 3:
+        raise InputError(path, f"{text!r}: only single, double and triple mutants are scored", line=line)
+    parts = split_mutant(text)
+    if parts is None:
+        raise InputError(path, f"{text!r}: expected mutants like A23G, A23G:L40P or A23G:L40P:K51E", line=line)
+    sites = []
+    for wt, pos, mut in parts:
         for letter in (wt, mut):
             if letter not in alphabet.RESIDUES:
                 raise InputError(path, f"{text!r}: {letter!r} is not one of the 20 residues {alphabet.RESIDUES}",

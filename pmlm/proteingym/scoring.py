@@ -1,0 +1,192 @@
+"""``pmlm proteingym score``: every mutant of one assay scored by one encoder, and the assay's metrics.
+
+A mutant's score is its log-likelihood ratio against the wild type (``target_seq``):
+
+* single ``A23G``: the masked marginal log P(G) - log P(A) at site 23, that site masked (ESM-1v's score);
+* double ``A23G:L40P`` on an encoder with a pair head: the pair head's joint, both sites masked,
+  log P(G, P) - log P(A, L) (``double_from = pair_joint``); a double whose sites do not fit in one window, and
+  every double of an encoder without a pair head (or with ``--double additive``), gets the additive score;
+* three or more sites: additive, the sum of the single-site masked marginals (the pair head has no joint of
+  more than two residues);
+* ``additive`` beside every score: the sum of the single-site masked marginals, so the pair joint's doubles can
+  be compared with additive scoring on the same mutants.
+
+The forward passes (``pmlm.inference.mutations``): one masked row per distinct mutated site gives all 19
+substitutions there, one row per distinct pair of a double gives its 20 x 20 joint; rows are batched 32 to a
+forward pass, each in a window of the model's size centred on its site(s), so proteins longer than the window
+are read around the mutated sites. Masked marginals need one masked site per row: masking several sites in one
+row would condition each on the others' masks, so no fewer rows give the same scores.
+
+Outputs: ``PREFIX.tsv`` (one row per kept mutant, in file order: ``mutant``, ``depth``, ``DMS_score``,
+``DMS_score_bin``, ``score``, ``additive``, ``double_from``) and ``PREFIX.json`` (counts, skips, costs and the
+metrics of ``pmlm.evaluation.fitness`` per scorer and mutational depth, a permutation p-value of the
+Spearman on all mutants, and the doubles' epistasis against the measured one where both singles are in the assay).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from pmlm import alphabet
+from pmlm.data.ziparchive import ZipMembers
+from pmlm.errors import ConfigError
+from pmlm.evaluation.fitness import fitness_metrics, spearman, spearman_permutation_p
+from pmlm.inference import mutations
+from pmlm.inference.mutations import ADDITIVE, DOUBLE_MODES, PAIR_JOINT, pair_log_joints, site_log_probs
+from pmlm.model.pmlm_model import PMLMModel
+from pmlm.proteingym.assays import AssayMutant, read_assay
+from pmlm.proteingym.reference import find_assay, read_selection
+from pmlm.pretrained import load_encoder, pick_device
+from pmlm.tokens import max_residues
+from pmlm.utils import atomic_output, versions
+
+SCORE_COLUMNS = ("mutant", "depth", "DMS_score", "DMS_score_bin", "score", "additive", "double_from")
+# subsets of an assay's mutants by number of sites (ProteinGym's Depth_1, Depth_2, ...; 3+ pooled here)
+SUBSETS = {"all": lambda d: d >= 1, "depth1": lambda d: d == 1, "depth2": lambda d: d == 2, "depth3+": lambda d: d >= 3}
+
+
+def score_assay(model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutant], *, double: str = "auto",
+                device="cpu") -> dict:
+    """Per mutant (arrays in the order of ``mutants``): ``score``, ``additive``, ``depth``, ``double_from``; and
+    the cost: forward rows and passes, seconds."""
+    if double not in DOUBLE_MODES:
+        raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
+    if double == "pair" and model.pair_head is None:
+        raise ConfigError("--double pair needs an encoder with a pair head (PMLM); this one has none (MLM)")
+    use_pair = model.pair_head is not None and double != "additive"
+    room = max_residues(model.cfg.max_len)
+    start = time.perf_counter()
+    sites = sorted({s.pos for m in mutants for s in m.sites})
+    singles = site_log_probs(model, residues, sites, device)
+    pairs = sorted({(m.sites[0].pos, m.sites[1].pos) for m in mutants
+                    if len(m.sites) == 2 and m.sites[1].pos - m.sites[0].pos < room}) if use_pair else []
+    joints = pair_log_joints(model, residues, pairs, device) if pairs else {}
+    seconds = time.perf_counter() - start
+    n = len(mutants)
+    additive, score = np.empty(n), np.empty(n)
+    depth = np.array([len(m.sites) for m in mutants], dtype=np.int64)
+    double_from = [""] * n
+    for k, m in enumerate(mutants):
+        additive[k] = sum(float(singles[s.pos][s.mut] - singles[s.pos][s.wt]) for s in m.sites)
+        score[k] = additive[k]
+        if len(m.sites) == 2:
+            a, b = m.sites
+            joint = joints.get((a.pos, b.pos))
+            if joint is not None:
+                score[k] = float(joint[a.mut, b.mut] - joint[a.wt, b.wt])
+            double_from[k] = PAIR_JOINT if joint is not None else ADDITIVE
+    return {"score": score, "additive": additive, "depth": depth, "double_from": double_from,
+            "use_pair": use_pair, "forward_rows": {"sites": len(sites), "pairs": len(pairs)},
+            "forward_passes": -(-len(sites) // mutations.ROWS_PER_PASS) - (-len(pairs) // mutations.ROWS_PER_PASS),
+            "seconds": seconds}
+
+
+def _finite(value: float) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def assay_metrics(mutants: list[AssayMutant], scored: dict, *, permutations: int, seed: int) -> dict:
+    """{scorer: {subset: {spearman, auc, mcc, ndcg, n}}} for the encoder's scores (``pair_joint``, when it scores
+    doubles from the pair head) and the additive scores; on all mutants also ``spearman_p``, a permutation p-value
+    (every scorer tested on the same shuffles)."""
+    dms = np.array([m.dms_score for m in mutants])
+    labels = np.array([m.dms_bin for m in mutants], dtype=np.float64)
+    scorers = {PAIR_JOINT: scored["score"], ADDITIVE: scored["additive"]} if scored["use_pair"] \
+        else {ADDITIVE: scored["additive"]}
+    out = {name: {} for name in scorers}
+    for subset, keep in SUBSETS.items():
+        mask = keep(scored["depth"])
+        for name, values in scorers.items():
+            entry = {"n": int(mask.sum())}
+            if entry["n"]:
+                entry.update({k: _finite(v) for k, v in fitness_metrics(dms[mask], labels[mask], values[mask]).items()})
+            out[name][subset] = entry
+    if permutations and len(mutants) >= 2:
+        p = spearman_permutation_p(dms, np.stack(list(scorers.values()), axis=1), permutations, seed)
+        for name, value in zip(scorers, p):
+            out[name]["all"]["spearman_p"] = float(value)
+    return out
+
+
+def epistasis_summary(mutants: list[AssayMutant], scored: dict) -> dict:
+    """Doubles whose two singles are measured too: Spearman of the predicted epistasis (score - additive) with
+    the measured one (DMS(double) - DMS(single 1) - DMS(single 2)); None without the pair joint or such doubles."""
+    single = {(m.sites[0].pos, m.sites[0].mut): m.dms_score for m in mutants if len(m.sites) == 1}
+    measured, predicted = [], []
+    for k, m in enumerate(mutants):
+        if scored["double_from"][k] != PAIR_JOINT:
+            continue
+        parts = [single.get((s.pos, s.mut)) for s in m.sites]
+        if None not in parts:
+            measured.append(m.dms_score - sum(parts))
+            predicted.append(scored["score"][k] - scored["additive"][k])
+    rho = spearman(measured, predicted) if len(measured) >= 2 else float("nan")
+    return {"n": len(measured), "spearman": _finite(rho)}
+
+
+def write_scores(path, mutants: list[AssayMutant], scored: dict) -> None:
+    with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+        writer.writerow(SCORE_COLUMNS)
+        for k, m in enumerate(mutants):
+            writer.writerow([m.text, int(scored["depth"][k]), repr(m.dms_score), m.dms_bin,
+                             repr(float(scored["score"][k])), repr(float(scored["additive"][k])),
+                             scored["double_from"][k]])
+
+
+def write_summary(path, summary: dict) -> None:
+    with atomic_output(path) as tmp, open(tmp, "w") as fh:
+        json.dump(summary, fh, indent=1, sort_keys=True, allow_nan=False)
+        fh.write("\n")
+
+
+def score(model: str | Path, archive: str | Path, assays: str | Path, assay_id: str, out_prefix: str | Path, *,
+          double: str = "auto", mismatch: str = "skip", permutations: int = 1000, seed: int = 0,
+          label: str | None = None, device: str = "auto") -> dict:
+    """Score every mutant of assay ``assay_id`` (of the selection ``assays``, in the zip ``archive``) with the encoder
+    ``model``: writes PREFIX.tsv (per mutant) and PREFIX.json (the summary, returned)."""
+    device = pick_device(device)
+    assay = find_assay(read_selection(assays), assay_id, assays)
+    with ZipMembers(archive) as members:
+        where = members.where(assay.filename)
+        with members.open_text(assay.filename) as fh:
+            read = read_assay(fh, where, assay.target_seq, mismatch=mismatch)
+    if read.skipped:
+        skipped = ", ".join(f"{reason} {n} (first at {read.first_skipped[reason]})"
+                            for reason, n in sorted(read.skipped.items()))
+        print(f"pmlm proteingym score: {where}: skipped {sum(read.skipped.values())} of {read.rows} mutants: "
+              f"{skipped}", file=sys.stderr)
+    encoder, _, weights = load_encoder(model, device)
+    scored = score_assay(encoder, alphabet.encode(assay.target_seq), read.mutants, double=double, device=device)
+    depths = Counter(int(d) for d in scored["depth"])
+    summary = {
+        "assay": assay.row(),
+        "encoder": {"label": label or str(weights), "weights": str(weights),
+                    "bytes": weights.stat().st_size, "max_len": encoder.cfg.max_len,
+                    "pair_head": encoder.pair_head is not None},
+        "double": double,
+        "counts": {"rows": read.rows, "scored": len(read.mutants), "skipped": dict(read.skipped),
+                   "first_skipped": read.first_skipped,
+                   "depth": {str(d): n for d, n in sorted(depths.items())},
+                   "doubles_from": dict(Counter(f for f in scored["double_from"] if f))},
+        "cost": {"forward_rows": scored["forward_rows"], "forward_passes": scored["forward_passes"],
+                 "rows_per_pass": mutations.ROWS_PER_PASS, "seconds": round(scored["seconds"], 3),
+                 "mutants_per_s": round(len(read.mutants) / max(scored["seconds"], 1e-9), 2),
+                 "device": str(device)},
+        "metrics": assay_metrics(read.mutants, scored, permutations=permutations, seed=seed),
+        "permutations": permutations,
+        "epistasis": epistasis_summary(read.mutants, scored),
+        "versions": versions(),
+    }
+    prefix = str(out_prefix)
+    write_scores(prefix + ".tsv", read.mutants, scored)
+    write_summary(prefix + ".json", summary)
+    return summary
