@@ -14,7 +14,6 @@ a head that never saw its couplings. The argparse of this command is ``pmlm.comm
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -22,13 +21,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from pmlm.coevolution.epistasis import exact_headline, study_readouts
 from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
-from pmlm.coevolution.report import run_report
-from pmlm.coevolution.study import evaluate_models, headline, readout_costs
-from pmlm.pretrained import load_encoder
+from pmlm.coevolution.study import evaluate_models, readout_costs
+from pmlm.pretrained import load_encoder, pick_device
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output, versions
 
@@ -95,31 +92,14 @@ def _tsv_rows(per_family: dict[str, dict]) -> list[str]:
     return rows
 
 
-def study_config(args: argparse.Namespace) -> StudyConfig:
-    """StudyConfig from the flags given; a flag left out keeps the StudyConfig default."""
-    given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
-    return StudyConfig(**{k: v for k, v in given.items() if v is not None})
-
-
-def resolve_device(requested: str) -> str:
-    """auto -> cuda when available, else cpu; cuda without a GPU is a config error."""
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available (use --device cpu or auto)")
-    return requested
-
-
-def run_evaluation(args: argparse.Namespace) -> int:
-    missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
-                                        ("--out-prefix", args.out_prefix)) if not value]
-    if missing:
-        raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
-    cfg = study_config(args)
-    device = resolve_device(args.device)
-    families = load_families(args.synth, cfg)
+def evaluate_study(synth: str | Path, mlm: str | Path, pmlm: str | Path, out_prefix: str, cfg: StudyConfig, *,
+                   tmlm: str | Path | None = None, device: str = "auto") -> dict:
+    """The study's read-outs of the MLM and PMLM encoders (and, for the exact read-outs, a Triple MLM) on the
+    families of ``pmlm synth``'s folder ``synth``: writes PREFIX.json (the document, returned) and PREFIX.tsv."""
+    device = str(pick_device(device))
+    families = load_families(synth, cfg)
     models, infos = {}, {}
-    for name, weights, head in (("mlm", args.mlm, "token_head"), ("pmlm", args.pmlm, "pair_head")):
+    for name, weights, head in (("mlm", mlm, "token_head"), ("pmlm", pmlm, "pair_head")):
         model, info, _ = load_encoder(weights, device)
         if getattr(model, head) is None:
             raise InputError(weights, f"--{name} needs a model with a {head.replace('_', ' ')} "
@@ -129,13 +109,13 @@ def run_evaluation(args: argparse.Namespace) -> int:
             raise InputError(weights, f"model max_len {model.cfg.max_len} is too short for length-"
                              f"{max(f.length for f in families)} families (+2 specials)")
     exact_models = dict(models)
-    if args.tmlm:  # the Triple MLM joins the exact read-outs only
-        model, info, _ = load_encoder(args.tmlm, device)
+    if tmlm:  # the Triple MLM joins the exact read-outs only
+        model, info, _ = load_encoder(tmlm, device)
         if model.triple_head is None:
-            raise InputError(args.tmlm, f"--tmlm needs a model with a triple head (this one was trained with "
+            raise InputError(tmlm, f"--tmlm needs a model with a triple head (this one was trained with "
                              f"objective {info['objective']['name']})")
         if model.cfg.max_len < max(f.length for f in families) + 2:
-            raise InputError(args.tmlm, f"model max_len {model.cfg.max_len} is too short for length-"
+            raise InputError(tmlm, f"model max_len {model.cfg.max_len} is too short for length-"
                              f"{max(f.length for f in families)} families (+2 specials)")
         exact_models["tmlm"], infos["tmlm"] = model, info
     # read-outs run under no_grad (the probe enables grad for its own fit); no process-wide switch
@@ -147,8 +127,8 @@ def run_evaluation(args: argparse.Namespace) -> int:
     document = {
         "seed": cfg.seed,
         "config": asdict(cfg),
-        "inputs": {"synth": str(args.synth), "mlm": str(args.mlm), "pmlm": str(args.pmlm),
-                   **({"tmlm": str(args.tmlm)} if args.tmlm else {})},
+        "inputs": {"synth": str(synth), "mlm": str(mlm), "pmlm": str(pmlm),
+                   **({"tmlm": str(tmlm)} if tmlm else {})},
         "device": device,
         "families": {f.name: {"length": f.length, "edges": int(np.triu(f.contacts).sum()), "train": len(f.train),
                               "heldout": len(f.heldout)} for f in families},
@@ -167,21 +147,20 @@ def run_evaluation(args: argparse.Namespace) -> int:
         "exact": exact,
         "versions": versions(),
     }
-    with atomic_output(args.out_prefix + ".json") as tmp:
+    with atomic_output(out_prefix + ".json") as tmp:
         Path(tmp).write_text(json.dumps(_json_ready(document), indent=1, allow_nan=False) + "\n")
-    with atomic_output(args.out_prefix + ".tsv") as tmp:
+    with atomic_output(out_prefix + ".tsv") as tmp:
         Path(tmp).write_text("\n".join(_tsv_rows(result["per_family"])) + "\n")
-    print(f"coevolution: seed {cfg.seed}: {headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
-    return 0
+    return document
 
 
-def run_split(args: argparse.Namespace) -> int:
-    """Two FASTAs with ``cluster=<family>`` headers, so `pmlm tokenize` keeps each family in one shard."""
-    cfg = study_config(args)
+def split_study(synth: str | Path, train: str | Path, valid: str | Path, cfg: StudyConfig) -> dict[str, int]:
+    """Two FASTAs with ``cluster=<family>`` headers, so `pmlm tokenize` keeps each family in one shard; returns the
+    sequences on each side."""
     counts = {"train": 0, "valid": 0}
-    with atomic_output(args.train) as train_tmp, atomic_output(args.valid) as valid_tmp:
+    with atomic_output(train) as train_tmp, atomic_output(valid) as valid_tmp:
         with open(train_tmp, "w") as train_fh, open(valid_tmp, "w") as valid_fh:
-            for seq_id, family, sequence, _, held_out in split_records(Path(args.synth) / FAMILIES_FASTA, cfg):
+            for seq_id, family, sequence, _, held_out in split_records(Path(synth) / FAMILIES_FASTA, cfg):
                 side = "valid" if held_out else "train"
                 (valid_fh if held_out else train_fh).write(f">{seq_id} cluster={family} family={family}\n{sequence}\n")
                 counts[side] += 1
@@ -189,13 +168,4 @@ def run_split(args: argparse.Namespace) -> int:
             if count == 0:
                 raise ConfigError(f"the {side} side of the split is empty at valid_fraction {cfg.valid_fraction}; "
                                   "change --valid-fraction or sample more sequences")
-    print(f"coevolution split: {counts['train']} training, {counts['valid']} held-out sequences", file=sys.stderr)
-    return 0
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.action == "split":
-        return run_split(args)
-    if args.action == "report":
-        return run_report(args)
-    return run_evaluation(args)
+    return counts

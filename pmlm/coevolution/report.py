@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -272,14 +271,13 @@ def plot_report(docs: list[dict], prefix: str) -> list[Path]:
     return save_figure(fig, prefix, dpi=150)
 
 
-def run_report(args) -> int:
-    docs = load_results(args.results)
-    if len(docs) < MIN_SEEDS:
-        print(f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
-              file=sys.stderr)
-    from pmlm.coevolution.exact_report import write_exact_table  # it imports this module's helpers
+def write_study_report(results: list[str], out_prefix: str) -> tuple[list[dict], list[Path]]:
+    """The tables (PREFIX, PREFIX_supervised, PREFIX_exact) and figure over the per-seed ``results`` documents;
+    returns the documents and the paths written."""
+    docs = load_results(results)
+    # imported here: pmlm.coevolution.exact_report imports this module's helpers
+    from pmlm.coevolution.exact_report import write_exact_table
 
-    paths = (write_report_table(docs, args.out_prefix) + write_supervised_table(docs, args.out_prefix)
-             + write_exact_table(docs, args.out_prefix + "_exact") + plot_report(docs, args.out_prefix))
-    print(f"coevolution report: {len(docs)} seed(s) -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    return 0
+    paths = (write_report_table(docs, out_prefix) + write_supervised_table(docs, out_prefix)
+             + write_exact_table(docs, out_prefix + "_exact") + plot_report(docs, out_prefix))
+    return docs, paths

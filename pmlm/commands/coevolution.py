@@ -1,13 +1,16 @@
 """``pmlm coevolution``: planted-coupling read-outs of an MLM and a PMLM encoder on held-out sequences of
 synthetic Potts families, and the supervised contact head on held-out families (``split`` makes the
-training / held-out FASTAs, ``report`` aggregates seeds). Engine: ``pmlm.coevolution.evaluate``."""
+training / held-out FASTAs, ``report`` aggregates seeds). Engines: ``pmlm.coevolution.evaluate`` (split, read-outs)
+and ``pmlm.coevolution.report``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from pmlm.errors import ConfigError
 
-# StudyConfig field -> (type, help); defaults live in pmlm.coevolution.families.StudyConfig (the engine
+# StudyConfig field -> (type, help); defaults live in pmlm.coevolution.families.StudyConfig (run()
 # fills every flag left out), so they are stated once
 STUDY_FLAGS: dict[str, tuple[type, str]] = {
     "seed": (int, "study seed, recorded with the results; orders the contact head's family folds and seeds its fit"),
@@ -56,6 +59,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.coevolution.evaluate import run as run_engine
+    from pmlm.coevolution.families import StudyConfig
 
-    return run_engine(args)
+    # the study flags given; a flag left out keeps the StudyConfig default
+    given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
+    cfg = StudyConfig(**{k: v for k, v in given.items() if v is not None})
+    if args.action == "split":
+        from pmlm.coevolution.evaluate import split_study
+
+        counts = split_study(args.synth, args.train, args.valid, cfg)
+        print(f"coevolution split: {counts['train']} training, {counts['valid']} held-out sequences", file=sys.stderr)
+        return 0
+    if args.action == "report":
+        from pmlm.coevolution.report import MIN_SEEDS, write_study_report
+
+        docs, paths = write_study_report(args.results, args.out_prefix)
+        if len(docs) < MIN_SEEDS:
+            print(f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
+                  file=sys.stderr)
+        print(f"coevolution report: {len(docs)} seed(s) -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
+        return 0
+    missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
+                                        ("--out-prefix", args.out_prefix)) if not value]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
+    from pmlm.coevolution.evaluate import evaluate_study
+    from pmlm.coevolution.study import headline
+
+    document = evaluate_study(args.synth, args.mlm, args.pmlm, args.out_prefix, cfg, tmlm=args.tmlm,
+                              device=args.device)
+    print(f"coevolution: seed {cfg.seed}: {headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
+    return 0

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
+import time
 
 from pmlm.synth.config import SynthConfig
 from pmlm.synth.potts import PottsConfig
@@ -58,6 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.synth.families import run as run_engine
+    from pmlm.synth.families import synthesize
 
-    return run_engine(args)
+    # the options named after PottsConfig's fields that were given; the rest keep their defaults
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(PottsConfig)}
+    potts = PottsConfig(**{name: value for name, value in given.items() if value is not None})
+    config = SynthConfig(families=args.families, seed=args.seed, prefix=args.prefix, potts=potts)
+    start = time.perf_counter()
+    families = synthesize(config, args.out)
+    total = sum(len(f.sequences) for f in families)
+    print(f"pmlm synth: {len(families)} {'family' if len(families) == 1 else 'families'}, {total} sequences "
+          f"of length {config.potts.length} sampled and written in {time.perf_counter() - start:.1f} s -> {args.out}",
+          file=sys.stderr)
+    return 0

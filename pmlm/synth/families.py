@@ -4,14 +4,11 @@ planted contacts and parameters (the run's in ``params.json``, each family's Pot
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +20,13 @@ from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc
 from pmlm.synth.config import SynthConfig
 from pmlm.synth.parameters import PARAMS_DIR, POTTS_FORMAT, write_potts
-from pmlm.synth.potts import BACKGROUND, Family, PottsConfig, family_rng, generate_family
+from pmlm.synth.potts import BACKGROUND, Family, family_rng, generate_family
 
 FASTA_NAME = "families.fasta"
 CONTACTS_DIR = "contacts"
 PARAMS_NAME = "params.json"
 LONG_SEPARATION = 24  # the design's long range |i-j| >= 24, for the edge counts in params.json
 _RESIDUE_LETTERS = np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)  # class -> ASCII byte
-
-
-def config_from_args(args: argparse.Namespace) -> SynthConfig:
-    """The options given on the command line (named after PottsConfig's fields); the rest keep their defaults."""
-    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(PottsConfig)}
-    given = {name: value for name, value in given.items() if value is not None}
-    return SynthConfig(families=args.families, seed=args.seed, prefix=args.prefix, potts=PottsConfig(**given))
 
 
 def generate(config: SynthConfig) -> list[Family]:
@@ -167,22 +157,14 @@ def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> Non
     _atomic_write(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")
 
 
-def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    out = Path(args.out)
+def synthesize(config: SynthConfig, out: str | Path) -> list[Family]:
+    """Sample the families of ``config`` and write them (FASTA, edges, Potts parameters, summary) into ``out``."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(out, "--out exists and is not a folder")
-    start = time.perf_counter()
     families = generate(config)
-    elapsed = time.perf_counter() - start
     try:
         write_outputs(out, config, families)
     except OSError as exc:
         raise InputError(exc.filename or out, f"cannot write output: {exc.strerror or exc}") from None
-    total = sum(len(f.sequences) for f in families)
-    print(
-        f"pmlm synth: {len(families)} {'family' if len(families) == 1 else 'families'}, {total} sequences "
-        f"of length {config.potts.length} sampled in {elapsed:.1f} s -> {out}",
-        file=sys.stderr,
-    )
-    return 0
+    return families
