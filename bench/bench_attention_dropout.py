@@ -103,7 +103,8 @@ def time_attention(shapes: dict, args) -> dict:
                 times[k].append(time.perf_counter() - start)
         best = {k: min(v) for k, v in times.items()}
         out[name] = {
-            "shape_bhld": list(shape[:4]), "padded": shape[4],
+            "shape_bhld": list(shape[:4]),
+            "padded": shape[4],
             "fwd_bwd_ms": {k: round(1000 * v, 2) for k, v in best.items()},
             "over_sdpa_no_dropout": {k: round(v / best["sdpa_no_dropout"], 3) for k, v in best.items()},
         }
@@ -150,11 +151,15 @@ def time_steps(args) -> dict:
     runs = {}
     for name, p in variants.items():
         torch.manual_seed(args.seed)
-        cfg = model_config("base", objective="pmlm", num_layers=args.layers, max_len=max(args.length, 3),
-                           attention_dropout=p)
+        cfg = model_config(
+            "base", objective="pmlm", num_layers=args.layers, max_len=max(args.length, 3), attention_dropout=p
+        )
         model = build_model(cfg, objective).train()
-        runs[name] = {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98)),
-                      "times": []}
+        runs[name] = {
+            "model": model,
+            "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98)),
+            "times": [],
+        }
     default_attention = encoder_module.attention
     for step in range(args.warmup + args.steps):
         for name in list(runs) if step % 2 == 0 else list(runs)[::-1]:
@@ -175,7 +180,9 @@ def time_steps(args) -> dict:
     base = runs["dropout_0.0"]["times"]
     ratios = {name: [t / b for t, b in zip(run["times"], base)] for name, run in runs.items() if name != "dropout_0.0"}
     return {
-        "dims": {"layers": args.layers, "hidden": 768, "ffn": 3072, "heads": 12}, "length": args.length, "batch": 1,
+        "dims": {"layers": args.layers, "hidden": 768, "ffn": 3072, "heads": 12},
+        "length": args.length,
+        "batch": 1,
         "timed_steps": args.steps,
         "median_step_s": {k: round(statistics.median(r["times"]), 4) for k, r in runs.items()},
         "all_step_s": {k: [round(t, 4) for t in r["times"]] for k, r in runs.items()},
@@ -188,15 +195,23 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     shapes = QUICK_SHAPES if args.quick else SHAPES
     load_before = os.getloadavg()[0]
-    result = {"bench": "attention_dropout", "quick": args.quick, "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "dropout": DROPOUT}
+    result = {
+        "bench": "attention_dropout",
+        "quick": args.quick,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "dropout": DROPOUT,
+    }
     result["attention"] = time_attention(shapes, args)
     if args.profile:
         result["profile_self_ms"] = profile_attention(shapes, args)
     result["step"] = time_steps(args)
     ratio = result["step"]["ratio_over_dropout_0.0"]["dropout_0.1"]
-    result.update(bar=BAR, passed=None if args.quick else ratio <= BAR,
-                  loadavg_1min_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+    result.update(
+        bar=BAR,
+        passed=None if args.quick else ratio <= BAR,
+        loadavg_1min_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+    )
     print(json.dumps(result))
     verdict = "not judged: --quick" if args.quick else ("PASS" if ratio <= BAR else "FAIL")
     step = result["step"]
@@ -205,9 +220,11 @@ def main(argv=None) -> int:
         f"PMLM step with attention dropout {DROPOUT} / without: {ratio:.3f} (bar <= {BAR}: {verdict})"
         + (f"; with SDPA's own dropout path: {sdpa:.3f}" if sdpa is not None else "")
         + f"; {args.layers}x768, L={args.length}; attention alone (fwd+bwd, ours / SDPA without dropout): "
-        + ", ".join(f"{name} {a['over_sdpa_no_dropout']['ours_dropout']:.2f}x "
-                    f"(SDPA's dropout {a['over_sdpa_no_dropout']['sdpa_dropout']:.2f}x)"
-                    for name, a in result["attention"].items())
+        + ", ".join(
+            f"{name} {a['over_sdpa_no_dropout']['ours_dropout']:.2f}x "
+            f"(SDPA's dropout {a['over_sdpa_no_dropout']['sdpa_dropout']:.2f}x)"
+            for name, a in result["attention"].items()
+        )
     )
     return 0
 

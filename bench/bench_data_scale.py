@@ -54,11 +54,13 @@ def write_sources(n: int, folder: Path, seed: int = 0) -> dict:
         xml.write(document_head("2018_03").encode())
         xb, fb = [], []
         for i in range(n):
-            seq = residues[offsets[i]:offsets[i + 1]]
+            seq = residues[offsets[i] : offsets[i + 1]]
             acc, m = f"A{i:09d}", int(members[i])
-            wrapped = "\n".join(seq[k:k + 60] for k in range(0, len(seq), 60))
+            wrapped = "\n".join(seq[k : k + 60] for k in range(0, len(seq), 60))
             xb.append(format_entry(acc, seq, members=m, taxon=1386, release="2018_03"))
-            fb.append(f">UniRef50_{acc} Uncharacterized protein n={m} Tax=Bacillus TaxID=1386 RepID={acc}_UNKP\n{wrapped}\n")
+            fb.append(
+                f">UniRef50_{acc} Uncharacterized protein n={m} Tax=Bacillus TaxID=1386 RepID={acc}_UNKP\n{wrapped}\n"
+            )
             if len(xb) == 4096 or i == n - 1:
                 xml.write("".join(xb).encode())
                 fasta.write("".join(fb).encode())
@@ -93,8 +95,11 @@ def run(cmd: list[str] | str) -> tuple[float, int]:
 
 
 def summary(runs: list[tuple[float, int]]) -> dict:
-    return {"s": round(statistics.median(r[0] for r in runs), 3), "runs_s": [round(r[0], 2) for r in runs],
-            "peak_rss_mb": round(statistics.median(r[1] for r in runs) / 2**20, 1)}
+    return {
+        "s": round(statistics.median(r[0] for r in runs), 3),
+        "runs_s": [round(r[0], 2) for r in runs],
+        "peak_rss_mb": round(statistics.median(r[1] for r in runs) / 2**20, 1),
+    }
 
 
 def pmlm(*args: str) -> list[str]:
@@ -117,8 +122,17 @@ def bench_size(n: int, work: Path, repeats: int, xml_repeats: int, mmseqs: bool)
         steps = {
             "gzip_dc": f"gzip -dc {path} > /dev/null",
             "ingest": pmlm("ingest", str(path), "-o", str(clean), "--stats", str(folder / "s.json")),
-            "tokenize": pmlm("tokenize", "--input", f"train={clean}", "--out-dir", str(folder / "shards"),
-                             "--num-shards", "8", "--row-group-size", str(PAPER_ROW_GROUP)),
+            "tokenize": pmlm(
+                "tokenize",
+                "--input",
+                f"train={clean}",
+                "--out-dir",
+                str(folder / "shards"),
+                "--num-shards",
+                "8",
+                "--row-group-size",
+                str(PAPER_ROW_GROUP),
+            ),
         }
         # the three steps side by side in each round, so a change of load hits all of them; the ratio is
         # taken per round and its median reported
@@ -128,19 +142,37 @@ def bench_size(n: int, work: Path, repeats: int, xml_repeats: int, mmseqs: bool)
             for step, cmd in steps.items():
                 runs[step].append(run(cmd))
             ratios.append(runs["gzip_dc"][-1][0] / (runs["ingest"][-1][0] + runs["tokenize"][-1][0]))
-        out[kind] = {"gz_mb": round(path.stat().st_size / 1e6, 1), "mb": round(uncompressed_mb(path), 1),
-                     **{step: summary(r) for step, r in runs.items()},
-                     "ratio_ingest_tokenize_over_gzip": round(statistics.median(ratios), 3),
-                     "ratio_per_round": [round(r, 3) for r in ratios]}
+        out[kind] = {
+            "gz_mb": round(path.stat().st_size / 1e6, 1),
+            "mb": round(uncompressed_mb(path), 1),
+            **{step: summary(r) for step, r in runs.items()},
+            "ratio_ingest_tokenize_over_gzip": round(statistics.median(ratios), 3),
+            "ratio_per_round": [round(r, 3) for r in ratios],
+        }
         out[kind]["ingest_mb_per_s"] = round(out[kind]["mb"] / out[kind]["ingest"]["s"], 1)
     out["clean_mb"] = round((folder / "clean_xml.fasta").stat().st_size / 1e6, 1)
     archive = nested_archive(src["xml"], folder)
-    out["extract"] = summary([run(pmlm("extract", str(archive), "uniref50.tar/uniref50.xml.gz", "-o",
-                                      str(folder / "member.xml.gz")))])
+    out["extract"] = summary(
+        [run(pmlm("extract", str(archive), "uniref50.tar/uniref50.xml.gz", "-o", str(folder / "member.xml.gz")))]
+    )
     out["extract"]["archive_mb"] = round(archive.stat().st_size / 1e6, 1)
     if mmseqs:
-        out["split"] = summary([run(pmlm("split", str(folder / "clean_xml.fasta"), "--out-dir", str(folder / "split"),
-                                         "--threads", "2", "--valid-fraction", "0.005"))])
+        out["split"] = summary(
+            [
+                run(
+                    pmlm(
+                        "split",
+                        str(folder / "clean_xml.fasta"),
+                        "--out-dir",
+                        str(folder / "split"),
+                        "--threads",
+                        "2",
+                        "--valid-fraction",
+                        "0.005",
+                    )
+                )
+            ]
+        )
     shutil.rmtree(folder)
     return out
 
@@ -149,21 +181,35 @@ def projection(small: dict, large: dict) -> dict:
     """UniRef50 2018_03 from the two sizes: times scale with records, memory with the marginal rate."""
     n = UNIREF50_2018_03_ENTRIES
     scale = n / large["records"]
-    marginal = lambda key, step: (large[key][step]["peak_rss_mb"] - small[key][step]["peak_rss_mb"]) * 2**20 / (
-        large["records"] - small["records"])
+    marginal = lambda key, step: (
+        (large[key][step]["peak_rss_mb"] - small[key][step]["peak_rss_mb"])
+        * 2**20
+        / (large["records"] - small["records"])
+    )
     row_bytes = large["residues"] / large["records"] + 40
     proj = {
         "assumptions": f"{n / 1e6:.0f} M UniRef50 entries; uniref50.xml.gz and clean FASTA scale with entries as in the "
-                       f"XML-shaped data; ingest and tokenize single-threaded; MMseqs2 linear in records and in threads "
-                       f"(2 -> {NODE_CORES}); tokenize buffers {PAPER_SHARDS} shards x {PAPER_ROW_GROUP} rows",
+        f"XML-shaped data; ingest and tokenize single-threaded; MMseqs2 linear in records and in threads "
+        f"(2 -> {NODE_CORES}); tokenize buffers {PAPER_SHARDS} shards x {PAPER_ROW_GROUP} rows",
         "uniref50_xml_gz_gb": round(large["xml"]["gz_mb"] * scale / 1e3, 1),
         "clean_fasta_gb": round(large["clean_mb"] * scale / 1e3, 1),
-        "extract_min_per_100gb_archive": round(100e3 / (large["extract"]["archive_mb"] / large["extract"]["s"]) / 60, 1),
+        "extract_min_per_100gb_archive": round(
+            100e3 / (large["extract"]["archive_mb"] / large["extract"]["s"]) / 60, 1
+        ),
         "ingest_xml_h": round(large["xml"]["ingest"]["s"] * scale / 3600, 2),
-        "ingest_xml_gb": round((small["xml"]["ingest"]["peak_rss_mb"] + marginal("xml", "ingest") * n / 2**20) / 1024, 2),
+        "ingest_xml_gb": round(
+            (small["xml"]["ingest"]["peak_rss_mb"] + marginal("xml", "ingest") * n / 2**20) / 1024, 2
+        ),
         "tokenize_h": round(large["xml"]["tokenize"]["s"] * scale / 3600, 2),
-        "tokenize_gb": round((small["xml"]["tokenize"]["peak_rss_mb"] + marginal("xml", "tokenize") * n / 2**20
-                              + PAPER_SHARDS * PAPER_ROW_GROUP * row_bytes / 2**20) / 1024, 2),
+        "tokenize_gb": round(
+            (
+                small["xml"]["tokenize"]["peak_rss_mb"]
+                + marginal("xml", "tokenize") * n / 2**20
+                + PAPER_SHARDS * PAPER_ROW_GROUP * row_bytes / 2**20
+            )
+            / 1024,
+            2,
+        ),
     }
     if "split" in large:
         proj["split_h"] = round(large["split"]["s"] * scale * 2 / NODE_CORES / 3600, 2)
@@ -174,7 +220,9 @@ def projection(small: dict, large: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs=2, default=[100_000, 1_000_000], metavar=("SMALL", "LARGE"))
-    ap.add_argument("--repeats", type=int, default=5, help="rounds of gzip -dc, ingest and tokenize of the FASTA (median)")
+    ap.add_argument(
+        "--repeats", type=int, default=5, help="rounds of gzip -dc, ingest and tokenize of the FASTA (median)"
+    )
     ap.add_argument("--xml-repeats", type=int, default=1, help="rounds for the XML (its ingest is the slowest step)")
     ap.add_argument("--no-mmseqs", action="store_true", help="skip MMseqs2 at the largest size")
     ap.add_argument("--workdir", help="where the sources are written (default: a temporary folder)")
@@ -187,18 +235,32 @@ def main() -> None:
         small = bench_size(args.sizes[0], Path(tmp), args.repeats, args.xml_repeats, mmseqs=False)
         large = bench_size(args.sizes[1], Path(tmp), args.repeats, args.xml_repeats, mmseqs=not args.no_mmseqs)
     diff = large["records"] - small["records"]
-    marginal = {f"{kind}_{step}": round((large[kind][step]["peak_rss_mb"] - small[kind][step]["peak_rss_mb"]) * 2**20 / diff, 1)
-                for kind in ("fasta", "xml") for step in ("ingest", "tokenize")}
-    result = {"bench": "data_scale", "cores": os.cpu_count(), "load_before": [round(x, 2) for x in load],
-              "load_after": [round(x, 2) for x in os.getloadavg()], "small": small, "large": large,
-              "marginal_bytes_per_record": marginal, "bar_marginal": "<= 20", "bar_ratio": ">= 0.3 (FASTA)",
-              "projection_uniref50_2018_03": projection(small, large)}
+    marginal = {
+        f"{kind}_{step}": round((large[kind][step]["peak_rss_mb"] - small[kind][step]["peak_rss_mb"]) * 2**20 / diff, 1)
+        for kind in ("fasta", "xml")
+        for step in ("ingest", "tokenize")
+    }
+    result = {
+        "bench": "data_scale",
+        "cores": os.cpu_count(),
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "small": small,
+        "large": large,
+        "marginal_bytes_per_record": marginal,
+        "bar_marginal": "<= 20",
+        "bar_ratio": ">= 0.3 (FASTA)",
+        "projection_uniref50_2018_03": projection(small, large),
+    }
     print(json.dumps(result))
     f = large["fasta"]
-    print(f"{large['records']} records: ingest + tokenize of the FASTA at {f['ratio_ingest_tokenize_over_gzip']}x gzip -dc "
-          f"(bar >= 0.3); UniRef XML ingest {large['xml']['ingest_mb_per_s']} MB/s of XML "
-          f"(ratio {large['xml']['ratio_ingest_tokenize_over_gzip']}x); marginal memory "
-          + ", ".join(f"{k} {v} B" for k, v in marginal.items()) + " per record (bar <= 20)")
+    print(
+        f"{large['records']} records: ingest + tokenize of the FASTA at {f['ratio_ingest_tokenize_over_gzip']}x gzip -dc "
+        f"(bar >= 0.3); UniRef XML ingest {large['xml']['ingest_mb_per_s']} MB/s of XML "
+        f"(ratio {large['xml']['ratio_ingest_tokenize_over_gzip']}x); marginal memory "
+        + ", ".join(f"{k} {v} B" for k, v in marginal.items())
+        + " per record (bar <= 20)"
+    )
 
 
 if __name__ == "__main__":

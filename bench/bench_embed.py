@@ -37,8 +37,15 @@ from pmlm.alphabet import RESIDUES
 from pmlm.artefacts import write_encoder
 from pmlm.cli import main as pmlm_main
 from pmlm.inference import embedding
-from pmlm.inference.embedding import (CHUNK_BATCHES, batch_inputs, chunks, layer_index, plan_batches,
-                                      plan_windows, representations)
+from pmlm.inference.embedding import (
+    CHUNK_BATCHES,
+    batch_inputs,
+    chunks,
+    layer_index,
+    plan_batches,
+    plan_windows,
+    representations,
+)
 from pmlm.inference.sequences import read_fasta_sequences
 from pmlm.pretrained import load_encoder
 from pmlm.model.config import ModelConfig
@@ -48,8 +55,10 @@ from pmlm.pretrained import build_model
 BAR = 1.2
 LENGTH_MEDIAN, LENGTH_SIGMA = 300, 0.65
 MIN_RESIDUES, MAX_RESIDUES = 30, 1500
-DIMS = {"default": {"num_layers": 6, "hidden": 320, "ffn": 1280, "heads": 20, "max_len": 1024},
-        "quick": {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 256}}
+DIMS = {
+    "default": {"num_layers": 6, "hidden": 320, "ffn": 1280, "heads": 20, "max_len": 1024},
+    "quick": {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 256},
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,8 +81,9 @@ def write_inputs(root: Path, dims: dict, n: int, seed: int) -> tuple[Path, Path]
     encoder.parent.mkdir()
     write_encoder(encoder, model.state_dict(), {"model": cfg.to_dict(), "objective": dataclasses.asdict(objective)})
     rng = np.random.default_rng(seed)
-    lengths = np.clip(np.round(np.exp(rng.normal(np.log(LENGTH_MEDIAN), LENGTH_SIGMA, size=n))),
-                      MIN_RESIDUES, MAX_RESIDUES).astype(int)
+    lengths = np.clip(
+        np.round(np.exp(rng.normal(np.log(LENGTH_MEDIAN), LENGTH_SIGMA, size=n))), MIN_RESIDUES, MAX_RESIDUES
+    ).astype(int)
     fasta = root / "in.fasta"
     with open(fasta, "w") as fh:
         for k, length in enumerate(lengths):
@@ -104,8 +114,19 @@ def main(argv=None) -> int:
         root = Path(tmp)
         encoder, fasta = write_inputs(root, dims, args.sequences, args.seed)
         model, inputs, layer = forward_batches(encoder, fasta, args.tokens_per_batch, args.layer)
-        command = ["embed", str(encoder), str(fasta), "-o", str(root / "out.parquet"), "--device", "cpu",
-                   "--tokens-per-batch", str(args.tokens_per_batch), "--layer", str(args.layer)]
+        command = [
+            "embed",
+            str(encoder),
+            str(fasta),
+            "-o",
+            str(root / "out.parquet"),
+            "--device",
+            "cpu",
+            "--tokens-per-batch",
+            str(args.tokens_per_batch),
+            "--layer",
+            str(args.layer),
+        ]
 
         inside = []  # seconds of each forward pass inside `pmlm embed` (CPU: synchronous)
 
@@ -139,24 +160,45 @@ def main(argv=None) -> int:
                 (t_embed, t_inside), t_forward = embed(), forward()
             else:
                 t_forward, (t_embed, t_inside) = forward(), embed()
-            rounds.append({"embed_s": t_embed, "forward_s": t_forward, "ratio": t_embed / t_forward,
-                           "embed_forward_s": t_inside, "in_run_ratio": t_embed / t_inside})
+            rounds.append(
+                {
+                    "embed_s": t_embed,
+                    "forward_s": t_forward,
+                    "ratio": t_embed / t_forward,
+                    "embed_forward_s": t_inside,
+                    "in_run_ratio": t_embed / t_inside,
+                }
+            )
     residues = sum(int((t >= 4).sum()) for t in inputs)  # residue tokens (ids 4.., specials below)
     ratio = statistics.median(r["ratio"] for r in rounds)
-    result = {"bench": "embed", "device": "cpu", "threads": torch.get_num_threads(), "dims": dims,
-              "sequences": args.sequences, "batches": len(inputs), "residue_tokens": residues,
-              "tokens_per_batch": args.tokens_per_batch, "layer": layer, "rounds": rounds,
-              "embed_s_median": statistics.median(r["embed_s"] for r in rounds),
-              "forward_s_median": statistics.median(r["forward_s"] for r in rounds),
-              "ratio_embed_over_forward": ratio,
-              "in_run_ratio": statistics.median(r["in_run_ratio"] for r in rounds), "bar": BAR, "passes": ratio <= BAR, "quick": args.quick}
+    result = {
+        "bench": "embed",
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "dims": dims,
+        "sequences": args.sequences,
+        "batches": len(inputs),
+        "residue_tokens": residues,
+        "tokens_per_batch": args.tokens_per_batch,
+        "layer": layer,
+        "rounds": rounds,
+        "embed_s_median": statistics.median(r["embed_s"] for r in rounds),
+        "forward_s_median": statistics.median(r["forward_s"] for r in rounds),
+        "ratio_embed_over_forward": ratio,
+        "in_run_ratio": statistics.median(r["in_run_ratio"] for r in rounds),
+        "bar": BAR,
+        "passes": ratio <= BAR,
+        "quick": args.quick,
+    }
     print(json.dumps(result))
     per_round = ", ".join(f"{r['ratio']:.3f}" for r in rounds)
-    print(f"pmlm embed {result['embed_s_median']:.2f} s vs forward alone {result['forward_s_median']:.2f} s on "
-          f"{len(inputs)} batches ({args.sequences} sequences, {dims['num_layers']} x {dims['hidden']}): "
-          f"ratio {ratio:.3f} (per round {per_round}; bar <= {BAR}); within the same runs, embed / its own "
-          f"forward passes {result['in_run_ratio']:.3f}",
-          file=sys.stderr)
+    print(
+        f"pmlm embed {result['embed_s_median']:.2f} s vs forward alone {result['forward_s_median']:.2f} s on "
+        f"{len(inputs)} batches ({args.sequences} sequences, {dims['num_layers']} x {dims['hidden']}): "
+        f"ratio {ratio:.3f} (per round {per_round}; bar <= {BAR}); within the same runs, embed / its own "
+        f"forward passes {result['in_run_ratio']:.3f}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -51,7 +51,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_esm import LENGTH_MEDIAN, LENGTH_SIGMA, MIN_RESIDUES, bucketed_batches, build_hf, make_sequences, pad_batch  # noqa: E402
+from bench_vs_esm import (
+    LENGTH_MEDIAN,
+    LENGTH_SIGMA,
+    MIN_RESIDUES,
+    bucketed_batches,
+    build_hf,
+    make_sequences,
+    pad_batch,
+)  # noqa: E402
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_PAIR_CLASSES, NUM_RESIDUES, PAD_ID  # noqa: E402
 from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses  # noqa: E402
@@ -59,8 +67,14 @@ from pmlm.pretrained import build_model  # noqa: E402
 from pmlm.model.objectives import IGNORE_INDEX  # noqa: E402
 
 # dense bf16 tensor-core peak, TFLOP/s (vendor data sheets); matched in order against the device name
-PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0),
-                    ("GH200", 989.0), ("A100", 312.0))
+PEAK_BF16_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+)
 DIMS = {
     "base": {"num_layers": 12, "hidden": 768, "ffn": 3072, "heads": 12},
     "xl": {"num_layers": 36, "hidden": 1280, "ffn": 5120, "heads": 20},
@@ -72,11 +86,15 @@ PAD_MULTIPLE = 8  # the loader's data.pad_to_multiple
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="tiny dims, L=64, 2 batches, on CPU unless --device says otherwise")
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny dims, L=64, 2 batches, on CPU unless --device says otherwise"
+    )
     p.add_argument("--dims", default="base,xl", help=f"comma-separated model sizes ({', '.join(DIMS)})")
     p.add_argument("--lengths", default="512,1024", help="comma-separated crop lengths L in tokens incl. <cls>/<eos>")
     p.add_argument("--objectives", default="mlm,pmlm")
-    p.add_argument("--layouts", default=None, help="our attention layouts (default: auto,padded on CUDA, padded,packed on CPU)")
+    p.add_argument(
+        "--layouts", default=None, help="our attention layouts (default: auto,padded on CUDA, padded,packed on CPU)"
+    )
     p.add_argument("--compile", action="store_true", help="also time ours with compiled layers (layout auto)")
     p.add_argument("--no-hf", action="store_true", help="skip HF EsmForMaskedLM")
     p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per batch (config/train: 16384)")
@@ -85,7 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="timed passes per model (median reported)")
     p.add_argument("--shards", default=None, help="take lengths and batches from this shard folder's train split")
     p.add_argument("--median", type=float, default=LENGTH_MEDIAN, help="median residues of the lognormal lengths")
-    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: from the device name)")
+    p.add_argument(
+        "--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: from the device name)"
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if present), cpu or cuda")
     p.add_argument("--out", default="bench/out/gpu_throughput", help="writes OUT.json and OUT.md")
     p.add_argument("--seed", type=int, default=0)
@@ -130,8 +150,15 @@ def make_batches(args, L: int, device: torch.device) -> tuple[list[torch.Tensor]
     if args.shards:
         from pmlm.train.loader import ShardStream
 
-        stream = ShardStream(args.shards, "train", tokens_per_batch=args.token_budget, max_len=L, buffer_rows=16384,
-                             seed=args.seed, pad_to_multiple=PAD_MULTIPLE)
+        stream = ShardStream(
+            args.shards,
+            "train",
+            tokens_per_batch=args.token_budget,
+            max_len=L,
+            buffer_rows=16384,
+            seed=args.seed,
+            pad_to_multiple=PAD_MULTIPLE,
+        )
         batches = []
         for epoch in range(1000):  # small shard sets: later epochs recrop and reshuffle
             for batch in stream.epoch_batches(epoch):
@@ -142,7 +169,9 @@ def make_batches(args, L: int, device: torch.device) -> tuple[list[torch.Tensor]
                 break
     else:
         normal = torch.randn(max(4096, 64 * want), generator=g, dtype=torch.float64)
-        lengths = torch.exp(torch.log(torch.tensor(args.median)) + LENGTH_SIGMA * normal).round().clamp(MIN_RESIDUES, L - 2)
+        lengths = (
+            torch.exp(torch.log(torch.tensor(args.median)) + LENGTH_SIGMA * normal).round().clamp(MIN_RESIDUES, L - 2)
+        )
         pool = make_sequences([int(n) for n in lengths], g)
         buckets = bucketed_batches(pool, args.token_budget)  # shortest first, as a loader's shuffle buffer
         # evenly spaced over the length-sorted batches (a token-weighted sample of the epoch), shuffled
@@ -160,7 +189,7 @@ def hf_batches_for(batches: list[torch.Tensor], L: int, size: int, seed: int, de
     """The same sequences in random order, fixed batches of ``size``, each padded to L."""
     seqs = [row[row.ne(PAD_ID)].cpu() for b in batches for row in b]
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [pad_batch([seqs[k] for k in order[i:i + size]], L).to(device) for i in range(0, len(order), size)]
+    return [pad_batch([seqs[k] for k in order[i : i + size]], L).to(device) for i in range(0, len(order), size)]
 
 
 class Runner:
@@ -168,8 +197,9 @@ class Runner:
 
     def __init__(self, kind: str, model, objective: ObjectiveConfig, device: torch.device):
         self.kind, self.model, self.objective, self.device = kind, model.to(device).train(), objective, device
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6,
-                                           fused=device.type == "cuda")
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda"
+        )
 
     def step(self, batch: torch.Tensor, seed: int) -> None:
         generator = torch.Generator(self.device).manual_seed(seed)
@@ -214,22 +244,33 @@ def batch_flops(dims: dict, objective: str, batches: list[torch.Tensor], args) -
     for k, batch in enumerate(batches):
         generator = torch.Generator(batch.device).manual_seed(args.seed + 1000 + k)
         _, targets, _ = mask_tokens(batch, ObjectiveConfig(name=objective), generator)
-        total += model_flops(dims, objective, batch.ne(PAD_ID).sum(1).tolist(), targets.ne(IGNORE_INDEX).sum(1).tolist())
+        total += model_flops(
+            dims, objective, batch.ne(PAD_ID).sum(1).tolist(), targets.ne(IGNORE_INDEX).sum(1).tolist()
+        )
     return total
 
 
 def run_size(name: str, L: int, args, device, peak) -> list[dict]:
     dims = DIMS[name]
     batches = make_batches(args, L, device)
-    warmup, timed = batches[: args.warmup], batches[args.warmup:]
+    warmup, timed = batches[: args.warmup], batches[args.warmup :]
     non_pad = sum(int(b.ne(PAD_ID).sum()) for b in timed)
     variants = [(layout, False) for layout in args.layouts] + ([("auto", True)] if args.compile else [])
     rows = []
 
     def record(kind, objective, layout, compiled, model_builder, warm, runs):
         torch.manual_seed(args.seed)
-        row = {"dims": name, "L": L, "model": kind, "objective": objective, "layout": layout, "compiled": compiled,
-               "timed_batches": len(runs), "non_pad_tokens": non_pad, "padded_tokens": sum(b.numel() for b in runs)}
+        row = {
+            "dims": name,
+            "L": L,
+            "model": kind,
+            "objective": objective,
+            "layout": layout,
+            "compiled": compiled,
+            "timed_batches": len(runs),
+            "non_pad_tokens": non_pad,
+            "padded_tokens": sum(b.numel() for b in runs),
+        }
         row["padding_fraction"] = round(1 - non_pad / row["padded_tokens"], 4)
         try:
             with torch.device(device):  # initialise on the device: xl has 0.7 B parameters
@@ -244,9 +285,13 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
         else:
             seconds = statistics.median(timing["pass_s"])
             flops = batch_flops(dims, objective, timed, args)  # model FLOPs of these sequences, whoever pads them
-            row.update(timing, step_ms=round(1000 * seconds / len(runs), 2), non_pad_tokens_per_s=round(non_pad / seconds),
-                       model_tflops_per_pass=round(flops / 1e12, 4),
-                       mfu=None if peak is None else float(f"{flops / seconds / peak:.4g}"))  # 4 significant digits
+            row.update(
+                timing,
+                step_ms=round(1000 * seconds / len(runs), 2),
+                non_pad_tokens_per_s=round(non_pad / seconds),
+                model_tflops_per_pass=round(flops / 1e12, 4),
+                mfu=None if peak is None else float(f"{flops / seconds / peak:.4g}"),
+            )  # 4 significant digits
         runner = model = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -255,6 +300,7 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
 
     for objective in args.objectives:
         for layout, compiled in variants:
+
             def build(objective=objective, layout=layout, compiled=compiled):
                 # the objective's released layers; HF ESM below has the MLM recipe's dropouts (bench_vs_esm.build_hf)
                 cfg = model_config("base", objective=objective, max_len=L, **dims)
@@ -263,6 +309,7 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
                 if compiled:
                     model.encoder.compile_layers()
                 return model
+
             record("ours", objective, layout, compiled, build, warmup, timed)
     if not args.no_hf:
         hf = hf_batches_for(timed, L, max(1, args.token_budget // L), args.seed, device)
@@ -272,6 +319,7 @@ def run_size(name: str, L: int, args, device, peak) -> list[dict]:
 
 def summarise(rows: list[dict], layout: str) -> dict:
     """Ratios per size and length, for our ``layout`` (the first of --layouts: auto on CUDA)."""
+
     def find(**keys):
         for row in rows:
             if all(row.get(k) == v for k, v in keys.items()) and "step_ms" in row:
@@ -286,38 +334,60 @@ def summarise(rows: list[dict], layout: str) -> dict:
         key = f"{dims}/L{L}"
         out[key] = {
             "pmlm_over_mlm_step": round(pmlm["step_ms"] / mlm["step_ms"], 4) if mlm and pmlm else None,
-            "ours_mlm_over_hf_tokens_per_s": round(mlm["non_pad_tokens_per_s"] / hf["non_pad_tokens_per_s"], 3) if mlm and hf else None,
-            "ours_pmlm_over_hf_tokens_per_s": round(pmlm["non_pad_tokens_per_s"] / hf["non_pad_tokens_per_s"], 3) if pmlm and hf else None,
+            "ours_mlm_over_hf_tokens_per_s": round(mlm["non_pad_tokens_per_s"] / hf["non_pad_tokens_per_s"], 3)
+            if mlm and hf
+            else None,
+            "ours_pmlm_over_hf_tokens_per_s": round(pmlm["non_pad_tokens_per_s"] / hf["non_pad_tokens_per_s"], 3)
+            if pmlm and hf
+            else None,
             "mfu_pmlm": pmlm["mfu"] if pmlm else None,
         }
     return out
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# GPU throughput: {result['device']} (torch {result['torch']}, peak {result['peak_source']})", "",
-             "| dims | L | model | objective | layout | compiled | step ms | non-pad tokens/s | MFU | peak GiB | padding |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# GPU throughput: {result['device']} (torch {result['torch']}, peak {result['peak_source']})",
+        "",
+        "| dims | L | model | objective | layout | compiled | step ms | non-pad tokens/s | MFU | peak GiB | padding |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if r.get("out_of_memory"):
-            lines.append(f"| {r['dims']} | {r['L']} | {r['model']} | {r['objective']} | {r['layout']} | {r['compiled']} | out of memory | | | | |")
+            lines.append(
+                f"| {r['dims']} | {r['L']} | {r['model']} | {r['objective']} | {r['layout']} | {r['compiled']} | out of memory | | | | |"
+            )
             continue
         mfu = "" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
-        lines.append(f"| {r['dims']} | {r['L']} | {r['model']} | {r['objective']} | {r['layout']} | {r['compiled']} | "
-                     f"{r['step_ms']} | {r['non_pad_tokens_per_s']:,} | {mfu} | {r['peak_mem_gib'] or ''} | {r['padding_fraction']:.1%} |")
-    lines += ["", "| dims / L | PMLM / MLM step | ours MLM / HF tokens/s | ours PMLM / HF tokens/s | PMLM MFU |",
-              "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['dims']} | {r['L']} | {r['model']} | {r['objective']} | {r['layout']} | {r['compiled']} | "
+            f"{r['step_ms']} | {r['non_pad_tokens_per_s']:,} | {mfu} | {r['peak_mem_gib'] or ''} | {r['padding_fraction']:.1%} |"
+        )
+    lines += [
+        "",
+        "| dims / L | PMLM / MLM step | ours MLM / HF tokens/s | ours PMLM / HF tokens/s | PMLM MFU |",
+        "|---|---|---|---|---|",
+    ]
     for key, s in result["summary"].items():
-        lines.append(f"| {key} | {s['pmlm_over_mlm_step']} | {s['ours_mlm_over_hf_tokens_per_s']} | "
-                     f"{s['ours_pmlm_over_hf_tokens_per_s']} | {s['mfu_pmlm']} |")
-    lines += ["", f"Ratios for layout {result['summary_layout']}. Bars: {json.dumps(result['bars'])}. "
-              "Layout auto = packed + varlen_attn where it applies (CUDA, bf16), else padded."]
+        lines.append(
+            f"| {key} | {s['pmlm_over_mlm_step']} | {s['ours_mlm_over_hf_tokens_per_s']} | "
+            f"{s['ours_pmlm_over_hf_tokens_per_s']} | {s['mfu_pmlm']} |"
+        )
+    lines += [
+        "",
+        f"Ratios for layout {result['summary_layout']}. Bars: {json.dumps(result['bars'])}. "
+        "Layout auto = packed + varlen_attn where it applies (CUDA, bf16), else padded.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() and not args.smoke else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available() and not args.smoke
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     args.layouts = (args.layouts or ("auto,padded" if device.type == "cuda" else "padded,packed")).split(",")
     args.objectives = args.objectives.split(",")
     if device.type == "cuda":
@@ -338,7 +408,8 @@ def main(argv=None) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "transformers": None if args.no_hf else __import__("transformers").__version__,
-        "peak_flops": peak, "peak_source": peak_source,
+        "peak_flops": peak,
+        "peak_source": peak_source,
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "lengths_from": args.shards or "lognormal (median 300, sigma 0.65)",
         "rows": rows,

@@ -130,7 +130,9 @@ def ours_loss(head: PairHead, reps: torch.Tensor, targets: torch.Tensor) -> floa
 def reference_loss(head: PairHead, reps: torch.Tensor, targets: torch.Tensor) -> float:
     """Released-code formulation: the pair MLP over every (i, j), then masked-pair selection."""
     h = reps
-    feats = torch.cat([h[:, :, None, :] * h[:, None, :, :], h[:, :, None, :] - h[:, None, :, :]], dim=-1)  # (1, L, L, 2C)
+    feats = torch.cat(
+        [h[:, :, None, :] * h[:, None, :, :], h[:, :, None, :] - h[:, None, :, :]], dim=-1
+    )  # (1, L, L, 2C)
     logits = head.out(head.norm(F.gelu(head.dense(feats))))  # (1, L, L, K)
     valid = targets.ne(IGNORE_INDEX)  # (1, L)
     L = valid.shape[1]
@@ -238,7 +240,10 @@ def step_share(args, device: torch.device) -> dict:
             torch.cuda.empty_cache()
     median = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "dims": dims, "batch": batch, "tokens_per_step": batch * L, "bf16": device.type == "cuda",
+        "dims": dims,
+        "batch": batch,
+        "tokens_per_step": batch * L,
+        "bf16": device.type == "cuda",
         "median_s": {k: round(v, 5) for k, v in median.items()},
         "pair_loss_over_pmlm_step": round(median["pair_loss"] / median["pmlm_step"], 4),
         "pmlm_minus_mlm_over_pmlm_step": round((median["pmlm_step"] - median["mlm_step"]) / median["pmlm_step"], 4),
@@ -253,8 +258,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=768, help="C (base dims: 768)")
     p.add_argument("--mask-prob", type=float, default=0.15)
     p.add_argument("--chunk-size", type=int, default=65536, help="pair rows per chunk in our head")
-    p.add_argument("--ref-lengths", default=None,
-                   help="comma-separated L at which to run the reference (default: 256,384 on CPU, the target L on CUDA)")
+    p.add_argument(
+        "--ref-lengths",
+        default=None,
+        help="comma-separated L at which to run the reference (default: 256,384 on CPU, the target L on CUDA)",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if present), cpu or cuda")
     p.add_argument("--step-share", action="store_true", help="also measure the step-time share on CPU (always on CUDA)")
     p.add_argument("--share-layers", type=int, default=12, help="encoder layers of the step-share model")
@@ -273,8 +281,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     if args.ref_lengths is None:
         args.ref_lengths = str(args.length) if device.type == "cuda" else "256,384"
     ref_lengths = sorted(int(x) for x in args.ref_lengths.split(","))
@@ -311,7 +322,9 @@ def main(argv=None) -> int:
         "bench": "pair_memory",
         "quick": args.quick,
         "device": device.type,
-        "method": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "TorchDispatchMode live-storage tracking",
+        "method": "torch.cuda.max_memory_allocated"
+        if device.type == "cuda"
+        else "TorchDispatchMode live-storage tracking",
         "hidden": args.hidden,
         "pair_classes": classes,
         "mask_prob": args.mask_prob,
@@ -344,9 +357,11 @@ def main(argv=None) -> int:
     )
     if "step_share" in result:
         share = result["step_share"]
-        print(f"pair loss = {share['pair_loss_over_pmlm_step']:.1%} of a PMLM step (PMLM - MLM: "
-              f"{share['pmlm_minus_mlm_over_pmlm_step']:.1%}; PMLM / MLM {share['pmlm_over_mlm_step']:.3f}) at "
-              f"{share['dims']['num_layers']}x{share['dims']['hidden']}, {share['batch']} x L={args.length}, on {device.type}")
+        print(
+            f"pair loss = {share['pair_loss_over_pmlm_step']:.1%} of a PMLM step (PMLM - MLM: "
+            f"{share['pmlm_minus_mlm_over_pmlm_step']:.1%}; PMLM / MLM {share['pmlm_over_mlm_step']:.3f}) at "
+            f"{share['dims']['num_layers']}x{share['dims']['hidden']}, {share['batch']} x L={args.length}, on {device.type}"
+        )
     return 0
 
 

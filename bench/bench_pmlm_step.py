@@ -71,10 +71,17 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     cfg = model_config(
-        "base", num_layers=args.layers, hidden=args.hidden, ffn=args.ffn, heads=args.heads,
+        "base",
+        num_layers=args.layers,
+        hidden=args.hidden,
+        ffn=args.ffn,
+        heads=args.heads,
         max_len=max(args.length, 3),
     )
     tokens = random_batch(args.batch, args.length, args.seed).to(device)
@@ -134,9 +141,11 @@ def main(argv=None) -> int:
         "ratio_cpu_time_pmlm_over_mlm": round(
             statistics.median(runs["pmlm"]["cpu_times"]) / statistics.median(runs["mlm"]["cpu_times"]), 4
         ),
-        "ratio_pair_only_over_mlm": round(statistics.median(
-            p / m for p, m in zip(runs["pmlm_pair_only"]["times"], runs["mlm"]["times"])
-        ), 4) if args.with_pair_only else None,
+        "ratio_pair_only_over_mlm": round(
+            statistics.median(p / m for p, m in zip(runs["pmlm_pair_only"]["times"], runs["mlm"]["times"])), 4
+        )
+        if args.with_pair_only
+        else None,
         "bar": BAR,
         "pass": None if args.quick else ratio <= BAR,  # --quick is not the bar's setting
         "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],

@@ -75,8 +75,9 @@ def make_assay(shape: tuple[int, int, int, int], seed: int) -> tuple[np.ndarray,
     rng = np.random.default_rng(seed)
     wild = rng.integers(20, size=length)
     sites = np.linspace(0, length - 1, n_sites).round().astype(int)
-    mutants = [AssayMutant("", (Site(int(i), int(wild[i]), a),), 0.0, 0, 0)
-               for i in sites for a in range(20) if a != wild[i]]
+    mutants = [
+        AssayMutant("", (Site(int(i), int(wild[i]), a),), 0.0, 0, 0) for i in sites for a in range(20) if a != wild[i]
+    ]
     pairs = set()
     while len(pairs) < n_pairs:
         i, j = sorted(int(x) for x in rng.choice(sites, size=2, replace=False))
@@ -113,13 +114,27 @@ def bench_encoder(name: str, shape, args) -> dict:
     rows = scored["forward_rows"]["sites"] + scored["forward_rows"]["pairs"]
     tokens = min(shape[0], model.cfg.max_len - 2) + 2
     dims = ENCODERS[name]
-    out = {"encoder": name, "dims": dims, "parameters": model.num_parameters(), "length": shape[0],
-           "tokens_per_row": tokens, "mutants": len(mutants), "singles": 19 * shape[1], "doubles": shape[2] * shape[3],
-           "rows": rows, "forward_passes": scored["forward_passes"], "seconds": seconds,
-           "mutants_per_s": len(mutants) / seconds, "rows_per_s": rows / seconds,
-           "singles_per_s_saturation": 19 * rows / seconds,
-           "gpu_estimate": {"tflops_per_row": row_flops(dims, tokens) / 1e12, "sustained_tflops": args.gpu_tflops,
-                            "rows_per_s": args.gpu_tflops * 1e12 / row_flops(dims, tokens)}}
+    out = {
+        "encoder": name,
+        "dims": dims,
+        "parameters": model.num_parameters(),
+        "length": shape[0],
+        "tokens_per_row": tokens,
+        "mutants": len(mutants),
+        "singles": 19 * shape[1],
+        "doubles": shape[2] * shape[3],
+        "rows": rows,
+        "forward_passes": scored["forward_passes"],
+        "seconds": seconds,
+        "mutants_per_s": len(mutants) / seconds,
+        "rows_per_s": rows / seconds,
+        "singles_per_s_saturation": 19 * rows / seconds,
+        "gpu_estimate": {
+            "tflops_per_row": row_flops(dims, tokens) / 1e12,
+            "sustained_tflops": args.gpu_tflops,
+            "rows_per_s": args.gpu_tflops * 1e12 / row_flops(dims, tokens),
+        },
+    }
     if name == "demo":
         rounds = []
         for r in range(args.rounds):
@@ -149,12 +164,24 @@ def main(argv=None) -> int:
         if "batching" in r:
             per = ", ".join(f"{x['ratio']:.2f}" for x in r["batching"]["rounds"])
             extra = f"; one row per pass takes {r['batching']['ratio_one_over_batched']:.2f}x as long (rounds {per})"
-        print(f"{name}: {r['mutants']} mutants ({r['singles']} singles, {r['doubles']} doubles) of a "
-              f"{r['length']}-residue protein, {r['rows']} rows in {r['forward_passes']} passes: {r['seconds']:.2f} s, "
-              f"{r['mutants_per_s']:.1f} mutants/s, {r['rows_per_s']:.2f} rows/s; GPU estimate "
-              f"{r['gpu_estimate']['rows_per_s']:.0f} rows/s at {args.gpu_tflops:g} TFLOP/s{extra}", file=sys.stderr)
-    print(json.dumps({"bench": "proteingym", "device": "cpu", "threads": torch.get_num_threads(), "quick": args.quick,
-                      "results": results}))
+        print(
+            f"{name}: {r['mutants']} mutants ({r['singles']} singles, {r['doubles']} doubles) of a "
+            f"{r['length']}-residue protein, {r['rows']} rows in {r['forward_passes']} passes: {r['seconds']:.2f} s, "
+            f"{r['mutants_per_s']:.1f} mutants/s, {r['rows_per_s']:.2f} rows/s; GPU estimate "
+            f"{r['gpu_estimate']['rows_per_s']:.0f} rows/s at {args.gpu_tflops:g} TFLOP/s{extra}",
+            file=sys.stderr,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "proteingym",
+                "device": "cpu",
+                "threads": torch.get_num_threads(),
+                "quick": args.quick,
+                "results": results,
+            }
+        )
+    )
     return 0
 
 

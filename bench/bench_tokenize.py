@@ -32,8 +32,11 @@ CANDIDATES = [Path("/usr/share/doc/mmseqs2/example-data/DB.fasta.gz"), REPO / "d
 
 def build_input(src: Path, dst: Path, copies: int) -> tuple[int, int]:
     norm = Normaliser(IngestPolicy())  # the tokenizer reads normalised FASTA
-    records = [(rid.decode(), clean.decode()) for rid, seq, line, _ in records_of(read_source(src, "fasta"))
-               if (clean := norm(seq, str(src), line, rid)) is not None]
+    records = [
+        (rid.decode(), clean.decode())
+        for rid, seq, line, _ in records_of(read_source(src, "fasta"))
+        if (clean := norm(seq, str(src), line, rid)) is not None
+    ]
     n = residues = 0
     with gzip.open(dst, "wt", compresslevel=6) as out:
         for c in range(copies):

@@ -73,8 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--triples-per-masked", type=float, default=1.0)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--naive-lengths", type=int, nargs="+", default=[96, 128, 160],
-                   help="lengths at which the naive triple loss is measured")
+    p.add_argument(
+        "--naive-lengths",
+        type=int,
+        nargs="+",
+        default=[96, 128, 160],
+        help="lengths at which the naive triple loss is measured",
+    )
     p.add_argument("--skip-steps", action="store_true", help="memory only")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
@@ -88,16 +93,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def step_times(args, device: torch.device) -> dict:
-    cfg = model_config("base", num_layers=args.layers, hidden=args.hidden, ffn=args.ffn, heads=args.heads,
-                       max_len=max(args.length, 3))
+    cfg = model_config(
+        "base", num_layers=args.layers, hidden=args.hidden, ffn=args.ffn, heads=args.heads, max_len=max(args.length, 3)
+    )
     tokens = random_batch(args.batch, args.length, args.seed).to(device)
     runs = {}
     for name in OBJECTIVES:
         torch.manual_seed(args.seed)
         objective = ObjectiveConfig(name=name, mask_prob=args.mask_prob, triples_per_masked=args.triples_per_masked)
         model = build_model(cfg, objective).to(device).train()
-        runs[name] = {"model": model, "objective": objective, "times": [], "cpu_times": [],
-                      "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6)}
+        runs[name] = {
+            "model": model,
+            "objective": objective,
+            "times": [],
+            "cpu_times": [],
+            "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6),
+        }
     for step in range(args.warmup + args.steps):
         names = list(runs) if step % 2 == 0 else list(runs)[::-1]
         for name in names:
@@ -120,8 +131,9 @@ def step_times(args, device: torch.device) -> dict:
         "all_step_s": {k: [round(t, 4) for t in r["times"]] for k, r in runs.items()},
         "ratio_tmlm_over_pmlm": round(statistics.median(per_round), 4),
         "ratio_per_round": [round(r, 4) for r in per_round],
-        "ratio_pmlm_over_mlm": round(statistics.median(
-            p / m for p, m in zip(runs["pmlm"]["times"], runs["mlm"]["times"])), 4),
+        "ratio_pmlm_over_mlm": round(
+            statistics.median(p / m for p, m in zip(runs["pmlm"]["times"], runs["mlm"]["times"])), 4
+        ),
         # process CPU time: on a loaded machine less noisy than wall time (with --threads 1, the work done)
         "median_cpu_s": {k: round(v, 4) for k, v in cpu.items()},
         "ratio_cpu_time_tmlm_over_pmlm": round(cpu["tmlm"] / cpu["pmlm"], 4),
@@ -187,9 +199,15 @@ def memory(args, device: torch.device) -> dict:
     reps, targets = _masked(args.length, args, device)
     masked = int(targets.ne(IGNORE_INDEX).sum())
     peak, _ = measure_peak(lambda: ours_loss(head, reps, targets, args.triples_per_masked), device)
-    out = {"length": args.length, "masked": masked, "ours_triples": len(sample_triples(
-        targets.ne(IGNORE_INDEX), args.triples_per_masked, torch.Generator().manual_seed(0))),
-        "ours_peak_gib": round(peak / GIB, 4), "naive_points": []}
+    out = {
+        "length": args.length,
+        "masked": masked,
+        "ours_triples": len(
+            sample_triples(targets.ne(IGNORE_INDEX), args.triples_per_masked, torch.Generator().manual_seed(0))
+        ),
+        "ours_peak_gib": round(peak / GIB, 4),
+        "naive_points": [],
+    }
     for length in args.naive_lengths:
         reps_n, targets_n = _masked(length, args, device)
         m = int(targets_n.ne(IGNORE_INDEX).sum())
@@ -197,9 +215,16 @@ def memory(args, device: torch.device) -> dict:
         start = time.perf_counter()
         peak_n, _ = measure_peak(lambda: naive_loss(naive, reps_n, targets_n), device)
         ours_n, _ = measure_peak(lambda: ours_loss(head, reps_n, targets_n, args.triples_per_masked), device)
-        out["naive_points"].append({"length": length, "masked": m, "triples": naive_triple_count(m),
-                                    "naive_peak_gib": round(peak_n / GIB, 4), "ours_peak_gib": round(ours_n / GIB, 5),
-                                    "seconds": round(time.perf_counter() - start, 2)})
+        out["naive_points"].append(
+            {
+                "length": length,
+                "masked": m,
+                "triples": naive_triple_count(m),
+                "naive_peak_gib": round(peak_n / GIB, 4),
+                "ours_peak_gib": round(ours_n / GIB, 5),
+                "seconds": round(time.perf_counter() - start, 2),
+            }
+        )
     triples = naive_triple_count(masked)
     a, b = out["naive_points"][-2:]
     per_triple = (b["naive_peak_gib"] - a["naive_peak_gib"]) / max(b["triples"] - a["triples"], 1)
@@ -218,17 +243,28 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     load_before = os.getloadavg()[0]
     steps = None if args.skip_steps else step_times(args, device)
     mem = memory(args, device)
     result = {
-        "bench": "triple", "quick": args.quick, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "bench": "triple",
+        "quick": args.quick,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dims": {"layers": args.layers, "hidden": args.hidden, "ffn": args.ffn, "heads": args.heads},
-        "length": args.length, "batch": args.batch, "mask_prob": args.mask_prob,
-        "triples_per_masked": args.triples_per_masked, "steps": steps, "memory": mem, "bar": BAR,
+        "length": args.length,
+        "batch": args.batch,
+        "mask_prob": args.mask_prob,
+        "triples_per_masked": args.triples_per_masked,
+        "steps": steps,
+        "memory": mem,
+        "bar": BAR,
         "pass": None if args.quick or steps is None else steps["ratio_tmlm_over_pmlm"] <= BAR,
         "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
@@ -236,18 +272,23 @@ def main(argv=None) -> int:
     if steps is not None:
         verdict = "not judged: --quick" if args.quick else ("PASS" if result["pass"] else "FAIL")
         med = steps["median_step_s"]
-        print(f"TMLM step {med['tmlm']:.3f}s vs PMLM {med['pmlm']:.3f}s vs MLM {med['mlm']:.3f}s: TMLM / PMLM "
-              f"{steps['ratio_tmlm_over_pmlm']:.3f} (bar <= {BAR}: {verdict}), PMLM / MLM "
-              f"{steps['ratio_pmlm_over_mlm']:.3f}; CPU-time ratios TMLM / PMLM "
-              f"{steps['ratio_cpu_time_tmlm_over_pmlm']:.3f}, PMLM / MLM {steps['ratio_cpu_time_pmlm_over_mlm']:.3f}; "
-              f"{args.layers}x{args.hidden}, L={args.length}")
+        print(
+            f"TMLM step {med['tmlm']:.3f}s vs PMLM {med['pmlm']:.3f}s vs MLM {med['mlm']:.3f}s: TMLM / PMLM "
+            f"{steps['ratio_tmlm_over_pmlm']:.3f} (bar <= {BAR}: {verdict}), PMLM / MLM "
+            f"{steps['ratio_pmlm_over_mlm']:.3f}; CPU-time ratios TMLM / PMLM "
+            f"{steps['ratio_cpu_time_tmlm_over_pmlm']:.3f}, PMLM / MLM {steps['ratio_cpu_time_pmlm_over_mlm']:.3f}; "
+            f"{args.layers}x{args.hidden}, L={args.length}"
+        )
     naive = mem["naive_at_length"]
-    print(f"triple loss peak at L={args.length} (|M|={mem['masked']}): ours {mem['ours_peak_gib']:.3f} GiB "
-          f"({mem['ours_triples']} sampled triples) vs naive >= {naive['analytic_lower_bound_gib']:.1f} GiB analytic, "
-          f"{naive['extrapolated_gib']:.1f} GiB extrapolated ({naive['triples']} ordered triples); ratio "
-          f"{mem['ratio_ours_over_naive']:.2e}; naive measured at "
-          + ", ".join(f"L={p['length']}: {p['naive_peak_gib']:.3f} GiB ({p['triples']} triples)"
-                      for p in mem["naive_points"]))
+    print(
+        f"triple loss peak at L={args.length} (|M|={mem['masked']}): ours {mem['ours_peak_gib']:.3f} GiB "
+        f"({mem['ours_triples']} sampled triples) vs naive >= {naive['analytic_lower_bound_gib']:.1f} GiB analytic, "
+        f"{naive['extrapolated_gib']:.1f} GiB extrapolated ({naive['triples']} ordered triples); ratio "
+        f"{mem['ratio_ours_over_naive']:.2e}; naive measured at "
+        + ", ".join(
+            f"L={p['length']}: {p['naive_peak_gib']:.3f} GiB ({p['triples']} triples)" for p in mem["naive_points"]
+        )
+    )
     return 0
 
 

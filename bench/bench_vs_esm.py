@@ -76,14 +76,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="16 sequences, one timed round")
     p.add_argument("--preset", choices=sorted(DIMS), default="cpu", help="model dims (cpu: 4 x 256; base: 12 x 768)")
     p.add_argument("--dropout", type=float, default=0.1, help="hidden dropout of both models")
-    p.add_argument("--attention-dropouts", default="0.1,0.0",
-                   help="attention dropouts to run, both models alike (default 0.1,0.0: the MLM recipe's, then off)")
+    p.add_argument(
+        "--attention-dropouts",
+        default="0.1,0.0",
+        help="attention dropouts to run, both models alike (default 0.1,0.0: the MLM recipe's, then off)",
+    )
     p.add_argument("--sequences", type=int, default=48, help="at least this many sequences per round")
     p.add_argument("--pool", type=int, default=4096, help="sequences the length buckets are built from")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     p.add_argument("--hf-batch", type=int, default=8, help="sequences per HF batch")
     p.add_argument("--max-len", type=int, default=1024, help="HF padded length in tokens (incl. <cls>/<eos>)")
-    p.add_argument("--token-budget", type=int, default=None, help="our tokens per batch incl. padding (default hf-batch x max-len)")
+    p.add_argument(
+        "--token-budget", type=int, default=None, help="our tokens per batch incl. padding (default hf-batch x max-len)"
+    )
     p.add_argument("--control", action="store_true", help="also time our model on HF's padded batches")
     p.add_argument("--device", default="auto", help="auto (cuda if present), cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
@@ -142,13 +147,14 @@ def stratified(batches: list[list[int]], min_sequences: int, generator: torch.Ge
 
 def padded_batches(seqs: list[torch.Tensor], size: int, width: int, generator: torch.Generator) -> list[torch.Tensor]:
     order = torch.randperm(len(seqs), generator=generator).tolist()
-    return [pad_batch([seqs[k] for k in order[i:i + size]], width) for i in range(0, len(order), size)]
+    return [pad_batch([seqs[k] for k in order[i : i + size]], width) for i in range(0, len(order), size)]
 
 
 def build_ours(dims: dict, max_len: int, dropout: float = 0.1, attention_dropout: float = 0.1):
     """Our encoder with the MLM recipe's layers (post-LN, GELU, embedding LayerNorm) and the given dropouts."""
-    cfg = model_config("base", objective="mlm", max_len=max_len, dropout=dropout, attention_dropout=attention_dropout,
-                       **dims)
+    cfg = model_config(
+        "base", objective="mlm", max_len=max_len, dropout=dropout, attention_dropout=attention_dropout, **dims
+    )
     return build_model(cfg, ObjectiveConfig(name="mlm"))
 
 
@@ -157,13 +163,21 @@ def build_hf(dims: dict, max_len: int, dropout: float = 0.1, attention_dropout: 
     from transformers import EsmConfig, EsmForMaskedLM
 
     config = EsmConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=dims["hidden"], num_hidden_layers=dims["num_layers"],
-        num_attention_heads=dims["heads"], intermediate_size=dims["ffn"],
-        hidden_dropout_prob=dropout, attention_probs_dropout_prob=attention_dropout,
-        emb_layer_norm_before=True, layer_norm_eps=LAYER_NORM_EPS,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=dims["hidden"],
+        num_hidden_layers=dims["num_layers"],
+        num_attention_heads=dims["heads"],
+        intermediate_size=dims["ffn"],
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=attention_dropout,
+        emb_layer_norm_before=True,
+        layer_norm_eps=LAYER_NORM_EPS,
         # ESM positions start after the padding index
-        max_position_embeddings=max_len + PAD_ID + 1, pad_token_id=PAD_ID, mask_token_id=MASK_ID,
-        position_embedding_type="absolute", token_dropout=False,
+        max_position_embeddings=max_len + PAD_ID + 1,
+        pad_token_id=PAD_ID,
+        mask_token_id=MASK_ID,
+        position_embedding_type="absolute",
+        token_dropout=False,
     )
     return EsmForMaskedLM(config)
 
@@ -181,7 +195,9 @@ def ours_fields(model) -> dict:
     enc = model.encoder
     layer = enc.layers[0]
     return {
-        "layers": len(enc.layers), "hidden": enc.embed.embedding_dim, "ffn": layer.ffn_in.out_features,
+        "layers": len(enc.layers),
+        "hidden": enc.embed.embedding_dim,
+        "ffn": layer.ffn_in.out_features,
         "heads": layer.attn.heads,
         "hidden_dropout": sorted({lay.dropout.p for lay in enc.layers}),
         "attention_dropout": sorted({lay.attn.attention_dropout for lay in enc.layers}),
@@ -189,7 +205,9 @@ def ours_fields(model) -> dict:
         "activation": enc.cfg.activation,
         "embedding_layer_norm": enc.embed_norm is not None,
         "layer_norm_eps": sorted({m.eps for m in enc.modules() if isinstance(m, torch.nn.LayerNorm)}),
-        "vocab": enc.embed.num_embeddings, "max_len": enc.cfg.max_len, "training": model.training,
+        "vocab": enc.embed.num_embeddings,
+        "max_len": enc.cfg.max_len,
+        "training": model.training,
     }
 
 
@@ -198,7 +216,8 @@ def hf_fields(model) -> dict:
     and has no activation dropout)."""
     layers = model.esm.encoder.layer
     return {
-        "layers": len(layers), "hidden": model.esm.embeddings.word_embeddings.embedding_dim,
+        "layers": len(layers),
+        "hidden": model.esm.embeddings.word_embeddings.embedding_dim,
         "ffn": layers[0].intermediate.dense.out_features,
         "heads": layers[0].attention.self.num_attention_heads,
         "hidden_dropout": sorted({m.p for lay in layers for m in (lay.attention.output.dropout, lay.output.dropout)}),
@@ -207,7 +226,8 @@ def hf_fields(model) -> dict:
         "activation": "gelu",
         "embedding_layer_norm": model.esm.embeddings.layer_norm is not None,
         "layer_norm_eps": sorted({m.eps for m in model.esm.modules() if isinstance(m, torch.nn.LayerNorm)}),
-        "vocab": model.config.vocab_size, "max_len": model.config.max_position_embeddings - PAD_ID - 1,
+        "vocab": model.config.vocab_size,
+        "max_len": model.config.max_position_embeddings - PAD_ID - 1,
         "training": model.training,
     }
 
@@ -255,8 +275,12 @@ def run_setting(args, attention_dropout: float, ours_batches, hf_batches, object
     ours = build_ours(dims, args.max_len, args.dropout, attention_dropout).to(device).train()
     hf = build_hf(dims, args.max_len, args.dropout, attention_dropout).to(device).train()
     compared = {"ours": ours_fields(ours), "hf_esm": hf_fields(hf)}
-    setting = {"dropout": args.dropout, "attention_dropout": attention_dropout, "compared": compared,
-               "differences": differences(compared["ours"], compared["hf_esm"])}
+    setting = {
+        "dropout": args.dropout,
+        "attention_dropout": attention_dropout,
+        "compared": compared,
+        "differences": differences(compared["ours"], compared["hf_esm"]),
+    }
     if setting["differences"]:
         return setting
     runs = {
@@ -281,15 +305,20 @@ def run_setting(args, attention_dropout: float, ours_batches, hf_batches, object
     for name in runs:
         if name != "hf_esm":
             per_round = [hf / t for t, hf in zip(seconds[name], seconds["hf_esm"])]
-            ratios[f"{name}_over_hf"] = {"median": round(statistics.median(per_round), 3),
-                                         "per_round": [round(x, 3) for x in per_round]}
+            ratios[f"{name}_over_hf"] = {
+                "median": round(statistics.median(per_round), 3),
+                "per_round": [round(x, 3) for x in per_round],
+            }
     setting.update(
         params={"ours": ours.num_parameters(), "hf_esm": sum(p.numel() for p in hf.parameters())},
         round_seconds={k: [round(x, 3) for x in v] for k, v in seconds.items()},
         non_pad_tokens_per_s={k: round(non_pad / statistics.median(v), 1) for k, v in seconds.items()},
         ratios=ratios,
-        bars={name: {"bar": bar, "pass": ratios[name]["median"] >= bar}
-              for name, bar in BAR_AT_ATTENTION_DROPOUT.items() if name in ratios and attention_dropout == 0.1},
+        bars={
+            name: {"bar": bar, "pass": ratios[name]["median"] >= bar}
+            for name, bar in BAR_AT_ATTENTION_DROPOUT.items()
+            if name in ratios and attention_dropout == 0.1
+        },
         design_bar={"bar": BAR, "pass": ratios["ours_over_hf"]["median"] >= BAR},
     )
     return setting
@@ -303,8 +332,11 @@ def main(argv=None) -> int:
         print(json.dumps({"bench": "vs_esm", "skipped": "transformers is not installed (pip install 'pmlm[bench]')"}))
         print("bench_vs_esm: skipped, transformers is not installed (pip install 'pmlm[bench]')")
         return 0
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     objective = ObjectiveConfig(name="mlm")
     g = torch.Generator().manual_seed(args.seed)
     # a smaller --max-len clips the distribution further: every sequence must fit HF's padded width
@@ -325,8 +357,10 @@ def main(argv=None) -> int:
         settings.append(setting)
         if setting["differences"]:
             print(json.dumps({"bench": "vs_esm", "error": "the two models differ", "setting": setting}))
-            print(f"bench_vs_esm: error: not like for like at attention dropout {attention_dropout}: "
-                  + "; ".join(setting["differences"]))
+            print(
+                f"bench_vs_esm: error: not like for like at attention dropout {attention_dropout}: "
+                + "; ".join(setting["differences"])
+            )
             return 2
     result = {
         "bench": "vs_esm",
@@ -356,13 +390,18 @@ def main(argv=None) -> int:
     dims = DIMS[args.preset]
     for setting in settings:
         tps, ratios = setting["non_pad_tokens_per_s"], setting["ratios"]
-        verdicts = [f"{name} {'PASS' if v['pass'] else 'FAIL'} (bar >= {v['bar']})"
-                    for name, v in setting["bars"].items()]
+        verdicts = [
+            f"{name} {'PASS' if v['pass'] else 'FAIL'} (bar >= {v['bar']})" for name, v in setting["bars"].items()
+        ]
         print(
             f"dropout {setting['dropout']} / attention {setting['attention_dropout']}, both models: non-pad tokens/s "
             f"ours {tps['ours']:.0f} vs HF EsmForMaskedLM {tps['hf_esm']:.0f} = {ratios['ours_over_hf']['median']:.2f}x"
-            + (f"; ours on HF's padded batches {tps['ours_on_padded']:.0f} = "
-               f"{ratios['ours_on_padded_over_hf']['median']:.2f}x" if args.control else "")
+            + (
+                f"; ours on HF's padded batches {tps['ours_on_padded']:.0f} = "
+                f"{ratios['ours_on_padded_over_hf']['median']:.2f}x"
+                if args.control
+                else ""
+            )
             + (f"; {', '.join(verdicts)}" if verdicts else "")
             + f"; {dims['num_layers']}x{dims['hidden']}, {len(seqs)} seqs, padding ours "
             f"{result['padding_fraction']['ours']:.0%} vs HF {result['padding_fraction']['hf_esm']:.0%}, "

@@ -1,2 +1,3 @@
 from pmlm.cli import main
+
 raise SystemExit(main())

@@ -40,8 +40,13 @@ ENCODER_FORMAT = "pmlm-encoder/3"
 ENCODER_V1 = "pmlm-encoder/1"
 ENCODER_V2 = "pmlm-encoder/2"
 # the layers every version-1 encoder was built with (the fields did not exist then)
-ENCODER_V1_LAYERS = {"norm": "pre", "embedding_norm": False, "activation": "gelu", "attention_dropout": 0.0,
-                     "activation_dropout": 0.0}
+ENCODER_V1_LAYERS = {
+    "norm": "pre",
+    "embedding_norm": False,
+    "activation": "gelu",
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+}
 HEAD_FORMAT = "pmlm-head/1"
 SHARDS_FORMAT = "pmlm-shards/2"
 MANIFEST = "manifest.json"
@@ -53,6 +58,7 @@ def sidecar_path(weights: str | os.PathLike) -> Path:
 
 
 # -- weights + sidecar, the layout shared by encoders and heads ----------------------------------------
+
 
 def save_weights(path: str | os.PathLike, state: dict, info: dict) -> tuple[Path, Path]:
     """``path`` (safetensors of ``state``, name -> tensor) and its ``.json`` sidecar holding ``info`` as given,
@@ -87,7 +93,9 @@ def _read_sidecar(weights: str | os.PathLike, expected_format: str | tuple[str, 
     try:
         info = json.loads(sidecar.read_text())
     except FileNotFoundError:
-        raise InputError(sidecar, f"missing: these weights need their .json sidecar (written by {written_by})") from None
+        raise InputError(
+            sidecar, f"missing: these weights need their .json sidecar (written by {written_by})"
+        ) from None
     except json.JSONDecodeError as exc:
         raise InputError(sidecar, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
     except OSError as exc:
@@ -104,11 +112,13 @@ def _check_format(path: Path, info: dict, expected: str | tuple[str, ...]) -> No
     readable = (expected,) if isinstance(expected, str) else expected
     if found is not None and found not in readable:
         names = " or ".join(repr(f) for f in readable)
-        raise InputError(path, f"format {found!r} is not the {names} this pmlm reads "
-                               "(written by another pmlm version?)")
+        raise InputError(
+            path, f"format {found!r} is not the {names} this pmlm reads (written by another pmlm version?)"
+        )
 
 
 # -- the pre-trained encoder ---------------------------------------------------------------------------
+
 
 def write_encoder(path: str | os.PathLike, state: dict, info: dict) -> tuple[Path, Path]:
     """``info``: ``model`` (ModelConfig dict), ``objective`` (ObjectiveConfig dict) and provenance."""
@@ -149,9 +159,12 @@ def read_encoder_info(weights: str | os.PathLike) -> dict:
             raise InputError(sidecar_path(weights), f"incomplete model description (no {key!r} section)")
     if info.get("format", ENCODER_V1) == ENCODER_V1:
         if info["model"].get("pair_vocab") == "full":
-            raise InputError(sidecar_path(weights), "a pmlm-encoder/1 model with pair_vocab full has a 1,024-class "
-                                                    "pair head, which this pmlm no longer builds (full is now the "
-                                                    "released dictionary squared, 729 classes); retrain it")
+            raise InputError(
+                sidecar_path(weights),
+                "a pmlm-encoder/1 model with pair_vocab full has a 1,024-class "
+                "pair head, which this pmlm no longer builds (full is now the "
+                "released dictionary squared, 729 classes); retrain it",
+            )
         info["model"] = {**ENCODER_V1_LAYERS, **info["model"]}
     return info
 
@@ -163,8 +176,8 @@ def read_encoder(weights: str | os.PathLike) -> tuple[dict, dict]:
 
 # -- the fine-tuned head -------------------------------------------------------------------------------
 
-def write_head(path: str | os.PathLike, state: dict, info: dict,
-               encoder_path: str | os.PathLike) -> tuple[Path, Path]:
+
+def write_head(path: str | os.PathLike, state: dict, info: dict, encoder_path: str | os.PathLike) -> tuple[Path, Path]:
     """``info``: ``config`` (FinetuneConfig dict), ``encoder`` (sha256, objective) and provenance;
     the encoder's path is recorded relative to the head's folder."""
     relative = os.path.relpath(Path(encoder_path).absolute(), Path(path).absolute().parent)
@@ -202,12 +215,16 @@ def head_encoder_path(head_path: str | os.PathLike, info: dict, override: str | 
     digest = file_digest(encoder)
     expected = info["encoder"].get("sha256")
     if digest != expected:
-        raise InputError(sidecar_path(head_path), f"the head was fine-tuned on an encoder with sha256 "
-                                                  f"{str(expected)[:12]}..., but {encoder} has {digest[:12]}...")
+        raise InputError(
+            sidecar_path(head_path),
+            f"the head was fine-tuned on an encoder with sha256 "
+            f"{str(expected)[:12]}..., but {encoder} has {digest[:12]}...",
+        )
     return encoder
 
 
 # -- the shard manifest --------------------------------------------------------------------------------
+
 
 def write_manifest(shards_dir: str | os.PathLike, manifest: dict) -> Path:
     """``manifest.json`` in ``shards_dir``; ``manifest`` carries ``format`` = SHARDS_FORMAT."""

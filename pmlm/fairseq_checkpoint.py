@@ -48,17 +48,43 @@ ALLOWED_GLOBALS = [argparse.Namespace]
 
 # the released dictionary: fairseq's four specials, pmlm/src/protein/dict.txt in its order, then the task's <mask>
 FAIRSEQ_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>", *"ARNDCQEGHILKMFPSTWYVX-", "<mask>")
-_FAIRSEQ_NAME = {alphabet.CLS: "<s>", alphabet.PAD: "<pad>", alphabet.EOS: "</s>", alphabet.UNK: "<unk>",
-                 alphabet.MASK: "<mask>"}  # residue letters, X and the gap are the same symbol in both
+_FAIRSEQ_NAME = {
+    alphabet.CLS: "<s>",
+    alphabet.PAD: "<pad>",
+    alphabet.EOS: "</s>",
+    alphabet.UNK: "<unk>",
+    alphabet.MASK: "<mask>",
+}  # residue letters, X and the gap are the same symbol in both
 # pair-class slot k of ours (token id k < 26, the gap at 26) -> its row in the released dictionary
-FAIRSEQ_ROW = [FAIRSEQ_SYMBOLS.index(_FAIRSEQ_NAME.get(name, name))
-               for name in (*alphabet.TOKENS[:alphabet.FULL_PAIR_SIDE - 1], alphabet.GAP)]
+FAIRSEQ_ROW = [
+    FAIRSEQ_SYMBOLS.index(_FAIRSEQ_NAME.get(name, name))
+    for name in (*alphabet.TOKENS[: alphabet.FULL_PAIR_SIDE - 1], alphabet.GAP)
+]
 
 # the released code's registered architectures (models/pmlm.py l.402-512, models/mlm.py l.360-450)
-PMLM_ARCHS = ("prot_pmlm", "prot_pmlm_base", "prot_pmlm_small", "prot_pmlm_tiny", "prot_pmlm_large", "prot_pmlm_xl",
-              "prot_pmlm_xlw", "prot_pmlm_1b", "prot_pmlm_1bw", "prot_pmlm_xbase", "prot_pmlm_finetune")
-MLM_ARCHS = ("prot_mlm", "prot_mlm_base", "prot_mlm_small", "prot_mlm_large", "prot_mlm_xl", "prot_mlm_1b",
-             "prot_mlm_xbase", "prot_mlm_finetune")
+PMLM_ARCHS = (
+    "prot_pmlm",
+    "prot_pmlm_base",
+    "prot_pmlm_small",
+    "prot_pmlm_tiny",
+    "prot_pmlm_large",
+    "prot_pmlm_xl",
+    "prot_pmlm_xlw",
+    "prot_pmlm_1b",
+    "prot_pmlm_1bw",
+    "prot_pmlm_xbase",
+    "prot_pmlm_finetune",
+)
+MLM_ARCHS = (
+    "prot_mlm",
+    "prot_mlm_base",
+    "prot_mlm_small",
+    "prot_mlm_large",
+    "prot_mlm_xl",
+    "prot_mlm_1b",
+    "prot_mlm_xbase",
+    "prot_mlm_finetune",
+)
 # --pretrain-task of the prot_pmlm task (tasks/pmlm.py l.83) -> our objective; "pmlm" trains the pair head alone
 # without the diagonal, which leaves the token head untrained and has no objective of ours
 PRETRAIN_TASKS = {"pcomb": "pmlm", "mlm": "mlm"}
@@ -68,16 +94,24 @@ ACTIVATIONS = ("relu", "gelu")
 DROPPED = {
     "encoder.sentence_encoder.embed_positions._float_tensor": "a device/dtype marker of the sinusoidal table",
     "encoder.sentence_encoder.segment_embeddings.weight": "segment embeddings; the released tasks pass no "
-                                                          "segment labels, so they are never added",
+    "segment labels, so they are never added",
     "encoder.masked_lm_pooler.weight": "the pooler of the first token, unused by the pre-training losses",
     "encoder.masked_lm_pooler.bias": "the pooler of the first token, unused by the pre-training losses",
     "encoder.sentence_projection_layer.weight": "the sentence-level head of --sent-loss, no counterpart here",
 }
-PAIR_HEAD_KEYS = ("encoder.plm_head_transform_weight.weight", "encoder.plm_head_transform_weight.bias",
-                  "encoder.p_layer_norm.weight", "encoder.p_layer_norm.bias", "encoder.pair_out.weight",
-                  "encoder.pair_out.bias")
+PAIR_HEAD_KEYS = (
+    "encoder.plm_head_transform_weight.weight",
+    "encoder.plm_head_transform_weight.bias",
+    "encoder.p_layer_norm.weight",
+    "encoder.p_layer_norm.bias",
+    "encoder.pair_out.weight",
+    "encoder.pair_out.bias",
+)
 LAYER_KEYS = {  # fairseq's TransformerSentenceEncoderLayer -> our EncoderLayer (q, k, v are joined into qkv)
-    "self_attn.out_proj": "attn.proj", "self_attn_layer_norm": "attn_norm", "fc1": "ffn_in", "fc2": "ffn_out",
+    "self_attn.out_proj": "attn.proj",
+    "self_attn_layer_norm": "attn_norm",
+    "fc1": "ffn_in",
+    "fc2": "ffn_out",
     "final_layer_norm": "ffn_norm",
 }
 
@@ -91,9 +125,12 @@ def load_checkpoint(path: Path) -> dict:
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names the first global it would not build
         if found:
-            raise InputError(path, f"refused: the pickle names {found.group(1)}, which is not on the allow-list "
-                                   "of a fairseq checkpoint (argparse.Namespace, torch tensors); nothing was "
-                                   "run") from None
+            raise InputError(
+                path,
+                f"refused: the pickle names {found.group(1)}, which is not on the allow-list "
+                "of a fairseq checkpoint (argparse.Namespace, torch tensors); nothing was "
+                "run",
+            ) from None
         raise InputError(path, f"not a readable torch checkpoint ({_first_line(exc)})") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
         raise InputError(path, f"truncated or not a torch checkpoint ({_first_line(exc)})") from None
@@ -122,24 +159,36 @@ def released_model(state: dict, path: Path) -> tuple[ModelConfig, ObjectiveConfi
     args = state.get("args")
     if not isinstance(args, argparse.Namespace):
         if "cfg" in state:
-            raise InputError(path, "a later fairseq's checkpoint ('cfg', no 'args'); the released code writes "
-                                   "fairseq 0.10.2's layout with an 'args' Namespace")
-        raise InputError(path, "not a fairseq checkpoint: no 'args' Namespace (top-level keys: "
-                               f"{', '.join(map(str, list(state)[:8])) or 'none'})")
+            raise InputError(
+                path,
+                "a later fairseq's checkpoint ('cfg', no 'args'); the released code writes "
+                "fairseq 0.10.2's layout with an 'args' Namespace",
+            )
+        raise InputError(
+            path,
+            "not a fairseq checkpoint: no 'args' Namespace (top-level keys: "
+            f"{', '.join(map(str, list(state)[:8])) or 'none'})",
+        )
     arch = _arg(args, "arch", path, str)
     if arch in PMLM_ARCHS:
         family = "prot_pmlm"
         task = getattr(args, "pretrain_task", "pcomb")  # the task's default (tasks/pmlm.py l.83)
         if task not in PRETRAIN_TASKS:
-            raise InputError(path, f"args.pretrain_task = {task!r}: the pair loss alone without the diagonal leaves "
-                                   f"the token head untrained and has no pmlm objective (supported: "
-                                   f"{', '.join(PRETRAIN_TASKS)})")
+            raise InputError(
+                path,
+                f"args.pretrain_task = {task!r}: the pair loss alone without the diagonal leaves "
+                f"the token head untrained and has no pmlm objective (supported: "
+                f"{', '.join(PRETRAIN_TASKS)})",
+            )
         objective = PRETRAIN_TASKS[task]
     elif arch in MLM_ARCHS:
         family, task, objective = "prot_mlm", None, "mlm"
     else:
-        raise InputError(path, f"args.arch = {arch!r} is not an architecture of the released PMLM code "
-                               f"(prot_pmlm_* or prot_mlm_*, e.g. prot_pmlm_1b); nothing else can be imported")
+        raise InputError(
+            path,
+            f"args.arch = {arch!r} is not an architecture of the released PMLM code "
+            f"(prot_pmlm_* or prot_mlm_*, e.g. prot_pmlm_1b); nothing else can be imported",
+        )
     for key in ("encoder_learned_pos", "no_token_positional_embeddings"):
         if _arg(args, key, path, bool):
             raise InputError(path, f"args.{key} is set: only fixed sinusoidal positions are representable")
@@ -151,34 +200,48 @@ def released_model(state: dict, path: Path) -> tuple[ModelConfig, ObjectiveConfi
         raise InputError(path, f"args.max_positions = {max_positions!r} is not an int")
     try:
         model_cfg = ModelConfig(
-            num_layers=_arg(args, "encoder_layers", path, int), hidden=_arg(args, "encoder_embed_dim", path, int),
-            ffn=_arg(args, "encoder_ffn_embed_dim", path, int), heads=_arg(args, "encoder_attention_heads", path, int),
-            max_len=max_positions, norm="post", embedding_norm=_arg(args, "encoder_normalize_before", path, bool),
-            activation=activation, dropout=float(_arg(args, "dropout", path, (int, float))),
+            num_layers=_arg(args, "encoder_layers", path, int),
+            hidden=_arg(args, "encoder_embed_dim", path, int),
+            ffn=_arg(args, "encoder_ffn_embed_dim", path, int),
+            heads=_arg(args, "encoder_attention_heads", path, int),
+            max_len=max_positions,
+            norm="post",
+            embedding_norm=_arg(args, "encoder_normalize_before", path, bool),
+            activation=activation,
+            dropout=float(_arg(args, "dropout", path, (int, float))),
             attention_dropout=float(_arg(args, "attention_dropout", path, (int, float))),
             activation_dropout=float(_arg(args, "act_dropout", path, (int, float))),
-            pair_vocab="full", positions="fairseq",
+            pair_vocab="full",
+            positions="fairseq",
         )
         mask_prob = float(getattr(args, "mask_prob", 0.15))
         random_prob = float(getattr(args, "random_token_prob", 0.1))
         kept_prob = float(getattr(args, "leave_unmasked_prob", 0.1))
-        objective_cfg = ObjectiveConfig(name=objective, mask_prob=mask_prob, random_token_prob=random_prob,
-                                        mask_token_prob=1.0 - random_prob - kept_prob)
+        objective_cfg = ObjectiveConfig(
+            name=objective,
+            mask_prob=mask_prob,
+            random_token_prob=random_prob,
+            mask_token_prob=1.0 - random_prob - kept_prob,
+        )
     except ConfigError as exc:  # a value we cannot represent
         raise InputError(path, f"args describe no representable model: {exc}") from None
     history = state.get("optimizer_history") or [{}]
     updates = history[-1].get("num_updates") if isinstance(history[-1], dict) else None
     described = {
-        "arch": arch, "model": family, "task": getattr(args, "task", None), "criterion": getattr(args, "criterion", None),
-        "pretrain_task": task, "share_encoder_input_output_embed": _arg(args, "share_encoder_input_output_embed",
-                                                                          path, bool),
+        "arch": arch,
+        "model": family,
+        "task": getattr(args, "task", None),
+        "criterion": getattr(args, "criterion", None),
+        "pretrain_task": task,
+        "share_encoder_input_output_embed": _arg(args, "share_encoder_input_output_embed", path, bool),
         "num_updates": updates,
     }
     return model_cfg, objective_cfg, described
 
 
-def tensor_plan(weights: dict, cfg: ModelConfig, objective: ObjectiveConfig, shared_embedding: bool,
-                path: Path) -> tuple[dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]], dict[str, str]]:
+def tensor_plan(
+    weights: dict, cfg: ModelConfig, objective: ObjectiveConfig, shared_embedding: bool, path: Path
+) -> tuple[dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]], dict[str, str]]:
     """Our parameter name -> (shape, producer) from the released state dict, and the released tensors left out
     (name -> why). Every released tensor is either used or listed; any other is an error naming it."""
     used: set[str] = set()
@@ -198,17 +261,21 @@ def tensor_plan(weights: dict, cfg: ModelConfig, objective: ObjectiveConfig, sha
     pre = "encoder.sentence_encoder."
     embed = get(pre + "embed_tokens.weight")
     if embed.shape[0] != len(FAIRSEQ_SYMBOLS):
-        raise InputError(path, f"{pre}embed_tokens.weight has {embed.shape[0]} rows; the released dictionary has "
-                               f"{len(FAIRSEQ_SYMBOLS)} ({' '.join(FAIRSEQ_SYMBOLS)})")
-    token_rows = FAIRSEQ_ROW[:alphabet.FULL_PAIR_SIDE - 1]  # our token ids 0..25 (the gap is no token of ours)
+        raise InputError(
+            path,
+            f"{pre}embed_tokens.weight has {embed.shape[0]} rows; the released dictionary has "
+            f"{len(FAIRSEQ_SYMBOLS)} ({' '.join(FAIRSEQ_SYMBOLS)})",
+        )
+    token_rows = FAIRSEQ_ROW[: alphabet.FULL_PAIR_SIDE - 1]  # our token ids 0..25 (the gap is no token of ours)
 
     def embedding() -> torch.Tensor:
         table = torch.zeros(alphabet.VOCAB_SIZE, cfg.hidden)  # rows past <mask> pad the vocabulary, never used
-        table[:len(token_rows)] = f32(embed[token_rows])
+        table[: len(token_rows)] = f32(embed[token_rows])
         return table
 
     plan: dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]] = {
-        "encoder.embed.weight": ((alphabet.VOCAB_SIZE, cfg.hidden), embedding)}
+        "encoder.embed.weight": ((alphabet.VOCAB_SIZE, cfg.hidden), embedding)
+    }
 
     def copy(ours: str, theirs: str) -> None:
         tensor = get(theirs)
@@ -221,8 +288,10 @@ def tensor_plan(weights: dict, cfg: ModelConfig, objective: ObjectiveConfig, sha
         theirs, ours = f"{pre}layers.{i}.", f"encoder.layers.{i}."
         for p in ("weight", "bias"):
             parts = [get(f"{theirs}self_attn.{x}_proj.{p}") for x in "qkv"]
-            plan[f"{ours}attn.qkv.{p}"] = ((3 * parts[0].shape[0], *parts[0].shape[1:]),
-                                           lambda parts=parts: f32(torch.cat(parts)))
+            plan[f"{ours}attn.qkv.{p}"] = (
+                (3 * parts[0].shape[0], *parts[0].shape[1:]),
+                lambda parts=parts: f32(torch.cat(parts)),
+            )
             for a, b in LAYER_KEYS.items():
                 copy(f"{ours}{b}.{p}", f"{theirs}{a}.{p}")
     # every objective PRETRAIN_TASKS admits trains the token head
@@ -232,7 +301,7 @@ def tensor_plan(weights: dict, cfg: ModelConfig, objective: ObjectiveConfig, sha
     copy("token_head.norm.bias", "encoder.layer_norm.bias")
     out = embed if shared_embedding else get("encoder.embed_out.weight")
     bias = get("encoder.lm_output_learned_bias")
-    residues = FAIRSEQ_ROW[alphabet.FIRST_RESIDUE_ID:alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES]
+    residues = FAIRSEQ_ROW[alphabet.FIRST_RESIDUE_ID : alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES]
     plan["token_head.out.weight"] = ((alphabet.NUM_RESIDUES, cfg.hidden), lambda: f32(out[residues]))
     plan["token_head.out.bias"] = ((alphabet.NUM_RESIDUES,), lambda: f32(bias[residues]))
     if objective.name != "mlm":
@@ -245,19 +314,30 @@ def tensor_plan(weights: dict, cfg: ModelConfig, objective: ObjectiveConfig, sha
         rows = [side * FAIRSEQ_ROW[b] + FAIRSEQ_ROW[a] for a in range(side) for b in range(side)]
         pair_w, pair_b = get("encoder.pair_out.weight"), get("encoder.pair_out.bias")
         if pair_w.shape[0] != side * side:
-            raise InputError(path, f"encoder.pair_out.weight has {pair_w.shape[0]} rows, not the released "
-                                   f"dictionary squared ({side * side})")
+            raise InputError(
+                path,
+                f"encoder.pair_out.weight has {pair_w.shape[0]} rows, not the released "
+                f"dictionary squared ({side * side})",
+            )
         plan["pair_head.out.weight"] = ((side * side, 2 * cfg.hidden), lambda: f32(pair_w[rows]))
         plan["pair_head.out.bias"] = ((side * side,), lambda: f32(pair_b[rows]))
 
     dropped = {k: why for k, why in DROPPED.items() if k in weights}
     if objective.name == "mlm":
-        dropped.update({k: "the pair head of a run trained with --pretrain-task mlm (untrained)"
-                        for k in PAIR_HEAD_KEYS if k in weights})
+        dropped.update(
+            {
+                k: "the pair head of a run trained with --pretrain-task mlm (untrained)"
+                for k in PAIR_HEAD_KEYS
+                if k in weights
+            }
+        )
     unknown = sorted(set(weights) - used - set(dropped))
     if unknown:
-        raise InputError(path, f"tensor {unknown[0]} has no counterpart in a released prot_pmlm / prot_mlm model "
-                               f"({len(unknown)} such tensors)")
+        raise InputError(
+            path,
+            f"tensor {unknown[0]} has no counterpart in a released prot_pmlm / prot_mlm model "
+            f"({len(unknown)} such tensors)",
+        )
     return plan, dropped
 
 
@@ -270,8 +350,10 @@ def import_checkpoint(ckpt: str | Path, out_dir: str | Path, expect_objective: s
     state = load_checkpoint(ckpt)
     model_cfg, objective, described = released_model(state, ckpt)
     if expect_objective is not None and objective.name != expect_objective:
-        raise InputError(ckpt, f"a {described['arch']} model trained with objective {objective.name}, not "
-                               f"{expect_objective} as expected")
+        raise InputError(
+            ckpt,
+            f"a {described['arch']} model trained with objective {objective.name}, not {expect_objective} as expected",
+        )
     weights = state.get("model")
     if not isinstance(weights, dict):
         raise InputError(ckpt, "the checkpoint has no 'model' state dict")
@@ -282,13 +364,26 @@ def import_checkpoint(ckpt: str | Path, out_dir: str | Path, expect_objective: s
     planned = {k: shape for k, (shape, _) in plan.items()}
     for key in sorted(set(expected) | set(planned)):
         if expected.get(key) != planned.get(key):
-            raise InputError(ckpt, f"{key}: the checkpoint gives shape {planned.get(key)}, the model in args needs "
-                                   f"{expected.get(key)}")
-    source = {"file": ckpt.name, "sha256": file_digest(ckpt), "size": ckpt.stat().st_size,
-              "fairseq_dictionary": list(FAIRSEQ_SYMBOLS), **described, "dropped": dropped}
-    info = {"model": model_cfg.to_dict(), "objective": asdict(objective), "step": described["num_updates"],
-            "final_scores": {"step": described["num_updates"], "split": None, "objective": objective.name},
-            "source": source, "versions": versions()}
+            raise InputError(
+                ckpt,
+                f"{key}: the checkpoint gives shape {planned.get(key)}, the model in args needs {expected.get(key)}",
+            )
+    source = {
+        "file": ckpt.name,
+        "sha256": file_digest(ckpt),
+        "size": ckpt.stat().st_size,
+        "fairseq_dictionary": list(FAIRSEQ_SYMBOLS),
+        **described,
+        "dropped": dropped,
+    }
+    info = {
+        "model": model_cfg.to_dict(),
+        "objective": asdict(objective),
+        "step": described["num_updates"],
+        "final_scores": {"step": described["num_updates"], "split": None, "objective": objective.name},
+        "source": source,
+        "versions": versions(),
+    }
     weights_path = Path(out_dir) / ENCODER_FILE
     write_encoder_tensors(weights_path, plan, info)
     return weights_path

@@ -58,8 +58,9 @@ def draw_contact_map(ax, scores, contacts=None, valid=None, *, min_sep: int = 6,
         ax.text(0.02, 0.02, f"upper: {label} (max {top_score:.2g})", transform=ax.transAxes, fontsize=7)
         return
     truth = np.where(valid, contacts.astype(float), np.nan)
-    ax.imshow(np.ma.masked_where(upper | np.isnan(truth), truth), cmap="Greys", vmin=0, vmax=1.4,
-              interpolation="nearest")
+    ax.imshow(
+        np.ma.masked_where(upper | np.isnan(truth), truth), cmap="Greys", vmin=0, vmax=1.4, interpolation="nearest"
+    )
     separation = np.subtract.outer(np.arange(length), np.arange(length))
     i, j = np.nonzero(finite & valid & (separation <= -min_sep))
     top = np.argsort(-scores[i, j], kind="stable")[:length]

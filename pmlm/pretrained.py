@@ -71,8 +71,13 @@ def encoder_configs(info: dict, weights: str | Path) -> tuple[ModelConfig, Objec
     return model_cfg, objective
 
 
-def encoder_from_state(model_cfg: ModelConfig, objective: ObjectiveConfig, state: dict, source: str | Path,
-                       described_by: str = "its description") -> PMLMModel:
+def encoder_from_state(
+    model_cfg: ModelConfig,
+    objective: ObjectiveConfig,
+    state: dict,
+    source: str | Path,
+    described_by: str = "its description",
+) -> PMLMModel:
     """The model ``model_cfg`` and ``objective`` describe, holding ``state`` (name -> tensor) exactly: every
     parameter present with its shape, nothing left over. A mismatch is a one-line error naming ``source``.
 
@@ -112,8 +117,10 @@ def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") ->
     ``model.safetensors`` or the folder holding it; callers choose the grad mode."""
     weights = artefact_file(path, ENCODER_FILE)
     if not weights.is_file():
-        raise InputError(weights, "no encoder weights here (model.safetensors with its model.json, "
-                                  "written by pmlm pretrain or pmlm import)")
+        raise InputError(
+            weights,
+            "no encoder weights here (model.safetensors with its model.json, written by pmlm pretrain or pmlm import)",
+        )
     info, state = read_encoder(weights)
     model_cfg, objective = encoder_configs(info, weights)
     model = encoder_from_state(model_cfg, objective, state, weights, sidecar_path(weights).name)
@@ -131,8 +138,13 @@ class FineTuned(NamedTuple):
     encoder_path: Path
 
 
-def load_head(path: str | os.PathLike, device: str | torch.device = "cpu", *,
-              encoder: str | os.PathLike | None = None, task: str | None = None) -> FineTuned:
+def load_head(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    encoder: str | os.PathLike | None = None,
+    task: str | None = None,
+) -> FineTuned:
     """A fine-tuned head (``head.safetensors`` or its folder) on the encoder it was trained on. The encoder is
     the one the head records (relative to the head's folder); ``encoder`` overrides it (a file or folder),
     checked by sha256 either way. With ``task`` the head must be one of that task."""
@@ -152,8 +164,9 @@ def load_head(path: str | os.PathLike, device: str | torch.device = "cpu", *,
     override = None if encoder is None else artefact_file(encoder, ENCODER_FILE)
     encoder_path = head_encoder_path(head, info, override)
     encoder_model, _, _ = load_encoder(encoder_path)
-    model = TaskModel(encoder_model, build_head(cfg, encoder_model.cfg.hidden), cfg.task, cfg.head.features,
-                      cfg.freeze_encoder)
+    model = TaskModel(
+        encoder_model, build_head(cfg, encoder_model.cfg.hidden), cfg.task, cfg.head.features, cfg.freeze_encoder
+    )
     try:
         model.trainable().load_state_dict(state)
     except RuntimeError as exc:

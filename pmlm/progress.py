@@ -69,9 +69,20 @@ class Progress:
     log with them). ``close()`` writes the final line.
     """
 
-    def __init__(self, label: str, total: int | None = None, *, unit: str = "records", start: int = 0,
-                 rates: tuple[str, ...] = (), each_tenth: bool = False, every_s: float | None = None,
-                 stream: TextIO | None = None, tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        *,
+        unit: str = "records",
+        start: int = 0,
+        rates: tuple[str, ...] = (),
+        each_tenth: bool = False,
+        every_s: float | None = None,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.label, self.total, self.unit, self.rates, self.each_tenth = label, total, unit, rates, each_tenth
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty

@@ -66,28 +66,77 @@ def arguments(argv=None) -> argparse.Namespace:
 def prepare(work: Path, args) -> Path:
     synth = work / "synth"
     if not (synth / "params.json").exists():
-        flags = ["synth", "--out", str(synth), "--families", str(args.families), "--length", str(args.length),
-                 "--sequences", str(args.sequences), "--coupling-strength", str(args.coupling_strength),
-                 "--seed", str(args.seed), "--triplets", str(args.triplets),
-                 "--triplet-strength", str(args.triplet_strength)]
+        flags = [
+            "synth",
+            "--out",
+            str(synth),
+            "--families",
+            str(args.families),
+            "--length",
+            str(args.length),
+            "--sequences",
+            str(args.sequences),
+            "--coupling-strength",
+            str(args.coupling_strength),
+            "--seed",
+            str(args.seed),
+            "--triplets",
+            str(args.triplets),
+            "--triplet-strength",
+            str(args.triplet_strength),
+        ]
         if args.edges is not None:
             flags += ["--edges", str(args.edges)]
         assert pmlm_main(flags) == 0
-        assert pmlm_main(["coevolution", "split", "--synth", str(synth), "--train", str(work / "train.fasta"),
-                          "--valid", str(work / "valid.fasta")]) == 0
-        assert pmlm_main(["tokenize", "--input", f"train={work / 'train.fasta'}", "--input",
-                          f"valid={work / 'valid.fasta'}", "--out-dir", str(work / "shards"), "--num-shards",
-                          str(args.families),
-                          "--row-group-size", "64"]) == 0
+        assert (
+            pmlm_main(
+                [
+                    "coevolution",
+                    "split",
+                    "--synth",
+                    str(synth),
+                    "--train",
+                    str(work / "train.fasta"),
+                    "--valid",
+                    str(work / "valid.fasta"),
+                ]
+            )
+            == 0
+        )
+        assert (
+            pmlm_main(
+                [
+                    "tokenize",
+                    "--input",
+                    f"train={work / 'train.fasta'}",
+                    "--input",
+                    f"valid={work / 'valid.fasta'}",
+                    "--out-dir",
+                    str(work / "shards"),
+                    "--num-shards",
+                    str(args.families),
+                    "--row-group-size",
+                    "64",
+                ]
+            )
+            == 0
+        )
     return synth
 
 
 def run_variant(name: str, overrides: list[str], synth: Path, work: Path, args, out) -> None:
     families = load_families(synth, StudyConfig())
     potts = [read_potts(synth / PARAMS_DIR / f"{family.name}.safetensors") for family in families]
-    rows = [family.heldout[:args.eval_sequences].astype(np.int64) for family in families]
-    sets = [f"objective.name={args.objective}", f"optim.total_steps={args.steps}", "save_every=0",
-            "eval_batches=5", "log_every=50", *args.set, *overrides]
+    rows = [family.heldout[: args.eval_sequences].astype(np.int64) for family in families]
+    sets = [
+        f"objective.name={args.objective}",
+        f"optim.total_steps={args.steps}",
+        "save_every=0",
+        "eval_batches=5",
+        "log_every=50",
+        *args.set,
+        *overrides,
+    ]
     cfg = TrainConfig.from_yaml(args.recipe, sets)
     clock = {"train": 0.0, "mark": time.perf_counter(), "cpu": 0.0, "cpu_mark": time.process_time()}
 
@@ -98,34 +147,52 @@ def run_variant(name: str, overrides: list[str], synth: Path, work: Path, args, 
         clock["cpu"] += time.process_time() - clock["cpu_mark"]
         was_training = model.training
         model.eval()
-        result = summarise_readouts([family_readouts({name: model}, m, r, substitution=model.token_head is not None)
-                                     for m, r in zip(potts, rows)])
+        result = summarise_readouts(
+            [
+                family_readouts({name: model}, m, r, substitution=model.token_head is not None)
+                for m, r in zip(potts, rows)
+            ]
+        )
         model.train(was_training)
         eps = result["epistasis"][name]
         loss = result["pair_logloss"][name]
-        record = {"variant": name, "overrides": overrides, "step": step, "train_s": round(clock["train"], 1),
-                  "train_cpu_s": round(clock["cpu"], 1),
-                  "spearman_planted": eps["score"].get("spearman_planted"),
-                  "spearman_planted_joint": eps["joint"].get("spearman_planted"),
-                  "spearman_all": eps["score"].get("spearman_all"),
-                  "mean_abs_planted": eps["score"].get("mean_abs_planted"),
-                  "mean_abs_unplanted": eps["score"].get("mean_abs_unplanted"),
-                  "exact_mean_abs_planted": eps["score"].get("exact_mean_abs_planted"),
-                  "substitution": eps.get("substitution"),
-                  "pair_logloss": loss, "family": {"families": args.families, "length": args.length,
-                                                    "sequences": args.sequences,
-                                                    "coupling_strength": args.coupling_strength,
-                                                    "triplets": args.triplets, "seed": args.seed}}
+        record = {
+            "variant": name,
+            "overrides": overrides,
+            "step": step,
+            "train_s": round(clock["train"], 1),
+            "train_cpu_s": round(clock["cpu"], 1),
+            "spearman_planted": eps["score"].get("spearman_planted"),
+            "spearman_planted_joint": eps["joint"].get("spearman_planted"),
+            "spearman_all": eps["score"].get("spearman_all"),
+            "mean_abs_planted": eps["score"].get("mean_abs_planted"),
+            "mean_abs_unplanted": eps["score"].get("mean_abs_unplanted"),
+            "exact_mean_abs_planted": eps["score"].get("exact_mean_abs_planted"),
+            "substitution": eps.get("substitution"),
+            "pair_logloss": loss,
+            "family": {
+                "families": args.families,
+                "length": args.length,
+                "sequences": args.sequences,
+                "coupling_strength": args.coupling_strength,
+                "triplets": args.triplets,
+                "seed": args.seed,
+            },
+        }
         if "triple_epistasis" in result and name in result["triple_epistasis"]:
             record["triple_epistasis"] = result["triple_epistasis"][name]
             record["triple_logloss"] = result["triple_logloss"][name]
         out.write(json.dumps(record) + "\n")
         out.flush()
-        print(f"{name} step {step}: spearman planted {record['spearman_planted']:.3f} (joint "
-              f"{record['spearman_planted_joint']:.3f}), |eps| planted {record['mean_abs_planted']:.3f} unplanted "
-              f"{record['mean_abs_unplanted']:.3f} (exact {record['exact_mean_abs_planted']:.3f}), substitution "
-              f"{(record['substitution'] or {}).get('spearman_planted', float('nan')):.3f}, "
-              f"train {clock['train']:.0f} s ({clock['cpu']:.0f} CPU-s)", file=sys.stderr, flush=True)
+        print(
+            f"{name} step {step}: spearman planted {record['spearman_planted']:.3f} (joint "
+            f"{record['spearman_planted_joint']:.3f}), |eps| planted {record['mean_abs_planted']:.3f} unplanted "
+            f"{record['mean_abs_unplanted']:.3f} (exact {record['exact_mean_abs_planted']:.3f}), substitution "
+            f"{(record['substitution'] or {}).get('spearman_planted', float('nan')):.3f}, "
+            f"train {clock['train']:.0f} s ({clock['cpu']:.0f} CPU-s)",
+            file=sys.stderr,
+            flush=True,
+        )
         clock["mark"], clock["cpu_mark"] = time.perf_counter(), time.process_time()
 
     run_dir = work / "runs" / name

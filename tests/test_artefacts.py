@@ -57,7 +57,10 @@ def test_sidecar_without_format_reads_as_version_1(tmp_path):
 def test_unknown_format_and_missing_sections_are_one_line_errors(tmp_path):
     path = tmp_path / "model.safetensors"
     save_weights(path, _weights(1), {"format": "pmlm-encoder/9", "model": {}, "objective": {}})
-    with pytest.raises(InputError, match=r"model.json: format 'pmlm-encoder/9' is not the 'pmlm-encoder/1' or 'pmlm-encoder/2' or 'pmlm-encoder/3'"):
+    with pytest.raises(
+        InputError,
+        match=r"model.json: format 'pmlm-encoder/9' is not the 'pmlm-encoder/1' or 'pmlm-encoder/2' or 'pmlm-encoder/3'",
+    ):
         read_encoder(path)
     save_weights(path, _weights(1), {"format": ENCODER_FORMAT, "model": {}})
     with pytest.raises(InputError, match=r"model.json: incomplete model description \(no 'objective' section\)"):
@@ -81,8 +84,10 @@ def test_head_records_its_encoder_relative_to_its_folder(tmp_path, monkeypatch):
     moved = tmp_path / "moved"
     (tmp_path / "results").rename(moved)  # the folder moves whole
     monkeypatch.chdir(moved)
-    assert head_encoder_path(moved / "finetune" / "head.safetensors", saved).resolve() == (
-        moved / "pretrain" / "model.safetensors").resolve()
+    assert (
+        head_encoder_path(moved / "finetune" / "head.safetensors", saved).resolve()
+        == (moved / "pretrain" / "model.safetensors").resolve()
+    )
 
 
 def test_old_head_paths_relative_to_the_working_directory_still_resolve(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ def mixed_batch(lengths: list[int], width: int, seed: int) -> torch.Tensor:
         if n == 0:
             continue
         tokens[row, 0] = CLS_ID
-        tokens[row, 1:1 + n] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
+        tokens[row, 1 : 1 + n] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
         tokens[row, 1 + n] = EOS_ID
     return tokens
 
@@ -115,7 +115,7 @@ def test_reference_varlen_attention_is_per_sequence_sdpa():
     cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
     out = reference_varlen_attention(q, k, v, cu)
     for start, end in ((0, 5), (5, 12)):
-        scores = torch.einsum("qhd,khd->hqk", q[start:end], k[start:end]) / 8 ** 0.5
+        scores = torch.einsum("qhd,khd->hqk", q[start:end], k[start:end]) / 8**0.5
         expected = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[start:end])
         torch.testing.assert_close(out[start:end], expected)
 
@@ -193,7 +193,9 @@ def test_packed_model_on_cuda_matches_the_padded_model_under_bf16(objective):
         model.zero_grad(set_to_none=True)
         model.encoder.attention = layout
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = pretraining_losses(model, tokens, ObjectiveConfig(name=objective), torch.Generator("cuda").manual_seed(0))
+            out = pretraining_losses(
+                model, tokens, ObjectiveConfig(name=objective), torch.Generator("cuda").manual_seed(0)
+            )
         out["loss"].backward()
         losses[layout] = out["loss"].item()
         grads[layout] = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])

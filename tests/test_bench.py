@@ -42,7 +42,9 @@ def test_throughput_smoke_run_writes_its_tables(tmp_path, shard_dir):
     result = json.loads(out.with_suffix(".json").read_text())
     assert "| tiny | 64 | ours | pmlm | packed |" in out.with_suffix(".md").read_text()
     ours = [r for r in result["rows"] if r["model"] == "ours"]
-    assert {(r["objective"], r["layout"]) for r in ours} == {(o, lay) for o in ("mlm", "pmlm") for lay in ("padded", "packed")}
+    assert {(r["objective"], r["layout"]) for r in ours} == {
+        (o, lay) for o in ("mlm", "pmlm") for lay in ("padded", "packed")
+    }
     for row in ours:
         assert row["non_pad_tokens_per_s"] > 0 and 0 < row["mfu"] and row["padding_fraction"] > 0
     by = {(r["objective"], r["layout"]): r for r in ours}
@@ -72,8 +74,20 @@ def test_throughput_smoke_run_on_synthetic_lengths_without_a_peak(tmp_path):
 def test_pair_memory_step_share_on_cpu(tmp_path):
     pair = load("bench_pair_memory")
     out = tmp_path / "pair.json"
-    args = ["--quick", "--hidden", "64", "--ref-lengths", "64", "--step-share", "--share-batch", "2",
-            "--device", "cpu", "--out", str(out)]
+    args = [
+        "--quick",
+        "--hidden",
+        "64",
+        "--ref-lengths",
+        "64",
+        "--step-share",
+        "--share-batch",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     assert pair.main(args) == 0
     share = json.loads(out.read_text())["step_share"]
     assert 0 < share["pair_loss_over_pmlm_step"] < 1
@@ -109,7 +123,8 @@ def test_vs_esm_guard_names_every_difference():
     assert vs_esm.differences(ours, dict(ours)) == []
     hf = {**ours, "attention_dropout": [0.0], "layer_norm_eps": [1e-12]}
     assert vs_esm.differences(ours, hf) == [
-        "attention_dropout: ours [0.1], HF [0.0]", "layer_norm_eps: ours None, HF [1e-12]",
+        "attention_dropout: ours [0.1], HF [0.0]",
+        "layer_norm_eps: ours None, HF [1e-12]",
     ]
 
 
@@ -140,8 +155,32 @@ def test_vs_esm_builds_like_for_like_models_and_refuses_others(capsys, monkeypat
 
 def test_triple_bench_at_toy_dims(capsys):
     triple = load("bench_triple")
-    assert triple.main(["--layers", "1", "--hidden", "16", "--ffn", "32", "--heads", "2", "--length", "64",
-                        "--naive-lengths", "40", "56", "--warmup", "0", "--steps", "1", "--threads", "1"]) == 0
+    assert (
+        triple.main(
+            [
+                "--layers",
+                "1",
+                "--hidden",
+                "16",
+                "--ffn",
+                "32",
+                "--heads",
+                "2",
+                "--length",
+                "64",
+                "--naive-lengths",
+                "40",
+                "56",
+                "--warmup",
+                "0",
+                "--steps",
+                "1",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out.splitlines()[0])
     assert set(result["steps"]["median_step_s"]) == {"mlm", "pmlm", "tmlm"}
     mem = result["memory"]

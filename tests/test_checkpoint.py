@@ -29,8 +29,10 @@ def _state(step: int) -> dict:
     # the shapes of a real state: optimizer tensors keyed by name, ints, floats, lists, byte tensors
     return {
         "step": step,
-        "optimizer": {"state": {"encoder.w": {"step": torch.tensor(float(step)), "exp_avg": torch.ones(4, 3)}},
-                      "param_groups": [{"lr": 1e-3, "betas": [0.9, 0.98], "params": ["encoder.w"]}]},
+        "optimizer": {
+            "state": {"encoder.w": {"step": torch.tensor(float(step)), "exp_avg": torch.ones(4, 3)}},
+            "param_groups": [{"lr": 1e-3, "betas": [0.9, 0.98], "params": ["encoder.w"]}],
+        },
         "ranks": [{"generator": torch.Generator().manual_seed(step).get_state(), "loader": {"epoch": 1, "batch": 3}}],
     }
 

@@ -21,7 +21,10 @@ def test_a_usage_error_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["extract", "archive.tar"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err == "pmlm extract: error: the following arguments are required: member, -o/--output (see --help)\n"
+    assert (
+        capsys.readouterr().err
+        == "pmlm extract: error: the following arguments are required: member, -o/--output (see --help)\n"
+    )
 
 
 def test_the_engine_runs_and_its_errors_are_one_line(tmp_path, capsys):

@@ -223,8 +223,14 @@ def test_every_readout_averages_over_the_same_heldout_sequences():
     models = {"mlm": _model("mlm"), "pmlm": _model("pmlm")}
     cfg = StudyConfig(sequences=3, chain_rule=1, head_steps=2)
     result = evaluate_models(fams, models, cfg)
-    expected = {"pair_head_mi_apc", "pair_head_kl_apc", "chain_rule_mi_apc", "attention_apc", "supervised_m",
-                "supervised_mplus"}
+    expected = {
+        "pair_head_mi_apc",
+        "pair_head_kl_apc",
+        "chain_rule_mi_apc",
+        "attention_apc",
+        "supervised_m",
+        "supervised_mplus",
+    }
     for fam in fams:
         used = result["sequences"][fam.name]
         assert set(used) == expected
@@ -255,8 +261,24 @@ def test_paired_test_exact_and_sampled():
 
 
 def _synth(out: Path, families: int, sequences: int, seed: int, length: int = 32) -> Path:
-    assert main(["synth", "--out", str(out), "--families", str(families), "--length", str(length),
-                 "--sequences", str(sequences), "--seed", str(seed)]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "--out",
+                str(out),
+                "--families",
+                str(families),
+                "--length",
+                str(length),
+                "--sequences",
+                str(sequences),
+                "--seed",
+                str(seed),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -265,21 +287,39 @@ def test_split_is_per_sequence_deterministic_and_complete(tmp_path):
     a = [tmp_path / "a_train.fasta", tmp_path / "a_valid.fasta"]
     b = [tmp_path / "b_train.fasta", tmp_path / "b_valid.fasta"]
     for train, valid in (a, b):
-        assert main(["coevolution", "split", "--synth", str(synth), "--train", str(train), "--valid", str(valid),
-                     "--valid-fraction", "0.2"]) == 0
+        assert (
+            main(
+                [
+                    "coevolution",
+                    "split",
+                    "--synth",
+                    str(synth),
+                    "--train",
+                    str(train),
+                    "--valid",
+                    str(valid),
+                    "--valid-fraction",
+                    "0.2",
+                ]
+            )
+            == 0
+        )
     assert a[0].read_text() == b[0].read_text() and a[1].read_text() == b[1].read_text()
-    headers = {side: [line for line in path.read_text().splitlines() if line.startswith(">")]
-               for side, path in zip(("train", "valid"), a)}
+    headers = {
+        side: [line for line in path.read_text().splitlines() if line.startswith(">")]
+        for side, path in zip(("train", "valid"), a)
+    }
     assert len(headers["train"]) + len(headers["valid"]) == 400
     assert 40 < len(headers["valid"]) < 120
     for line in headers["train"] + headers["valid"]:
         name, cluster, family = line[1:].split()
-        assert cluster == family.replace("family=", "cluster=") and name.startswith(family[len("family="):])
+        assert cluster == family.replace("family=", "cluster=") and name.startswith(family[len("family=") :])
     for line in headers["valid"]:
         assert heldout_draw(line[1:].split()[0], 0) < 0.2
     families = load_families(synth, StudyConfig(valid_fraction=0.2))
-    assert [len(f.heldout) for f in families] == [sum(h.split()[2] == f"family={f.name}" for h in headers["valid"])
-                                                  for f in families]
+    assert [len(f.heldout) for f in families] == [
+        sum(h.split()[2] == f"family={f.name}" for h in headers["valid"]) for f in families
+    ]
     assert all(f.train.shape[1] == f.length == 32 and f.contacts.sum() == 2 * 32 for f in families)
 
 
@@ -308,36 +348,65 @@ def test_bad_inputs_name_file_and_line(tmp_path):
 def test_report_aggregates_over_seeds(tmp_path):
     def doc(seed, pair, chain, heads):
         metrics = lambda p: {"p_at_edges": p, "p_at_l5": p, "chance": 0.1}  # noqa: E731
-        per_family = {f"f{k}": {"supervised_m": {"mlm": metrics(heads[0][k]), "pmlm": metrics(heads[1][k])},
-                                "supervised_mplus": {"pmlm": metrics(heads[2][k])}} for k in range(2)}
+        per_family = {
+            f"f{k}": {
+                "supervised_m": {"mlm": metrics(heads[0][k]), "pmlm": metrics(heads[1][k])},
+                "supervised_mplus": {"pmlm": metrics(heads[2][k])},
+            }
+            for k in range(2)
+        }
         return {
-            "seed": seed, "families": {"f0": {}, "f1": {}}, "config": {"sequences": 8},
-            "costs": {"pair_head_mi_apc": {"forwards_per_sequence": 496.0},
-                      "chain_rule_mi_apc": {"forwards_per_sequence": 20336.0}},
+            "seed": seed,
+            "families": {"f0": {}, "f1": {}},
+            "config": {"sequences": 8},
+            "costs": {
+                "pair_head_mi_apc": {"forwards_per_sequence": 496.0},
+                "chain_rule_mi_apc": {"forwards_per_sequence": 20336.0},
+            },
             "pretraining": {"pmlm": {"acc_mlm": 0.5, "acc_pmlm": 0.3, "dacc": 0.05}, "mlm": {"acc_mlm": 0.4}},
-            "summary": {"pair_head_mi_apc": {"pmlm": metrics(pair)}, "chain_rule_mi_apc": {"mlm": metrics(chain)},
-                        "msa_mi_apc": {"msa": metrics(0.9)},
-                        "supervised_m": {"mlm": metrics(np.mean(heads[0])), "pmlm": metrics(np.mean(heads[1]))},
-                        "supervised_mplus": {"pmlm": metrics(np.mean(heads[2]))}},
+            "summary": {
+                "pair_head_mi_apc": {"pmlm": metrics(pair)},
+                "chain_rule_mi_apc": {"mlm": metrics(chain)},
+                "msa_mi_apc": {"msa": metrics(0.9)},
+                "supervised_m": {"mlm": metrics(np.mean(heads[0])), "pmlm": metrics(np.mean(heads[1]))},
+                "supervised_mplus": {"pmlm": metrics(np.mean(heads[2]))},
+            },
             "per_family": per_family,
-            "dependence": {"pair_head": {"pmlm": {"kl": {"median_planted": 2.0, "median_non_planted": 1.0,
-                                                         "ratio": 2.0}}}},
-            "dependence_values": {"pair_head": {"pmlm": {"kl": {"planted": [1.0, 2.0], "non_planted": [0.5]}}},
-                                  "chain_rule": {"mlm": {"kl": {"planted": [0.1], "non_planted": [0.01]}}}},
-            "exact": {"summary": {
-                "epistasis": {"pmlm": {"score": {"spearman_planted": pair, "mean_abs_planted": 1.0,
-                                                 "exact_mean_abs_planted": 1.5}},
-                              "mlm": {"score": {"spearman_planted": 0.0, "mean_abs_planted": 0.0,
-                                                "exact_mean_abs_planted": 1.5}}},
-                "pair_logloss": {"pmlm": {"joint": {"planted": {"ce": 2.5, "entropy": 2.0, "gap": 0.5}},
-                                          "product": {"planted": {"ce": 2.7, "entropy": 2.0, "gap": 0.7}}},
-                                 "mlm": {"product": {"planted": {"ce": 2.6, "entropy": 2.0, "gap": 0.6}}}}}},
+            "dependence": {
+                "pair_head": {"pmlm": {"kl": {"median_planted": 2.0, "median_non_planted": 1.0, "ratio": 2.0}}}
+            },
+            "dependence_values": {
+                "pair_head": {"pmlm": {"kl": {"planted": [1.0, 2.0], "non_planted": [0.5]}}},
+                "chain_rule": {"mlm": {"kl": {"planted": [0.1], "non_planted": [0.01]}}},
+            },
+            "exact": {
+                "summary": {
+                    "epistasis": {
+                        "pmlm": {
+                            "score": {"spearman_planted": pair, "mean_abs_planted": 1.0, "exact_mean_abs_planted": 1.5}
+                        },
+                        "mlm": {
+                            "score": {"spearman_planted": 0.0, "mean_abs_planted": 0.0, "exact_mean_abs_planted": 1.5}
+                        },
+                    },
+                    "pair_logloss": {
+                        "pmlm": {
+                            "joint": {"planted": {"ce": 2.5, "entropy": 2.0, "gap": 0.5}},
+                            "product": {"planted": {"ce": 2.7, "entropy": 2.0, "gap": 0.7}},
+                        },
+                        "mlm": {"product": {"planted": {"ce": 2.6, "entropy": 2.0, "gap": 0.6}}},
+                    },
+                }
+            },
         }
 
     # heads per family: (MLM M, PMLM M, PMLM M+); PMLM M+ beats MLM on all 6 (seed, family) units,
     # PMLM M on 3 of 6 by as much as it loses on the others
-    heads = {1: ([0.2, 0.3], [0.3, 0.2], [0.4, 0.5]), 2: ([0.1, 0.2], [0.2, 0.1], [0.3, 0.3]),
-             3: ([0.3, 0.3], [0.4, 0.2], [0.5, 0.4])}
+    heads = {
+        1: ([0.2, 0.3], [0.3, 0.2], [0.4, 0.5]),
+        2: ([0.1, 0.2], [0.2, 0.1], [0.3, 0.3]),
+        3: ([0.3, 0.3], [0.4, 0.2], [0.5, 0.4]),
+    }
     paths = []
     for seed, pair, chain in ((1, 0.2, 0.5), (2, 0.4, 0.3), (3, 0.6, 0.1)):
         path = tmp_path / f"r{seed}.json"
@@ -361,9 +430,22 @@ def test_report_aggregates_over_seeds(tmp_path):
     assert sup["PMLM, M"]["vs_mlm_difference"] == pytest.approx(0.0, abs=1e-12)
     assert sup["PMLM, M"]["vs_mlm_p"] == pytest.approx(1.0)
     assert main(["coevolution", "report", "--results", *paths, "--out-prefix", str(tmp_path / "t")]) == 0
-    for name in ("t.csv", "t.md", "t.tex", "t.html", "t.png", "t.svg",
-                 "t_supervised.csv", "t_supervised.md", "t_supervised.tex", "t_supervised.html",
-                 "t_exact.csv", "t_exact.md", "t_exact.tex", "t_exact.html"):
+    for name in (
+        "t.csv",
+        "t.md",
+        "t.tex",
+        "t.html",
+        "t.png",
+        "t.svg",
+        "t_supervised.csv",
+        "t_supervised.md",
+        "t_supervised.tex",
+        "t_supervised.html",
+        "t_exact.csv",
+        "t_exact.md",
+        "t_exact.tex",
+        "t_exact.html",
+    ):
         assert (tmp_path / name).stat().st_size > 0
     exact = {r["measure"]: r for r in exact_rows(docs)}
     rho = exact["epistasis rank correlation, planted pairs (as pmlm score computes it)"]
@@ -377,8 +459,10 @@ def test_report_aggregates_over_seeds(tmp_path):
     with pytest.raises(InputError, match="seed 1 already"):
         load_results([paths[0], paths[0]])
     (tmp_path / "bad.json").write_text("{}")
-    assert main(["coevolution", "report", "--results", str(tmp_path / "bad.json"), "--out-prefix",
-                 str(tmp_path / "u")]) == 2
+    assert (
+        main(["coevolution", "report", "--results", str(tmp_path / "bad.json"), "--out-prefix", str(tmp_path / "u")])
+        == 2
+    )
     assert not (tmp_path / "u.csv").exists()
 
 
@@ -411,33 +495,103 @@ def test_ci_study_pair_head_ranks_planted_couplings_above_chance(tmp_path):
     seed, steps = 1, 800
     root = tmp_path
     _synth(root / "synth", families=2, sequences=1000, seed=seed)
-    assert main(["coevolution", "split", "--synth", str(root / "synth"), "--train", str(root / "train.fasta"),
-                 "--valid", str(root / "valid.fasta")]) == 0
-    assert main(["tokenize", "--input", f"train={root / 'train.fasta'}", "--input", f"valid={root / 'valid.fasta'}",
-                 "--out-dir", str(root / "shards"), "--num-shards", "2", "--row-group-size", "32"]) == 0
+    assert (
+        main(
+            [
+                "coevolution",
+                "split",
+                "--synth",
+                str(root / "synth"),
+                "--train",
+                str(root / "train.fasta"),
+                "--valid",
+                str(root / "valid.fasta"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "tokenize",
+                "--input",
+                f"train={root / 'train.fasta'}",
+                "--input",
+                f"valid={root / 'valid.fasta'}",
+                "--out-dir",
+                str(root / "shards"),
+                "--num-shards",
+                "2",
+                "--row-group-size",
+                "32",
+            ]
+        )
+        == 0
+    )
     for objective in ("pmlm", "mlm"):
-        sets = [f"objective.name={objective}", f"seed={seed}", f"optim.total_steps={steps}",
-                f"optim.warmup_steps={steps // 10}", "data.tokens_per_batch=2048", "save_every=0", "eval_batches=10"]
-        args = ["pretrain", "--config", str(RECIPE), "--shards", str(root / "shards"), "--out", str(root / objective),
-                "--final", str(root / f"{objective}.safetensors")]
+        sets = [
+            f"objective.name={objective}",
+            f"seed={seed}",
+            f"optim.total_steps={steps}",
+            f"optim.warmup_steps={steps // 10}",
+            "data.tokens_per_batch=2048",
+            "save_every=0",
+            "eval_batches=10",
+        ]
+        args = [
+            "pretrain",
+            "--config",
+            str(RECIPE),
+            "--shards",
+            str(root / "shards"),
+            "--out",
+            str(root / objective),
+            "--final",
+            str(root / f"{objective}.safetensors"),
+        ]
         for item in sets:
             args += ["--set", item]
         assert main(args) == 0
-    assert main(["coevolution", "--synth", str(root / "synth"), "--mlm", str(root / "mlm.safetensors"),
-                 "--pmlm", str(root / "pmlm.safetensors"), "--seed", str(seed), "--out-prefix", str(root / "seed1"),
-                 "--sequences", "16", "--chain-rule", "0", "--head-steps", "200"]) == 0
+    assert (
+        main(
+            [
+                "coevolution",
+                "--synth",
+                str(root / "synth"),
+                "--mlm",
+                str(root / "mlm.safetensors"),
+                "--pmlm",
+                str(root / "pmlm.safetensors"),
+                "--seed",
+                str(seed),
+                "--out-prefix",
+                str(root / "seed1"),
+                "--sequences",
+                "16",
+                "--chain-rule",
+                "0",
+                "--head-steps",
+                "200",
+            ]
+        )
+        == 0
+    )
     result = json.loads((root / "seed1.json").read_text())
     summary = result["summary"]
     pair = summary["pair_head_mi_apc"]["pmlm"]
     chance = pair["chance"]
-    heads = {f"{r}/{m}": summary[r][m]["p_at_edges"] for r, m in (("supervised_m", "mlm"), ("supervised_m", "pmlm"),
-                                                                   ("supervised_mplus", "pmlm"))}
-    print(f"CI study: pair head P@#edges {pair['p_at_edges']:.3f} P@L/5 {pair['p_at_l5']:.3f}; "
-          f"attention MLM {summary['attention_apc']['mlm']['p_at_edges']:.3f} "
-          f"PMLM {summary['attention_apc']['pmlm']['p_at_edges']:.3f}; supervised "
-          + ", ".join(f"{k} {v:.3f}" for k, v in heads.items())
-          + f"; MSA {summary['msa_mi_apc']['msa']['p_at_edges']:.3f}; chance {chance:.3f}; "
-          f"dAcc {result['pretraining']['pmlm']['dacc']:.4f}")
+    heads = {
+        f"{r}/{m}": summary[r][m]["p_at_edges"]
+        for r, m in (("supervised_m", "mlm"), ("supervised_m", "pmlm"), ("supervised_mplus", "pmlm"))
+    }
+    print(
+        f"CI study: pair head P@#edges {pair['p_at_edges']:.3f} P@L/5 {pair['p_at_l5']:.3f}; "
+        f"attention MLM {summary['attention_apc']['mlm']['p_at_edges']:.3f} "
+        f"PMLM {summary['attention_apc']['pmlm']['p_at_edges']:.3f}; supervised "
+        + ", ".join(f"{k} {v:.3f}" for k, v in heads.items())
+        + f"; MSA {summary['msa_mi_apc']['msa']['p_at_edges']:.3f}; chance {chance:.3f}; "
+        f"dAcc {result['pretraining']['pmlm']['dacc']:.4f}"
+    )
     assert 0 < chance < 0.2
     assert pair["p_at_edges"] >= PAIR_HEAD_OVER_CHANCE * chance
     assert summary["msa_mi_apc"]["msa"]["p_at_edges"] > 0.6  # the couplings are there to be found

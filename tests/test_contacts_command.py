@@ -31,22 +31,33 @@ from pmlm.tokens import batch_tokens
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     root = tmp_path_factory.mktemp("contacts")
     encoder = tiny_encoder(root / "enc" / "pmlm" / "model.safetensors", max_len=26)  # window 24
     structures = write_structures(root / "chains.jsonl", 6, seed=3, lengths=(12, 20))
-    cfg = FinetuneConfig.from_dict(recipe(head={"kind": "linear", "features": "M+"}, optim__total_steps=2,
-                                          optim__warmup_steps=0, save_every=0, data__crop=16))
+    cfg = FinetuneConfig.from_dict(
+        recipe(
+            head={"kind": "linear", "features": "M+"},
+            optim__total_steps=2,
+            optim__warmup_steps=0,
+            save_every=0,
+            data__crop=16,
+        )
+    )
     head = root / "heads" / "contact" / "head.safetensors"
     assert finetune(cfg, encoder, structures, root / "run", head) == 0
     chains = [json.loads(line) for line in structures.read_text().splitlines()]
     seqs = {f"{c['id']}_{c['chain']}": c["seq"] for c in chains[:2]}
     seqs["long"] = random_letters(60, seed=5)
-    return {"encoder": encoder, "head": head, "structures": structures, "seqs": seqs,
-            "fasta": write_fasta(root / "in.fasta", seqs), "mlm": tiny_encoder(root / "mlm" / "model.safetensors",
-                                                                              objective="mlm", max_len=26)}
+    return {
+        "encoder": encoder,
+        "head": head,
+        "structures": structures,
+        "seqs": seqs,
+        "fasta": write_fasta(root / "in.fasta", seqs),
+        "mlm": tiny_encoder(root / "mlm" / "model.safetensors", objective="mlm", max_len=26),
+    }
 
 
 def _tsv(path) -> list[dict]:
@@ -56,8 +67,23 @@ def _tsv(path) -> list[dict]:
 
 def test_readout_maps_match_the_evaluation_readout(tmp_path, case):
     out = tmp_path / "maps"
-    assert main(["contacts", str(case["encoder"]), str(case["fasta"]), "-o", str(out), "--png",
-                 "--structure", str(case["structures"]), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "contacts",
+                str(case["encoder"]),
+                str(case["fasta"]),
+                "-o",
+                str(out),
+                "--png",
+                "--structure",
+                str(case["structures"]),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     names = sorted(case["seqs"])
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.{ext}" for n in names for ext in ("tsv", "npz", "png"))
     model, *_ = load_encoder(case["encoder"])
@@ -70,7 +96,7 @@ def test_readout_maps_match_the_evaluation_readout(tmp_path, case):
         assert len(rows) == len(letters) * (len(letters) - 1) // 2
         values = np.array([float(r["score"]) for r in rows])
         finite = values[np.isfinite(values)]
-        assert np.all(np.diff(finite) <= 0) and np.isnan(values[len(finite):]).all()  # highest first, NaN last
+        assert np.all(np.diff(finite) <= 0) and np.isnan(values[len(finite) :]).all()  # highest first, NaN last
         for r in rows[:5]:
             i, j = int(r["i"]) - 1, int(r["j"]) - 1
             assert (r["residue_i"], r["residue_j"]) == (letters[i], letters[j])
@@ -88,8 +114,22 @@ def test_readout_maps_match_the_evaluation_readout(tmp_path, case):
 
 def test_head_probabilities_and_a_moved_head(tmp_path, case):
     out = tmp_path / "maps"
-    assert main(["contacts", str(case["encoder"].parent), str(case["fasta"]), "-o", str(out),
-                 "--head", str(case["head"].parent), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "contacts",
+                str(case["encoder"].parent),
+                str(case["fasta"]),
+                "-o",
+                str(out),
+                "--head",
+                str(case["head"].parent),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     task_model = load_head(case["head"]).model
     letters = next(iter(case["seqs"].values()))
     name = next(iter(case["seqs"]))
@@ -129,8 +169,10 @@ def test_import_pmlm_does_not_load_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("problem", ["mlm_no_head", "other_encoder", "unknown_residue", "not_contact_head",
-                                     "missing_head", "sequence_differs"])
+@pytest.mark.parametrize(
+    "problem",
+    ["mlm_no_head", "other_encoder", "unknown_residue", "not_contact_head", "missing_head", "sequence_differs"],
+)
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
     encoder, fasta, extra = case["encoder"], case["fasta"], []
     if problem == "mlm_no_head":

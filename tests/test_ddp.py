@@ -81,8 +81,10 @@ def _config(fsdp: bool = False, attention: str = "auto") -> dict:
 def shard_case(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
     # two leading residues spell the row number, so every row is unique and names its record
-    train = [np.concatenate([[4 + i % 20, 4 + i // 20], s]).astype(np.uint8)
-             for i, s in enumerate(make_sequences(192, seed=3, max_len=50))]
+    train = [
+        np.concatenate([[4 + i % 20, 4 + i // 20], s]).astype(np.uint8)
+        for i, s in enumerate(make_sequences(192, seed=3, max_len=50))
+    ]
     valid = make_sequences(48, seed=4)
     shards = write_shards(root / "shards", {"train": train, "valid": valid}, files=2, rows_per_group=8)
     (root / "driver.py").write_text(DRIVER)
@@ -102,10 +104,23 @@ def ddp_case(request, shard_case):
     return root / request.param, shards, cfg_path
 
 
-def _torchrun(cfg_path: Path, shards: Path, out: Path, stop_at: int = -1, ranks: int = 2) -> subprocess.CompletedProcess:
+def _torchrun(
+    cfg_path: Path, shards: Path, out: Path, stop_at: int = -1, ranks: int = 2
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-           str(cfg_path.parent / "driver.py"), str(cfg_path), str(shards), str(out), str(stop_at)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        str(cfg_path.parent / "driver.py"),
+        str(cfg_path),
+        str(shards),
+        str(out),
+        str(stop_at),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cfg_path.parent)
 
 
@@ -129,9 +144,17 @@ def test_two_ranks_share_weights_and_split_the_data(ddp_case):
     cfg = TrainConfig.from_dict(_config())
     for rank, report in enumerate(reports):
         assert [b["step"] for b in report["seen"]] == [s for s in range(STEPS) for _ in range(GRAD_ACCUM)]
-        expected = ShardStream(shards, "train", tokens_per_batch=cfg.data.tokens_per_batch, max_len=cfg.max_len,
-                               buffer_rows=cfg.data.buffer_rows, seed=cfg.seed, rank=rank, world_size=2,
-                               pad_to_multiple=cfg.data.pad_to_multiple)
+        expected = ShardStream(
+            shards,
+            "train",
+            tokens_per_batch=cfg.data.tokens_per_batch,
+            max_len=cfg.max_len,
+            buffer_rows=cfg.data.buffer_rows,
+            seed=cfg.seed,
+            rank=rank,
+            world_size=2,
+            pad_to_multiple=cfg.data.pad_to_multiple,
+        )
         for b in report["seen"]:
             assert b["tokens"] == expected.next_batch().tokens.tolist()
     assert all(b["epoch"] == 0 for r in reports for b in r["seen"])  # so disjointness must hold

@@ -19,7 +19,12 @@ from pmlm.model import ObjectiveConfig, PMLMModel, model_config, pretraining_los
 from pmlm.pretrained import build_model
 from pmlm.model import dropout_attention as kernel
 from pmlm.model.attention import (
-    flash_usable, jagged_attention, pack, packed_kernel_usable, reference_varlen_attention, unpack,
+    flash_usable,
+    jagged_attention,
+    pack,
+    packed_kernel_usable,
+    reference_varlen_attention,
+    unpack,
 )
 from pmlm.model.encoder import SelfAttention, key_padding_mask
 
@@ -132,18 +137,22 @@ LENGTHS = [64, 40, 100, 17]
 
 def padded(dropout_attend):
     """attend(q, k, v, p) over the right-padded batch of LENGTHS in the padded layout."""
+
     def attend(q, k, v, p):
         return dropout_attend(q, k, v, key_mask(LENGTHS, q.shape[2]), p)
+
     return attend
 
 
 def packed(packed_attend):
     """attend(q, k, v, p) through the packed layout: pack, attend on (T, H, D), scatter back."""
+
     def attend(q, k, v, p):
         B, H, L, D = q.shape
         packing = pack(key_mask(LENGTHS, L).view(B, L))
         rows = [t.transpose(1, 2).reshape(B * L, H, D).index_select(0, packing.index) for t in (q, k, v)]
         return unpack(packed_attend(*rows, packing, p).reshape(-1, H * D), packing).view(B, L, H, D).transpose(1, 2)
+
     return attend
 
 
@@ -162,12 +171,15 @@ def quiet_jagged(q, k, v, packing, p):
 
 
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5])
-@pytest.mark.parametrize("name, attend", [
-    ("kernel, padded", padded(kernel.dropout_attention)),
-    ("SDPA's math path, padded (the reference)", padded(sdpa)),
-    ("per-sequence reference, packed", packed(varlen_reference)),
-    ("jagged tensors, packed", packed(quiet_jagged)),
-])
+@pytest.mark.parametrize(
+    "name, attend",
+    [
+        ("kernel, padded", padded(kernel.dropout_attention)),
+        ("SDPA's math path, padded (the reference)", padded(sdpa)),
+        ("per-sequence reference, packed", packed(varlen_reference)),
+        ("jagged tensors, packed", packed(quiet_jagged)),
+    ],
+)
 def test_every_layout_drops_probability_mass_like_bernoulli_dropout(name, attend, dropout_p):
     torch.manual_seed(9)
     z = dropped_mass_z(attend, LENGTHS, width=128, dropout_p=dropout_p, calls=6)  # 6 x 4 x 221 = 5,304 rows

@@ -23,14 +23,20 @@ from pmlm.tokens import WindowMean, batch_tokens, window_starts
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     root = tmp_path_factory.mktemp("embed")
-    seqs = {"short": random_letters(5, 1), "full": random_letters(16, 2), "long": random_letters(40, 3),
-            "sp|P1|x": random_letters(9, 4)}
-    return {"encoder": tiny_encoder(root / "pmlm" / "model.safetensors"),
-            "fasta": write_fasta(root / "in.fasta", seqs), "seqs": seqs}
+    seqs = {
+        "short": random_letters(5, 1),
+        "full": random_letters(16, 2),
+        "long": random_letters(40, 3),
+        "sp|P1|x": random_letters(9, 4),
+    }
+    return {
+        "encoder": tiny_encoder(root / "pmlm" / "model.safetensors"),
+        "fasta": write_fasta(root / "in.fasta", seqs),
+        "seqs": seqs,
+    }
 
 
 def _alone(model, letters: str, layer: int | None = None) -> torch.Tensor:
@@ -40,7 +46,7 @@ def _alone(model, letters: str, layer: int | None = None) -> torch.Tensor:
         if layer is None:
             return model.encode(tokens)[0, 1:-1]
         enc = model.encoder
-        x = enc.embed(tokens) + enc.positions[:tokens.shape[1]]
+        x = enc.embed(tokens) + enc.positions[: tokens.shape[1]]
         for block in enc.layers[:layer]:
             x = block(x, None)
         return x[0, 1:-1]
@@ -51,7 +57,7 @@ def _reference(model, letters: str, layer: int | None = None) -> np.ndarray:
     room = model.cfg.max_len - 2
     mean = WindowMean(len(letters), (model.cfg.hidden,))
     for start in window_starts(len(letters), room):
-        mean.add(start, _alone(model, letters[start:start + room], layer).double().numpy())
+        mean.add(start, _alone(model, letters[start : start + room], layer).double().numpy())
     return mean.mean()
 
 
@@ -88,23 +94,42 @@ def test_layers_and_token_budget(tmp_path, case):
     tables = {}
     for layer, budget in ((0, 8192), (1, 8192), (-3, 8192), (-1, 1), (2, 64)):
         out = tmp_path / f"l{layer}_{budget}.parquet"
-        assert main(["embed", str(case["encoder"]), str(case["fasta"]), "-o", str(out), "--layer", str(layer),
-                     "--tokens-per-batch", str(budget), "--device", "cpu"]) == 0
+        assert (
+            main(
+                [
+                    "embed",
+                    str(case["encoder"]),
+                    str(case["fasta"]),
+                    "-o",
+                    str(out),
+                    "--layer",
+                    str(layer),
+                    "--tokens-per-batch",
+                    str(budget),
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
         table = pd.read_parquet(out)
         tables[layer, budget] = np.stack(table[table["id"] == "long"]["embedding"].to_list())
     for layer in (0, 1):
         want = _reference(model, letters, layer)
-        np.testing.assert_allclose(tables[layer, 8192], want, rtol=0,
-                                   atol=reorder_tolerance(torch.from_numpy(want), 16 * 18))
+        np.testing.assert_allclose(
+            tables[layer, 8192], want, rtol=0, atol=reorder_tolerance(torch.from_numpy(want), 16 * 18)
+        )
     assert np.array_equal(tables[0, 8192], tables[-3, 8192])  # -3 counts from the end of 0..2
     # one window per batch, or several padded together: the same values up to the order of additions
-    np.testing.assert_allclose(tables[-1, 1], tables[2, 64], rtol=0,
-                               atol=reorder_tolerance(torch.from_numpy(tables[2, 64]), 16 * 18))
+    np.testing.assert_allclose(
+        tables[-1, 1], tables[2, 64], rtol=0, atol=reorder_tolerance(torch.from_numpy(tables[2, 64]), 16 * 18)
+    )
     assert not np.allclose(tables[0, 8192], tables[2, 64])
 
 
-@pytest.mark.parametrize("problem", ["unknown_residue", "lowercase", "duplicate_id", "no_weights", "bad_sidecar",
-                                     "wrong_weights", "layer"])
+@pytest.mark.parametrize(
+    "problem", ["unknown_residue", "lowercase", "duplicate_id", "no_weights", "bad_sidecar", "wrong_weights", "layer"]
+)
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
     fasta, encoder, extra = case["fasta"], case["encoder"], []
     if problem == "unknown_residue":

@@ -31,8 +31,9 @@ STDLIB = set(sys.stdlib_module_names)
 # what a command module (pmlm/commands) may import besides the standard library: numpy, which the light
 # contracts (pmlm.alphabet) use; torch, pyarrow, pandas, safetensors and the rest are the engines'
 LIGHT = {"numpy"}
-COMMAND_MODULES = sorted(f"pmlm.commands.{p.stem}" for p in (REPO / "pmlm" / "commands").glob("*.py")
-                         if p.stem != "__init__")
+COMMAND_MODULES = sorted(
+    f"pmlm.commands.{p.stem}" for p in (REPO / "pmlm" / "commands").glob("*.py") if p.stem != "__init__"
+)
 # imported name (or a dotted prefix of one) -> conda package that provides it
 CONDA_PACKAGE = {
     "Bio": "biopython",
@@ -66,8 +67,12 @@ def _imports(module: str, module_level: bool) -> frozenset[str]:
     """Dotted names a pmlm module imports: at module level (also inside top-level try / if), or anywhere."""
     tree = ast.parse(_module_file(module).read_text())
     if module_level:
-        nodes = [n for top in tree.body if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                 for n in ast.walk(top)]
+        nodes = [
+            n
+            for top in tree.body
+            if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for n in ast.walk(top)
+        ]
     else:
         nodes = list(ast.walk(tree))
     names = set()
@@ -138,7 +143,9 @@ def env_problems(env: Path, commands: list[str]) -> list[str]:
     outside pyproject.toml's range. Empty when the env is right."""
     pins, ranges, problems = env_pins(env), pyproject_requirements(), []
     needed = set().union(*(packages_needed(c) for c in commands)) | ({"python"} if commands else set())
-    problems += [f"{env.name} lacks {pkg} (imported by pmlm {' / '.join(commands)})" for pkg in sorted(needed - pins.keys())]
+    problems += [
+        f"{env.name} lacks {pkg} (imported by pmlm {' / '.join(commands)})" for pkg in sorted(needed - pins.keys())
+    ]
     for pkg, version in sorted(pins.items()):
         if version is None:
             problems.append(f"{env.name}: {pkg} is not pinned exactly (name==version)")
@@ -216,8 +223,11 @@ def test_an_incomplete_or_loose_env_is_reported(tmp_path):
     old = tmp_path / "mmseqs2.yaml"
     old.write_text("channels: [conda-forge, bioconda]\ndependencies:\n  - mmseqs2=14.7e284\n")
     problems = env_problems(old, ["split"])
-    assert {"mmseqs2.yaml lacks numpy (imported by pmlm split)", "mmseqs2.yaml lacks biopython (imported by pmlm split)",
-            "mmseqs2.yaml: mmseqs2 is not pinned exactly (name==version)"} <= set(problems), problems
+    assert {
+        "mmseqs2.yaml lacks numpy (imported by pmlm split)",
+        "mmseqs2.yaml lacks biopython (imported by pmlm split)",
+        "mmseqs2.yaml: mmseqs2 is not pinned exactly (name==version)",
+    } <= set(problems), problems
     loose = tmp_path / "pmlm.yaml"
     loose.write_text("dependencies:\n  - python==3.11.7\n  - numpy>=1.26\n  - pandas==1.5.3\n")
     problems = env_problems(loose, ["tables"])
@@ -238,7 +248,7 @@ def test_function_local_imports_say_why():
             docstring = ast.get_docstring(function) or ""
             for node in ast.walk(function):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    before = lines[function.lineno - 1:node.lineno]
+                    before = lines[function.lineno - 1 : node.lineno]
                     if not any("#" in line for line in before) and "import" not in docstring.lower():
                         unexplained.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert unexplained == []

@@ -72,15 +72,27 @@ class Oracle(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def family():
-    cfg = PottsConfig(length=20, num_sequences=64, edges=12, triplets=2, chains=8, burn_in=20, thinning=2,
-                      coupling_strength=2.5, triplet_strength=3.0)
+    cfg = PottsConfig(
+        length=20,
+        num_sequences=64,
+        edges=12,
+        triplets=2,
+        chains=8,
+        burn_in=20,
+        thinning=2,
+        coupling_strength=2.5,
+        triplet_strength=3.0,
+    )
     return generate_family("f", cfg, family_rng(2, 0))
 
 
 # fp32 logits of size ~10 carry ~1e-6 of rounding: far below the spread of the exact values
 def test_an_exact_oracle_scores_one_and_a_transposed_joint_is_caught(family):
-    models = {"oracle": Oracle(family.model), "transposed": Oracle(family.model, transpose=True, rotate=True),
-              "independent": Oracle(family.model, triple=False)}
+    models = {
+        "oracle": Oracle(family.model),
+        "transposed": Oracle(family.model, transpose=True, rotate=True),
+        "independent": Oracle(family.model, triple=False),
+    }
     models["independent"].pair_head = None  # scores doubles additively, as an MLM
     rows = family.sequences[:3].astype(np.int64)
     with torch.no_grad():
@@ -132,8 +144,13 @@ def _enumerable_model() -> PottsModel:
     couplings[:, :q, :q] = 2.0 * rng.normal(size=(2, q, q))
     triple = np.zeros((1, Q, Q, Q))
     triple[0, :q, :q, :q] = 2.0 * rng.normal(size=(q, q, q))
-    return PottsModel(fields=fields, edges=np.array([[0, 3], [1, 2]]), couplings=couplings,
-                      triplets=np.array([[0, 2, 4]]), triple_couplings=triple)
+    return PottsModel(
+        fields=fields,
+        edges=np.array([[0, 3], [1, 2]]),
+        couplings=couplings,
+        triplets=np.array([[0, 2, 4]]),
+        triple_couplings=triple,
+    )
 
 
 def _brute_conditional(model: PottsModel, x: np.ndarray, masked: list[int], sites: list[int]) -> np.ndarray:

@@ -25,7 +25,6 @@ from pmlm.utils import file_digest
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("encoders")
@@ -39,8 +38,9 @@ def encoders(tmp_path_factory) -> dict:
 def _constant_head(tmp_path: Path, encoder: Path, task: str, train: Path, bias: list[float]) -> Path:
     """A head fine-tuned for one step, then set to output ``bias`` everywhere (zero weights)."""
     head_cfg = {"features": "M"} if task == "contact" else {"mlp_hidden": 8}
-    cfg = FinetuneConfig.from_dict(recipe(task=task, head=head_cfg, optim__total_steps=1, optim__warmup_steps=0,
-                                          save_every=0, data__crop=16))
+    cfg = FinetuneConfig.from_dict(
+        recipe(task=task, head=head_cfg, optim__total_steps=1, optim__warmup_steps=0, save_every=0, data__crop=16)
+    )
     final = tmp_path / f"{task}.safetensors"
     assert finetune(cfg, encoder, train, tmp_path / f"run_{task}", final) == 0
     weights = load_file(final)
@@ -89,11 +89,16 @@ def test_contact_tsv_matches_a_hand_checked_case(tmp_path, encoders):
     # Short range (6 <= s < 12): A has no short contact (0); B's top 2 are (0,6)+ (0,7) -> 0.5 at L/5.
     # TAPE's s >= 6: A's top 4 are (0,6..9), no contact; B as for short -> (0 + 0.5) / 2.
     expected = {
-        "P@L/5_medium_long": 0.25, "P@L/5_medium_long_pooled": 2 / 6,
-        "P@L/2_medium_long": 0.15, "P@L/2_medium_long_pooled": 3 / 15,
-        "P@L_medium_long": 0.075, "P@L_medium_long_pooled": 3 / 30,
-        "P@L/5_short": 0.25, "P@L/5_long": 0.0,
-        "P@L/5_tape_s6": (0 + 1 / 2) / 2, "n_too_long": 0,
+        "P@L/5_medium_long": 0.25,
+        "P@L/5_medium_long_pooled": 2 / 6,
+        "P@L/2_medium_long": 0.15,
+        "P@L/2_medium_long_pooled": 3 / 15,
+        "P@L_medium_long": 0.075,
+        "P@L_medium_long_pooled": 3 / 30,
+        "P@L/5_short": 0.25,
+        "P@L/5_long": 0.0,
+        "P@L/5_tape_s6": (0 + 1 / 2) / 2,
+        "n_too_long": 0,
     }
     for metric, value in expected.items():
         assert float(rows[("hand", metric)]["value"]) == pytest.approx(value), metric
@@ -109,8 +114,22 @@ def test_contact_tsv_matches_a_hand_checked_case(tmp_path, encoders):
     # a protein longer than the encoder's window (22 residues): left out and counted under --too-long skip
     out_skip = tmp_path / "skip.tsv"
     with_long = _contact_set(tmp_path / "long", with_long=True)
-    assert main(["evaluate", "--head", str(head), "--test", f"hand={with_long}", "--out", str(out_skip),
-                 "--too-long", "skip"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--head",
+                str(head),
+                "--test",
+                f"hand={with_long}",
+                "--out",
+                str(out_skip),
+                "--too-long",
+                "skip",
+            ]
+        )
+        == 0
+    )
     _, skipped = _read_tsv(out_skip)
     assert skipped[("hand", "n_too_long")]["value"] == "1" and skipped[("hand", "n_too_long")]["n_proteins"] == "3"
     assert skipped[("hand", "P@L/5_medium_long")]["value"] == rows[("hand", "P@L/5_medium_long")]["value"]
@@ -118,8 +137,22 @@ def test_contact_tsv_matches_a_hand_checked_case(tmp_path, encoders):
     # by default it is read as two windows and scored at L = 30, for a head and for the pair-head read-out
     for head_arg in (str(head), "pair-mi"):
         out_windows = tmp_path / "windows.tsv"
-        assert main(["evaluate", "--head", head_arg, "--encoder", str(encoders["pmlm"]), "--test",
-                     f"hand={with_long}", "--out", str(out_windows)]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "--head",
+                    head_arg,
+                    "--encoder",
+                    str(encoders["pmlm"]),
+                    "--test",
+                    f"hand={with_long}",
+                    "--out",
+                    str(out_windows),
+                ]
+            )
+            == 0
+        )
         _, windowed = _read_tsv(out_windows)
         assert windowed[("hand", "n_too_long")]["value"] == "1" and windowed[("hand", "P@L_long")]["n_proteins"] == "3"
         if head_arg != "pair-mi":
@@ -150,8 +183,23 @@ def test_unsupervised_readout_runs_on_a_pmlm_model(tmp_path, encoders):
     test = write_structures(tmp_path / "test.jsonl", 3, seed=5, lengths=(14, 20))
     for head, extra in (("pair-kl", []), ("pair-mi", []), ("pair-kl", ["--mask-pairs", "--pair-batch", "64"])):
         out = tmp_path / f"{head}{len(extra)}.tsv"
-        assert main(["evaluate", "--head", head, "--encoder", str(encoders["pmlm"]), "--test", f"synthetic={test}",
-                     "--out", str(out), *extra]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "--head",
+                    head,
+                    "--encoder",
+                    str(encoders["pmlm"]),
+                    "--test",
+                    f"synthetic={test}",
+                    "--out",
+                    str(out),
+                    *extra,
+                ]
+            )
+            == 0
+        )
         _, rows = _read_tsv(out)
         row = rows[("synthetic", "P@L_tape_s6")]
         assert (row["head"], row["features"], row["n_proteins"]) == (head, "pair joint", "3")
@@ -175,8 +223,9 @@ def test_unsupervised_readout_runs_on_a_pmlm_model(tmp_path, encoders):
 def test_unsupervised_readout_refuses_an_mlm_model(tmp_path, encoders, capsys):
     test = write_structures(tmp_path / "test.jsonl", 2, seed=5, lengths=(14, 20))
     out = tmp_path / "x.tsv"
-    code = main(["evaluate", "--head", "pair-kl", "--encoder", str(encoders["mlm"]), "--test", f"t={test}",
-                 "--out", str(out)])
+    code = main(
+        ["evaluate", "--head", "pair-kl", "--encoder", str(encoders["mlm"]), "--test", f"t={test}", "--out", str(out)]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "has no pair head (objective mlm)" in err, err
     assert not out.exists()
@@ -187,8 +236,19 @@ def test_head_on_a_different_encoder_is_refused(tmp_path, encoders, capsys):
     head = _constant_head(tmp_path, encoders["pmlm"], "contact", train, [0.0])
     other = make_encoder(tmp_path / "other" / "model.safetensors", max_len=24, seed=3)
     capsys.readouterr()  # the fine-tuning above reported its progress; what follows is evaluate's alone
-    code = main(["evaluate", "--head", str(head), "--encoder", str(other), "--test", f"t={train}",
-                 "--out", str(tmp_path / "x.tsv")])
+    code = main(
+        [
+            "evaluate",
+            "--head",
+            str(head),
+            "--encoder",
+            str(other),
+            "--test",
+            f"t={train}",
+            "--out",
+            str(tmp_path / "x.tsv"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "fine-tuned on an encoder with sha256" in err, err
     code = main(["evaluate", "--head", str(head), "--test", "no-equals-sign", "--out", str(tmp_path / "x.tsv")])
@@ -202,18 +262,51 @@ def test_tape_proteinnet_uses_c_alpha_and_refuses_c_beta(tmp_path, encoders, cap
     for k, length in enumerate((18, 22, 30)):
         t = np.arange(length)
         ca = np.stack([2.3 * np.cos(np.radians(100 * t)), 2.3 * np.sin(np.radians(100 * t)), 1.5 * t], 1)
-        records.append({"id": f"casp{k}", "primary": ("ACDEFGHIKLMNPQRSTVWY" * 2)[:length],
-                        "tertiary": ca.flatten().tolist(), "valid_mask": [1] * length})
+        records.append(
+            {
+                "id": f"casp{k}",
+                "primary": ("ACDEFGHIKLMNPQRSTVWY" * 2)[:length],
+                "tertiary": ca.flatten().tolist(),
+                "valid_mask": [1] * length,
+            }
+        )
     path = tmp_path / "proteinnet_test.json"
     path.write_text(json.dumps(records))
     out = tmp_path / "pn.tsv"
-    assert main(["evaluate", "--head", "pair-mi", "--encoder", str(encoders["pmlm"]), "--test", f"casp12={path}",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--head",
+                "pair-mi",
+                "--encoder",
+                str(encoders["pmlm"]),
+                "--test",
+                f"casp12={path}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "contacts by CA" in capsys.readouterr().err
     _, rows = _read_tsv(out)
     assert rows[("casp12", "n_too_long")]["value"] == "1" and rows[("casp12", "P@L_short")]["n_proteins"] == "3"
-    code = main(["evaluate", "--head", "pair-mi", "--encoder", str(encoders["pmlm"]), "--test", f"casp12={path}",
-                 "--out", str(out), "--contact-atom", "CB"])
+    code = main(
+        [
+            "evaluate",
+            "--head",
+            "pair-mi",
+            "--encoder",
+            str(encoders["pmlm"]),
+            "--test",
+            f"casp12={path}",
+            "--out",
+            str(out),
+            "--contact-atom",
+            "CB",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "tape data defines contacts by CA only" in err, err
 
@@ -231,18 +324,22 @@ def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path,
     train = write_structures(tmp_path / "train.jsonl", 4, seed=1, lengths=(12, 20))
     test = write_structures(tmp_path / "test.jsonl", 2, seed=7, lengths=(30, 30))
     for task, head_cfg in (("contact", {"features": "M"}), ("ss3", {"kind": "conv", "conv_hidden": 8})):
-        cfg = FinetuneConfig.from_dict(recipe(task=task, head=head_cfg, optim__total_steps=3, save_every=0,
-                                              data__crop=16))
+        cfg = FinetuneConfig.from_dict(
+            recipe(task=task, head=head_cfg, optim__total_steps=3, save_every=0, data__crop=16)
+        )
         final = tmp_path / f"{task}.safetensors"
         assert finetune(cfg, encoders["pmlm"], train, tmp_path / f"run_{task}", final) == 0
         model = load_head(final).model
         data = read_task_data(test, task)
-        metrics, n_long = score_task(model, data, batch_size=3, window=22, too_long="windows", threshold=8.0,
-                                     device="cpu")
+        metrics, n_long = score_task(
+            model, data, batch_size=3, window=22, too_long="windows", threshold=8.0, device="cpu"
+        )
         assert n_long == 2
         plan = evaluation_plan(data.examples, 3, 22, "windows")
         assert plan.windows == [2, 2] and [[r[1:] for r in rows] for rows in plan.batches] == [
-            [(0, 22), (8, 30), (0, 22)], [(8, 30)]]  # a protein's windows in consecutive rows, across batches
+            [(0, 22), (8, 30), (0, 22)],
+            [(8, 30)],
+        ]  # a protein's windows in consecutive rows, across batches
         expected, labels = [], []
         for ex in sorted(data.examples, key=len):
             assert len(ex) == 30
@@ -250,7 +347,7 @@ def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path,
             total = np.zeros((30, 30) if pairs else (30, 3))
             count = np.zeros((30, 30) if pairs else (30, 1))
             for start in (0, 8):
-                rows = batch_tokens([ex.residues[start:start + 22]])
+                rows = batch_tokens([ex.residues[start : start + 22]])
                 with torch.no_grad():
                     out = model(torch.from_numpy(rows.tokens), torch.from_numpy(rows.residue_mask()))[0].double()
                 window = slice(start, start + 22)

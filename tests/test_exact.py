@@ -81,8 +81,16 @@ def test_conditionals_and_epistasis_match_brute_force(q, triplet):
             joint = brute_conditional(states, logp, x, list(sites))
             np.testing.assert_allclose(triple_log_conditional(model, x, sites)[0], joint, atol=ATOL)
             wi, wj, wk = (x[s] for s in sites)
-            corners = (joint - joint[:, :, [wk]] - joint[:, [wj], :] - joint[[wi], :, :] + joint[:, [wj]][:, :, [wk]]
-                       + joint[[wi]][:, :, [wk]] + joint[[wi]][:, [wj]] - joint[wi, wj, wk])
+            corners = (
+                joint
+                - joint[:, :, [wk]]
+                - joint[:, [wj], :]
+                - joint[[wi], :, :]
+                + joint[:, [wj]][:, :, [wk]]
+                + joint[[wi]][:, :, [wk]]
+                + joint[[wi]][:, [wj]]
+                - joint[wi, wj, wk]
+            )
             np.testing.assert_allclose(triple_epistasis(model, x, sites)[0], corners, atol=ATOL)
 
 
@@ -100,8 +108,16 @@ def test_the_closed_forms():
     assert np.abs(triple_epistasis(model, x, (0, 2, 4))).max() == 0.0  # pair couplings only: no third order
     K = model.triple_couplings[0]
     a, b, c = x[0, 0], x[0, 1], x[0, 3]
-    k3 = (K - K[:, :, [c]] - K[:, [b], :] - K[[a], :, :] + K[:, [b]][:, :, [c]] + K[[a]][:, :, [c]]
-          + K[[a]][:, [b]] - K[a, b, c])
+    k3 = (
+        K
+        - K[:, :, [c]]
+        - K[:, [b], :]
+        - K[[a], :, :]
+        + K[:, [b]][:, :, [c]]
+        + K[[a]][:, :, [c]]
+        + K[[a]][:, [b]]
+        - K[a, b, c]
+    )
     np.testing.assert_allclose(triple_epistasis(model, x, (0, 1, 3))[0], k3, atol=ATOL)
     np.testing.assert_allclose(triple_epistasis(model, x, (3, 0, 1))[0], k3.transpose(2, 0, 1), atol=ATOL)
     pairwise = small_model(3, triplet=False, seed=5)
@@ -122,8 +138,13 @@ def test_gibbs_sampler_with_a_three_body_term_matches_the_exact_distribution():
     triple = 0.1 * rng.standard_normal((1, q, q, q))
     favoured = [rng.permutation(q)[:6] for _ in range(3)]
     triple[0, favoured[0], favoured[1], favoured[2]] += 5.0
-    model = PottsModel(fields=fields, edges=np.zeros((0, 2), dtype=np.int64), couplings=np.zeros((0, q, q)),
-                       triplets=np.array([[0, 1, 2]]), triple_couplings=triple)
+    model = PottsModel(
+        fields=fields,
+        edges=np.zeros((0, 2), dtype=np.int64),
+        couplings=np.zeros((0, q, q)),
+        triplets=np.array([[0, 1, 2]]),
+        triple_couplings=triple,
+    )
     states = np.array(list(itertools.product(range(q), repeat=3)))
     logw = model.log_weight(states)
     p = np.exp(logw - logw.max())
@@ -154,8 +175,32 @@ def test_planted_triplets_leave_pairwise_families_unchanged():
 
 def test_synth_writes_each_family_model_and_reads_it_back(tmp_path):
     out = tmp_path / "synth"
-    assert main(["synth", "--out", str(out), "--families", "2", "--length", "32", "--sequences", "50", "--chains",
-                 "10", "--burn-in", "5", "--thinning", "1", "--triplets", "2", "--seed", "4"]) == 0
+    assert (
+        main(
+            [
+                "synth",
+                "--out",
+                str(out),
+                "--families",
+                "2",
+                "--length",
+                "32",
+                "--sequences",
+                "50",
+                "--chains",
+                "10",
+                "--burn-in",
+                "5",
+                "--thinning",
+                "1",
+                "--triplets",
+                "2",
+                "--seed",
+                "4",
+            ]
+        )
+        == 0
+    )
     cfg = PottsConfig(length=32, num_sequences=50, chains=10, burn_in=5, thinning=1, triplets=2)
     fam = generate_family("synth001", cfg, family_rng(4, 1))
     model = read_potts(out / "params" / "synth001.safetensors")

@@ -24,6 +24,7 @@ def _part(dest):
 
 # ----------------------------------------------------------------------------------------- http
 
+
 def test_http_resumes_after_dropped_connections(tmp_path):
     dest = tmp_path / "out" / "data.bin"
     cut = 30_000
@@ -32,8 +33,7 @@ def test_http_resumes_after_dropped_connections(tmp_path):
         fetch(srv.url, dest, sha256=SHA, progress=lambda done, total: seen.append((done, total)), **FAST)
     assert dest.read_bytes() == PAYLOAD
     assert not _part(dest).exists()
-    assert [r.get("Range") for r in srv.requests] == [None, f"bytes={cut}-", f"bytes={2 * cut}-",
-                                                       f"bytes={3 * cut}-"]
+    assert [r.get("Range") for r in srv.requests] == [None, f"bytes={cut}-", f"bytes={2 * cut}-", f"bytes={3 * cut}-"]
     assert srv.bytes_served == len(PAYLOAD)  # nothing sent twice
     assert seen[-1] == (len(PAYLOAD), len(PAYLOAD))
 
@@ -156,6 +156,7 @@ def test_existing_dest_is_kept_when_it_matches_and_replaced_when_not(tmp_path):
 
 # ----------------------------------------------------------------------------------------- file
 
+
 def test_file_url_with_checksums(tmp_path):
     src = tmp_path / "src dir" / "data.bin"
     src.parent.mkdir()
@@ -198,6 +199,7 @@ def test_redact_hides_passwords():
 
 # ----------------------------------------------------------------------------------------- ftp
 
+
 def test_ftp_download_and_resume_with_rest(tmp_path):
     served = tmp_path / "served" / "pub"
     served.mkdir(parents=True)
@@ -225,6 +227,7 @@ def test_ftp_download_and_resume_with_rest(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- CLI
+
 
 def test_cli_bad_checksum_is_one_line(tmp_path, capsys):
     src = tmp_path / "data.bin"
@@ -255,13 +258,17 @@ def test_cli_publisher_checksum_listing(tmp_path, capsys, listed, code):
     src = tmp_path / "uniref2018_03.tar.gz"
     src.write_bytes(PAYLOAD)
     metalink = tmp_path / "RELEASE.metalink"
-    metalink.write_text(f'<?xml version="1.0"?>\n<metalink version="3.0" xmlns="http://www.metalinker.org/"><files>'
-                        f'<file name="uniref2018_03.tar.gz"><size>{len(PAYLOAD)}</size><verification>'
-                        f'<hash type="md5">{listed}</hash></verification></file></files></metalink>\n')
+    metalink.write_text(
+        f'<?xml version="1.0"?>\n<metalink version="3.0" xmlns="http://www.metalinker.org/"><files>'
+        f'<file name="uniref2018_03.tar.gz"><size>{len(PAYLOAD)}</size><verification>'
+        f'<hash type="md5">{listed}</hash></verification></file></files></metalink>\n'
+    )
     dest = tmp_path / "out" / "uniref2018_03.tar.gz"
     assert cli.main(["fetch", src.as_uri(), "-o", str(dest), "--checksums-from", metalink.as_uri()]) == code
     err = capsys.readouterr().err
     assert f"lists md5 {listed}" in err
-    assert dest.exists() == (code == 0) and sorted(p.name for p in dest.parent.iterdir()) == (["uniref2018_03.tar.gz"] if code == 0 else [])
+    assert dest.exists() == (code == 0) and sorted(p.name for p in dest.parent.iterdir()) == (
+        ["uniref2018_03.tar.gz"] if code == 0 else []
+    )
     if code:
         assert err.strip().splitlines()[-1].startswith("pmlm fetch: error:") and "checksum mismatch" in err

@@ -42,9 +42,9 @@ SS_OF_TYPE = "HEC"  # residue type k gets DSSP state SS_OF_TYPE[k % 3]: learnabl
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
-def make_encoder(path: Path, objective: str = "pmlm", hidden: int = 32, max_len: int = 66, dropout: float = 0.0,
-                 seed: int = 0) -> Path:
+def make_encoder(
+    path: Path, objective: str = "pmlm", hidden: int = 32, max_len: int = 66, dropout: float = 0.0, seed: int = 0
+) -> Path:
     """A randomly initialised tiny encoder written like `pmlm pretrain` writes its final weights."""
     torch.manual_seed(seed)
     cfg = ModelConfig(num_layers=1, hidden=hidden, ffn=2 * hidden, heads=2, max_len=max_len, dropout=dropout)
@@ -73,9 +73,15 @@ def write_structures(path: Path, n: int, seed: int, lengths=(24, 48), types: int
             direction /= np.linalg.norm(direction, axis=1, keepdims=True)
             cb = centres[kinds] + direction * rng.uniform(0, CLUSTER_RADIUS, size=(length, 1))
             ca = cb + 1.5 * direction
-            record = {"id": f"p{k}", "chain": "A", "start_resnum": 1, "seq": "".join(alphabet[t] for t in kinds),
-                      "dssp": "".join(SS_OF_TYPE[t % 3] for t in kinds), "ca": ca.round(3).tolist(),
-                      "cb": cb.round(3).tolist()}
+            record = {
+                "id": f"p{k}",
+                "chain": "A",
+                "start_resnum": 1,
+                "seq": "".join(alphabet[t] for t in kinds),
+                "dssp": "".join(SS_OF_TYPE[t % 3] for t in kinds),
+                "ca": ca.round(3).tolist(),
+                "cb": cb.round(3).tolist(),
+            }
             fh.write(json.dumps(record) + "\n")
     return path
 
@@ -148,11 +154,16 @@ def test_frozen_encoder_is_untouched_and_full_finetuning_updates_it(tmp_path, ca
     def after_step(step, model):
         seen["encoder"] = {k: v.clone() for k, v in model.encoder.state_dict().items()}
 
-    cfg = FinetuneConfig.from_dict(recipe(freeze_encoder=freeze, head__features="M+", optim__total_steps=3,
-                                          save_every=0))
+    cfg = FinetuneConfig.from_dict(
+        recipe(freeze_encoder=freeze, head__features="M+", optim__total_steps=3, save_every=0)
+    )
     final = tmp_path / "head.safetensors"
-    assert finetune(cfg, case["encoder"], case["train"], tmp_path / "run", final,
-                    hooks=FinetuneHooks(after_step=after_step)) == 0
+    assert (
+        finetune(
+            cfg, case["encoder"], case["train"], tmp_path / "run", final, hooks=FinetuneHooks(after_step=after_step)
+        )
+        == 0
+    )
     saved = load_file(final)
     changed = [k for k in pretrained if not torch.equal(pretrained[k], seen["encoder"][k])]
     if freeze:
@@ -161,15 +172,29 @@ def test_frozen_encoder_is_untouched_and_full_finetuning_updates_it(tmp_path, ca
     else:
         assert "encoder.layers.0.attn.qkv.weight" in changed and "pair_head.dense.weight" in changed
         assert "pair_head.out.weight" not in changed and "token_head.out.weight" not in changed
-        assert torch.equal(saved["encoder.encoder.layers.0.attn.qkv.weight"],
-                           seen["encoder"]["encoder.layers.0.attn.qkv.weight"])
+        assert torch.equal(
+            saved["encoder.encoder.layers.0.attn.qkv.weight"], seen["encoder"]["encoder.layers.0.attn.qkv.weight"]
+        )
     assert json.loads(final.with_suffix(".json").read_text())["encoder_trained"] is (not freeze)
 
 
 def _cli(case: dict, out: Path, cfg_path: Path) -> list[str]:
-    return [sys.executable, "-m", "pmlm", "finetune", "--config", str(cfg_path),
-            "--encoder", str(case["encoder_dropout"]), "--train", str(case["train"]), "--out", str(out),
-            "--final", str(out / "final" / "head.safetensors")]
+    return [
+        sys.executable,
+        "-m",
+        "pmlm",
+        "finetune",
+        "--config",
+        str(cfg_path),
+        "--encoder",
+        str(case["encoder_dropout"]),
+        "--train",
+        str(case["train"]),
+        "--out",
+        str(out),
+        "--final",
+        str(out / "final" / "head.safetensors"),
+    ]
 
 
 def _steps_logged(out: Path) -> int:
@@ -184,17 +209,37 @@ def test_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, cas
     dropout: every piece of state that a resume must restore."""
     total = 40
     cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(recipe(
-        freeze_encoder=False, head__kind="resnet", head__features="M+", head__resnet_blocks=2,
-        head__resnet_channels=8, head__resnet_norm="batch", head__dropout=0.1, optim__total_steps=total,
-        save_every=10)))
+    cfg_path.write_text(
+        yaml.safe_dump(
+            recipe(
+                freeze_encoder=False,
+                head__kind="resnet",
+                head__features="M+",
+                head__resnet_blocks=2,
+                head__resnet_channels=8,
+                head__resnet_norm="batch",
+                head__dropout=0.1,
+                optim__total_steps=total,
+                save_every=10,
+            )
+        )
+    )
     ref = tmp_path / "reference"  # uninterrupted, in this process (same single-threaded CPU arithmetic)
-    assert finetune(FinetuneConfig.from_yaml(cfg_path), case["encoder_dropout"], case["train"], ref,
-                    ref / "final" / "head.safetensors") == 0
+    assert (
+        finetune(
+            FinetuneConfig.from_yaml(cfg_path),
+            case["encoder_dropout"],
+            case["train"],
+            ref,
+            ref / "final" / "head.safetensors",
+        )
+        == 0
+    )
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cli(case, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=SUBPROCESS_ENV)
+    proc = subprocess.Popen(
+        _cli(case, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV
+    )
     deadline = time.monotonic() + 120
     while _steps_logged(out) < 5:
         assert proc.poll() is None, f"run ended (code {proc.returncode}) before step 5: {proc.stderr.read()}"
@@ -233,8 +278,9 @@ def test_nan_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, ca
 
 
 def test_ss3_and_remote_homology_run_from_their_formats(tmp_path, case):
-    cfg = FinetuneConfig.from_dict(recipe(task="ss3", head={"mlp_hidden": 16, "dropout": 0.1}, optim__total_steps=30,
-                                          save_every=0))
+    cfg = FinetuneConfig.from_dict(
+        recipe(task="ss3", head={"mlp_hidden": 16, "dropout": 0.1}, optim__total_steps=30, save_every=0)
+    )
     assert cfg.head.kind == "mlp" and cfg.head.features == "auto"
     final = tmp_path / "ss3.safetensors"
     assert finetune(cfg, case["encoder"], case["train"], tmp_path / "ss3", final, valid_path=case["test"]) == 0
@@ -243,24 +289,39 @@ def test_ss3_and_remote_homology_run_from_their_formats(tmp_path, case):
 
     # TAPE's convolutional head: builds, trains a step (its batch statistics and weight-norm gains included),
     # and its artefact loads back as that head
-    cfg = FinetuneConfig.from_dict(recipe(task="ss3", head={"kind": "conv", "conv_hidden": 16, "dropout": 0.0},
-                                          optim__total_steps=1, optim__warmup_steps=0, save_every=0))
+    cfg = FinetuneConfig.from_dict(
+        recipe(
+            task="ss3",
+            head={"kind": "conv", "conv_hidden": 16, "dropout": 0.0},
+            optim__total_steps=1,
+            optim__warmup_steps=0,
+            save_every=0,
+        )
+    )
     final = tmp_path / "ss3_conv.safetensors"
     assert finetune(cfg, case["encoder"], case["train"], tmp_path / "ss3_conv", final) == 0
     weights = load_file(final)
     assert weights["head.norm.running_mean"].abs().sum() > 0  # one training step moved the statistics
-    assert {"head.conv1.parametrizations.weight.original0", "head.conv2.parametrizations.weight.original1"} <= set(weights)
+    assert {"head.conv1.parametrizations.weight.original0", "head.conv2.parametrizations.weight.original1"} <= set(
+        weights
+    )
     model, loaded, *_ = load_head(final)
     assert loaded.head.kind == "conv" and type(model.head).__name__ == "TapeConvHead"
 
     # three folds with distinct compositions: separable after mean-pooling
-    records = [{"id": f"r{k}", "primary": ("ACD", "EFG", "HIK")[k % 3] * (3 + k % 4), "fold_label": k % 3}
-               for k in range(12)]
+    records = [
+        {"id": f"r{k}", "primary": ("ACD", "EFG", "HIK")[k % 3] * (3 + k % 4), "fold_label": k % 3} for k in range(12)
+    ]
     tape = tmp_path / "remote_homology_train.json"
     tape.write_text(json.dumps(records))
-    cfg = FinetuneConfig.from_dict(recipe(task="remote_homology", head={"mlp_hidden": 16, "dropout": 0.0,
-                                                                        "num_classes": 3},
-                                          optim__total_steps=30, save_every=0))
+    cfg = FinetuneConfig.from_dict(
+        recipe(
+            task="remote_homology",
+            head={"mlp_hidden": 16, "dropout": 0.0, "num_classes": 3},
+            optim__total_steps=30,
+            save_every=0,
+        )
+    )
     final = tmp_path / "remote.safetensors"
     assert finetune(cfg, case["encoder"], tape, tmp_path / "remote", final, valid_path=tape) == 0
     assert json.loads(final.with_suffix(".json").read_text())["valid"]["scores"]["top1"] == 1.0
@@ -302,8 +363,21 @@ def test_bad_config_is_one_line_exit_2(tmp_path, case, capsys, change, message):
     encoder = case["encoder"]
     if "pair head" in message:
         encoder = make_encoder(tmp_path / "mlm" / "model.safetensors", objective="mlm")
-    code = main(["finetune", "--config", str(path), "--encoder", str(encoder), "--train", str(case["train"]),
-                 "--out", str(tmp_path / "o"), "--final", str(tmp_path / "h.safetensors")])
+    code = main(
+        [
+            "finetune",
+            "--config",
+            str(path),
+            "--encoder",
+            str(encoder),
+            "--train",
+            str(case["train"]),
+            "--out",
+            str(tmp_path / "o"),
+            "--final",
+            str(tmp_path / "h.safetensors"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("pmlm finetune: error: ") and message in err, err
@@ -317,8 +391,21 @@ def test_bad_training_record_names_file_and_line(tmp_path, case, capsys):
     bad.write_text("\n".join(lines) + "\n")
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(recipe()))
-    code = main(["finetune", "--config", str(path), "--encoder", str(case["encoder"]), "--train", str(bad),
-                 "--out", str(tmp_path / "o"), "--final", str(tmp_path / "h.safetensors")])
+    code = main(
+        [
+            "finetune",
+            "--config",
+            str(path),
+            "--encoder",
+            str(case["encoder"]),
+            "--train",
+            str(bad),
+            "--out",
+            str(tmp_path / "o"),
+            "--final",
+            str(tmp_path / "h.safetensors"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"{bad}:2:" in err, err
 
@@ -326,8 +413,15 @@ def test_bad_training_record_names_file_and_line(tmp_path, case, capsys):
 def test_shipped_recipes_load():
     recipes = sorted((Path(__file__).resolve().parents[1] / "config" / "finetune").glob("*.yaml"))
     names = {p.stem for p in recipes}
-    assert {"contact_linear_tiny", "contact_resnet_tiny", "ss3_tiny", "contact_linear", "contact_resnet", "ss3",
-            "remote_homology"} <= names
+    assert {
+        "contact_linear_tiny",
+        "contact_resnet_tiny",
+        "ss3_tiny",
+        "contact_linear",
+        "contact_resnet",
+        "ss3",
+        "remote_homology",
+    } <= names
     for path in recipes:
         cfg = FinetuneConfig.from_yaml(path)
         assert FinetuneConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg, path.name

@@ -10,8 +10,16 @@ from pmlm.errors import ConfigError
 from pmlm.utils import symmetrize
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.model.task_heads import (
-    ContactLinearHead, ContactResNetHead, RemoteHomologyHead, SecondaryStructureHead, TapeConvHead, TaskModel,
-    build_head, pair_features, pair_map, resolve_features,
+    ContactLinearHead,
+    ContactResNetHead,
+    RemoteHomologyHead,
+    SecondaryStructureHead,
+    TapeConvHead,
+    TaskModel,
+    build_head,
+    pair_features,
+    pair_map,
+    resolve_features,
 )
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
@@ -40,7 +48,7 @@ def _tokens(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.zeros(len(lengths), longest, dtype=torch.bool)
     for b, n in enumerate(lengths):
         tokens[b, 0] = CLS_ID
-        tokens[b, 1:n + 1] = torch.randint(NUM_RESIDUES, (n,)) + FIRST_RESIDUE_ID
+        tokens[b, 1 : n + 1] = torch.randint(NUM_RESIDUES, (n,)) + FIRST_RESIDUE_ID
         tokens[b, n + 1] = EOS_ID
         mask[b, :n] = True
     return tokens, mask
@@ -98,7 +106,7 @@ def test_mplus_features_equal_the_pair_heads_first_block():
     model = _tiny_model()
     tokens, _ = _tokens([6])
     length = 6
-    out_reps = model.encode(tokens)[:, 1:length + 1]  # (1, L, C)
+    out_reps = model.encode(tokens)[:, 1 : length + 1]  # (1, L, C)
     mplus = pair_features(out_reps, 0, length, model.pair_head)  # (1, L, L, 2C)
     i, j = torch.meshgrid(torch.arange(length), torch.arange(length), indexing="ij")
     pair_index = torch.stack([torch.zeros(length * length, dtype=torch.long), i.flatten() + 1, j.flatten() + 1], 1)
@@ -110,8 +118,9 @@ def test_resnet_head_ignores_padding():
     """A protein scores the same alone and padded next to a longer one (masked norms, zeroed padding)."""
     model = _tiny_model()
     tokens, mask = _tokens([5, 9])
-    cfg = FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "resnet", "resnet_blocks": 2,
-                                                                "resnet_channels": 4, "features": "M+"}})
+    cfg = FinetuneConfig.from_dict(
+        {"task": "contact", "head": {"kind": "resnet", "resnet_blocks": 2, "resnet_channels": 4, "features": "M+"}}
+    )
     task_model = TaskModel(model, build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=True).eval()
     with torch.no_grad():
         both = task_model(tokens, mask)

@@ -42,30 +42,70 @@ def test_the_blocker_blocks(tmp_path):
     (tmp_path / "chains.txt").write_text("1abcA\n")
     (tmp_path / "pdb").mkdir()
     (tmp_path / "pdb" / "1abc.pdb").write_text("ATOM\n")
-    done = _run(tmp_path, "contacts-from-pdb", "--chains", str(tmp_path / "chains.txt"), "--pdb-dir", str(tmp_path / "pdb"),
-                "-o", str(tmp_path / "contacts.jsonl"))
+    done = _run(
+        tmp_path,
+        "contacts-from-pdb",
+        "--chains",
+        str(tmp_path / "chains.txt"),
+        "--pdb-dir",
+        str(tmp_path / "pdb"),
+        "-o",
+        str(tmp_path / "contacts.jsonl"),
+    )
     assert done.returncode != 0 and "blocked: not on the GPU image" in done.stderr
 
 
 def test_pretrain_finetune_evaluate_run_without_biopython_and_snakemake(tmp_path, shard_dir):
     train_cfg = tmp_path / "pretrain.yaml"
-    train_cfg.write_text(yaml.safe_dump({
-        "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
-        "optim": {"lr": 1e-3, "warmup_steps": 1, "total_steps": 2},
-        "data": {"tokens_per_batch": 512, "buffer_rows": 64, "num_workers": 0},
-        "eval_batches": 1, "save_every": 0, "tensorboard": False, "device": "cpu",
-    }))
+    train_cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "preset": "tiny",
+                    "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64},
+                },
+                "optim": {"lr": 1e-3, "warmup_steps": 1, "total_steps": 2},
+                "data": {"tokens_per_batch": 512, "buffer_rows": 64, "num_workers": 0},
+                "eval_batches": 1,
+                "save_every": 0,
+                "tensorboard": False,
+                "device": "cpu",
+            }
+        )
+    )
     encoder = tmp_path / "pretrain" / "model.safetensors"
-    done = _run(tmp_path, "pretrain", "--config", str(train_cfg), "--shards", str(shard_dir),
-                "--out", str(tmp_path / "pretrain-run"), "--final", str(encoder))
+    done = _run(
+        tmp_path,
+        "pretrain",
+        "--config",
+        str(train_cfg),
+        "--shards",
+        str(shard_dir),
+        "--out",
+        str(tmp_path / "pretrain-run"),
+        "--final",
+        str(encoder),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
     structures = write_structures(tmp_path / "structures.jsonl", 8, seed=1)
     ft_cfg = tmp_path / "contact.yaml"
     ft_cfg.write_text(yaml.safe_dump(recipe(optim__total_steps=2)))
     head = tmp_path / "finetune" / "head.safetensors"
-    done = _run(tmp_path, "finetune", "--config", str(ft_cfg), "--encoder", str(encoder), "--train", str(structures),
-                "--out", str(tmp_path / "finetune-run"), "--final", str(head))
+    done = _run(
+        tmp_path,
+        "finetune",
+        "--config",
+        str(ft_cfg),
+        "--encoder",
+        str(encoder),
+        "--train",
+        str(structures),
+        "--out",
+        str(tmp_path / "finetune-run"),
+        "--final",
+        str(head),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
     table = tmp_path / "eval.tsv"

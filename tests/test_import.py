@@ -65,6 +65,7 @@ def assert_refused(ckpt: Path, out: Path, message: str, capsys) -> None:
 
 # -- the positions of the released models ------------------------------------------------------------------
 
+
 def test_fairseq_positions_are_fairseq_numbering_in_fp32():
     """Token t sits at fairseq position t + padding_idx + 1 = t + 2, sine half then cosine half."""
     dim, n = 10, 50
@@ -83,34 +84,52 @@ def test_default_positions_keep_every_existing_encoder(tmp_path):
     cfg = model_config("tiny")
     assert cfg.positions == "pmlm"
     from pmlm.model.pmlm_model import PMLMModel
+
     assert torch.equal(PMLMModel(cfg).encoder.positions, sinusoidal_positions(cfg.max_len, cfg.hidden))
     # a version-2 sidecar, written before the field existed, loads as the encoder it describes
     from pmlm.artefacts import save_weights
     from pmlm.model.objectives import ObjectiveConfig
+
     model = build_model(cfg, ObjectiveConfig())
     section = {k: v for k, v in cfg.to_dict().items() if k != "positions"}
     path = tmp_path / "model.safetensors"
-    save_weights(path, model.state_dict(), {"format": "pmlm-encoder/2", "model": section, "objective": {"name": "pmlm"}})
+    save_weights(
+        path, model.state_dict(), {"format": "pmlm-encoder/2", "model": section, "objective": {"name": "pmlm"}}
+    )
     loaded, *_ = load_encoder(path)
     assert loaded.cfg.positions == "pmlm"
 
 
 # -- what the released layout holds, and what is refused ---------------------------------------------------
 
+
 def test_released_layout_imports_with_its_provenance(released_tiny, tmp_path):
     weights = import_checkpoint(released_tiny, tmp_path / "enc")
     info = json.loads(weights.with_suffix(".json").read_text())
     assert info["format"] == "pmlm-encoder/3"
-    expected = {"num_layers": 2, "hidden": 16, "ffn": 32, "heads": 2, "max_len": 24, "norm": "post",
-                "embedding_norm": False, "activation": "relu", "pair_vocab": "full", "positions": "fairseq"}
+    expected = {
+        "num_layers": 2,
+        "hidden": 16,
+        "ffn": 32,
+        "heads": 2,
+        "max_len": 24,
+        "norm": "post",
+        "embedding_norm": False,
+        "activation": "relu",
+        "pair_vocab": "full",
+        "positions": "fairseq",
+    }
     assert {k: info["model"][k] for k in expected} == expected
     assert info["objective"]["name"] == "pmlm"
     source = info["source"]
     assert source["file"] == "tiny.pt" and source["arch"] == "prot_pmlm_1b" and source["num_updates"] == 1000000
     assert source["sha256"] == __import__("hashlib").sha256(released_tiny.read_bytes()).hexdigest()
-    assert set(source["dropped"]) == {"encoder.sentence_encoder.embed_positions._float_tensor",
-                                      "encoder.sentence_encoder.segment_embeddings.weight",
-                                      "encoder.masked_lm_pooler.weight", "encoder.masked_lm_pooler.bias"}
+    assert set(source["dropped"]) == {
+        "encoder.sentence_encoder.embed_positions._float_tensor",
+        "encoder.sentence_encoder.segment_embeddings.weight",
+        "encoder.masked_lm_pooler.weight",
+        "encoder.masked_lm_pooler.bias",
+    }
     # the rows of the dictionary land on our token ids; the padding rows of our vocabulary stay zero
     with torch.serialization.safe_globals([Namespace]):
         state = torch.load(released_tiny, weights_only=True)
@@ -122,10 +141,12 @@ def test_released_layout_imports_with_its_provenance(released_tiny, tmp_path):
     assert load_file(import_checkpoint(legacy, tmp_path / "legacy")).keys() == ours.keys()
     assert all(torch.equal(v, load_file(tmp_path / "legacy" / "model.safetensors")[k]) for k, v in ours.items())
     embed = released["encoder.sentence_encoder.embed_tokens.weight"]
-    assert torch.equal(ours["encoder.embed.weight"][alphabet.TOKEN_TO_ID["W"]], embed[4 + "ARNDCQEGHILKMFPSTWYV".index("W")])
+    assert torch.equal(
+        ours["encoder.embed.weight"][alphabet.TOKEN_TO_ID["W"]], embed[4 + "ARNDCQEGHILKMFPSTWYV".index("W")]
+    )
     assert torch.equal(ours["encoder.embed.weight"][alphabet.MASK_ID], embed[26])
     assert torch.equal(ours["encoder.embed.weight"][alphabet.CLS_ID], embed[0])
-    assert not ours["encoder.embed.weight"][alphabet.MASK_ID + 1:].any()
+    assert not ours["encoder.embed.weight"][alphabet.MASK_ID + 1 :].any()
     # q, k, v joined in that order
     q = released["encoder.sentence_encoder.layers.1.self_attn.q_proj.weight"]
     v = released["encoder.sentence_encoder.layers.1.self_attn.v_proj.weight"]
@@ -192,32 +213,43 @@ def test_an_unknown_architecture_or_setting_names_its_key(released_tiny, tmp_pat
     def learned(state):
         state["args"].encoder_learned_pos = True
 
-    assert_refused(_edit(released_tiny, tmp_path / "b.pt", learned), tmp_path / "out", "args.encoder_learned_pos",
-                   capsys)
+    assert_refused(
+        _edit(released_tiny, tmp_path / "b.pt", learned), tmp_path / "out", "args.encoder_learned_pos", capsys
+    )
 
     def activation(state):
         state["args"].activation_fn = "gelu_accurate"
 
-    assert_refused(_edit(released_tiny, tmp_path / "c.pt", activation), tmp_path / "out",
-                   "args.activation_fn = 'gelu_accurate'", capsys)
+    assert_refused(
+        _edit(released_tiny, tmp_path / "c.pt", activation),
+        tmp_path / "out",
+        "args.activation_fn = 'gelu_accurate'",
+        capsys,
+    )
 
     def pair_only(state):
         state["args"].pretrain_task = "pmlm"
 
-    assert_refused(_edit(released_tiny, tmp_path / "d.pt", pair_only), tmp_path / "out", "args.pretrain_task = 'pmlm'",
-                   capsys)
+    assert_refused(
+        _edit(released_tiny, tmp_path / "d.pt", pair_only), tmp_path / "out", "args.pretrain_task = 'pmlm'", capsys
+    )
 
     def extra_tensor(state):
         state["model"]["encoder.sentence_encoder.layers.0.self_attn.bias_k"] = torch.zeros(1, 1, 16)
 
-    assert_refused(_edit(released_tiny, tmp_path / "e.pt", extra_tensor), tmp_path / "out",
-                   "tensor encoder.sentence_encoder.layers.0.self_attn.bias_k has no counterpart", capsys)
+    assert_refused(
+        _edit(released_tiny, tmp_path / "e.pt", extra_tensor),
+        tmp_path / "out",
+        "tensor encoder.sentence_encoder.layers.0.self_attn.bias_k has no counterpart",
+        capsys,
+    )
 
     def wider(state):
         state["args"].encoder_embed_dim = 32
 
-    assert_refused(_edit(released_tiny, tmp_path / "f.pt", wider), tmp_path / "out", "the checkpoint gives shape",
-                   capsys)
+    assert_refused(
+        _edit(released_tiny, tmp_path / "f.pt", wider), tmp_path / "out", "the checkpoint gives shape", capsys
+    )
 
 
 def test_another_model_family_is_refused(tmp_path, capsys):
@@ -228,8 +260,12 @@ def test_another_model_family_is_refused(tmp_path, capsys):
     assert_refused(plain, tmp_path / "out", "not a fairseq checkpoint: no 'args' Namespace", capsys)
     fairseq_roberta = tmp_path / "roberta.pt"
     torch.save({"args": Namespace(arch="roberta_base", task="masked_lm"), "model": roberta}, fairseq_roberta)
-    assert_refused(fairseq_roberta, tmp_path / "out", "args.arch = 'roberta_base' is not an architecture of the "
-                                                      "released PMLM code", capsys)
+    assert_refused(
+        fairseq_roberta,
+        tmp_path / "out",
+        "args.arch = 'roberta_base' is not an architecture of the released PMLM code",
+        capsys,
+    )
 
 
 def test_the_expected_objective_is_checked(released_tiny, tmp_path):
@@ -249,7 +285,7 @@ def released_class_of_ours() -> list[int]:
     (pmlm_utils.mask_batch_target), here read from the dictionary fairseq built for the fixture."""
     names = {alphabet.CLS: "<s>", alphabet.PAD: "<pad>", alphabet.EOS: "</s>"}
     fairseq = PROVENANCE["models"]["pmlm"]["dictionary"]
-    ours = [*alphabet.TOKENS[:alphabet.FULL_PAIR_SIDE - 1], alphabet.GAP]
+    ours = [*alphabet.TOKENS[: alphabet.FULL_PAIR_SIDE - 1], alphabet.GAP]
     index = [fairseq.index(names.get(t, t)) for t in ours]
     side = len(fairseq)
     return [side * index[b] + index[a] for a in range(side) for b in range(side)]
@@ -302,19 +338,31 @@ def test_imported_model_computes_what_the_released_one_computes(imported, name, 
     fairseq = PROVENANCE["models"][name]["dictionary"]
     residues = [fairseq.index(r) for r in alphabet.RESIDUES]
     theirs = ref["token_logits"][..., residues]  # our 20 classes: the released logits of the residues
-    np.testing.assert_allclose(out["logits"][real], theirs[real], rtol=0,
-                               atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg))
+    np.testing.assert_allclose(
+        out["logits"][real], theirs[real], rtol=0, atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg)
+    )
     if name == "pmlm":
         marked = ref["marked"]
-        pairs = torch.tensor([(b, i, j) for b in range(marked.shape[0]) for i in marked[b].nonzero().flatten().tolist()
-                              for j in marked[b].nonzero().flatten().tolist() if i != j])  # row-major, as released
+        pairs = torch.tensor(
+            [
+                (b, i, j)
+                for b in range(marked.shape[0])
+                for i in marked[b].nonzero().flatten().tolist()
+                for j in marked[b].nonzero().flatten().tolist()
+                if i != j
+            ]
+        )  # row-major, as released
         with torch.no_grad():
             pair_logits = model(tokens, pair_index=pairs)["pair_logits"]
         theirs = ref["pair_logits"][:, released_class_of_ours()]
         assert pair_logits.shape == theirs.shape == (len(pairs), 27 * 27)
         np.testing.assert_allclose(pair_logits, theirs, rtol=0, atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg))
-        np.testing.assert_allclose(out["logits"][marked], ref["marked_token_logits"][:, residues], rtol=0,
-                                   atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg))
+        np.testing.assert_allclose(
+            out["logits"][marked],
+            ref["marked_token_logits"][:, residues],
+            rtol=0,
+            atol=layer_tolerance(theirs, cfg.num_layers + 2, cfg),
+        )
 
 
 def test_fixture_models_are_the_released_families(imported):
@@ -331,6 +379,7 @@ def test_fixture_models_are_the_released_families(imported):
 
 # -- using an imported model ------------------------------------------------------------------------------
 
+
 def test_embed_contacts_score_and_load_on_an_imported_model(imported, tmp_path):
     model_dir = imported["pmlm"].parent
     seqs = {"first": PROVENANCE["sequences"][0], "third": PROVENANCE["sequences"][2]}
@@ -341,23 +390,45 @@ def test_embed_contacts_score_and_load_on_an_imported_model(imported, tmp_path):
     ref = load_file(FIXTURE / "pmlm_tiny_reference.safetensors")["hidden_states"][-1]  # the released final layer
     for b, (name, seq) in zip((0, 2), seqs.items()):
         rows = np.stack(emb[emb["id"] == name]["embedding"].to_numpy())
-        np.testing.assert_allclose(rows, ref[b, 1:len(seq) + 1], rtol=0, atol=layer_tolerance(ref, 4, load_encoder(
-            imported["pmlm"])[0].cfg))
+        np.testing.assert_allclose(
+            rows, ref[b, 1 : len(seq) + 1], rtol=0, atol=layer_tolerance(ref, 4, load_encoder(imported["pmlm"])[0].cfg)
+        )
     assert main(["contacts", str(model_dir), str(fasta), "-o", str(tmp_path / "maps"), "--device", "cpu"]) == 0
     scores = np.load(tmp_path / "maps" / "third.npz")["scores"]
-    assert scores.shape == (len(seqs["third"]),) * 2 and np.isfinite(scores[np.triu_indices(len(seqs["third"]), 1)]).all()
+    assert (
+        scores.shape == (len(seqs["third"]),) * 2 and np.isfinite(scores[np.triu_indices(len(seqs["third"]), 1)]).all()
+    )
     wt = tmp_path / "wt.fasta"
     wt.write_text(f">wt\n{seqs['third']}\n")
     (tmp_path / "muts.csv").write_text("mutant\nM1A\nA2G\nM1A:A2G\nD3E:K22R\n")
-    assert main(["score", str(model_dir), "--sequence", str(wt), "--mutations", str(tmp_path / "muts.csv"),
-                 "-o", str(tmp_path / "scores.tsv"), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                str(model_dir),
+                "--sequence",
+                str(wt),
+                "--mutations",
+                str(tmp_path / "muts.csv"),
+                "-o",
+                str(tmp_path / "scores.tsv"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     table = pd.read_csv(tmp_path / "scores.tsv", sep="\t")
     assert list(table["kind"]) == ["single", "single", "double", "double"]
     assert list(table["double_from"].fillna("-"))[2:] == ["pair_joint", "pair_joint"]
     assert np.isfinite(table["score"]).all()
     loaded = pmlm.load(model_dir)
-    np.testing.assert_allclose(loaded.embed(seqs["first"]), ref[0, 1:len(seqs["first"]) + 1], rtol=0,
-                               atol=layer_tolerance(ref, 4, loaded.encoder.cfg))
+    np.testing.assert_allclose(
+        loaded.embed(seqs["first"]),
+        ref[0, 1 : len(seqs["first"]) + 1],
+        rtol=0,
+        atol=layer_tolerance(ref, 4, loaded.encoder.cfg),
+    )
     np.testing.assert_allclose(loaded.contacts(seqs["third"]), scores, rtol=0, atol=1e-5, equal_nan=True)
     rows = loaded.score(seqs["third"], ["M1A", "M1A:A2G"])
     np.testing.assert_allclose([r["score"] for r in rows], table["score"].iloc[[0, 2]], rtol=0, atol=1e-5)

@@ -185,8 +185,20 @@ def test_cli_one_line_error_and_success(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "bad.fa:1:" in err[0] and "Traceback" not in err[0]
     good = write(tmp_path / "good.fa", ">a\nmkv\n")
-    rc = main(["ingest", good, "-o", str(tmp_path / "o.fa"), "--stats", str(tmp_path / "s.json"),
-               "--set", "case=upper", "--set", "min_length=2"])
+    rc = main(
+        [
+            "ingest",
+            good,
+            "-o",
+            str(tmp_path / "o.fa"),
+            "--stats",
+            str(tmp_path / "s.json"),
+            "--set",
+            "case=upper",
+            "--set",
+            "min_length=2",
+        ]
+    )
     assert rc == 0 and (tmp_path / "o.fa").read_text() == ">a\nMKV\n"
     rc = main(["ingest", good, "-o", str(tmp_path / "o.fa"), "--stats", str(tmp_path / "s.json"), "--set", "nope=1"])
     assert rc == 2 and "unknown key(s) nope" in capsys.readouterr().err
@@ -205,8 +217,11 @@ def test_uniref_xml_and_pfam_sources(tmp_path):
     assert stats["formats"] == ["uniref_xml"] and stats["read"] == stats["kept"] == 3
     assert stats["repaired"] == {"nonstandard_mapped": 1}  # U -> C in the selenoprotein
     headers = [r.title for r in read_fasta(tmp_path / "u.fa")]
-    assert headers == ["UniRef50_Q6GZX4 members=3 taxon=10492", "UniRef50_Q6GZX3 members=1 taxon=654924",
-                       "UniRef50_P0DMW5 members=2 taxon=2759"]
+    assert headers == [
+        "UniRef50_Q6GZX4 members=3 taxon=10492",
+        "UniRef50_Q6GZX3 members=1 taxon=654924",
+        "UniRef50_P0DMW5 members=2 taxon=2759",
+    ]
     pfam = os.path.join(SOURCES, "pfam_a_31_excerpt.fasta")
     stats = ingest([pfam], str(tmp_path / "p.fa"), str(tmp_path / "p.json"), IngestPolicy())
     assert stats["formats"] == ["pfam_fasta"] and stats["dropped"] == {"duplicate_sequence": 1}
@@ -257,7 +272,6 @@ def test_malformed_xml_leaves_no_output(tmp_path):
     with pytest.raises(InputError, match=r"in\.fa:\d+: malformed XML"):
         ingest([str(xml)], str(tmp_path / "clean.fa"), str(tmp_path / "stats.json"), IngestPolicy())
     assert_no_output(tmp_path)
-
 
 
 def test_duplicate_id_lines_counted_again_across_blocks(tmp_path, monkeypatch):

@@ -97,14 +97,33 @@ def test_every_model_on_every_validation_set_one_panel_each(tmp_path):
         cfg = model_config("tiny")
         model = build_model(cfg, ObjectiveConfig(name=objective))
         weights[objective] = tmp_path / objective / "model.safetensors"
-        write_encoder(weights[objective], {k: v.contiguous() for k, v in model.state_dict().items()},
-                      {"model": cfg.to_dict(), "objective": {"name": objective}})
-    sets = {"fam": write_shards(tmp_path / "fam", {"valid": make_sequences(6, seed=1)}),
-            "uni": write_shards(tmp_path / "uni", {"valid": make_sequences(6, seed=2, families=3)})}
+        write_encoder(
+            weights[objective],
+            {k: v.contiguous() for k, v in model.state_dict().items()},
+            {"model": cfg.to_dict(), "objective": {"name": objective}},
+        )
+    sets = {
+        "fam": write_shards(tmp_path / "fam", {"valid": make_sequences(6, seed=1)}),
+        "uni": write_shards(tmp_path / "uni", {"valid": make_sequences(6, seed=2, families=3)}),
+    }
     prefix = tmp_path / "kl"
-    argv = ["kl", "--model", f"A={weights['pmlm']}", "--model", f"B={weights['pmlm_pair_only']}",
-            "--valid", f"fam={sets['fam']}", "--valid", f"uni={sets['uni']}", "--sequences", "4", "--pairs", "3",
-            "--out-prefix", str(prefix)]
+    argv = [
+        "kl",
+        "--model",
+        f"A={weights['pmlm']}",
+        "--model",
+        f"B={weights['pmlm_pair_only']}",
+        "--valid",
+        f"fam={sets['fam']}",
+        "--valid",
+        f"uni={sets['uni']}",
+        "--sequences",
+        "4",
+        "--pairs",
+        "3",
+        "--out-prefix",
+        str(prefix),
+    ]
     assert main(argv) == 0
     summary = json.loads(prefix.with_suffix(".json").read_text())
     assert list(summary) == ["fam", "uni"] and all(list(panel) == ["A", "B"] for panel in summary.values())

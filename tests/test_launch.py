@@ -110,8 +110,7 @@ def test_rendezvous_port_follows_the_job_id_and_timeouts_reach_torchrun():
     # jobs that share a first node meet at different ports; below Linux's ephemeral ports (32768-)
     assert [rendezvous_port(j) for j in ("7", "4242", "2007", "1999", None)] == [29507, 29742, 29507, 31499, 29500]
     alloc = read_allocation(BATCH_2X4, job_record=_no_job_record)
-    plan = plan_launch(alloc, COMMAND, port=31000, marker_dir=MARKER, python=PY, join_timeout=45,
-                       collective_timeout=30)
+    plan = plan_launch(alloc, COMMAND, port=31000, marker_dir=MARKER, python=PY, join_timeout=45, collective_timeout=30)
     assert "gpu07:31000" in plan.argv and "join_timeout=45" in plan.argv
     assert plan.env == {COLLECTIVE_TIMEOUT_ENV: "30"}
     with pytest.raises(ConfigError, match="--join-timeout"):
@@ -159,12 +158,19 @@ def test_expand_hostlist(nodelist, hosts):
 
 def test_failure_summary_names_each_node():
     plan = LaunchPlan("srun", ["srun"], 2, 2, MARKER, ["n1", "n2"], "n1:29501", {})
-    line = failure_summary(plan, 137, 8.4, {"n1": "torchrun exited 1: rank 0 exit 2, rank 1 exit 2 after 40 s"},
-                           ["n2: task 1: Killed", "n1: task 0: Exited with exit code 1"])
+    line = failure_summary(
+        plan,
+        137,
+        8.4,
+        {"n1": "torchrun exited 1: rank 0 exit 2, rank 1 exit 2 after 40 s"},
+        ["n2: task 1: Killed", "n1: task 0: Exited with exit code 1"],
+    )
     assert "\n" not in line
-    assert line == ("pmlm launch: error: exit 137 after 8 s on 2 node(s): n1: torchrun exited 1: rank 0 exit 2, "
-                    "rank 1 exit 2 after 40 s; n2: no report (its processes were killed, or the node was lost, "
-                    "before torchrun ended); srun: n2: task 1: Killed | n1: task 0: Exited with exit code 1")
+    assert line == (
+        "pmlm launch: error: exit 137 after 8 s on 2 node(s): n1: torchrun exited 1: rank 0 exit 2, "
+        "rank 1 exit 2 after 40 s; n2: no report (its processes were killed, or the node was lost, "
+        "before torchrun ended); srun: n2: task 1: Killed | n1: task 0: Exited with exit code 1"
+    )
 
 
 def test_two_nodes_from_the_job_record_when_the_executor_stripped_slurm_variables():
@@ -330,8 +336,12 @@ def test_a_worker_requeue_exit_under_torchrun_becomes_99(tmp_path):
     code, out = _finish(_launch(tmp_path, 2, "0,3"))
     assert code == 1, out  # an ordinary failure stays a failure, said in one line at the end
     host = socket.gethostname()
-    assert re.search(rf"^pmlm launch: error: exit 1 after \d+ s on 1 node\(s\): {re.escape(host)}: torchrun exited 1: "
-                     r".*rank 1 exit 3 after \d+ s$", out, re.M), out
+    assert re.search(
+        rf"^pmlm launch: error: exit 1 after \d+ s on 1 node\(s\): {re.escape(host)}: torchrun exited 1: "
+        r".*rank 1 exit 3 after \d+ s$",
+        out,
+        re.M,
+    ), out
     # each worker says which rank runs where
     for rank in (0, 1):
         assert re.search(rf"^pmlm launch: rank {rank} of 2 \(local rank {rank}\) on {re.escape(host)} ", out, re.M), out
@@ -399,13 +409,18 @@ def test_a_hung_rank_fails_the_run_after_the_collective_timeout(shard_dir, tmp_p
         stopped = int(pids["1"])
         os.kill(stopped, signal.SIGSTOP)
         started = time.monotonic()
-        lost = re.compile(r"^pmlm pretrain: error: rank 0 on \S+ lost the other ranks at step (\d+) \((.*)\); "
-                          r"last checkpoint: (\S+), rerun to resume from it$", re.M)
+        lost = re.compile(
+            r"^pmlm pretrain: error: rank 0 on \S+ lost the other ranks at step (\d+) \((.*)\); "
+            r"last checkpoint: (\S+), rerun to resume from it$",
+            re.M,
+        )
         while not lost.search(log.read_text()):
             assert proc.poll() is None and time.monotonic() < started + LAUNCH_TIMEOUT_S, log.read_text()
             time.sleep(0.1)
-        print(f"rank 1 stopped -> rank 0 gave up after {time.monotonic() - started:.1f} s "
-              f"(collective timeout {HANG_TIMEOUT_S} s)")
+        print(
+            f"rank 1 stopped -> rank 0 gave up after {time.monotonic() - started:.1f} s "
+            f"(collective timeout {HANG_TIMEOUT_S} s)"
+        )
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)  # so that it can be torn down

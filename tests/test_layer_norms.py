@@ -26,7 +26,7 @@ def tokens(lengths=(9, 6), seed=0) -> torch.Tensor:
     out = torch.full((len(lengths), max(lengths) + 2), 1)  # <pad>
     for row, n in enumerate(lengths):
         out[row, 0] = CLS_ID
-        out[row, 1:n + 1] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
+        out[row, 1 : n + 1] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
         out[row, n + 1] = EOS_ID
     return out
 
@@ -43,12 +43,16 @@ def reference_attention(layer, x: torch.Tensor) -> torch.Tensor:
 
 def reference_layer(layer, x: torch.Tensor, norm: str, activation: str) -> torch.Tensor:
     """One layer without dropout, as fairseq 0.10.2's TransformerSentenceEncoderLayer (post) or ESM-1b's (pre)."""
+
     def ln(module, y):
         return F.layer_norm(y, y.shape[-1:], module.weight, module.bias, module.eps)
 
     def ffn(y):
-        return F.linear(ACT[activation](F.linear(y, layer.ffn_in.weight, layer.ffn_in.bias)),
-                        layer.ffn_out.weight, layer.ffn_out.bias)
+        return F.linear(
+            ACT[activation](F.linear(y, layer.ffn_in.weight, layer.ffn_in.bias)),
+            layer.ffn_out.weight,
+            layer.ffn_out.bias,
+        )
 
     if norm == "post":
         x = ln(layer.attn_norm, x + reference_attention(layer, x))
@@ -159,8 +163,9 @@ def test_train_config_builds_the_objective_recipe():
 
     cfg = TrainConfig.from_dict({"model": {"preset": "tiny"}, "objective": {"name": "mlm"}})
     assert cfg.model_config().embedding_norm and cfg.model_config().activation == "gelu"
-    pinned = TrainConfig.from_dict({"model": {"preset": "tiny", "overrides": {"norm": "pre"}},
-                                    "objective": {"name": "pmlm_pair_only"}})
+    pinned = TrainConfig.from_dict(
+        {"model": {"preset": "tiny", "overrides": {"norm": "pre"}}, "objective": {"name": "pmlm_pair_only"}}
+    )
     assert pinned.model_config().norm == "pre" and pinned.model_config().dropout == 0.0
 
 

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from pmlm.evaluation.metrics import (
-    CONTACT_RANGES, chance_precision, contact_metrics, contact_precision, q3_accuracy, top1_accuracy, top_k_precision,
+    CONTACT_RANGES,
+    chance_precision,
+    contact_metrics,
+    contact_precision,
+    q3_accuracy,
+    top1_accuracy,
+    top_k_precision,
 )
 
 

@@ -38,7 +38,7 @@ def make_tokens(lengths: list[int], total_len: int | None = None, seed: int = 0)
     tokens = torch.full((len(lengths), width), PAD_ID, dtype=torch.long)
     for row, n in enumerate(lengths):
         tokens[row, 0] = CLS_ID
-        tokens[row, 1:n + 1] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
+        tokens[row, 1 : n + 1] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
         tokens[row, n + 1] = EOS_ID
     return tokens
 
@@ -163,11 +163,14 @@ def test_pair_head_matches_concat_formula_chunked_and_mirrored():
     with torch.no_grad():
         reps = model.encode(tokens)
         g = torch.Generator().manual_seed(1)
-        pair_index = torch.stack([
-            torch.randint(2, (50,), generator=g),
-            torch.randint(1, 15, (50,), generator=g),
-            torch.randint(1, 15, (50,), generator=g),
-        ], dim=1)
+        pair_index = torch.stack(
+            [
+                torch.randint(2, (50,), generator=g),
+                torch.randint(1, 15, (50,), generator=g),
+                torch.randint(1, 15, (50,), generator=g),
+            ],
+            dim=1,
+        )
         ref_logits, ref_repr = naive_pair_head(model.pair_head, reps, pair_index)
         one_chunk = model.pair_head(reps, pair_index, return_repr=True)
         model.pair_head.chunk_size = 7  # many chunks, last one partial
@@ -246,4 +249,6 @@ def test_token_positions_and_mirrored_pairs_in_forward():
         sub = model(tokens, pair_index=pair_index, token_positions=positions, mirror_pairs=True)
         swapped = model(tokens, pair_index=pair_index[:, [0, 2, 1]])
     torch.testing.assert_close(sub["logits"], full["logits"][positions])
-    torch.testing.assert_close(sub["pair_logits"], torch.cat([full["pair_logits"], swapped["pair_logits"]]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        sub["pair_logits"], torch.cat([full["pair_logits"], swapped["pair_logits"]]), rtol=1e-4, atol=1e-4
+    )

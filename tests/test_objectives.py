@@ -27,9 +27,9 @@ def make_tokens(lengths: list[int], seed: int = 0, x_every: int = 0) -> torch.Te
     tokens = torch.full((len(lengths), max(lengths) + 2), PAD_ID, dtype=torch.long)
     for row, n in enumerate(lengths):
         tokens[row, 0] = CLS_ID
-        tokens[row, 1:n + 1] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
+        tokens[row, 1 : n + 1] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
         if x_every:
-            tokens[row, 1:n + 1:x_every] = X_ID
+            tokens[row, 1 : n + 1 : x_every] = X_ID
         tokens[row, n + 1] = EOS_ID
     return tokens
 
@@ -122,8 +122,9 @@ def test_pair_index_and_labels_match_brute_force():
 
 def tiny_model(objective: str, **overrides):
     torch.manual_seed(0)
-    return build_model(model_config("tiny", dropout=0.0, attention_dropout=0.0, **overrides),
-                       ObjectiveConfig(name=objective))
+    return build_model(
+        model_config("tiny", dropout=0.0, attention_dropout=0.0, **overrides), ObjectiveConfig(name=objective)
+    )
 
 
 @pytest.mark.parametrize("pair_vocab", ["standard", "full"])
@@ -169,8 +170,10 @@ def test_pair_only_uses_diagonal_and_its_marginal():
     off_labels, diag_labels = pair_labels(off, targets), pair_labels(diag, targets)
     assert diag_labels.equal(targets[valid] * (NUM_RESIDUES + 1))  # (x, x) classes
     n_all = off_labels.numel() + diag_labels.numel()
-    loss = (F.cross_entropy(off_logits, off_labels, reduction="sum")
-            + F.cross_entropy(diag_logits, diag_labels, reduction="sum")) / n_all
+    loss = (
+        F.cross_entropy(off_logits, off_labels, reduction="sum")
+        + F.cross_entropy(diag_logits, diag_labels, reduction="sum")
+    ) / n_all
     torch.testing.assert_close(out["loss"].detach(), loss, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out["l_pmlm"], F.cross_entropy(off_logits, off_labels), rtol=1e-4, atol=1e-5)
     # marginal over the second residue of the 400-way softmax, explicitly summed

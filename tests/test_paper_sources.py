@@ -41,16 +41,24 @@ def publish(ftp_root: Path, http_root: Path) -> dict:
     rng = random.Random(7)
     seqs = _families(rng, 12, 10)
     seqs.append(seqs[0])  # an exact duplicate: dropped by ingest, counted
-    xml = document_head("2018_03") + "".join(
-        format_entry(f"A{i:05d}", s, members=1 + i % 4, taxon=1000 + i % 3) for i, s in enumerate(seqs)) + document_tail()
+    xml = (
+        document_head("2018_03")
+        + "".join(format_entry(f"A{i:05d}", s, members=1 + i % 4, taxon=1000 + i % 3) for i, s in enumerate(seqs))
+        + document_tail()
+    )
     archive = uniprot_release_archive(ftp_root / "uniref2018_03.tar.gz", xml.encode()).read_bytes()
     (ftp_root / "RELEASE.metalink").write_text(
         '<?xml version="1.0" encoding="UTF-8"?>\n<metalink version="3.0" xmlns="http://www.metalinker.org/"><files>\n'
         f'<file name="uniref2018_03.tar.gz"><size>{len(archive)}</size><verification><hash type="md5">'
-        f'{hashlib.md5(archive).hexdigest()}</hash></verification></file>\n</files></metalink>\n')
+        f"{hashlib.md5(archive).hexdigest()}</hash></verification></file>\n</files></metalink>\n"
+    )
     domains = _families(rng, 8, 12)
-    pfam = "".join(f">D{i:04d}_BACSU/{1 + i}-{len(s) + i} D{i:04d}.1 PF{10000 + i % 8:05d}.{1 + i % 3};Fam{i % 8};\n"
-                   + "\n".join(s[k:k + 60] for k in range(0, len(s), 60)) + "\n" for i, s in enumerate(domains))
+    pfam = "".join(
+        f">D{i:04d}_BACSU/{1 + i}-{len(s) + i} D{i:04d}.1 PF{10000 + i % 8:05d}.{1 + i % 3};Fam{i % 8};\n"
+        + "\n".join(s[k : k + 60] for k in range(0, len(s), 60))
+        + "\n"
+        for i, s in enumerate(domains)
+    )
     (ftp_root / "Pfam-A.fasta.gz").write_bytes(gzip.compress(pfam.encode()))
     seq = "MKTAYIAKQR"
     tasks = {
@@ -58,8 +66,14 @@ def publish(ftp_root: Path, http_root: Path) -> dict:
         "secondary_structure": ["train", "valid", "cb513", "casp12", "ts115"],
         "remote_homology": ["train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"],
     }
-    record = {"primary": seq, "protein_length": len(seq), "tertiary": [[3.8 * i, 0, 0] for i in range(len(seq))],
-              "valid_mask": [True] * len(seq), "ss3": [0, 1, 2] * 3 + [2], "fold_label": 3}
+    record = {
+        "primary": seq,
+        "protein_length": len(seq),
+        "tertiary": [[3.8 * i, 0, 0] for i in range(len(seq))],
+        "valid_mask": [True] * len(seq),
+        "ss3": [0, 1, 2] * 3 + [2],
+        "fold_label": 3,
+    }
     for task, splits in tasks.items():
         members = {f"{task}/{task}_{s}.json": json.dumps([dict(record, id=f"{task}_{s}")]).encode() for s in splits}
         (http_root / f"{task}.tar.gz").write_bytes(tar_bytes(members, "w:gz"))
@@ -85,13 +99,25 @@ def test_paper_sources_through_the_data_stage(tmp_path):
     ftp_root.mkdir(), http_root.mkdir()
     published = publish(ftp_root, http_root)
     work = tmp_path / "work"
-    members = ["resources/sources/tape_proteinnet/members/proteinnet/proteinnet_test.json",
-               "resources/sources/tape_secondary_structure/members/secondary_structure/secondary_structure_cb513.json",
-               "resources/sources/tape_remote_homology/members/remote_homology/remote_homology_test_fold_holdout.json"]
+    members = [
+        "resources/sources/tape_proteinnet/members/proteinnet/proteinnet_test.json",
+        "resources/sources/tape_secondary_structure/members/secondary_structure/secondary_structure_cb513.json",
+        "resources/sources/tape_remote_homology/members/remote_homology/remote_homology_test_fold_holdout.json",
+    ]
     with ftp_server(ftp_root) as ftp, static_http_server(http_root) as http:
         config = local_paper_config(ftp.url, http, tmp_path / "paper_local.yaml")
-        proc = snakemake("data", *members, "--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(work),
-                         "--configfile", str(config))
+        proc = snakemake(
+            "data",
+            *members,
+            "--cores",
+            "2",
+            "-s",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(work),
+            "--configfile",
+            str(config),
+        )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # only the member was written out of the nested archive; its download was checked against the listing

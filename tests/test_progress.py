@@ -31,8 +31,17 @@ def _lines(stream: io.StringIO) -> list[str]:
 
 def test_a_line_at_every_tenth_with_rate_elapsed_and_eta():
     clock, out = Clock(), io.StringIO()
-    progress = Progress("pmlm pretrain", 200, unit="steps", rates=("tokens",), each_tenth=True, stream=out,
-                        tty=False, every_s=3600, clock=clock)
+    progress = Progress(
+        "pmlm pretrain",
+        200,
+        unit="steps",
+        rates=("tokens",),
+        each_tenth=True,
+        stream=out,
+        tty=False,
+        every_s=3600,
+        clock=clock,
+    )
     for step in range(1, 201):
         clock.now += 0.5
         progress.update(step, loss=2.0, tokens=100 * step)
@@ -75,8 +84,9 @@ def test_lazy_fields_are_read_only_when_a_line_is_written():
         reads.append(1)
         return 1.5
 
-    progress = Progress("pmlm finetune", 1000, unit="steps", each_tenth=True, stream=out, tty=False, every_s=3600,
-                        clock=clock)
+    progress = Progress(
+        "pmlm finetune", 1000, unit="steps", each_tenth=True, stream=out, tty=False, every_s=3600, clock=clock
+    )
     for step in range(1, 1001):
         progress.update(step, loss=loss)
     assert len(reads) == len(_lines(out)) == 10
@@ -84,8 +94,9 @@ def test_lazy_fields_are_read_only_when_a_line_is_written():
 
 def test_resumed_run_counts_eta_from_its_own_start():
     clock, out = Clock(), io.StringIO()
-    progress = Progress("pmlm pretrain", 100, unit="steps", start=50, each_tenth=True, stream=out, tty=False,
-                        every_s=3600, clock=clock)
+    progress = Progress(
+        "pmlm pretrain", 100, unit="steps", start=50, each_tenth=True, stream=out, tty=False, every_s=3600, clock=clock
+    )
     clock.now = 10.0
     progress.update(60)
     assert _lines(out) == ["pmlm pretrain: 60/100 steps (60%) elapsed 0:00:10 eta 0:00:40"]
@@ -112,16 +123,41 @@ def test_duration():
 
 def test_pretraining_log_has_a_progress_line_per_tenth(tmp_path):
     """What a rule's `> {log} 2>&1` captures from a short pre-training run: a line at each tenth of the run."""
-    shards = write_shards(tmp_path / "shards", {"train": make_sequences(128, seed=1), "valid": make_sequences(32, seed=2)})
-    cfg = {"model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
-           "optim": {"lr": 3e-3, "warmup_steps": 2, "total_steps": 30}, "data": {"tokens_per_batch": 512},
-           "log_every": 7, "eval_every": 30, "eval_batches": 2, "save_every": 30, "tensorboard": False, "device": "cpu"}
+    shards = write_shards(
+        tmp_path / "shards", {"train": make_sequences(128, seed=1), "valid": make_sequences(32, seed=2)}
+    )
+    cfg = {
+        "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
+        "optim": {"lr": 3e-3, "warmup_steps": 2, "total_steps": 30},
+        "data": {"tokens_per_batch": 512},
+        "log_every": 7,
+        "eval_every": 30,
+        "eval_batches": 2,
+        "save_every": 30,
+        "tensorboard": False,
+        "device": "cpu",
+    }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     log_path = tmp_path / "pretrain.log"
     with open(log_path, "w") as log:
         code = subprocess.run(
-            [sys.executable, "-m", "pmlm", "pretrain", "--config", str(tmp_path / "cfg.yaml"), "--shards", str(shards),
-             "--out", str(tmp_path / "run"), "--final", str(tmp_path / "model.safetensors")], stdout=log, stderr=subprocess.STDOUT, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "pmlm",
+                "pretrain",
+                "--config",
+                str(tmp_path / "cfg.yaml"),
+                "--shards",
+                str(shards),
+                "--out",
+                str(tmp_path / "run"),
+                "--final",
+                str(tmp_path / "model.safetensors"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=300,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         ).returncode
     text = log_path.read_text()

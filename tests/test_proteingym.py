@@ -47,6 +47,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 # --- the metrics, by hand ------------------------------------------------------------------------------------
 
+
 def test_average_ranks_and_spearman_by_hand():
     assert fitness.average_ranks([10, 20, 20, 5]).tolist() == [2.0, 3.5, 3.5, 1.0]
     # no ties: 1 - 6 * sum d^2 / (n (n^2 - 1)) = 1 - 6 * 2 / 60
@@ -103,11 +104,30 @@ def test_permutation_p_value_by_hand():
 
 def test_proteingym_aggregation_by_hand():
     """Per UniProt ID, then per (UniProt ID, category) group, then over categories: not the mean over assays."""
-    rows = [("A1", "P1", "Stability", 0.2, 10), ("A2", "P1", "Stability", 0.4, 30), ("A3", "P2", "Activity", 0.9, 5),
-            ("A4", "P3", "Stability", 0.6, 7), ("A5", "P3", "Stability", float("nan"), 4)]
-    frame = pd.DataFrame([{"encoder": "E", "key": a, "uniprot": u, "category": c, "scorer": "additive",
-                           "subset": subset, "metric": "spearman", "value": v, "n_mutants": n}
-                          for a, u, c, v, n in rows for subset in ("all", "depth1")])
+    rows = [
+        ("A1", "P1", "Stability", 0.2, 10),
+        ("A2", "P1", "Stability", 0.4, 30),
+        ("A3", "P2", "Activity", 0.9, 5),
+        ("A4", "P3", "Stability", 0.6, 7),
+        ("A5", "P3", "Stability", float("nan"), 4),
+    ]
+    frame = pd.DataFrame(
+        [
+            {
+                "encoder": "E",
+                "key": a,
+                "uniprot": u,
+                "category": c,
+                "scorer": "additive",
+                "subset": subset,
+                "metric": "spearman",
+                "value": v,
+                "n_mutants": n,
+            }
+            for a, u, c, v, n in rows
+            for subset in ("all", "depth1")
+        ]
+    )
     out = aggregate(frame)
 
     def at(level, key, subset="all"):
@@ -130,8 +150,16 @@ def test_proteingym_aggregation_by_hand():
 
 # --- assays as published, and bad input ---------------------------------------------------------------------
 
-REFERENCE_COLUMNS = ["DMS_index", "DMS_id", "DMS_filename", "UniProt_ID", "taxon", "target_seq", "seq_len",
-                     "coarse_selection_type"]
+REFERENCE_COLUMNS = [
+    "DMS_index",
+    "DMS_id",
+    "DMS_filename",
+    "UniProt_ID",
+    "taxon",
+    "target_seq",
+    "seq_len",
+    "coarse_selection_type",
+]
 
 
 def write_reference(path: Path, assays: list[dict]) -> Path:
@@ -139,8 +167,15 @@ def write_reference(path: Path, assays: list[dict]) -> Path:
         writer = csv.DictWriter(fh, fieldnames=REFERENCE_COLUMNS, lineterminator="\n")
         writer.writeheader()
         for k, a in enumerate(assays):
-            writer.writerow({"DMS_index": f"DMS_sub_{k}", "taxon": "Human", "seq_len": len(a["target_seq"]),
-                             "DMS_filename": f"{a['DMS_id']}.csv", **a})
+            writer.writerow(
+                {
+                    "DMS_index": f"DMS_sub_{k}",
+                    "taxon": "Human",
+                    "seq_len": len(a["target_seq"]),
+                    "DMS_filename": f"{a['DMS_id']}.csv",
+                    **a,
+                }
+            )
     return path
 
 
@@ -177,20 +212,45 @@ def case(tmp_path_factory):
     root = tmp_path_factory.mktemp("proteingym")
     target = random_letters(40, seed=11)
     s = lambda pos: f"{target[pos - 1]}{pos}{other(target[pos - 1])}"  # noqa: E731
-    mutants = [s(1), s(3), s(10), s(20), s(35), s(40), f"{s(3)}:{s(10)}", f"{s(10)}:{s(20)}", f"{s(2)}:{s(35)}",
-               f"{s(1)}:{s(20)}:{s(40)}"]
-    return {"root": root, "target": target, "mutants": mutants,
-            "pmlm": tiny_encoder(root / "pmlm" / "model.safetensors"),
-            "mlm": tiny_encoder(root / "mlm" / "model.safetensors", objective="mlm", seed=2)}
+    mutants = [
+        s(1),
+        s(3),
+        s(10),
+        s(20),
+        s(35),
+        s(40),
+        f"{s(3)}:{s(10)}",
+        f"{s(10)}:{s(20)}",
+        f"{s(2)}:{s(35)}",
+        f"{s(1)}:{s(20)}:{s(40)}",
+    ]
+    return {
+        "root": root,
+        "target": target,
+        "mutants": mutants,
+        "pmlm": tiny_encoder(root / "pmlm" / "model.safetensors"),
+        "mlm": tiny_encoder(root / "mlm" / "model.safetensors", objective="mlm", seed=2),
+    }
 
 
-def select_and_score(tmp: Path, case, files: dict[str, str], *, encoder="pmlm", extra=(), reference_rows=None,
-                     truncate=False):
+def select_and_score(
+    tmp: Path, case, files: dict[str, str], *, encoder="pmlm", extra=(), reference_rows=None, truncate=False
+):
     """`pmlm proteingym select` then `score` of assay ONE_TEST_2020 (exit codes, and the output prefix); with
     ``truncate`` the archive is cut to its first half, as an interrupted download would leave it."""
     target = case["target"]
-    reference = write_reference(tmp / "ref.csv", reference_rows or [
-        {"DMS_id": "ONE_TEST_2020", "UniProt_ID": "ONE_TEST", "target_seq": target, "coarse_selection_type": "Stability"}])
+    reference = write_reference(
+        tmp / "ref.csv",
+        reference_rows
+        or [
+            {
+                "DMS_id": "ONE_TEST_2020",
+                "UniProt_ID": "ONE_TEST",
+                "target_seq": target,
+                "coarse_selection_type": "Stability",
+            }
+        ],
+    )
     archive = write_zip(tmp / "assays.zip", files)
     if truncate:
         data = archive.read_bytes()
@@ -200,9 +260,26 @@ def select_and_score(tmp: Path, case, files: dict[str, str], *, encoder="pmlm", 
     if rc:
         return rc, None
     prefix = tmp / "scores" / "ONE_TEST_2020"
-    rc = main(["proteingym", "score", str(case[encoder]), "--archive", str(archive), "--assays", str(selection),
-               "--assay", "ONE_TEST_2020", "--out-prefix", str(prefix), "--permutations", "50", "--device", "cpu",
-               *extra])
+    rc = main(
+        [
+            "proteingym",
+            "score",
+            str(case[encoder]),
+            "--archive",
+            str(archive),
+            "--assays",
+            str(selection),
+            "--assay",
+            "ONE_TEST_2020",
+            "--out-prefix",
+            str(prefix),
+            "--permutations",
+            "50",
+            "--device",
+            "cpu",
+            *extra,
+        ]
+    )
     return rc, prefix
 
 
@@ -251,8 +328,22 @@ def test_an_mlm_encoder_scores_every_double_additively(tmp_path, case):
     assert all(r["score"] == r["additive"] for r in rows)
 
 
-@pytest.mark.parametrize("problem", ["wild_type", "outside", "malformed", "missing_file", "empty", "header_only",
-                                     "bad_score", "bad_bin", "unknown_assay", "truncated_zip", "mlm_pair"])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "wild_type",
+        "outside",
+        "malformed",
+        "missing_file",
+        "empty",
+        "header_only",
+        "bad_score",
+        "bad_bin",
+        "unknown_assay",
+        "truncated_zip",
+        "mlm_pair",
+    ],
+)
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
     target = case["target"]
     good = [f"{target[0]}1{other(target[0])}", f"{target[4]}5{other(target[4])}"]
@@ -273,7 +364,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
         expected = f"{member}:3: malformed mutant '{good[1]}-A7G'"
     elif problem == "missing_file":
         files = {"OTHER_TEST_2021.csv": assay_text(target, good)}
-        expected = f"{tmp_path / 'assays.zip'}: archive has no file 'ONE_TEST_2020.csv'; closest names: OTHER_TEST_2021.csv"
+        expected = (
+            f"{tmp_path / 'assays.zip'}: archive has no file 'ONE_TEST_2020.csv'; closest names: OTHER_TEST_2021.csv"
+        )
     elif problem == "empty":
         files = {"ONE_TEST_2020.csv": ""}
         expected = f"{member}:1: empty file (no header row)"
@@ -287,8 +380,14 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
         files = {"ONE_TEST_2020.csv": assay_text(target, good).rstrip("\n")[:-1] + "2\n"}
         expected = f"{member}:3: DMS_score_bin '2' is not 0 or 1"
     elif problem == "unknown_assay":
-        reference_rows = [{"DMS_id": "ONE_TEST_2020", "UniProt_ID": "ONE_TEST", "target_seq": target + "Z",
-                           "coarse_selection_type": "Stability"}]
+        reference_rows = [
+            {
+                "DMS_id": "ONE_TEST_2020",
+                "UniProt_ID": "ONE_TEST",
+                "target_seq": target + "Z",
+                "coarse_selection_type": "Stability",
+            }
+        ]
         expected = f"{tmp_path / 'ref.csv'}:2: ONE_TEST_2020: target_seq holds 'Z', not one of the 20 residues"
     elif problem == "truncated_zip":
         expected = f"{tmp_path / 'assays.zip'}: not a readable zip archive"
@@ -296,8 +395,15 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
         files = {"ONE_TEST_2020.csv": assay_text(target, [*good, f"{good[0]}:{good[1]}"])}
         extra = ["--double", "pair"]
         expected = "--double pair needs an encoder with a pair head (PMLM); this one has none (MLM)"
-    rc, _ = select_and_score(tmp_path, case, files, encoder="mlm" if problem == "mlm_pair" else "pmlm", extra=extra,
-                             reference_rows=reference_rows, truncate=problem == "truncated_zip")
+    rc, _ = select_and_score(
+        tmp_path,
+        case,
+        files,
+        encoder="mlm" if problem == "mlm_pair" else "pmlm",
+        extra=extra,
+        reference_rows=reference_rows,
+        truncate=problem == "truncated_zip",
+    )
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if "error" in line]
@@ -312,8 +418,9 @@ def test_a_mismatch_is_skipped_counted_and_reported(tmp_path, case, capsys):
     target = case["target"]
     good = [f"{target[0]}1{other(target[0])}", f"{target[4]}5{other(target[4])}", f"{target[9]}10{other(target[9])}"]
     wrong = "C" if target[6] != "C" else "D"
-    text = assay_text(target, [*good, f"{wrong}7A", good[2]],
-                      seq_of=lambda m: target if m.startswith(wrong) else mutated(target, m))
+    text = assay_text(
+        target, [*good, f"{wrong}7A", good[2]], seq_of=lambda m: target if m.startswith(wrong) else mutated(target, m)
+    )
     lines = text.splitlines()
     lines[-1] = lines[-1].replace(mutated(target, good[2]), target)  # line 6: mutated_sequence is the wild type
     rc, prefix = select_and_score(tmp_path, case, {"ONE_TEST_2020.csv": "\n".join(lines) + "\n"})
@@ -329,15 +436,23 @@ def test_a_mismatch_is_skipped_counted_and_reported(tmp_path, case, capsys):
 
 def test_selection_by_list_and_length(tmp_path, case, capsys):
     target = case["target"]
-    rows = [{"DMS_id": f"P{k}_TEST_2020", "UniProt_ID": f"P{k}", "target_seq": target[: 10 * (k + 1)],
-             "coarse_selection_type": "Binding"} for k in range(3)]
+    rows = [
+        {
+            "DMS_id": f"P{k}_TEST_2020",
+            "UniProt_ID": f"P{k}",
+            "target_seq": target[: 10 * (k + 1)],
+            "coarse_selection_type": "Binding",
+        }
+        for k in range(3)
+    ]
     reference = write_reference(tmp_path / "ref.csv", rows)
     archive = write_zip(tmp_path / "a.zip", {f"P{k}_TEST_2020.csv": "x" for k in range(3)})
     out = tmp_path / "sel.tsv"
 
     def select(*args):
-        return main(["proteingym", "select", "--reference", str(reference), "--archive", str(archive), "-o", str(out),
-                     *args])
+        return main(
+            ["proteingym", "select", "--reference", str(reference), "--archive", str(archive), "-o", str(out), *args]
+        )
 
     assert select("--assays", "P2_TEST_2020,P0_TEST_2020") == 0
     assert pd.read_csv(out, sep="\t")["DMS_id"].tolist() == ["P2_TEST_2020", "P0_TEST_2020"]
@@ -348,6 +463,7 @@ def test_selection_by_list_and_length(tmp_path, case, capsys):
 
 
 # --- the Potts assay: exact truth, and the whole rule chain --------------------------------------------------
+
 
 def read_fixture_assay() -> pd.DataFrame:
     return pd.read_csv(FIXTURE / f"{POTTS_ID}.csv")
@@ -396,12 +512,43 @@ def train_potts_pmlm(root: Path, weights: Path) -> None:
     records = (FIXTURE / "potts_family.fasta").read_text().splitlines()
     (root / "train.fasta").write_text("\n".join(records[:3600]) + "\n")  # 1,800 sequences
     (root / "valid.fasta").write_text("\n".join(records[3600:]) + "\n")  # 200 held out
-    assert main(["tokenize", "--input", f"train={root / 'train.fasta'}", "--input", f"valid={root / 'valid.fasta'}",
-                 "--out-dir", str(root / "shards"), "--num-shards", "1", "--row-group-size", "64"]) == 0
-    sets = ["objective.name=pmlm", f"optim.total_steps={TRAIN_STEPS}", f"optim.warmup_steps={TRAIN_STEPS // 10}",
-            "data.tokens_per_batch=2048", "save_every=0", "eval_batches=5"]
-    args = ["pretrain", "--config", str(RECIPE), "--shards", str(root / "shards"), "--out", str(root / "run"),
-            "--final", str(weights)]
+    assert (
+        main(
+            [
+                "tokenize",
+                "--input",
+                f"train={root / 'train.fasta'}",
+                "--input",
+                f"valid={root / 'valid.fasta'}",
+                "--out-dir",
+                str(root / "shards"),
+                "--num-shards",
+                "1",
+                "--row-group-size",
+                "64",
+            ]
+        )
+        == 0
+    )
+    sets = [
+        "objective.name=pmlm",
+        f"optim.total_steps={TRAIN_STEPS}",
+        f"optim.warmup_steps={TRAIN_STEPS // 10}",
+        "data.tokens_per_batch=2048",
+        "save_every=0",
+        "eval_batches=5",
+    ]
+    args = [
+        "pretrain",
+        "--config",
+        str(RECIPE),
+        "--shards",
+        str(root / "shards"),
+        "--out",
+        str(root / "run"),
+        "--final",
+        str(weights),
+    ]
     for item in sets:
         args += ["--set", item]
     assert main(args) == 0
@@ -420,20 +567,24 @@ def test_whole_chain_on_the_potts_assay_over_loopback_http(tmp_path):
     served.mkdir()
     assay = (FIXTURE / f"{POTTS_ID}.csv").read_text()
     singles = "\n".join(line for line in assay.splitlines() if ":" not in line) + "\n"
-    write_zip(served / "DMS_ProteinGym_substitutions.zip", {f"{POTTS_ID}.csv": assay, "POTTS1_SYNTH_Singles.csv": singles})
+    write_zip(
+        served / "DMS_ProteinGym_substitutions.zip", {f"{POTTS_ID}.csv": assay, "POTTS1_SYNTH_Singles.csv": singles}
+    )
     reference = pd.read_csv(FIXTURE / "DMS_substitutions.csv", dtype=str, keep_default_na=False)
     second = reference.iloc[0].copy()
     second["DMS_id"], second["DMS_filename"] = "POTTS1_SYNTH_Singles", "POTTS1_SYNTH_Singles.csv"
     second["coarse_selection_type"] = "Stability"
     pd.concat([reference, second.to_frame().T]).to_csv(served / "DMS_substitutions.csv", index=False)
-    sha = {name: hashlib.sha256((served / name).read_bytes()).hexdigest()
-           for name in ("DMS_ProteinGym_substitutions.zip", "DMS_substitutions.csv")}
+    sha = {
+        name: hashlib.sha256((served / name).read_bytes()).hexdigest()
+        for name in ("DMS_ProteinGym_substitutions.zip", "DMS_substitutions.csv")
+    }
     with static_http_server(served) as url:
         (tmp_path / "config.yaml").write_text(f"""run: pg
 sources:
-  potts: {{url: "file://{FIXTURE / 'potts_family.fasta'}"}}
-  pg_assays: {{url: "{url}/DMS_ProteinGym_substitutions.zip", sha256: {sha['DMS_ProteinGym_substitutions.zip']}}}
-  pg_reference: {{url: "{url}/DMS_substitutions.csv", sha256: {sha['DMS_substitutions.csv']}}}
+  potts: {{url: "file://{FIXTURE / "potts_family.fasta"}"}}
+  pg_assays: {{url: "{url}/DMS_ProteinGym_substitutions.zip", sha256: {sha["DMS_ProteinGym_substitutions.zip"]}}}
+  pg_reference: {{url: "{url}/DMS_substitutions.csv", sha256: {sha["DMS_substitutions.csv"]}}}
 datasets:
   potts: {{sources: [potts]}}
 pretrain:
@@ -445,15 +596,30 @@ proteingym:
   permutations: {PERMUTATIONS}
   device: cpu
 """)
-        proc = snakemake("proteingym", "--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(work),
-                         "--configfile", str(tmp_path / "config.yaml"), cwd=REPO)
+        proc = snakemake(
+            "proteingym",
+            "--cores",
+            "2",
+            "-s",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(work),
+            "--configfile",
+            str(tmp_path / "config.yaml"),
+            cwd=REPO,
+        )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = work / "results" / "pg"
     summary = pd.read_csv(results / "proteingym" / "summary.tsv", sep="\t")
 
     def value(level, key, scorer, subset, metric):
-        sel = summary[(summary["level"] == level) & (summary["key"] == key) & (summary["scorer"] == scorer)
-                      & (summary["subset"] == subset) & (summary["metric"] == metric)]
+        sel = summary[
+            (summary["level"] == level)
+            & (summary["key"] == key)
+            & (summary["scorer"] == scorer)
+            & (summary["subset"] == subset)
+            & (summary["metric"] == metric)
+        ]
         assert len(sel) == 1, (level, key, scorer, subset, metric)
         return sel.iloc[0]
 
@@ -462,14 +628,21 @@ proteingym:
     assert rho > 0 and p < 0.01, (rho, p)
     doubles = {s: value("assay", POTTS_ID, s, "depth2", "spearman")["value"] for s in ("pair_joint", "additive")}
     epistasis = value("assay", POTTS_ID, "pair_joint", "depth2", "epistasis_spearman")
-    print(f"Potts assay, {TRAIN_STEPS} steps: Spearman {rho:.3f} (p {p:.4f}); doubles: pair joint "
-          f"{doubles['pair_joint']:.3f}, additive {doubles['additive']:.3f}; epistasis Spearman "
-          f"{epistasis['value']:.3f} over {epistasis['n_mutants']} doubles")
+    print(
+        f"Potts assay, {TRAIN_STEPS} steps: Spearman {rho:.3f} (p {p:.4f}); doubles: pair joint "
+        f"{doubles['pair_joint']:.3f}, additive {doubles['additive']:.3f}; epistasis Spearman "
+        f"{epistasis['value']:.3f} over {epistasis['n_mutants']} doubles"
+    )
     assert epistasis["n_mutants"] == 640 and all(np.isfinite(list(doubles.values())))
     # one protein in two categories: two (UniProt ID, category) groups, the headline their categories' mean
     overall = value("overall", "overall", "pair_joint", "all", "spearman")
-    categories = [value("category", c, "pair_joint", "all", "spearman")["value"] for c in ("OrganismalFitness", "Stability")]
-    assert overall["value"] == pytest.approx(np.mean(categories)) and (overall["n_assays"], overall["n_proteins"]) == (2, 1)
+    categories = [
+        value("category", c, "pair_joint", "all", "spearman")["value"] for c in ("OrganismalFitness", "Stability")
+    ]
+    assert overall["value"] == pytest.approx(np.mean(categories)) and (overall["n_assays"], overall["n_proteins"]) == (
+        2,
+        1,
+    )
     assert overall["n_mutants"] == 1312 + 608
     scores = json.loads((results / "proteingym" / "scores" / "potts" / "pmlm-tiny" / f"{POTTS_ID}.json").read_text())
     assert scores["counts"]["skipped"] == {} and scores["counts"]["scored"] == 1312
@@ -501,7 +674,9 @@ pretrain:
 
 def job_counts(output: str) -> dict[str, int]:
     table = output.split("Job stats:", 1)[1]
-    return {m[0]: int(m[1]) for m in (line.split() for line in table.splitlines()[3:]) if len(m) == 2 and m[1].isdigit()}
+    return {
+        m[0]: int(m[1]) for m in (line.split() for line in table.splitlines()[3:]) if len(m) == 2 and m[1].isdigit()
+    }
 
 
 @pytest.mark.parametrize("assays", ["all", "listed"])
@@ -513,13 +688,16 @@ def test_proteingym_config_plans_fetch_score_aggregate_tables(tmp_path, assays):
     listed = ["BLAT_ECOLX_Stiffler_2015", "GFP_AEQVI_Sarkisyan_2016"]
     override.write_text(ANY_ENCODERS + ("" if assays == "all" else f"proteingym:\n  assays: {listed}\n"))
     # --forceall: every job of the plan, whatever an earlier run in this checkout left in resources/ or results/
-    proc = snakemake("-n", "-p", "--forceall", "--configfile", "config/proteingym.yaml", str(override), cwd=REPO,
-                     timeout=300)
+    proc = snakemake(
+        "-n", "-p", "--forceall", "--configfile", "config/proteingym.yaml", str(override), cwd=REPO, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = job_counts(proc.stdout)
     assert counts["fetch_source"] == 3  # the archive, the reference file, the demo sequences
     assert counts["select_proteingym_assays"] == counts["aggregate_proteingym"] == counts["tabulate_proteingym"] == 1
-    assert "ProteinGym_v1.3/DMS_ProteinGym_substitutions.zip -o resources/sources/proteingym_substitutions/" in proc.stdout
+    assert (
+        "ProteinGym_v1.3/DMS_ProteinGym_substitutions.zip -o resources/sources/proteingym_substitutions/" in proc.stdout
+    )
     assert "--sha256 a8f498011532a74aa9fe556a50555a75e928c5837d19c06a87592ae04049b308" in proc.stdout
     if assays == "all":
         assert "score_proteingym_assay" not in counts
@@ -528,7 +706,9 @@ def test_proteingym_config_plans_fetch_score_aggregate_tables(tmp_path, assays):
         assert counts["score_proteingym_assay"] == 4  # 2 assays x 2 encoders
         scores = [line for line in proc.stdout.splitlines() if "-m pmlm proteingym score" in line]
         flags = "--double auto --mismatch skip --permutations 1000 --device auto --label"
-        assert sorted(line.split(flags)[1].split()[0] for line in scores) == ["MLM-tiny@demo"] * 2 + ["PMLM-tiny@demo"] * 2
+        assert (
+            sorted(line.split(flags)[1].split()[0] for line in scores) == ["MLM-tiny@demo"] * 2 + ["PMLM-tiny@demo"] * 2
+        )
         for assay in listed:
             assert f"results/proteingym/proteingym/scores/demo/pmlm-tiny/{assay}.json" in proc.stdout
 
@@ -558,16 +738,22 @@ def test_proteingym_config_plans_the_released_model(tmp_path, assays):
         assert all(f"score {weights} " in line and "--label PMLM-650m@ur50-release" in line for line in scores)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("proteingym: {archive: nope, reference: ref}\n", "config.proteingym.archive: unknown source 'nope'"),
-    ("proteingym: {archive: zip, reference: ref, encoders: [demo/pmlm-base]}\n",
-     "config.proteingym.encoders[0]: 'demo/pmlm-base' is not an encoder of pretrain.models"),
-    ("proteingym: {archive: zip, reference: ref, assays: []}\n", "config.proteingym.assays"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("proteingym: {archive: nope, reference: ref}\n", "config.proteingym.archive: unknown source 'nope'"),
+        (
+            "proteingym: {archive: zip, reference: ref, encoders: [demo/pmlm-base]}\n",
+            "config.proteingym.encoders[0]: 'demo/pmlm-base' is not an encoder of pretrain.models",
+        ),
+        ("proteingym: {archive: zip, reference: ref, assays: []}\n", "config.proteingym.assays"),
+    ],
+)
 def test_a_broken_proteingym_section_names_the_key(tmp_path, text, expected):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text(ANY_ENCODERS.replace("sources:\n", "sources:\n  zip: {url: 'file:a.zip'}\n  ref: {url: 'file:r.csv'}\n")
-                   + text)
+    cfg.write_text(
+        ANY_ENCODERS.replace("sources:\n", "sources:\n  zip: {url: 'file:a.zip'}\n  ref: {url: 'file:r.csv'}\n") + text
+    )
     proc = snakemake("-n", "--configfile", str(cfg), cwd=REPO, timeout=300)
     assert proc.returncode != 0
     assert expected in proc.stdout + proc.stderr
@@ -584,7 +770,13 @@ def test_benchmark_smoke_run(capsys):
     (row,) = result["results"]
     length, sites, pairs, per_pair = bench.QUICK_SHAPE
     assert (row["encoder"], row["length"]) == ("demo", length)
-    assert (row["singles"], row["doubles"], row["mutants"]) == (19 * sites, pairs * per_pair, 19 * sites + pairs * per_pair)
+    assert (row["singles"], row["doubles"], row["mutants"]) == (
+        19 * sites,
+        pairs * per_pair,
+        19 * sites + pairs * per_pair,
+    )
     assert row["rows"] == sites + pairs and row["forward_passes"] == -(-sites // 32) - (-pairs // 32)
     assert row["mutants_per_s"] > 0 and len(row["batching"]["rounds"]) == 1
-    assert row["gpu_estimate"]["tflops_per_row"] == pytest.approx(bench.row_flops(bench.ENCODERS["demo"], length + 2) / 1e12)
+    assert row["gpu_estimate"]["tflops_per_row"] == pytest.approx(
+        bench.row_flops(bench.ENCODERS["demo"], length + 2) / 1e12
+    )

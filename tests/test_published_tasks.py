@@ -22,12 +22,38 @@ def test_tape_tarballs_as_distributed(tmp_path):
     """<task>/<task>_<split>.json inside data_raw_pytorch/<task>.tar.gz, read through the paper config's member paths."""
     seq = "MKTAYIAKQR"
     ca = [[3.8 * i, 0.0, 0.0] for i in range(len(seq))]
-    proteinnet = [{"id": "1abc_d1", "primary": seq, "protein_length": len(seq), "tertiary": ca,
-                   "valid_mask": [True] * len(seq), "evolutionary": [[0.0] * 21 for _ in seq]}]
-    ss = [{"id": "cb513_1", "primary": seq, "protein_length": len(seq), "ss3": [0, 0, 1, 1, 2, 2, 0, 0, 1, 2],
-           "ss8": [0, 1, 2, 3, 4, 5, 6, 7, 0, 1], "valid_mask": [True] * len(seq), "disorder": [0] * len(seq)}]
-    rh = [{"id": "d1a1xa_", "primary": seq, "protein_length": len(seq), "fold_label": 7, "superfamily_label": 70,
-           "family_label": 700, "class_label": 1}]
+    proteinnet = [
+        {
+            "id": "1abc_d1",
+            "primary": seq,
+            "protein_length": len(seq),
+            "tertiary": ca,
+            "valid_mask": [True] * len(seq),
+            "evolutionary": [[0.0] * 21 for _ in seq],
+        }
+    ]
+    ss = [
+        {
+            "id": "cb513_1",
+            "primary": seq,
+            "protein_length": len(seq),
+            "ss3": [0, 0, 1, 1, 2, 2, 0, 0, 1, 2],
+            "ss8": [0, 1, 2, 3, 4, 5, 6, 7, 0, 1],
+            "valid_mask": [True] * len(seq),
+            "disorder": [0] * len(seq),
+        }
+    ]
+    rh = [
+        {
+            "id": "d1a1xa_",
+            "primary": seq,
+            "protein_length": len(seq),
+            "fold_label": 7,
+            "superfamily_label": 70,
+            "family_label": 700,
+            "class_label": 1,
+        }
+    ]
     archives = {
         "proteinnet": ("proteinnet/proteinnet_test.json", proteinnet, "proteinnet"),
         "secondary_structure": ("secondary_structure/secondary_structure_cb513.json", ss, "secondary_structure"),
@@ -35,7 +61,9 @@ def test_tape_tarballs_as_distributed(tmp_path):
     }
     for name, (member, records, task) in archives.items():
         archive = tmp_path / f"{name}.tar.gz"
-        archive.write_bytes(tar_bytes({f"{task}/{task}_train.json": b"[]", member: json.dumps(records).encode()}, "w:gz"))
+        archive.write_bytes(
+            tar_bytes({f"{task}/{task}_train.json": b"[]", member: json.dumps(records).encode()}, "w:gz")
+        )
         out = tmp_path / "members" / member
         extract_member(archive, member, out)
         assert detect_format(out) == "tape"
@@ -46,11 +74,19 @@ def test_tape_tarballs_as_distributed(tmp_path):
 
 def test_raptorx_pickle_as_distributed(tmp_path):
     """RaptorX's list of per-protein dicts; atomDistMatrix['CbCb'] with -1 for unknown distances."""
-    dist = np.array([[0.0, 5.0, 9.0, -1.0], [5.0, 0.0, 7.5, -1.0], [9.0, 7.5, 0.0, -1.0], [-1.0, -1.0, -1.0, -1.0]],
-                    dtype=np.float32)
-    proteins = [{"name": "1abcA", "sequence": "MKVG", "PSSM": np.zeros((4, 20), np.float32),
-                 "atomDistMatrix": {"CbCb": dist, "CaCa": dist}},
-                {"name": "2xyzB", "sequence": "AC", "atomDistMatrix": {"CbCb": np.array([[0.0, 12.0], [12.0, 0.0]])}}]
+    dist = np.array(
+        [[0.0, 5.0, 9.0, -1.0], [5.0, 0.0, 7.5, -1.0], [9.0, 7.5, 0.0, -1.0], [-1.0, -1.0, -1.0, -1.0]],
+        dtype=np.float32,
+    )
+    proteins = [
+        {
+            "name": "1abcA",
+            "sequence": "MKVG",
+            "PSSM": np.zeros((4, 20), np.float32),
+            "atomDistMatrix": {"CbCb": dist, "CaCa": dist},
+        },
+        {"name": "2xyzB", "sequence": "AC", "atomDistMatrix": {"CbCb": np.array([[0.0, 12.0], [12.0, 0.0]])}},
+    ]
     path = tmp_path / "raptorx_test.pkl"
     path.write_bytes(pickle.dumps(proteins, protocol=2))
     assert detect_format(path) == "raptorx"
@@ -70,18 +106,30 @@ def test_raptorx_pickle_as_distributed(tmp_path):
 def _atom(serial, name, resname, chain, resnum, xyz, record="ATOM"):
     element = name[0]
     label = f" {name:<3}" if len(name) < 4 else name
-    return (f"{record:<6}{serial:>5} {label}{'':1}{resname:>3} {chain}{resnum:>4}{'':1}   "
-            f"{xyz[0]:8.3f}{xyz[1]:8.3f}{xyz[2]:8.3f}{1.0:6.2f}{0.0:6.2f}          {element:>2}")
+    return (
+        f"{record:<6}{serial:>5} {label}{'':1}{resname:>3} {chain}{resnum:>4}{'':1}   "
+        f"{xyz[0]:8.3f}{xyz[1]:8.3f}{xyz[2]:8.3f}{1.0:6.2f}{0.0:6.2f}          {element:>2}"
+    )
 
 
 def _pdb_text() -> str:
     """Chain A: ALA, GLY (no CB), LYS, MSE (HETATM), TRP with C-alpha only; a water; chain B: one ALA."""
     lines, serial = [], 1
-    residues = [("ALA", "ATOM", "N CA C O CB"), ("GLY", "ATOM", "N CA C O"), ("LYS", "ATOM", "N CA C O CB"),
-                ("MSE", "HETATM", "N CA C O CB"), ("TRP", "ATOM", "CA")]
+    residues = [
+        ("ALA", "ATOM", "N CA C O CB"),
+        ("GLY", "ATOM", "N CA C O"),
+        ("LYS", "ATOM", "N CA C O CB"),
+        ("MSE", "HETATM", "N CA C O CB"),
+        ("TRP", "ATOM", "CA"),
+    ]
     # ideal backbone: N-CA 1.458 A, CA-C 1.525 A, N-CA-C 111 degrees
-    offsets = {"N": (-1.458, 0.0, 0.0), "CA": (0.0, 0.0, 0.0), "C": (0.546, 1.424, 0.0), "O": (0.2, 2.6, 0.0),
-               "CB": (0.0, -0.8, 1.3)}
+    offsets = {
+        "N": (-1.458, 0.0, 0.0),
+        "CA": (0.0, 0.0, 0.0),
+        "C": (0.546, 1.424, 0.0),
+        "O": (0.2, 2.6, 0.0),
+        "CB": (0.0, -0.8, 1.3),
+    }
     for i, (resname, record, atoms) in enumerate(residues, start=1):
         for name in atoms.split():
             dx, dy, dz = offsets[name]

@@ -27,11 +27,14 @@ def test_released_config_plans_fetch_import_finetune_evaluate_tables():
     assert counts["aggregate_tables"] == 1
     out = proc.stdout
     checkpoint = "resources/sources/release-ur50-release-pmlm-650m/pmlm_650m.pt"
-    assert (f"python -m pmlm fetch https://media.githubusercontent.com/media/microsoft/Mu-Protein/"
-            f"ff29ce119739ee6378e7589a9ebc244a9110ce1c/pretrained/pmlm_650m.pt -o {checkpoint} --sha256 "
-            "41ec3830624151782d20d41c033bd22a4a268a065ccb2dc8276ecf5d7cd62caa") in out
-    assert (f"python -m pmlm import {checkpoint} -o results/released/pretrain/ur50-release/pmlm-650m "
-            "--objective pmlm") in out
+    assert (
+        f"python -m pmlm fetch https://media.githubusercontent.com/media/microsoft/Mu-Protein/"
+        f"ff29ce119739ee6378e7589a9ebc244a9110ce1c/pretrained/pmlm_650m.pt -o {checkpoint} --sha256 "
+        "41ec3830624151782d20d41c033bd22a4a268a065ccb2dc8276ecf5d7cd62caa"
+    ) in out
+    assert (
+        f"python -m pmlm import {checkpoint} -o results/released/pretrain/ur50-release/pmlm-650m --objective pmlm"
+    ) in out
     assert "--encoder results/released/pretrain/ur50-release/pmlm-650m/model.safetensors" in out
     assert "--model PMLM-650m@ur50-release" in out  # the rows' label
 
@@ -73,17 +76,31 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
         release = {"url": f"{url}/{FIXTURE.name}", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         config = {
             "run": "rel",
-            "pretrain": {"models": [{"dataset": "ur50-release", "objective": "pmlm", "preset": "tiny",
-                                     "release": release}]},
-            "task_data": {"chains": {"files": {s: {"path": f"resources/local/chains_{s}.jsonl"}
-                                               for s in ("train", "valid", "test")}}},
+            "pretrain": {
+                "models": [{"dataset": "ur50-release", "objective": "pmlm", "preset": "tiny", "release": release}]
+            },
+            "task_data": {
+                "chains": {
+                    "files": {s: {"path": f"resources/local/chains_{s}.jsonl"} for s in ("train", "valid", "test")}
+                }
+            },
             "finetune": {
-                "recipes": {"contact": "config/finetune/contact_linear_tiny.yaml", "ss3": "config/finetune/ss3_tiny.yaml"},
-                "runs": {"contact": {"recipe": "contact", "data": "chains", "table": "tape_contact", "tests": {"t": "test"}},
-                         "ss3": {"recipe": "ss3", "data": "chains", "table": "secondary_structure", "tests": {"t": "test"}}},
+                "recipes": {
+                    "contact": "config/finetune/contact_linear_tiny.yaml",
+                    "ss3": "config/finetune/ss3_tiny.yaml",
+                },
+                "runs": {
+                    "contact": {"recipe": "contact", "data": "chains", "table": "tape_contact", "tests": {"t": "test"}},
+                    "ss3": {"recipe": "ss3", "data": "chains", "table": "secondary_structure", "tests": {"t": "test"}},
+                },
                 # the fixture reads 126 residues at a time
-                "set": {"optim.total_steps": 4, "optim.warmup_steps": 1, "save_every": 2, "data.batch_size": 4,
-                        "data.crop": 96},
+                "set": {
+                    "optim.total_steps": 4,
+                    "optim.warmup_steps": 1,
+                    "save_every": 2,
+                    "data.batch_size": 4,
+                    "data.crop": 96,
+                },
                 "unsupervised": {"readouts": ["pair-kl"], "data": "chains", "tests": {"t": "test"}},
                 "test_label": "six demo chains",
             },
@@ -92,8 +109,16 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
         args = ("--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path))
         # a wrong checksum: the download fails, and neither a checkpoint nor an encoder is left
         bad = tmp_path / "bad.yaml"
-        bad.write_text(yaml.safe_dump({**config, "pretrain": {"models": [
-            {**config["pretrain"]["models"][0], "release": {**release, "sha256": "0" * 64}}]}}))
+        bad.write_text(
+            yaml.safe_dump(
+                {
+                    **config,
+                    "pretrain": {
+                        "models": [{**config["pretrain"]["models"][0], "release": {**release, "sha256": "0" * 64}}]
+                    },
+                }
+            )
+        )
         proc = snakemake(*args, "--configfile", str(bad))
         assert proc.returncode != 0, proc.stdout[-2000:]
         fetched = tmp_path / "resources" / "sources" / "release-ur50-release-pmlm-tiny" / FIXTURE.name
@@ -113,8 +138,10 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
     for name in ("contact", "ss3", "unsupervised-pair-kl"):
         tsv = pd.read_csv(results / "evaluation" / "ur50-release" / "pmlm-tiny" / f"{name}.tsv", sep="\t")
         assert (tsv["model"] == "PMLM-tiny@ur50-release").all() and (tsv["test_set"] == "t").all()
-    tables = {t: (results / "tables" / f"{t}.md").read_text() for t in ("tape_contact", "secondary_structure",
-                                                                       "unsupervised_contact", "pretrain_scores")}
+    tables = {
+        t: (results / "tables" / f"{t}.md").read_text()
+        for t in ("tape_contact", "secondary_structure", "unsupervised_contact", "pretrain_scores")
+    }
     assert "| ours | PMLM-tiny | ur50-release | linear | M+ | t |" in tables["tape_contact"]
     assert "| ours | PMLM-tiny | ur50-release | mlp | M |" in tables["secondary_structure"]
     assert "| ours | PMLM-tiny | ur50-release | pair-kl | t |" in tables["unsupervised_contact"]

@@ -21,8 +21,10 @@ def test_paper_reference_numbers_are_consistent():
 
 
 def test_write_table_formats(tmp_path):
-    rows = [{"source": "paper", "model": "A_1", "acc": 0.48, "loss": None},
-            {"source": "ours", "model": "B", "acc": 0.1234, "loss": float("nan")}]
+    rows = [
+        {"source": "paper", "model": "A_1", "acc": 0.48, "loss": None},
+        {"source": "ours", "model": "B", "acc": 0.1234, "loss": float("nan")},
+    ]
     cols = [Column("model", "model"), Column("acc", "Acc (%)", "{:.1f}", percent=True), Column("loss", "L", "{:.3f}")]
     csv_path, md_path, tex_path, html_path = write_table(rows, cols, tmp_path / "t", caption="Scores & more")
     with open(csv_path) as fh:
@@ -48,8 +50,9 @@ def test_pretrain_scores_table_from_sidecars(tmp_path, capsys):
         weights.parent.mkdir()
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
         scores = {"step": 7, "l_mlm": 2.5, "l_pmlm": 5.1, "acc_mlm": 0.2, "acc_pmlm": 0.05, "dacc": 0.01}
-        weights.with_suffix(".json").write_text(json.dumps(
-            {"model": cfg.to_dict(), "objective": {"name": objective}, "final_scores": scores}))
+        weights.with_suffix(".json").write_text(
+            json.dumps({"model": cfg.to_dict(), "objective": {"name": objective}, "final_scores": scores})
+        )
         entries.append(f"{objective.upper()}-tiny:demo:{weights}")
     argv = ["tables", "pretrain-scores", "--out-prefix", str(tmp_path / "scores")]
     for e in entries:
@@ -71,14 +74,19 @@ def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
     from pmlm.reports.results import TABLES, write_all
 
     tsv = tmp_path / "run.tsv"
-    tsv.write_text("model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
-                   "PMLM-tiny@demo\tlinear\tmplus\tdemo_test\tP@L/5_medium_long\t0.25\t3\n")
+    tsv.write_text(
+        "model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
+        "PMLM-tiny@demo\tlinear\tmplus\tdemo_test\tP@L/5_medium_long\t0.25\t3\n"
+    )
     written = write_all([("tape_contact", str(tsv))], tmp_path / "tables")
     # aggregate_tables declares TABLES x (md, csv, tex) plus each table's HTML form (the report's item)
     assert sorted(p.name for p in written) == sorted(
         f"{t}.{ext}" for t in TABLES for ext in ("md", "csv", "tex", "html")
     )
-    assert "| ours | PMLM-tiny | demo | linear | M+ | demo_test | 25.0 |" in (tmp_path / "tables" / "tape_contact.md").read_text()
+    assert (
+        "| ours | PMLM-tiny | demo | linear | M+ | demo_test | 25.0 |"
+        in (tmp_path / "tables" / "tape_contact.md").read_text()
+    )
 
 
 def test_tables_say_which_features_each_row_used(tmp_path):
@@ -87,10 +95,12 @@ def test_tables_say_which_features_each_row_used(tmp_path):
     # the same encoder and head fine-tuned on M and on M+: two rows, never merged (the M+ row as TSVs of
     # earlier versions spelled it, mplus: read as M+)
     tsv = tmp_path / "run.tsv"
-    tsv.write_text("model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
-                   "PMLM-tiny@demo\tlinear\tM\tt\tP@L/5_medium_long\t0.25\t3\n"
-                   "PMLM-tiny@demo\tlinear\tmplus\tt\tP@L/5_medium_long\t0.5\t3\n"
-                   "MLM-tiny@demo\tmlp\tM\tcb513\tQ3\t0.6\t3\n")
+    tsv.write_text(
+        "model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
+        "PMLM-tiny@demo\tlinear\tM\tt\tP@L/5_medium_long\t0.25\t3\n"
+        "PMLM-tiny@demo\tlinear\tmplus\tt\tP@L/5_medium_long\t0.5\t3\n"
+        "MLM-tiny@demo\tmlp\tM\tcb513\tQ3\t0.6\t3\n"
+    )
     write_all([("tape_contact", str(tsv)), ("secondary_structure", str(tsv))], tmp_path)
     contact = (tmp_path / "tape_contact.md").read_text()
     assert "| ours | PMLM-tiny | demo | linear | M | t | 25.0 |" in contact

@@ -28,7 +28,6 @@ ATOL = 1e-4
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     root = tmp_path_factory.mktemp("score")
@@ -48,6 +47,7 @@ def case(tmp_path_factory):
 def _mutants(wild: str) -> list[str]:
     """Two singles, their double, a double listed with the later site first, a double with a wild-type
     'mutation' (a no-op) and a double at adjacent sites."""
+
     def site(pos: int, to: str) -> str:
         return f"{wild[pos - 1]}{pos}{to}"
 
@@ -101,15 +101,30 @@ def _double_reference(model, wild: str, i: int, j: int, wt: tuple[str, str], mut
 def test_scores_agree_with_a_brute_force_reference(tmp_path, case, encoder):
     wild, mutants = case["wild"], _mutants(case["wild"])
     out = tmp_path / "scores.tsv"
-    assert main(["score", str(case[encoder]), "--sequence", str(case["fasta"]), "--mutations",
-                 str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                str(case[encoder]),
+                "--sequence",
+                str(case["fasta"]),
+                "--mutations",
+                str(_write_csv(tmp_path / "m.csv", mutants)),
+                "-o",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     rows = _read(out)
     assert [r["mutant"] for r in rows] == mutants
     model, *_ = load_encoder(case[encoder])
     for row in rows:
         sites = [(s[0], int(s[1:-1]) - 1, s[-1]) for s in row["mutant"].split(":")]
         if len(sites) == 1:
-            (wt, pos, mut), = sites
+            ((wt, pos, mut),) = sites
             assert row["kind"] == "single" and row["double_from"] == "" and row["epistasis"] == ""
             assert float(row["score"]) == pytest.approx(_single_reference(model, wild, pos, wt, mut), abs=ATOL)
             continue
@@ -130,8 +145,21 @@ def test_scores_agree_with_a_brute_force_reference(tmp_path, case, encoder):
 def test_epistasis_is_zero_for_an_mlm_encoder(tmp_path, case):
     mutants = _mutants(case["wild"])
     out = tmp_path / "scores.tsv"
-    assert main(["score", str(case["mlm"]), "--sequence", str(case["fasta"]), "--mutations",
-                 str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "score",
+                str(case["mlm"]),
+                "--sequence",
+                str(case["fasta"]),
+                "--mutations",
+                str(_write_csv(tmp_path / "m.csv", mutants)),
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = {r["mutant"]: r for r in _read(out)}
     for m in mutants:
         row = rows[m]
@@ -140,8 +168,9 @@ def test_epistasis_is_zero_for_an_mlm_encoder(tmp_path, case):
             assert row["double_from"] == "additive" and float(row["epistasis"]) == 0.0
             assert float(row["score"]) == float(row["additive"])
             if first in rows and second in rows:
-                assert float(row["score"]) == pytest.approx(float(rows[first]["score"]) + float(rows[second]["score"]),
-                                                            rel=1e-12)
+                assert float(row["score"]) == pytest.approx(
+                    float(rows[first]["score"]) + float(rows[second]["score"]), rel=1e-12
+                )
     # a PMLM encoder asked for the additive score says so too
     pmlm_rows = pmlm.load(case["pmlm"]).score(case["wild"], mutants, double="additive")
     assert all(r["epistasis"] == 0.0 and r["double_from"] == "additive" for r in pmlm_rows if r["kind"] == "double")
@@ -177,8 +206,23 @@ def test_triple_mutants_from_the_triple_joint_the_pairs_or_additively(tmp_path, 
     scored = {}
     for name in ("tmlm", "pmlm", "mlm"):
         out = tmp_path / f"{name}.tsv"
-        assert main(["score", str(case[name]), "--sequence", str(case["fasta"]), "--mutations",
-                     str(_write_csv(tmp_path / "m.csv", mutants)), "-o", str(out), "--device", "cpu"]) == 0
+        assert (
+            main(
+                [
+                    "score",
+                    str(case[name]),
+                    "--sequence",
+                    str(case["fasta"]),
+                    "--mutations",
+                    str(_write_csv(tmp_path / "m.csv", mutants)),
+                    "-o",
+                    str(out),
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
         scored[name] = {r["mutant"]: r for r in _read(out)}
     model, _, _ = load_encoder(case["tmlm"], "cpu")
     row = scored["tmlm"][text]
@@ -189,9 +233,10 @@ def test_triple_mutants_from_the_triple_joint_the_pairs_or_additively(tmp_path, 
     assert float(row["additive"]) == pytest.approx(additive, abs=ATOL)
     assert float(row["epistasis"]) == pytest.approx(float(row["score"]) - additive, abs=2 * ATOL)
     pmlm_rows = scored["pmlm"]
-    want = (sum(float(pmlm_rows[s]["score"]) for s in singles)
-            + sum(float(pmlm_rows[d]["epistasis"]) for d in doubles))
-    assert pmlm_rows[text]["triple_from"] == "pairs" and float(pmlm_rows[text]["score"]) == pytest.approx(want, abs=ATOL)
+    want = sum(float(pmlm_rows[s]["score"]) for s in singles) + sum(float(pmlm_rows[d]["epistasis"]) for d in doubles)
+    assert pmlm_rows[text]["triple_from"] == "pairs" and float(pmlm_rows[text]["score"]) == pytest.approx(
+        want, abs=ATOL
+    )
     mlm_row = scored["mlm"][text]
     assert mlm_row["triple_from"] == "additive" and float(mlm_row["epistasis"]) == 0.0
     rows = pmlm.load(case["tmlm"]).score(wild, [text], triple="additive")
@@ -207,9 +252,24 @@ def test_pair_only_singles_and_the_python_api(case):
     assert [r["kind"] for r in api] == ["single", "single", "double"]
 
 
-@pytest.mark.parametrize("problem", ["wild_type", "outside", "no_column", "malformed", "quadruple", "not_a_residue",
-                                     "same_site", "mlm_pair", "two_records", "far_apart", "missing_model",
-                                     "triple_joint", "triple_far_apart"])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "wild_type",
+        "outside",
+        "no_column",
+        "malformed",
+        "quadruple",
+        "not_a_residue",
+        "same_site",
+        "mlm_pair",
+        "two_records",
+        "far_apart",
+        "missing_model",
+        "triple_joint",
+        "triple_far_apart",
+    ],
+)
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
     wild = case["wild"]
     first = f"{wild[0]}1A"
@@ -265,8 +325,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     csv_path = tmp_path / "m.csv"
     csv_path.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out" / "scores.tsv"
-    assert main(["score", str(model), "--sequence", str(fasta), "--mutations", str(csv_path), "-o", str(out),
-                 *extra]) == 2
+    assert (
+        main(["score", str(model), "--sequence", str(fasta), "--mutations", str(csv_path), "-o", str(out), *extra]) == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("pmlm score: error: ") and expected in err, err
     assert not out.parent.exists()

@@ -81,7 +81,9 @@ def test_row_groups_and_manifest(shards):
 def test_rerun_is_byte_identical(shards, tmp_path):
     out, manifest, train = shards
     again = tokenize({"train": [train]}, str(tmp_path / "again"), num_shards=4, row_group_size=64)
-    assert [f["sha256"] for f in again["splits"]["train"]["files"]] == [f["sha256"] for f in manifest["splits"]["train"]["files"]]
+    assert [f["sha256"] for f in again["splits"]["train"]["files"]] == [
+        f["sha256"] for f in manifest["splits"]["train"]["files"]
+    ]
 
 
 def test_unnormalised_input_fails_cleanly(tmp_path, capsys):
@@ -125,8 +127,10 @@ def test_outputs_get_the_usual_file_mode(tmp_path):
 
 def test_source_annotations_become_columns(tmp_path):
     src = tmp_path / "train.fasta"
-    src.write_text(">u1 members=3 taxon=10492 cluster=u1\nMKV\n>p1/2-9 family=PF00085.19 cluster=u1\nACD\n"
-                   ">x cluster=x\nKK\n>y\nGG\n")
+    src.write_text(
+        ">u1 members=3 taxon=10492 cluster=u1\nMKV\n>p1/2-9 family=PF00085.19 cluster=u1\nACD\n"
+        ">x cluster=x\nKK\n>y\nGG\n"
+    )
     tokenize({"train": [str(src)]}, str(tmp_path / "out"), num_shards=1)
     df = pd.read_parquet(tmp_path / "out" / "train").set_index("id")
     assert df.loc["u1", "members"] == 3 and df.loc["u1", "taxon_id"] == 10492 and pd.isna(df.loc["u1", "family"])
@@ -135,4 +139,3 @@ def test_source_annotations_become_columns(tmp_path):
     manifest = load_manifest(tmp_path / "out")
     assert manifest["splits"]["train"]["clusters"] == 3 and manifest["splits"]["train"]["clusters_from_header"] == 3
     assert set(manifest["schema"]) == {"id", "cluster_id", "length", "tokens", "members", "taxon_id", "family"}
-

@@ -80,8 +80,7 @@ def test_rules_run_as_slurm_jobs_with_gpu_request(slurm_cluster: LocalCluster, t
     )  # fmt: skip
     log = result.stdout + result.stderr
     assert result.returncode == 0, (
-        f"snakemake exited {result.returncode} (124: timed out)\n{_tail(log)}\n"
-        f"{slurm_cluster.log_tails()}"
+        f"snakemake exited {result.returncode} (124: timed out)\n{_tail(log)}\n{slurm_cluster.log_tails()}"
     )
     # the executor saw the jobs finish through the accounting database (sacct), as on a real cluster
     assert "command=sacct" in log

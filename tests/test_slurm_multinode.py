@@ -112,7 +112,7 @@ TWO_NODES = {
     "gres": f"gpu:{GPUS_PER_NODE}",
     "tasks_per_node": GPUS_PER_NODE,
     "launch_env": f"'GLOO_SOCKET_IFNAME={MULTINODE_INTERFACE} PMLM_JOIN_TIMEOUT={JOIN_TIMEOUT_S} "
-                  f"PMLM_COLLECTIVE_TIMEOUT={COLLECTIVE_TIMEOUT_S}'",
+    f"PMLM_COLLECTIVE_TIMEOUT={COLLECTIVE_TIMEOUT_S}'",
 }
 
 
@@ -175,7 +175,9 @@ def _wait_for(condition, what: str, timeout_s: float = WAIT_S, process: subproce
 def _squeue_job(comment_prefix: str) -> str | None:
     out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"], capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
-    ids = [row.split()[0] for row in out.splitlines() if len(row.split()) > 1 and row.split()[1].startswith(comment_prefix)]
+    ids = [
+        row.split()[0] for row in out.splitlines() if len(row.split()) > 1 and row.split()[1].startswith(comment_prefix)
+    ]
     return ids[0] if len(ids) == 1 else None
 
 
@@ -288,9 +290,11 @@ def test_two_jobs_on_shared_nodes_meet_at_different_ports(first_run, multinode_c
     plain, twin = (_launch(_rule_log(workdir, p).read_text()) for p in (PLAIN, TWIN))
     records = [multinode_cluster.jobcomp_record(launch["job"]) for launch in (plain, twin)]
     spans = [(_epoch(r["StartTime"]), _epoch(r["EndTime"])) for r in records]
-    print(f"jobs {plain['job']} on {records[0]['NodeList']} {records[0]['StartTime']}-{records[0]['EndTime']}, "
-          f"{twin['job']} on {records[1]['NodeList']} {records[1]['StartTime']}-{records[1]['EndTime']}; "
-          f"rendezvous {plain['host']}:{plain['port']} and {twin['host']}:{twin['port']}")
+    print(
+        f"jobs {plain['job']} on {records[0]['NodeList']} {records[0]['StartTime']}-{records[0]['EndTime']}, "
+        f"{twin['job']} on {records[1]['NodeList']} {records[1]['StartTime']}-{records[1]['EndTime']}; "
+        f"rendezvous {plain['host']}:{plain['port']} and {twin['host']}:{twin['port']}"
+    )
     # at the same time, on overlapping nodes (two two-node jobs on three nodes always share one)
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans
     assert set(plain["nodes"]) & set(twin["nodes"])
@@ -321,8 +325,10 @@ def test_two_nodes_train_the_one_node_model(first_run, site):
     # by reorder_tolerance (8 sqrt(n) eps |largest|); gloo sums in an order fixed by the ranks, not their hosts
     worst = {k: float((two[k].double() - one[k].double()).abs().max()) for k in two}
     tolerance = {k: reorder_tolerance(one[k], n_terms=WORLD) for k in one}
-    print(f"2 nodes x {GPUS_PER_NODE} vs 1 node x {WORLD}, {STEPS} steps: max |difference| {max(worst.values()):.3g} "
-          f"over {len(two)} tensors (tolerance {min(tolerance.values()):.3g} to {max(tolerance.values()):.3g})")
+    print(
+        f"2 nodes x {GPUS_PER_NODE} vs 1 node x {WORLD}, {STEPS} steps: max |difference| {max(worst.values()):.3g} "
+        f"over {len(two)} tensors (tolerance {min(tolerance.values()):.3g} to {max(tolerance.values()):.3g})"
+    )
     assert all(worst[k] <= tolerance[k] for k in two), {k: (worst[k], tolerance[k]) for k in two if worst[k]}
 
 
@@ -398,13 +404,14 @@ def second_run(first_run, site, multinode_cluster: LocalCluster):
             if drained:
                 subprocess.run(["scontrol", "update", f"nodename={drained}", "state=resume"], capture_output=True)
     log = out_path.read_text()
-    assert returncode == 0, f"snakemake exited {returncode} (124: timed out)\n{tail(log)}\n{multinode_cluster.log_tails()}"
+    assert returncode == 0, (
+        f"snakemake exited {returncode} (124: timed out)\n{tail(log)}\n{multinode_cluster.log_tails()}"
+    )
     seen["submissions"] = [job for job in submissions(log) if job.rule == "pretrain"]
     return workdir, seen
 
 
-def test_sigterm_on_every_node_requeues_and_resumes_elsewhere(second_run, first_run,
-                                                               multinode_cluster: LocalCluster):
+def test_sigterm_on_every_node_requeues_and_resumes_elsewhere(second_run, first_run, multinode_cluster: LocalCluster):
     workdir, seen = second_run
     job = seen["jobs"][STOPPED]
     first_nodes = seen["nodes"][STOPPED]
@@ -420,8 +427,9 @@ def test_sigterm_on_every_node_requeues_and_resumes_elsewhere(second_run, first_
     before = seen["term_log"]
     # (the trainer names the signal it saw last: slurmd's SIGTERM, or the SIGUSR1 the launcher, SIGTERMed in the
     # batch step, passes to srun so that srun relays it instead of killing the step)
-    saved = re.search(r"^pmlm pretrain: SIG(?:TERM|USR1) received; saved checkpoint at step (\d+); exiting with 99",
-                      before, re.M)
+    saved = re.search(
+        r"^pmlm pretrain: SIG(?:TERM|USR1) received; saved checkpoint at step (\d+); exiting with 99", before, re.M
+    )
     assert saved, before[-3000:]
     for node in first_nodes:
         assert re.search(rf"^pmlm launch: node {node}: torchrun stopped by SIGTERM", before, re.M), before[-3000:]
@@ -436,15 +444,18 @@ def test_sigterm_on_every_node_requeues_and_resumes_elsewhere(second_run, first_
     # and ended where the uninterrupted run ended
     assert _max_difference(workdir / _weights(STOPPED), workdir / _weights(PLAIN)) == 0.0
     end = _epoch(record["EndTime"])
-    print(f"SIGTERM timeline (job {job}, {','.join(first_nodes)} -> {','.join(second_nodes)}): requeue sent at 0 s; "
-          f"checkpoint at step {saved.group(1)} and job pending again at {seen['term_pending'] - seen['term']:.1f} s; "
-          f"released (StartTime=now) at {seen['term_released'] - seen['term']:.1f} s; resumed at "
-          f"{seen['term_resumed'] - seen['term']:.1f} s; finished at {end - seen['term']:.0f} s; snakemake done at "
-          f"{seen['end'] - seen['term']:.0f} s")
+    print(
+        f"SIGTERM timeline (job {job}, {','.join(first_nodes)} -> {','.join(second_nodes)}): requeue sent at 0 s; "
+        f"checkpoint at step {saved.group(1)} and job pending again at {seen['term_pending'] - seen['term']:.1f} s; "
+        f"released (StartTime=now) at {seen['term_released'] - seen['term']:.1f} s; resumed at "
+        f"{seen['term_resumed'] - seen['term']:.1f} s; finished at {end - seen['term']:.0f} s; snakemake done at "
+        f"{seen['end'] - seen['term']:.0f} s"
+    )
 
 
-def test_a_killed_node_fails_the_job_in_bounded_time_and_the_retry_resumes(second_run, first_run,
-                                                                           multinode_cluster: LocalCluster):
+def test_a_killed_node_fails_the_job_in_bounded_time_and_the_retry_resumes(
+    second_run, first_run, multinode_cluster: LocalCluster
+):
     workdir, seen = second_run
     job, victim = seen["jobs"][KILLED], seen["victim"]
     record = multinode_cluster.jobcomp_record(job)
@@ -469,8 +480,10 @@ def test_a_killed_node_fails_the_job_in_bounded_time_and_the_retry_resumes(secon
     assert multinode_cluster.jobcomp_record(retries[0].job_id)["JobState"] == "COMPLETED"
     assert _max_difference(workdir / _weights(KILLED), workdir / _weights(PLAIN)) == 0.0
     retry = multinode_cluster.jobcomp_record(retries[0].job_id)
-    print(f"node failure timeline (job {job}, processes on {victim} killed at 0 s): one-line reason in the rule log at "
-          f"{seen['kill_reason_seen'] - seen['kill']:.1f} s; job ended (FAILED, by SLURM's record) at "
-          f"{ended - seen['kill']:.0f} s; resubmitted job {retries[0].job_id} started at "
-          f"{_epoch(retry['StartTime']) - seen['kill']:.0f} s on {retry['NodeList']}, resumed from step "
-          f"{resumed.group(3)}, finished at {_epoch(retry['EndTime']) - seen['kill']:.0f} s; reason: {reason}")
+    print(
+        f"node failure timeline (job {job}, processes on {victim} killed at 0 s): one-line reason in the rule log at "
+        f"{seen['kill_reason_seen'] - seen['kill']:.1f} s; job ended (FAILED, by SLURM's record) at "
+        f"{ended - seen['kill']:.0f} s; resubmitted job {retries[0].job_id} started at "
+        f"{_epoch(retry['StartTime']) - seen['kill']:.0f} s on {retry['NodeList']}, resumed from step "
+        f"{resumed.group(3)}, finished at {_epoch(retry['EndTime']) - seen['kill']:.0f} s; reason: {reason}"
+    )

@@ -116,8 +116,13 @@ def test_demo_dag_runs_as_slurm_jobs(demo_run, slurm_cluster: LocalCluster):
     assert "Using profiles slurm and workflow specific profile" in log  # both profiles, as a user gets them
     assert "command=sacct" in log  # jobs seen to finish through the accounting database
 
-    for name in ("tables/pretrain_scores.md", "tables/pretrain_scores.csv", "figures/kl_histogram.png",
-                 "pretrain/demo/mlm-tiny/model.safetensors", "pretrain/demo/pmlm-tiny/model.safetensors"):
+    for name in (
+        "tables/pretrain_scores.md",
+        "tables/pretrain_scores.csv",
+        "figures/kl_histogram.png",
+        "pretrain/demo/mlm-tiny/model.safetensors",
+        "pretrain/demo/pmlm-tiny/model.safetensors",
+    ):
         assert (workdir / RESULTS / name).stat().st_size > 0, name
 
     jobs = submissions(log)

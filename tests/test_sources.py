@@ -33,15 +33,20 @@ def test_member_of_a_nested_archive_is_streamed_out(tmp_path):
     assert gzip.decompress(out.read_bytes()) == OLD_XML.read_bytes() and size == out.stat().st_size
     # TAPE's layout: a folder inside one archive, not a nested archive
     tape = tmp_path / "proteinnet.tar.gz"
-    tape.write_bytes(tar_bytes({"proteinnet/proteinnet_train.json": b"[]", "proteinnet/proteinnet_test.json": b"[1]"}, "w:gz"))
+    tape.write_bytes(
+        tar_bytes({"proteinnet/proteinnet_train.json": b"[]", "proteinnet/proteinnet_test.json": b"[1]"}, "w:gz")
+    )
     extract_member(tape, "proteinnet/proteinnet_test.json", tmp_path / "test.json")
     assert (tmp_path / "test.json").read_bytes() == b"[1]"
 
 
 def test_missing_member_lists_the_closest_names(tmp_path):
     archive = uniprot_release_archive(tmp_path / "uniref2018_03.tar.gz", OLD_XML.read_bytes())
-    with pytest.raises(InputError, match=r"no member 'uniref50.tar/uniref50.fasta.gz'; closest names found: "
-                                         r"uniref50.tar/uniref50.xml.gz"):
+    with pytest.raises(
+        InputError,
+        match=r"no member 'uniref50.tar/uniref50.fasta.gz'; closest names found: "
+        r"uniref50.tar/uniref50.xml.gz",
+    ):
         extract_member(archive, "uniref50.tar/uniref50.fasta.gz", tmp_path / "out")
     with pytest.raises(InputError, match=r"no member 'uniref50.fasta.gz'; closest names found: uniref50.tar"):
         extract_member(archive, "uniref50.fasta.gz", tmp_path / "out")
@@ -93,12 +98,22 @@ def test_uniref_entry_split_across_blocks(tmp_path):
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda x: x[: x.index(b"<entry id=\"UniRef50_Q6GZX3\"") + 200], r":\d+: malformed XML .*truncated: re-download"),
+        (lambda x: x[: x.index(b'<entry id="UniRef50_Q6GZX3"') + 200], r":\d+: malformed XML .*truncated: re-download"),
         (lambda x: x.replace(b"</name>", b"</nam>", 1), r":7: malformed XML \(mismatched tag"),
-        (lambda x: x.replace(b'length="71"', b'length="70"'), r":54: entry UniRef50_Q6GZX3: sequence has 71 residues but length=\"70\""),
-        (lambda x: x.replace(b"Ranavirus", b"Ranavir\xe9", 1).replace(b"ISO-8859-1", b"UTF-8"), r":9: malformed XML \(not well-formed"),
-        (lambda x: x.replace(b"<UniRef50 xmlns=\"http://uniprot.org/uniref\"", b"<uniprot xmlns=\"http://uniprot.org/uniprot\"")
-                    .replace(b"</UniRef50>", b"</uniprot>"), r": XML with root element <uniprot> is not UniRef XML"),
+        (
+            lambda x: x.replace(b'length="71"', b'length="70"'),
+            r":54: entry UniRef50_Q6GZX3: sequence has 71 residues but length=\"70\"",
+        ),
+        (
+            lambda x: x.replace(b"Ranavirus", b"Ranavir\xe9", 1).replace(b"ISO-8859-1", b"UTF-8"),
+            r":9: malformed XML \(not well-formed",
+        ),
+        (
+            lambda x: x.replace(
+                b'<UniRef50 xmlns="http://uniprot.org/uniref"', b'<uniprot xmlns="http://uniprot.org/uniprot"'
+            ).replace(b"</UniRef50>", b"</uniprot>"),
+            r": XML with root element <uniprot> is not UniRef XML",
+        ),
     ],
     ids=["truncated", "mismatched-tag", "length-mismatch", "wrong-encoding", "not-uniref"],
 )
@@ -111,7 +126,9 @@ def test_bad_uniref_xml_is_one_line_naming_file_and_line(tmp_path, edit, match):
 
 def test_forced_uniref_format_checks_the_root(tmp_path):
     bad = tmp_path / "uniprot.xml"
-    bad.write_bytes(b'<?xml version="1.0"?>\n<uniprot xmlns="http://uniprot.org/uniprot">\n<entry id="x"/>\n</uniprot>\n')
+    bad.write_bytes(
+        b'<?xml version="1.0"?>\n<uniprot xmlns="http://uniprot.org/uniprot">\n<entry id="x"/>\n</uniprot>\n'
+    )
     with pytest.raises(InputError, match=r"uniprot\.xml:1: not UniRef XML: root element <uniprot>"):
         list(read_source(bad, "uniref_xml"))
 
@@ -177,8 +194,12 @@ def test_metalink_and_md5sum_listings(tmp_path):
         '<files>\n<file name="uniref2018_03.tar.gz"><size>123</size><verification>'
         '<hash type="md5">0123456789ABCDEF0123456789abcdef</hash></verification>'
         '<resources><url type="ftp">ftp://example/uniref2018_03.tar.gz</url></resources></file>\n'
-        '<file name="README"><size>5</size></file>\n</files>\n</metalink>\n')
-    assert published_checksums(metalink, "uniref2018_03.tar.gz") == {"md5": "0123456789abcdef0123456789abcdef", "size": "123"}
+        '<file name="README"><size>5</size></file>\n</files>\n</metalink>\n'
+    )
+    assert published_checksums(metalink, "uniref2018_03.tar.gz") == {
+        "md5": "0123456789abcdef0123456789abcdef",
+        "size": "123",
+    }
     with pytest.raises(InputError, match="no digest for 'uniref50.tar.gz'"):
         published_checksums(metalink, "uniref50.tar.gz")
     sums = tmp_path / "md5sums"
@@ -197,7 +218,7 @@ def test_block_parser_matches_biopython_on_wrapped_records(tmp_path):
     for i in range(300):
         seq = "".join(rng.choice("ACDEFGHIKLMNPQRSTVWYXBUZ*-acd") for _ in range(rng.randint(0, 150)))
         width = rng.choice([10, 60, 1000])
-        lines = [seq[k:k + width] for k in range(0, len(seq), width)]
+        lines = [seq[k : k + width] for k in range(0, len(seq), width)]
         blank = "\n" if rng.random() < 0.1 else ""
         desc = rng.choice(["", " desc", " n=3 Tax=Homo sapiens", " a>b"])
         parts.append(f">id{i}{desc}\n" + "".join(f"{line}\n{blank}" for line in lines))
@@ -225,7 +246,7 @@ def test_clean_block_cut_matches_biopython():
         width = rng.choice([7, 60, 1000])
         rid = rng.choice([f"id{i}", f"UniRef50_{'A' * 40}{i}", f"a>b{i}"])  # longer than the 32-byte window too
         desc = rng.choice(["", " desc", " n=3 Tax=Homo sapiens", "   ", " a>b"])
-        parts.append(f">{rid}{desc}\n" + "".join(f"{seq[k:k + width]}\n" for k in range(0, len(seq), width)))
+        parts.append(f">{rid}{desc}\n" + "".join(f"{seq[k : k + width]}\n" for k in range(0, len(seq), width)))
     text = "".join(parts)
     for body in (text.encode(), text.encode().rstrip(b"\n")):  # a block ends with or without its newline
         cut = clean_one_line_fasta(body, 1, 1000, STANDARD)
@@ -249,8 +270,11 @@ def test_one_line_columns_match_the_record_path():
     from pmlm.data.columns import one_line_columns
     from pmlm.data.shards import _record_columns
 
-    body = b"".join(b">UniRef50_A%d members=%d taxon=%d cluster=UniRef50_A%d\n%s\n"
-                    % (i, 1 + i % 5, 9606 + i % 2, i - i % 3, b"MKVLAGC"[: 1 + i % 7] * 9) for i in range(500))
+    body = b"".join(
+        b">UniRef50_A%d members=%d taxon=%d cluster=UniRef50_A%d\n%s\n"
+        % (i, 1 + i % 5, 9606 + i % 2, i - i % 3, b"MKVLAGC"[: 1 + i % 7] * 9)
+        for i in range(500)
+    )
     fast = one_line_columns(body)
     slow = _record_columns("x", body[1:].split(b"\n>"), 1)
     assert fast is not None and fast.from_header == slow.from_header == 500

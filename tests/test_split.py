@@ -74,7 +74,9 @@ def test_decontamination_removes_similar_training_sequences(families, tmp_path):
     with gzip.open(refs, "wt") as fh:  # structure-JSONL evaluation set: two families' ancestors, lightly mutated
         for f in (4, 17):
             fh.write(json.dumps({"id": f"E{f}", "seq": mutate(ancestors[f], 0.1, rng)}) + "\n")
-    stats = split(path, str(tmp_path / "out"), SplitConfig(valid_fraction=0.1, decontam_min_seq_id=0.5), references=[str(refs)])
+    stats = split(
+        path, str(tmp_path / "out"), SplitConfig(valid_fraction=0.1, decontam_min_seq_id=0.5), references=[str(refs)]
+    )
     assert stats["decontamination"]["removed_sequences"] == 12
     kept = [r.id for side in ("train", "valid") for r in read_fasta(tmp_path / "out" / f"{side}.fasta")]
     assert len(kept) == 168 and not any(family_of(k) in ("F4", "F17") for k in kept)

@@ -33,8 +33,20 @@ def structures(tmp_path_factory):
             for m in range(4):
                 seq = "".join(rng.choice(AA) if rng.random() < 0.25 else c for c in anc)
                 xyz = [[3.8 * k, 0.0, 0.0] for k in range(len(seq))]
-                fh.write(json.dumps({"id": f"F{f}", "chain": chr(65 + m), "start_resnum": 1, "seq": seq,
-                                     "dssp": "C" * len(seq), "ca": xyz, "cb": xyz}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "id": f"F{f}",
+                            "chain": chr(65 + m),
+                            "start_resnum": 1,
+                            "seq": seq,
+                            "dssp": "C" * len(seq),
+                            "ca": xyz,
+                            "cb": xyz,
+                        }
+                    )
+                    + "\n"
+                )
     return str(path)
 
 
@@ -68,8 +80,23 @@ def test_families_stay_together_and_held_out_chains_are_far_from_train(split_onc
             with open(tmp_path / f"{name}.fa", "w") as fh:
                 fh.writelines(f">{i}\n{r['seq']}\n" for i, r in enumerate(sides[name]))
         hits = tmp_path / f"{held_out}.m8"
-        subprocess.run(["mmseqs", "easy-search", str(tmp_path / f"{held_out}.fa"), str(tmp_path / "train.fa"), str(hits),
-                        str(tmp_path / "tmp"), "--min-seq-id", "0.3", "-c", "0.5", "-v", "1"], check=True)
+        subprocess.run(
+            [
+                "mmseqs",
+                "easy-search",
+                str(tmp_path / f"{held_out}.fa"),
+                str(tmp_path / "train.fa"),
+                str(hits),
+                str(tmp_path / "tmp"),
+                "--min-seq-id",
+                "0.3",
+                "-c",
+                "0.5",
+                "-v",
+                "1",
+            ],
+            check=True,
+        )
         assert hits.read_text().strip() == ""
 
 

@@ -13,7 +13,11 @@ import pytest
 from pmlm.errors import InputError, PmlmError
 from pmlm.tasks.raptorx import read_contact_set
 from pmlm.tasks.structures import (
-    ReadCounts, contact_map, dssp_to_ss3, read_structure_jsonl, ss3_to_labels,
+    ReadCounts,
+    contact_map,
+    dssp_to_ss3,
+    read_structure_jsonl,
+    ss3_to_labels,
 )
 from pmlm.tasks.tape import TEST_SPLITS, read_tape, safe_unpickle
 
@@ -26,8 +30,13 @@ def _line_coords(length: int, step: float = CA_STEP) -> list[list[float]]:
 
 def _structure(**overrides) -> dict:
     record = {
-        "id": "1ABC", "chain": "A", "start_resnum": 5, "seq": "ACDEF", "dssp": "HGIEB",
-        "ca": _line_coords(5), "cb": [[0, 0, 0], None, [7.0, 0, 0], [8.0, 0, 0], [0.0, 8.5, 0]],
+        "id": "1ABC",
+        "chain": "A",
+        "start_resnum": 5,
+        "seq": "ACDEF",
+        "dssp": "HGIEB",
+        "ca": _line_coords(5),
+        "cb": [[0, 0, 0], None, [7.0, 0, 0], [8.0, 0, 0], [0.0, 8.5, 0]],
     }
     record.update(overrides)
     return record
@@ -66,8 +75,11 @@ def test_dssp_reduction():
 
 @pytest.mark.parametrize("gz", [False, True])
 def test_read_structure_jsonl(tmp_path, gz):
-    path = _write_lines(tmp_path / ("s.jsonl.gz" if gz else "s.jsonl"),
-                        [json.dumps(_structure()), "", json.dumps(_structure(id="2XYZ", cb=[[0, 0, 0]] * 5))], gz=gz)
+    path = _write_lines(
+        tmp_path / ("s.jsonl.gz" if gz else "s.jsonl"),
+        [json.dumps(_structure()), "", json.dumps(_structure(id="2XYZ", cb=[[0, 0, 0]] * 5))],
+        gz=gz,
+    )
     records = list(read_structure_jsonl(path))
     assert [r.name for r in records] == ["1ABC_A", "2XYZ_A"]
     first = records[0]
@@ -106,8 +118,13 @@ def test_structure_jsonl_record_errors(tmp_path, override, message):
 
 
 def test_structure_jsonl_skip_counts(tmp_path):
-    lines = [json.dumps(_structure()), "not json", json.dumps(_structure(dssp="H")), json.dumps([1, 2]),
-             json.dumps(_structure(id="OK2"))]
+    lines = [
+        json.dumps(_structure()),
+        "not json",
+        json.dumps(_structure(dssp="H")),
+        json.dumps([1, 2]),
+        json.dumps(_structure(id="OK2")),
+    ]
     path = _write_lines(tmp_path / "s.jsonl.gz", lines, gz=True)
     counts = ReadCounts()
     records = list(read_structure_jsonl(path, on_error="skip", counts=counts))
@@ -141,8 +158,13 @@ def test_tape_proteinnet_json(tmp_path):
     ca = _line_coords(6)
     ca[5] = [3 * CA_STEP, 7.0, 0.0]  # folds back next to residue 3
     records = [
-        {"id": "1abc_A", "primary": "MKTAYI", "protein_length": 6, "tertiary": ca,
-         "valid_mask": [True, True, True, False, True, True]},
+        {
+            "id": "1abc_A",
+            "primary": "MKTAYI",
+            "protein_length": 6,
+            "tertiary": ca,
+            "valid_mask": [True, True, True, False, True, True],
+        },
         {"primary": "mkU", "tertiary": [v for row in _line_coords(3) for v in row]},  # flat alias, repairs
     ]
     path = _write_tape(tmp_path, "proteinnet", "test", records)
@@ -173,17 +195,27 @@ def test_tape_proteinnet_units_and_errors(tmp_path):
 
 def test_tape_secondary_structure_and_remote_homology(tmp_path):
     assert TEST_SPLITS["secondary_structure"] == ("cb513", "casp12", "ts115")
-    ss = _write_tape(tmp_path, "secondary_structure", "cb513", [
-        {"id": "a", "primary": "ACDE", "ss3": [0, 1, 2, 2], "ss8": [1, 4, 7, 6], "valid_mask": [1, 1, 0, 1]},
-        {"id": "b", "primary": "AC", "ss3": "HE"},
-    ])
+    ss = _write_tape(
+        tmp_path,
+        "secondary_structure",
+        "cb513",
+        [
+            {"id": "a", "primary": "ACDE", "ss3": [0, 1, 2, 2], "ss8": [1, 4, 7, 6], "valid_mask": [1, 1, 0, 1]},
+            {"id": "b", "primary": "AC", "ss3": "HE"},
+        ],
+    )
     a, b = read_tape(ss, "secondary_structure")
     assert a.ss3.tolist() == [0, 1, 2, 2] and a.valid_mask.tolist() == [True, True, False, True]
     assert b.ss3.tolist() == [0, 1] and b.valid_mask.all() and b.ss8 is None
-    rh = _write_tape(tmp_path, "remote_homology", "test_fold_holdout", [
-        {"id": "d1", "primary": "ACDEF", "fold_label": 7, "superfamily_label": 3, "family_label": 11},
-        {"id": "d2", "primary": "ACDEF", "fold_label": [1194]},
-    ])
+    rh = _write_tape(
+        tmp_path,
+        "remote_homology",
+        "test_fold_holdout",
+        [
+            {"id": "d1", "primary": "ACDEF", "fold_label": 7, "superfamily_label": 3, "family_label": 11},
+            {"id": "d2", "primary": "ACDEF", "fold_label": [1194]},
+        ],
+    )
     r1, r2 = read_tape(rh, "remote_homology")
     assert (r1.fold_label, r1.superfamily_label, r1.family_label, r1.class_label) == (7, 3, 11, None)
     assert r2.fold_label == 1194
@@ -238,10 +270,21 @@ def test_safe_unpickle_refuses_code():
 def test_tape_lmdb(tmp_path):
     lmdb = pytest.importorskip("lmdb")
     path = tmp_path / "proteinnet_test.lmdb"
-    items = [{"id": "p0", "primary": "ACDEF", "protein_length": 5, "tertiary": np.array(_line_coords(5)),
-              "valid_mask": np.array([True] * 5)},
-             {"primary": "ACDE", "protein_length": 4, "tertiary": np.array(_line_coords(4)),
-              "valid_mask": np.array([True, False, True, True])}]
+    items = [
+        {
+            "id": "p0",
+            "primary": "ACDEF",
+            "protein_length": 5,
+            "tertiary": np.array(_line_coords(5)),
+            "valid_mask": np.array([True] * 5),
+        },
+        {
+            "primary": "ACDE",
+            "protein_length": 4,
+            "tertiary": np.array(_line_coords(4)),
+            "valid_mask": np.array([True, False, True, True]),
+        },
+    ]
     env = lmdb.open(str(path), map_size=1 << 22)
     with env.begin(write=True) as txn:
         txn.put(b"num_examples", pickle.dumps(len(items)))
@@ -286,8 +329,11 @@ def test_contact_set_formats(tmp_path):
     dist = np.array([[0.0, 9.0, np.nan], [9.0, 0.0, 3.0], [np.nan, 3.0, 0.0]])
     with open(folder / "t2.pkl", "wb") as fh:
         pickle.dump({"seq": "ACD", "ssp": "HHE", "dist": dist, "coords": np.zeros((3, 3))}, fh)
-    np.savez(folder / "t3.npz", seq=np.array("ACDE"), contacts=np.array(
-        [[-1, 1, 0, 0], [1, -1, 0, 0], [0, 0, -1, 1], [0, 0, 1, -1]]))
+    np.savez(
+        folder / "t3.npz",
+        seq=np.array("ACDE"),
+        contacts=np.array([[-1, 1, 0, 0], [1, -1, 0, 0], [0, 0, -1, 1], [0, 0, 1, -1]]),
+    )
     t1, t2, t3 = read_contact_set(folder)
     assert (t1.id, t2.id, t3.id) == ("T1", "t2", "t3")
     assert t1.contacts[0, 1] and not t1.contacts[0, 3] and not t1.valid[1, 2]
@@ -295,10 +341,14 @@ def test_contact_set_formats(tmp_path):
     assert t2.contacts[1, 2] and not t2.contacts[0, 1] and not t2.valid[0, 2]
     assert t3.contacts[0, 1] and not t3.valid[0, 0] and t3.valid[0, 2]
 
-    jsonl = _write_lines(tmp_path / "set.jsonl.gz", [
-        json.dumps({"id": "J1", "seq": "ACD", "cb": [[0, 0, 0], None, [7.9, 0, 0]]}),
-        json.dumps({"id": "J2", "seq": "ACD"}),
-    ], gz=True)
+    jsonl = _write_lines(
+        tmp_path / "set.jsonl.gz",
+        [
+            json.dumps({"id": "J1", "seq": "ACD", "cb": [[0, 0, 0], None, [7.9, 0, 0]]}),
+            json.dumps({"id": "J2", "seq": "ACD"}),
+        ],
+        gz=True,
+    )
     with pytest.raises(InputError, match="needs one of") as info:
         list(read_contact_set(jsonl))
     assert info.value.line == 2

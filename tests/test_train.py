@@ -35,7 +35,6 @@ SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-
 def _config(**changes) -> dict:
     """A model small enough for a CPU step in milliseconds; dropout on, so RNG restore matters."""
     cfg = {
@@ -62,8 +61,20 @@ def _rows(out: Path, split: str = "train") -> list[dict]:
 
 
 def _cli(shards: Path, out: Path, cfg_path: Path) -> list[str]:
-    return [sys.executable, "-m", "pmlm", "pretrain", "--config", str(cfg_path), "--shards", str(shards),
-            "--out", str(out), "--final", str(out / "final" / "model.safetensors")]
+    return [
+        sys.executable,
+        "-m",
+        "pmlm",
+        "pretrain",
+        "--config",
+        str(cfg_path),
+        "--shards",
+        str(shards),
+        "--out",
+        str(out),
+        "--final",
+        str(out / "final" / "model.safetensors"),
+    ]
 
 
 def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
@@ -106,8 +117,11 @@ def resume_case(tmp_path_factory):
 
 def test_smoke_loss_falls_outputs_and_idempotent_rerun(tmp_path):
     # fixed, learnable data: two families, high learning rate
-    shards = write_shards(tmp_path / "s", {"train": make_sequences(64, seed=5, families=2),
-                                           "valid": make_sequences(16, seed=6, families=2)}, rows_per_group=8)
+    shards = write_shards(
+        tmp_path / "s",
+        {"train": make_sequences(64, seed=5, families=2), "valid": make_sequences(16, seed=6, families=2)},
+        rows_per_group=8,
+    )
     cfg = TrainConfig.from_dict(_config(optim__lr=1e-2, optim__warmup_steps=1, tensorboard=True))
     final = tmp_path / "results" / "model.safetensors"
     assert train(cfg, shards, tmp_path / "run", final_path=final) == 0
@@ -155,8 +169,9 @@ def test_compiled_layers_train_like_eager_layers(tmp_path, shard_dir):
     overrides = {"num_layers": 2, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64, "dropout": 0.0}  # no RNG
     runs = {}
     for compiled in (False, True):
-        cfg = TrainConfig.from_dict(_config(model__overrides=overrides, compile=compiled, optim__total_steps=3,
-                                            save_every=0, eval_every=0))
+        cfg = TrainConfig.from_dict(
+            _config(model__overrides=overrides, compile=compiled, optim__total_steps=3, save_every=0, eval_every=0)
+        )
         out = tmp_path / f"compile-{compiled}"
         assert train(cfg, shard_dir, out, final_path=out / "model.safetensors") == 0
         runs[compiled] = ([float(r["loss"]) for r in _rows(out)], load_file(out / "model.safetensors"))
@@ -171,8 +186,9 @@ def test_compiled_layers_train_like_eager_layers(tmp_path, shard_dir):
 def test_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, resume_case):
     shards, cfg_path, ref = resume_case
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cli(shards, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=SUBPROCESS_ENV)
+    proc = subprocess.Popen(
+        _cli(shards, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV
+    )
     _wait_for(lambda: _train_steps_logged(out) >= 8, proc, "step 8")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -195,8 +211,9 @@ def test_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, res
 def test_kill_resumes_from_the_last_periodic_checkpoint_bit_identical(tmp_path, resume_case):
     shards, cfg_path, ref = resume_case
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cli(shards, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=SUBPROCESS_ENV)
+    proc = subprocess.Popen(
+        _cli(shards, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV
+    )
     _wait_for(lambda: _train_steps_logged(out) >= 23, proc, "step 23")
     proc.kill()  # SIGKILL: no chance to save; the periodic checkpoint at step 20 is all there is
     proc.communicate(timeout=60)
@@ -241,8 +258,19 @@ def test_bad_config_is_one_line_exit_2(tmp_path, shard_dir, capsys, change, mess
         cfg[section].update(values)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    code = main(["pretrain", "--config", str(path), "--shards", str(shard_dir), "--out", str(tmp_path / "o"),
-                 "--final", str(tmp_path / "m.safetensors")])
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(path),
+            "--shards",
+            str(shard_dir),
+            "--out",
+            str(tmp_path / "o"),
+            "--final",
+            str(tmp_path / "m.safetensors"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("pmlm pretrain: error: ") and message in err
@@ -270,8 +298,19 @@ def test_schedule_warms_up_then_decays_linearly():
 def test_missing_shards_is_one_line_exit_2(tmp_path, capsys):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(_config()))
-    code = main(["pretrain", "--config", str(path), "--shards", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
-                 "--final", str(tmp_path / "m.safetensors")])
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(path),
+            "--shards",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "o"),
+            "--final",
+            str(tmp_path / "m.safetensors"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "manifest.json: manifest not found" in err
     assert os.environ.get("RANK") is None  # the loop never leaves torchrun variables behind

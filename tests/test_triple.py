@@ -26,7 +26,7 @@ def _tokens(lengths: list[int], seed: int = 0) -> torch.Tensor:
     tokens = torch.ones(len(lengths), width, dtype=torch.long)  # <pad>
     for row, n in enumerate(lengths):
         tokens[row, 0] = 0
-        tokens[row, 1:n + 1] = torch.randint(4, 24, (n,), generator=g)
+        tokens[row, 1 : n + 1] = torch.randint(4, 24, (n,), generator=g)
         tokens[row, n + 1] = 2
     return tokens
 
@@ -43,15 +43,22 @@ def test_factorised_logits_are_the_formula_written_out():
         w = head.project.weight.view(3, 12, 8)
         pre = sum(w[r] @ h[r] for r in range(3)) + head.product(h[0] * h[1] * h[2])
         f = head.out(head.norm(head.act(pre)))
-        u = f[:3 * Q].view(3, Q)
-        p = f[3 * Q:3 * Q + 3 * Q * Q].view(3, Q, Q)
-        cp = f[3 * Q + 3 * Q * Q:].view(3, 3, Q)
+        u = f[: 3 * Q].view(3, Q)
+        p = f[3 * Q : 3 * Q + 3 * Q * Q].view(3, Q, Q)
+        cp = f[3 * Q + 3 * Q * Q :].view(3, 3, Q)
         want = torch.zeros(Q, Q, Q)
         for a in range(Q):
             for bb in range(Q):
                 for c in range(Q):
-                    want[a, bb, c] = (u[0, a] + u[1, bb] + u[2, c] + p[0, a, bb] + p[1, a, c] + p[2, bb, c]
-                                      + (cp[0, :, a] * cp[1, :, bb] * cp[2, :, c]).sum())
+                    want[a, bb, c] = (
+                        u[0, a]
+                        + u[1, bb]
+                        + u[2, c]
+                        + p[0, a, bb]
+                        + p[1, a, c]
+                        + p[2, bb, c]
+                        + (cp[0, :, a] * cp[1, :, bb] * cp[2, :, c]).sum()
+                    )
         # sums of ~10 terms of size ~1 in fp32
         torch.testing.assert_close(logits[row].view(Q, Q, Q), want, atol=1e-5, rtol=1e-5)
 
@@ -109,15 +116,22 @@ def test_sidecar_round_trip(tmp_path):
     torch.manual_seed(1)
     objective = ObjectiveConfig(name="tmlm", triple_weight=0.3)
     model = build_model(model_config("tiny", "tmlm", triple_rank=5, triple_width=40), objective).eval()
-    path = write_encoder(tmp_path / "model.safetensors", model.state_dict(),
-                         {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(objective)})[0]
+    path = write_encoder(
+        tmp_path / "model.safetensors",
+        model.state_dict(),
+        {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(objective)},
+    )[0]
     loaded, info, _ = load_encoder(path, "cpu")
     assert loaded.triple_head.rank == 5 and loaded.triple_head.width == 40 and info["objective"]["triple_weight"] == 0.3
     tokens = _tokens([14])
     index = torch.tensor([[0, 1, 5, 9]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded(tokens, triple_index=index)["triple_logits"],
-                                   model(tokens, triple_index=index)["triple_logits"], rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded(tokens, triple_index=index)["triple_logits"],
+            model(tokens, triple_index=index)["triple_logits"],
+            rtol=0,
+            atol=0,
+        )
     with pytest.raises(ConfigError, match="triple_width"):
         model_config("tiny", "tmlm", triple_width=-1)
 
@@ -146,8 +160,10 @@ def test_product_base_heads_start_from_the_product_of_the_token_marginals():
     its positions (both orders of a mirrored pair row; the three sites of a triple), and the token head's weights
     stay in their own place in the state dict."""
     torch.manual_seed(3)
-    model = build_model(model_config("tiny", "tmlm", product_base=True, dropout=0.0, attention_dropout=0.0),
-                        ObjectiveConfig(name="tmlm")).eval()
+    model = build_model(
+        model_config("tiny", "tmlm", product_base=True, dropout=0.0, attention_dropout=0.0),
+        ObjectiveConfig(name="tmlm"),
+    ).eval()
     assert not any(k.startswith(("pair_head.", "triple_head.")) and "token" in k for k in model.state_dict())
     with torch.no_grad():
         for head in (model.pair_head, model.triple_head):

@@ -12,7 +12,11 @@ from pmlm.utils import symmetrize
 
 from pmlm.alphabet import NUM_RESIDUES
 from pmlm.evaluation.unsupervised import (
-    apc, kl_independence, msa_mi_apc, msa_mutual_information, mutual_information,
+    apc,
+    kl_independence,
+    msa_mi_apc,
+    msa_mutual_information,
+    mutual_information,
 )
 
 

@@ -78,8 +78,13 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     # the KL figure: every PMLM encoder on Pfam valid and on UR50 valid
     kl = next(line for line in proc.stdout.splitlines() if "-m pmlm kl " in line)
     assert re.findall(r"--valid (\w+)=results/paper/data/\1/shards", kl) == ["pfam", "uniref50"]
-    assert re.findall(r"--model (\S+)=", kl) == ["PMLM-base@pfam", "PMLM-base@uniref50", "PMLM-large@uniref50",
-                                                 "PMLM-pair-xl@uniref50", "PMLM-650m@ur50-release"]
+    assert re.findall(r"--model (\S+)=", kl) == [
+        "PMLM-base@pfam",
+        "PMLM-base@uniref50",
+        "PMLM-large@uniref50",
+        "PMLM-pair-xl@uniref50",
+        "PMLM-650m@ur50-release",
+    ]
     # the features of each contact run reach `pmlm finetune`, per encoder as config/paper.yaml sets them
     features = {}
     for line in proc.stdout.splitlines():
@@ -135,10 +140,19 @@ def test_coevolution_triplets_study_dag():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("sources:\n  a: {url: 'file:x.fa', sha265: abc}\ndatasets:\n  d: {sources: [a]}\n", "config.sources.a: Additional properties"),
-        ("sources:\n  a: {url: 'file:x.fa'}\ndatasets:\n  d: {sources: [b]}\n", "config.datasets.d.sources[0]: unknown source 'b'"),
+        (
+            "sources:\n  a: {url: 'file:x.fa', sha265: abc}\ndatasets:\n  d: {sources: [a]}\n",
+            "config.sources.a: Additional properties",
+        ),
+        (
+            "sources:\n  a: {url: 'file:x.fa'}\ndatasets:\n  d: {sources: [b]}\n",
+            "config.datasets.d.sources[0]: unknown source 'b'",
+        ),
         ("sources:\n  a: {url: 'gopher://x'}\ndatasets:\n  d: {sources: [a]}\n", "config.sources.a.url"),
-        ("sources:\n  a: {url: 'file:x.fa'}\ndatasets:\n  d: {sources: [a], cluster: {min_seq_id: 50}}\n", "config.datasets.d.cluster.min_seq_id"),
+        (
+            "sources:\n  a: {url: 'file:x.fa'}\ndatasets:\n  d: {sources: [a], cluster: {min_seq_id: 50}}\n",
+            "config.datasets.d.cluster.min_seq_id",
+        ),
     ],
 )
 def test_broken_config_names_the_key(tmp_path, text, expected):
@@ -152,11 +166,22 @@ def test_broken_config_names_the_key(tmp_path, text, expected):
 def test_demo_workflow(tmp_path):
     """The demo DAG end to end as `snakemake --cores 2` runs it, with pre-training shortened."""
     short = tmp_path / "short.yaml"
-    short.write_text("pretrain:\n  set: {optim.total_steps: 30, optim.warmup_steps: 5, eval_every: 15, "
-                     "save_every: 15, eval_batches: 4}\n  kl: {sequences: 8, pairs: 4}\n"
-                     "finetune:\n  set: {optim.total_steps: 6, optim.warmup_steps: 2, save_every: 3}\n")
-    args = ("--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-            "--configfile", str(REPO / "config" / "config.yaml"), str(short))
+    short.write_text(
+        "pretrain:\n  set: {optim.total_steps: 30, optim.warmup_steps: 5, eval_every: 15, "
+        "save_every: 15, eval_batches: 4}\n  kl: {sequences: 8, pairs: 4}\n"
+        "finetune:\n  set: {optim.total_steps: 6, optim.warmup_steps: 2, save_every: 3}\n"
+    )
+    args = (
+        "--cores",
+        "2",
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(REPO / "config" / "config.yaml"),
+        str(short),
+    )
     proc = snakemake(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = tmp_path / "results" / "demo" / "data" / "demo"

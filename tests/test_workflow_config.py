@@ -89,7 +89,8 @@ def test_command_defaults_equal_the_schema(command, path):
         if defaults[flag] is None or (command, path) in OWN_DEFAULTS:
             continue  # no argparse default to drift
         assert _same(defaults[flag], spec["default"]), (
-            f"pmlm {command} {flag} defaults to {defaults[flag]!r}, the schema's {path}/{key} to {spec['default']!r}")
+            f"pmlm {command} {flag} defaults to {defaults[flag]!r}, the schema's {path}/{key} to {spec['default']!r}"
+        )
 
 
 def test_ingest_policy_defaults_equal_the_schema():
@@ -106,19 +107,28 @@ def _validated(config: dict) -> dict:
 
 
 def test_validate_fills_the_nested_defaults_the_rules_read():
-    config = _validated({
-        "sources": {"a": {"url": "file:x.fa"}, "s": {"url": "file:s.jsonl"}},
-        "datasets": {"d": {"sources": ["a"], "cluster": {"valid_fraction": 0.03}}},
-        "pretrain": {"recipes": {"tiny": "r.yaml"}, "models": [{"dataset": "d", "objective": "pmlm", "preset": "tiny"}]},
-        "task_data": {"t": {"source": "s", "split": {"seed": 3}}},
-        "coevolution": {"seeds": [1]},
-    })
+    config = _validated(
+        {
+            "sources": {"a": {"url": "file:x.fa"}, "s": {"url": "file:s.jsonl"}},
+            "datasets": {"d": {"sources": ["a"], "cluster": {"valid_fraction": 0.03}}},
+            "pretrain": {
+                "recipes": {"tiny": "r.yaml"},
+                "models": [{"dataset": "d", "objective": "pmlm", "preset": "tiny"}],
+            },
+            "task_data": {"t": {"source": "s", "split": {"seed": 3}}},
+            "coevolution": {"seeds": [1]},
+        }
+    )
     assert config["run"] == "demo" and config["finetune"]["runs"] == {}
     assert config["shards"] == {"num_shards": 8, "row_group_size": 2048, "compression_level": 1}
     assert config["cluster"]["method"] == "linclust" and config["cluster"]["valid_fraction"] == 0.01
     assert config["pretrain"]["kl"] == {"sequences": 64, "pairs": 16, "seed": 0, "datasets": []}
-    assert config["task_data"]["t"]["split"] == {"seed": 3, "fractions": [0.7, 0.1, 0.2], "min_seq_id": 0.3,
-                                                 "coverage": 0.5}
+    assert config["task_data"]["t"]["split"] == {
+        "seed": 3,
+        "fractions": [0.7, 0.1, 0.2],
+        "min_seq_id": 0.3,
+        "coverage": 0.5,
+    }
     assert config["coevolution"]["recipe"] == "config/train/coevolution_tiny.yaml"
     assert config["coevolution"]["shards"]["num_shards"] == 4 and config["coevolution"]["evaluate"]["k_divisor"] == 5
     # a dataset's own section is completed from the schema too, so it replaces the global one as a whole
@@ -127,8 +137,14 @@ def test_validate_fills_the_nested_defaults_the_rules_read():
     assert config["datasets"]["d"]["cluster"]["decontam_min_seq_id"] == 0.5
     assert "ingest" not in config and "ingest" not in config["datasets"]["d"]  # see the IngestPolicy test
     # a run's list of encoders defaults to all
-    runs = _validated({"finetune": {"recipes": {"r": "r.yaml"}, "runs": {"x": {
-        "recipe": "r", "data": "t", "table": "tape_contact", "tests": {"t": "test"}}}}})["finetune"]["runs"]
+    runs = _validated(
+        {
+            "finetune": {
+                "recipes": {"r": "r.yaml"},
+                "runs": {"x": {"recipe": "r", "data": "t", "table": "tape_contact", "tests": {"t": "test"}}},
+            }
+        }
+    )["finetune"]["runs"]
     assert runs["x"]["encoders"] == []
 
 
@@ -143,24 +159,38 @@ def test_invalid_config_is_one_line_naming_the_key():
 
 
 def _finetune_config(features, table="tape_contact"):
-    return _validated({
-        "sources": {"a": {"url": "file:x.fa"}, "s": {"url": "file:s.jsonl"}},
-        "datasets": {"d": {"sources": ["a"]}},
-        "pretrain": {"recipes": {"tiny": "r.yaml"}, "models": [{"dataset": "d", "objective": "mlm", "preset": "tiny"},
-                                                               {"dataset": "d", "objective": "pmlm", "preset": "tiny"}]},
-        "task_data": {"t": {"source": "s", "split": {}}},
-        "finetune": {"recipes": {"r": "r.yaml"}, "runs": {"x": {
-            "recipe": "r", "data": "t", "table": table, "tests": {"t": "test"}, "features": features}}},
-    })
+    return _validated(
+        {
+            "sources": {"a": {"url": "file:x.fa"}, "s": {"url": "file:s.jsonl"}},
+            "datasets": {"d": {"sources": ["a"]}},
+            "pretrain": {
+                "recipes": {"tiny": "r.yaml"},
+                "models": [
+                    {"dataset": "d", "objective": "mlm", "preset": "tiny"},
+                    {"dataset": "d", "objective": "pmlm", "preset": "tiny"},
+                ],
+            },
+            "task_data": {"t": {"source": "s", "split": {}}},
+            "finetune": {
+                "recipes": {"r": "r.yaml"},
+                "runs": {
+                    "x": {"recipe": "r", "data": "t", "table": table, "tests": {"t": "test"}, "features": features}
+                },
+            },
+        }
+    )
 
 
-@pytest.mark.parametrize("features, table, message", [
-    ({"d/pmlm-tiny": "M+", "d/mlm-tiny": "M"}, "tape_contact", None),
-    ("M", "secondary_structure", None),
-    ({"d/pmlm-tiny": "M+"}, "secondary_structure", "config.finetune.runs.x.features: M+ describes residue pairs"),
-    ("M+", "tape_contact", "config.finetune.runs.x.features: M+ needs a pair head; d/mlm-tiny is an MLM encoder"),
-    ({"d/pmlm-big": "M"}, "tape_contact", "config.finetune.runs.x.features.d/pmlm-big: not an encoder of this run"),
-])
+@pytest.mark.parametrize(
+    "features, table, message",
+    [
+        ({"d/pmlm-tiny": "M+", "d/mlm-tiny": "M"}, "tape_contact", None),
+        ("M", "secondary_structure", None),
+        ({"d/pmlm-tiny": "M+"}, "secondary_structure", "config.finetune.runs.x.features: M+ describes residue pairs"),
+        ("M+", "tape_contact", "config.finetune.runs.x.features: M+ needs a pair head; d/mlm-tiny is an MLM encoder"),
+        ({"d/pmlm-big": "M"}, "tape_contact", "config.finetune.runs.x.features.d/pmlm-big: not an encoder of this run"),
+    ],
+)
 def test_run_features_are_checked(features, table, message):
     config = _finetune_config(features, table)
     if message is None:

@@ -16,16 +16,24 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
 
 
-def tiny_encoder(path: Path, objective: str = "pmlm", *, max_len: int = 18, num_layers: int = 2,
-                 pair_vocab: str = "standard", seed: int = 0) -> Path:
+def tiny_encoder(
+    path: Path,
+    objective: str = "pmlm",
+    *,
+    max_len: int = 18,
+    num_layers: int = 2,
+    pair_vocab: str = "standard",
+    seed: int = 0,
+) -> Path:
     """A randomly initialised encoder (hidden 16, window max_len - 2 residues) at ``path`` (+ model.json).
 
     The initial output layers are small, so every score would be close to zero; their weights are scaled
     up so that the quantities the tests compare differ visibly between classes and pairs.
     """
     torch.manual_seed(seed)
-    cfg = ModelConfig(num_layers=num_layers, hidden=16, ffn=32, heads=2, max_len=max_len, dropout=0.0,
-                      pair_vocab=pair_vocab)
+    cfg = ModelConfig(
+        num_layers=num_layers, hidden=16, ffn=32, heads=2, max_len=max_len, dropout=0.0, pair_vocab=pair_vocab
+    )
     objective_cfg = ObjectiveConfig(name=objective)
     model = build_model(cfg, objective_cfg)
     with torch.no_grad():
@@ -35,8 +43,9 @@ def tiny_encoder(path: Path, objective: str = "pmlm", *, max_len: int = 18, num_
         if model.triple_head is not None:  # its three-way factors multiply: a smaller scale gives logits ~10
             model.triple_head.out.weight.mul_(5.0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_encoder(path, model.state_dict(), {"model": model.cfg.to_dict(),
-                                             "objective": dataclasses.asdict(objective_cfg)})
+    write_encoder(
+        path, model.state_dict(), {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(objective_cfg)}
+    )
     return path
 
 

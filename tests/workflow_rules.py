@@ -88,8 +88,8 @@ def commented_block(path: Path, first_line: str) -> str:
     start = lines.index(first_line)
     prefix = first_line[: len(first_line) - len(first_line.lstrip(" #"))]
     body = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith(prefix + "  "):
             break
         body.append(line)
-    return "\n".join(line[len(prefix):] for line in [first_line, *body])
+    return "\n".join(line[len(prefix) :] for line in [first_line, *body])

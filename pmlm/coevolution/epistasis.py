@@ -91,8 +91,9 @@ def _log_marginals(model, tokens, positions, device, out) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sequence_outputs(model, sequence: np.ndarray, pairs: np.ndarray, triples: np.ndarray,
-                     batch_rows: int = 1024) -> SequenceOutputs:
+def sequence_outputs(
+    model, sequence: np.ndarray, pairs: np.ndarray, triples: np.ndarray, batch_rows: int = 1024
+) -> SequenceOutputs:
     """Every read-out of the module docstring for one sequence of residue classes (L,), pairs (P, 2) and
     triples (T, 3) of 0-based sites."""
     device = model_device(model)
@@ -104,7 +105,7 @@ def sequence_outputs(model, sequence: np.ndarray, pairs: np.ndarray, triples: np
     singles = []
     sites = np.arange(length)[:, None]
     for start in range(0, length, batch_rows):
-        tokens, pos = _masked(sequence, sites[start:start + batch_rows])
+        tokens, pos = _masked(sequence, sites[start : start + batch_rows])
         rows = torch.arange(len(tokens))
         if has_tokens:
             out = model(tokens.to(device), token_positions=_selected(pos, tokens.shape[1]).to(device))
@@ -118,7 +119,7 @@ def sequence_outputs(model, sequence: np.ndarray, pairs: np.ndarray, triples: np
     for name, site_sets, head in (("pair", pairs, has_pairs), ("triple", triples, has_triples)):
         joints, marginals = [], []
         for start in range(0, len(site_sets), batch_rows):
-            chunk = site_sets[start:start + batch_rows]
+            chunk = site_sets[start : start + batch_rows]
             tokens, pos = _masked(sequence, chunk)
             rows = torch.arange(len(tokens))[:, None]
             kwargs = {}
@@ -152,7 +153,7 @@ def substitution_epistasis(model, sequence: np.ndarray, pairs: np.ndarray, batch
     out = np.zeros((len(pairs), Q, Q))
     per_chunk = max(1, batch_rows // (2 * Q))
     for start in range(0, len(pairs), per_chunk):
-        chunk = pairs[start:start + per_chunk]
+        chunk = pairs[start : start + per_chunk]
         p = len(chunk)
         pos = torch.as_tensor(chunk + 1)  # (p, 2) token positions
         rows = torch.arange(p)
@@ -164,8 +165,9 @@ def substitution_epistasis(model, sequence: np.ndarray, pairs: np.ndarray, batch
         masked_at = torch.stack([pos[:, 0], pos[:, 1]], dim=1)[:, :, None].expand(p, 2, Q)  # (p, role, 20)
         selected = torch.zeros(tokens.shape, dtype=torch.bool)
         selected.view(-1, tokens.shape[-1])[torch.arange(p * 2 * Q), masked_at.reshape(-1)] = True
-        logits = model(tokens.view(-1, tokens.shape[-1]).to(device),
-                       token_positions=selected.view(-1, tokens.shape[-1]).to(device))["logits"]
+        logits = model(
+            tokens.view(-1, tokens.shape[-1]).to(device), token_positions=selected.view(-1, tokens.shape[-1]).to(device)
+        )["logits"]
         log_p = torch.log_softmax(logits.float(), dim=-1).double().cpu().view(p, 2, Q, Q)  # [pair, role, given, own]
         i_given_b = log_p[:, 0].transpose(1, 2).numpy()  # [pair, a, b]: log P(x_i = a | x_j = b)
         j_given_a = log_p[:, 1].numpy()  # [pair, a, b]: log P(x_j = b | x_i = a)
@@ -175,7 +177,7 @@ def substitution_epistasis(model, sequence: np.ndarray, pairs: np.ndarray, batch
         from_i = from_i - from_i[n, :, wj][:, :, None]  # minus the same at b = w_j
         from_j = j_given_a - j_given_a[n, :, wj][:, :, None]
         from_j = from_j - from_j[n, wi][:, None, :]
-        out[start:start + p] = 0.5 * (from_i + from_j)
+        out[start : start + p] = 0.5 * (from_i + from_j)
     return out
 
 
@@ -244,8 +246,12 @@ def control_triples(potts: PottsModel, count: int, min_separation: int, seed: in
         if len(out) == count:
             break
         t = tuple(sorted(int(s) for s in rng.choice(potts.length, size=3, replace=False)))
-        if (t[1] - t[0] >= min_separation and t[2] - t[1] >= min_separation and t not in out
-                and not any(p in coupled for p in itertools.combinations(t, 2))):
+        if (
+            t[1] - t[0] >= min_separation
+            and t[2] - t[1] >= min_separation
+            and t not in out
+            and not any(p in coupled for p in itertools.combinations(t, 2))
+        ):
             out.append(t)
     return np.array(out, dtype=np.int64).reshape(-1, 3)
 
@@ -255,14 +261,26 @@ def _stat(values: list[float]) -> float | None:
     return float(np.mean(finite)) if finite else None
 
 
-def family_readouts(models: dict, potts: PottsModel, rows: np.ndarray, *, min_separation: int = 6,
-                    batch_rows: int = 1024, seed: int = 0, substitution: bool = False) -> dict:
+def family_readouts(
+    models: dict,
+    potts: PottsModel,
+    rows: np.ndarray,
+    *,
+    min_separation: int = 6,
+    batch_rows: int = 1024,
+    seed: int = 0,
+    substitution: bool = False,
+) -> dict:
     """The exact read-outs of every model (name -> encoder) on the evaluation rows (n, L) of one family.
 
     Returns ``{"pairs": counts, "epistasis": {model: ...}, "pair_logloss": {model: {joint|product: {group:
     {ce, entropy, gap}}}}, "triple_epistasis": ..., "triple_logloss": ...}`` (see the module docstring)."""
-    triples = np.concatenate([potts.triplets.astype(np.int64).reshape(-1, 3),
-                              control_triples(potts, len(potts.triplets), min_separation, seed)])
+    triples = np.concatenate(
+        [
+            potts.triplets.astype(np.int64).reshape(-1, 3),
+            control_triples(potts, len(potts.triplets), min_separation, seed),
+        ]
+    )
     planted_triples = np.arange(len(triples)) < len(potts.triplets)
     # every pair |i-j| >= min_separation, and the pairs inside the triples (their pairwise composition needs them)
     i, j = np.triu_indices(potts.length, k=min_separation)
@@ -273,21 +291,33 @@ def family_readouts(models: dict, potts: PottsModel, rows: np.ndarray, *, min_se
     rows = np.asarray(rows, dtype=np.int64)
     exact_pair_eps = np.stack([pair_epistasis(potts, rows, a, b) for a, b in pairs], axis=1)  # (n, P, 20, 20)
     exact_pair_log = np.stack([pair_log_conditional(potts, rows, a, b) for a, b in pairs], axis=1)
-    exact_triple_eps = (np.stack([triple_epistasis(potts, rows, tuple(t)) for t in triples], axis=1)
-                        if len(triples) else np.zeros((len(rows), 0, Q, Q, Q)))
-    exact_triple_log = (np.stack([triple_log_conditional(potts, rows, tuple(t)) for t in triples], axis=1)
-                        if len(triples) else np.zeros((len(rows), 0, Q, Q, Q)))
+    exact_triple_eps = (
+        np.stack([triple_epistasis(potts, rows, tuple(t)) for t in triples], axis=1)
+        if len(triples)
+        else np.zeros((len(rows), 0, Q, Q, Q))
+    )
+    exact_triple_log = (
+        np.stack([triple_log_conditional(potts, rows, tuple(t)) for t in triples], axis=1)
+        if len(triples)
+        else np.zeros((len(rows), 0, Q, Q, Q))
+    )
 
     if substitution:  # planted pairs and as many pairs no term joins, drawn with the seed
         unplanted = np.flatnonzero(groups["unplanted"])
-        sampled = np.random.default_rng(seed).choice(unplanted, size=min(len(unplanted), int(groups["planted"].sum())),
-                                                     replace=False)
+        sampled = np.random.default_rng(seed).choice(
+            unplanted, size=min(len(unplanted), int(groups["planted"].sum())), replace=False
+        )
         sub_index = np.sort(np.concatenate([np.flatnonzero(groups["planted"]), sampled]))
         sub_groups = {"planted": groups["planted"][sub_index], "unplanted": groups["unplanted"][sub_index]}
 
-    result: dict = {"pairs": {g: int(m.sum()) for g, m in groups.items()},
-                    "triples": {"planted": int(planted_triples.sum()), "control": int((~planted_triples).sum())},
-                    "epistasis": {}, "pair_logloss": {}, "triple_epistasis": {}, "triple_logloss": {}}
+    result: dict = {
+        "pairs": {g: int(m.sum()) for g, m in groups.items()},
+        "triples": {"planted": int(planted_triples.sum()), "control": int((~planted_triples).sum())},
+        "epistasis": {},
+        "pair_logloss": {},
+        "triple_epistasis": {},
+        "triple_logloss": {},
+    }
     for name, model in models.items():
         outs = [sequence_outputs(model, seq, pairs, triples, batch_rows) for seq in rows]
         result["epistasis"][name] = _pair_epistasis_measures(outs, rows, pairs, groups, exact_pair_eps)
@@ -295,12 +325,15 @@ def family_readouts(models: dict, potts: PottsModel, rows: np.ndarray, *, min_se
         if substitution and model.token_head is not None:
             sub = np.stack([substitution_epistasis(model, seq, pairs[sub_index], batch_rows) for seq in rows])
             result["epistasis"][name]["substitution"] = _epistasis_measures(
-                sub, rows, pairs[sub_index], sub_groups, exact_pair_eps[:, sub_index])
+                sub, rows, pairs[sub_index], sub_groups, exact_pair_eps[:, sub_index]
+            )
         if len(triples):
-            result["triple_epistasis"][name] = _triple_epistasis_measures(outs, rows, pairs, triples,
-                                                                          planted_triples, exact_triple_eps)
-            result["triple_logloss"][name] = _triple_logloss(outs, rows, pairs, triples, planted_triples,
-                                                             exact_triple_log)
+            result["triple_epistasis"][name] = _triple_epistasis_measures(
+                outs, rows, pairs, triples, planted_triples, exact_triple_eps
+            )
+            result["triple_logloss"][name] = _triple_logloss(
+                outs, rows, pairs, triples, planted_triples, exact_triple_log
+            )
     return result
 
 
@@ -314,14 +347,23 @@ def predicted_pair_epistasis(out: SequenceOutputs, sequence: np.ndarray, pairs: 
     single_i = out.singles[pairs[:, 0]] - out.singles[pairs[:, 0], wi][:, None]  # (P, 20)
     single_j = out.singles[pairs[:, 1]] - out.singles[pairs[:, 1], wj][:, None]
     double = out.pair_joint - out.pair_joint[n, wi, wj][:, None, None]
-    return {"score": double - single_i[:, :, None] - single_j[:, None, :],
-            "joint": double_difference(out.pair_joint, wi, wj)}
+    return {
+        "score": double - single_i[:, :, None] - single_j[:, None, :],
+        "joint": double_difference(out.pair_joint, wi, wj),
+    }
 
 
 def _pair_epistasis_measures(outs, rows, pairs, groups, exact) -> dict:
-    return {kind: _epistasis_measures(np.stack([predicted_pair_epistasis(o, seq, pairs)[kind]
-                                                for o, seq in zip(outs, rows)]), rows, pairs, groups, exact)
-            for kind in ("score", "joint")}
+    return {
+        kind: _epistasis_measures(
+            np.stack([predicted_pair_epistasis(o, seq, pairs)[kind] for o, seq in zip(outs, rows)]),
+            rows,
+            pairs,
+            groups,
+            exact,
+        )
+        for kind in ("score", "joint")
+    }
 
 
 def _epistasis_measures(values: np.ndarray, rows: np.ndarray, pairs: np.ndarray, groups: dict, exact: np.ndarray):
@@ -353,8 +395,11 @@ def _group_losses(exact_log: np.ndarray, model_log: np.ndarray, masks: dict[str,
     out = {}
     for group, mask in masks.items():
         if mask.any():
-            out[group] = {"ce": float(ce[:, mask].mean()), "entropy": float(entropy[:, mask].mean()),
-                          "gap": float((ce - entropy)[:, mask].mean())}
+            out[group] = {
+                "ce": float(ce[:, mask].mean()),
+                "entropy": float(entropy[:, mask].mean()),
+                "gap": float((ce - entropy)[:, mask].mean()),
+            }
     return out
 
 
@@ -372,8 +417,9 @@ def _pair_index(pairs: np.ndarray) -> dict[tuple[int, int], int]:
     return {(int(a), int(b)): k for k, (a, b) in enumerate(pairs)}
 
 
-def pairwise_triple_composition(out: SequenceOutputs, sequence: np.ndarray, pairs: np.ndarray,
-                                triples: np.ndarray) -> np.ndarray | None:
+def pairwise_triple_composition(
+    out: SequenceOutputs, sequence: np.ndarray, pairs: np.ndarray, triples: np.ndarray
+) -> np.ndarray | None:
     """log Q(a, b, c) of each triple from singles and the three pair epistases (``score``), normalised,
     (T, 20, 20, 20); None without a pair joint."""
     if out.pair_joint is None:
@@ -394,8 +440,9 @@ def _triple_epistasis_measures(outs, rows, pairs, triples, planted, exact) -> di
     if outs[0].triple_joint is None:
         pred = np.zeros_like(exact)
     else:
-        pred = np.stack([triple_difference(o.triple_joint, *(seq[triples[:, s]] for s in range(3)))
-                         for o, seq in zip(outs, rows)])
+        pred = np.stack(
+            [triple_difference(o.triple_joint, *(seq[triples[:, s]] for s in range(3))) for o, seq in zip(outs, rows)]
+        )
     out = {}
     for group, mask in (("planted", planted), ("control", ~planted)):
         if mask.any():
@@ -426,6 +473,7 @@ def _triple_logloss(outs, rows, pairs, triples, planted, exact_log) -> dict:
 
 def summarise_readouts(per_family: list[dict]) -> dict:
     """Means over families of every number in ``family_readouts`` results (None where no family has one)."""
+
     def walk(items: list):
         if isinstance(items[0], dict):
             keys = list(dict.fromkeys(k for item in items for k in item))
@@ -444,9 +492,15 @@ def study_readouts(families: list, models: dict, cfg) -> dict | None:
         if fam.potts is None:
             continue
         rows, ids = fam.evaluation_rows(cfg)
-        per_family[fam.name] = family_readouts(models, fam.potts, rows, min_separation=cfg.min_separation,
-                                               batch_rows=cfg.batch_rows, seed=cfg.seed,
-                                               substitution=bool(cfg.substitution))
+        per_family[fam.name] = family_readouts(
+            models,
+            fam.potts,
+            rows,
+            min_separation=cfg.min_separation,
+            batch_rows=cfg.batch_rows,
+            seed=cfg.seed,
+            substitution=bool(cfg.substitution),
+        )
         used[fam.name] = ids
     if not per_family:
         return None

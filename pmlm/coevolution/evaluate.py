@@ -29,6 +29,7 @@ from pmlm.pretrained import load_encoder, pick_device
 from pmlm.errors import ConfigError, InputError
 from pmlm.utils import atomic_output, versions
 
+
 def summarise(per_family: dict[str, dict]) -> dict:
     """Mean over families of every (read-out, model, metric)."""
     out: dict[str, dict] = {}
@@ -42,8 +43,10 @@ def summarise(per_family: dict[str, dict]) -> dict:
         finite = [v for v in values if not math.isnan(v)]
         return float(np.mean(finite)) if finite else math.nan
 
-    return {r: {m: {k: mean(v) for k, v in metrics.items()} for m, metrics in by_model.items()}
-            for r, by_model in out.items()}
+    return {
+        r: {m: {k: mean(v) for k, v in metrics.items()} for m, metrics in by_model.items()}
+        for r, by_model in out.items()
+    }
 
 
 def dependence_summary(values: dict) -> dict:
@@ -57,9 +60,11 @@ def dependence_summary(values: dict) -> dict:
                 mp = float(np.median(planted)) if planted.size else math.nan
                 mo = float(np.median(other)) if other.size else math.nan
                 out.setdefault(readout, {}).setdefault(model, {})[kind] = {
-                    "median_planted": mp, "median_non_planted": mo,
+                    "median_planted": mp,
+                    "median_non_planted": mo,
                     "ratio": mp / mo if mo > 0 else math.nan,
-                    "pairs_planted": int(planted.size), "pairs_non_planted": int(other.size),
+                    "pairs_planted": int(planted.size),
+                    "pairs_non_planted": int(other.size),
                 }
     return out
 
@@ -92,8 +97,16 @@ def _tsv_rows(per_family: dict[str, dict]) -> list[str]:
     return rows
 
 
-def evaluate_study(synth: str | Path, mlm: str | Path, pmlm: str | Path, out_prefix: str, cfg: StudyConfig, *,
-                   tmlm: str | Path | None = None, device: str = "auto") -> dict:
+def evaluate_study(
+    synth: str | Path,
+    mlm: str | Path,
+    pmlm: str | Path,
+    out_prefix: str,
+    cfg: StudyConfig,
+    *,
+    tmlm: str | Path | None = None,
+    device: str = "auto",
+) -> dict:
     """The study's read-outs of the MLM and PMLM encoders (and, for the exact read-outs, a Triple MLM) on the
     families of ``pmlm synth``'s folder ``synth``: writes PREFIX.json (the document, returned) and PREFIX.tsv."""
     device = str(pick_device(device))
@@ -102,21 +115,33 @@ def evaluate_study(synth: str | Path, mlm: str | Path, pmlm: str | Path, out_pre
     for name, weights, head in (("mlm", mlm, "token_head"), ("pmlm", pmlm, "pair_head")):
         model, info, _ = load_encoder(weights, device)
         if getattr(model, head) is None:
-            raise InputError(weights, f"--{name} needs a model with a {head.replace('_', ' ')} "
-                             f"(this one was trained with objective {info['objective']['name']})")
+            raise InputError(
+                weights,
+                f"--{name} needs a model with a {head.replace('_', ' ')} "
+                f"(this one was trained with objective {info['objective']['name']})",
+            )
         models[name], infos[name] = model, info
         if model.cfg.max_len < max(f.length for f in families) + 2:
-            raise InputError(weights, f"model max_len {model.cfg.max_len} is too short for length-"
-                             f"{max(f.length for f in families)} families (+2 specials)")
+            raise InputError(
+                weights,
+                f"model max_len {model.cfg.max_len} is too short for length-"
+                f"{max(f.length for f in families)} families (+2 specials)",
+            )
     exact_models = dict(models)
     if tmlm:  # the Triple MLM joins the exact read-outs only
         model, info, _ = load_encoder(tmlm, device)
         if model.triple_head is None:
-            raise InputError(tmlm, f"--tmlm needs a model with a triple head (this one was trained with "
-                             f"objective {info['objective']['name']})")
+            raise InputError(
+                tmlm,
+                f"--tmlm needs a model with a triple head (this one was trained with "
+                f"objective {info['objective']['name']})",
+            )
         if model.cfg.max_len < max(f.length for f in families) + 2:
-            raise InputError(tmlm, f"model max_len {model.cfg.max_len} is too short for length-"
-                             f"{max(f.length for f in families)} families (+2 specials)")
+            raise InputError(
+                tmlm,
+                f"model max_len {model.cfg.max_len} is too short for length-"
+                f"{max(f.length for f in families)} families (+2 specials)",
+            )
         exact_models["tmlm"], infos["tmlm"] = model, info
     # read-outs run under no_grad (the probe enables grad for its own fit); no process-wide switch
     result = evaluate_models(families, models, cfg)
@@ -127,14 +152,24 @@ def evaluate_study(synth: str | Path, mlm: str | Path, pmlm: str | Path, out_pre
     document = {
         "seed": cfg.seed,
         "config": asdict(cfg),
-        "inputs": {"synth": str(synth), "mlm": str(mlm), "pmlm": str(pmlm),
-                   **({"tmlm": str(tmlm)} if tmlm else {})},
+        "inputs": {"synth": str(synth), "mlm": str(mlm), "pmlm": str(pmlm), **({"tmlm": str(tmlm)} if tmlm else {})},
         "device": device,
-        "families": {f.name: {"length": f.length, "edges": int(np.triu(f.contacts).sum()), "train": len(f.train),
-                              "heldout": len(f.heldout)} for f in families},
-        "pretraining": {name: {k: scores[name].get(k) for k in ("step", "acc_mlm", "acc_pmlm", "dacc", "l_mlm",
-                                                                "l_pmlm", "l_tmlm", "acc_tmlm")}
-                        for name in exact_models},
+        "families": {
+            f.name: {
+                "length": f.length,
+                "edges": int(np.triu(f.contacts).sum()),
+                "train": len(f.train),
+                "heldout": len(f.heldout),
+            }
+            for f in families
+        },
+        "pretraining": {
+            name: {
+                k: scores[name].get(k)
+                for k in ("step", "acc_mlm", "acc_pmlm", "dacc", "l_mlm", "l_pmlm", "l_tmlm", "acc_tmlm")
+            }
+            for name in exact_models
+        },
         "summary": summarise(result["per_family"]),
         # encoder forwards per evaluation sequence and per pair, at the families' length
         "costs": readout_costs(max(f.length for f in families)),
@@ -166,6 +201,8 @@ def split_study(synth: str | Path, train: str | Path, valid: str | Path, cfg: St
                 counts[side] += 1
         for side, count in counts.items():
             if count == 0:
-                raise ConfigError(f"the {side} side of the split is empty at valid_fraction {cfg.valid_fraction}; "
-                                  "change --valid-fraction or sample more sequences")
+                raise ConfigError(
+                    f"the {side} side of the split is empty at valid_fraction {cfg.valid_fraction}; "
+                    "change --valid-fraction or sample more sequences"
+                )
     return counts

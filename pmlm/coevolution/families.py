@@ -89,7 +89,7 @@ def heldout_draw(sequence_id: str, split_seed: int) -> float:
 def _family_of(title: str) -> str | None:
     for word in title.split()[1:]:
         if word.startswith("family="):
-            return word[len("family="):] or None
+            return word[len("family=") :] or None
     return None
 
 
@@ -98,8 +98,9 @@ def read_family_records(fasta: str | Path):
     for rec in read_fasta(fasta):
         family = _family_of(rec.title)
         if family is None:
-            raise InputError(fasta, f"record {rec.id!r}: header has no family=NAME (write it with pmlm synth)",
-                             line=rec.line)
+            raise InputError(
+                fasta, f"record {rec.id!r}: header has no family=NAME (write it with pmlm synth)", line=rec.line
+            )
         yield rec.id, family, rec.sequence, rec.line
 
 
@@ -120,11 +121,18 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
         classes = _LETTER_CLASS[np.frombuffer(sequence.encode("ascii", "replace"), dtype=np.uint8)]
         if (classes < 0).any():
             pos = int(np.flatnonzero(classes < 0)[0])
-            raise InputError(fasta, f"record {seq_id!r}: {sequence[pos]!r} at residue {pos + 1} is not one of "
-                             f"the 20 standard residues", line=line)
+            raise InputError(
+                fasta,
+                f"record {seq_id!r}: {sequence[pos]!r} at residue {pos + 1} is not one of the 20 standard residues",
+                line=line,
+            )
         if lengths.setdefault(family, len(classes)) != len(classes):
-            raise InputError(fasta, f"record {seq_id!r} has {len(classes)} residues but family {family} has "
-                             f"{lengths[family]}; a family's sequences must align position by position", line=line)
+            raise InputError(
+                fasta,
+                f"record {seq_id!r} has {len(classes)} residues but family {family} has "
+                f"{lengths[family]}; a family's sequences must align position by position",
+                line=line,
+            )
         sides.setdefault(family, ([], []))[int(held_out)].append(classes.astype(np.uint8))
         if held_out:
             ids.setdefault(family, []).append(seq_id)
@@ -133,8 +141,10 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
         train, heldout = sides[name]
         if not train or not heldout:
             side = "training" if not train else "held-out"
-            raise ConfigError(f"family {name} has no {side} sequences at valid_fraction {cfg.valid_fraction}; "
-                              "change --valid-fraction or sample more sequences")
+            raise ConfigError(
+                f"family {name} has no {side} sequences at valid_fraction {cfg.valid_fraction}; "
+                "change --valid-fraction or sample more sequences"
+            )
         length = lengths[name]
         edges, _ = read_contacts(synth_dir / CONTACTS_DIR / f"{name}.tsv", length)
         contacts = np.zeros((length, length), dtype=bool)

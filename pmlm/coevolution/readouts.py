@@ -45,8 +45,9 @@ def pair_head_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_p
     """For each pair (i, j), i < j, of one sequence of residue classes, with exactly i and j masked:
     the paper's KL(P(x_i) P(x_j) || P(x_i, x_j)) and the mutual information of the pair-head joint,
     ``kl`` and ``mi``, each (P,)."""
-    out = pair_dependence(model, residue_ids(sequence), pairs, mask_pairs=True, batch_pairs=batch_pairs,
-                          device=model_device(model))
+    out = pair_dependence(
+        model, residue_ids(sequence), pairs, mask_pairs=True, batch_pairs=batch_pairs, device=model_device(model)
+    )
     return {key: value.cpu().numpy() for key, value in out.items()}
 
 
@@ -72,7 +73,7 @@ def chain_rule_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_
     per_chunk = max(1, batch_rows // CHAIN_ROWS)
     parts = []
     for start in range(0, len(pairs), per_chunk):
-        chunk = pairs[start:start + per_chunk]
+        chunk = pairs[start : start + per_chunk]
         p = len(chunk)
         both, pos_i, pos_j = masked_copies(tokens, chunk)  # (p, T)
         rows = torch.arange(p)
@@ -87,8 +88,8 @@ def chain_rule_dependence(model, sequence: np.ndarray, pairs: np.ndarray, batch_
         logits = model(inputs.to(device), token_positions=selected.to(device))["logits"].float().cpu()  # (p*41*2, 20)
         probs = torch.softmax(logits, dim=-1).view(p, CHAIN_ROWS, 2, n)  # [..., 0, :] at i, [..., 1, :] at j
         p_i, p_j = probs[:, 0, 0], probs[:, 0, 1]  # (p, 20) with both masked
-        j_given_i = probs[:, 1:1 + n, 1]  # (p, 20 a, 20 b): P(x_j=b | x_i=a)
-        i_given_j = probs[:, 1 + n:, 0]  # (p, 20 b, 20 a): P(x_i=a | x_j=b)
+        j_given_i = probs[:, 1 : 1 + n, 1]  # (p, 20 a, 20 b): P(x_j=b | x_i=a)
+        i_given_j = probs[:, 1 + n :, 0]  # (p, 20 b, 20 a): P(x_i=a | x_j=b)
         joint = 0.5 * (p_i[:, :, None] * j_given_i + (p_j[:, :, None] * i_given_j).transpose(1, 2))  # (p, 20, 20)
         parts.append(joint_dependence(joint, p_i, p_j))
     return {key: torch.cat([part[key] for part in parts]).numpy() for key in ("kl", "mi")}
@@ -144,7 +145,7 @@ def attention_contact_scores(model, sequences: np.ndarray, batch_sequences: int)
     """
     total = None
     for start in range(0, len(sequences), batch_sequences):
-        tokens = sequence_tokens(sequences[start:start + batch_sequences]).to(model_device(model))
+        tokens = sequence_tokens(sequences[start : start + batch_sequences]).to(model_device(model))
         probs, _ = attention_probabilities(model, tokens)
         part = probs[..., 1:-1, 1:-1].double().sum(dim=0).cpu()  # (layers, H, L, L), <cls>/<eos> dropped
         total = part if total is None else total + part

@@ -29,8 +29,11 @@ MIN_SEEDS = 3  # the study's design; fewer is allowed for quick looks but flagge
 EXACT_MAX_PAIRS = 16  # up to 2^16 sign patterns enumerated
 PERMUTATION_DRAWS = 100_000
 # supervised-protocol rows: (label, read-out, model)
-SUPERVISED_ROWS = (("PMLM, M+", "supervised_mplus", "pmlm"), ("PMLM, M", "supervised_m", "pmlm"),
-                   ("MLM, M", "supervised_m", "mlm"))
+SUPERVISED_ROWS = (
+    ("PMLM, M+", "supervised_mplus", "pmlm"),
+    ("PMLM, M", "supervised_m", "pmlm"),
+    ("MLM, M", "supervised_m", "mlm"),
+)
 READOUT_TITLES = {
     "pair_head_mi_apc": "pair head, MI of the joint + APC",
     "chain_rule_mi_apc": "token head chain rule, MI + APC",
@@ -59,22 +62,43 @@ def _get(doc: dict, *keys):
 def measures() -> list[tuple[str, dict[str, Callable[[dict], float | None]], str | None]]:
     """(label, model -> getter on one seed's results, the read-out of a precision row or None) for every row."""
     rows: list = [
-        ("Acc_mlm, held-out sequences",
-         {m: (lambda d, m=m: _get(d, "pretraining", m, "acc_mlm")) for m in ("pmlm", "mlm")}, None),
+        (
+            "Acc_mlm, held-out sequences",
+            {m: (lambda d, m=m: _get(d, "pretraining", m, "acc_mlm")) for m in ("pmlm", "mlm")},
+            None,
+        ),
         ("Acc_pmlm, held-out sequences", {"pmlm": lambda d: _get(d, "pretraining", "pmlm", "acc_pmlm")}, None),
         ("dAcc = Acc_pmlm - Acc_mlm^2", {"pmlm": lambda d: _get(d, "pretraining", "pmlm", "dacc")}, None),
     ]
-    for stat, title in (("median_planted", "median, planted pairs"),
-                        ("median_non_planted", "median, non-planted pairs"),
-                        ("ratio", "ratio of medians planted / non-planted")):
-        rows.append((f"KL {title} (PMLM pair head; MLM chain rule)", {
-            "pmlm": lambda d, s=stat: _get(d, "dependence", "pair_head", "pmlm", "kl", s),
-            "mlm": lambda d, s=stat: _get(d, "dependence", "chain_rule", "mlm", "kl", s),
-        }, None))
-    rows.append(("KL ratio of medians, token head chain rule (both)", {
-        m: (lambda d, m=m: _get(d, "dependence", "chain_rule", m, "kl", "ratio")) for m in ("pmlm", "mlm")}, None))
-    rows.append(("MI ratio of medians, pair-head joint", {
-        "pmlm": lambda d: _get(d, "dependence", "pair_head", "pmlm", "mi", "ratio")}, None))
+    for stat, title in (
+        ("median_planted", "median, planted pairs"),
+        ("median_non_planted", "median, non-planted pairs"),
+        ("ratio", "ratio of medians planted / non-planted"),
+    ):
+        rows.append(
+            (
+                f"KL {title} (PMLM pair head; MLM chain rule)",
+                {
+                    "pmlm": lambda d, s=stat: _get(d, "dependence", "pair_head", "pmlm", "kl", s),
+                    "mlm": lambda d, s=stat: _get(d, "dependence", "chain_rule", "mlm", "kl", s),
+                },
+                None,
+            )
+        )
+    rows.append(
+        (
+            "KL ratio of medians, token head chain rule (both)",
+            {m: (lambda d, m=m: _get(d, "dependence", "chain_rule", m, "kl", "ratio")) for m in ("pmlm", "mlm")},
+            None,
+        )
+    )
+    rows.append(
+        (
+            "MI ratio of medians, pair-head joint",
+            {"pmlm": lambda d: _get(d, "dependence", "pair_head", "pmlm", "mi", "ratio")},
+            None,
+        )
+    )
     for metric, metric_title in METRIC_TITLES.items():
         for readout, readout_title in READOUT_TITLES.items():
             getters = {m: (lambda d, r=readout, m=m, k=metric: _get(d, "summary", r, m, k)) for m in MODELS}
@@ -127,19 +151,27 @@ def table_rows(docs: list[dict]) -> list[dict]:
 
 def write_report_table(docs: list[dict], prefix: str) -> list[Path]:
     num = "{:.3g}"
-    columns = [Column("measure", "measure"),
-               Column("pmlm_mean", "PMLM mean", num), Column("pmlm_std", "PMLM std", num),
-               Column("mlm_mean", "MLM mean", num), Column("mlm_std", "MLM std", num),
-               Column("msa_mean", "MSA baseline mean", num), Column("msa_std", "MSA baseline std", num),
-               Column("chance", "chance", num), Column("seeds", "seeds"),
-               Column("sequences", "held-out sequences per family"),
-               Column("forwards_per_sequence", "encoder forwards per sequence", "{:.0f}")]
+    columns = [
+        Column("measure", "measure"),
+        Column("pmlm_mean", "PMLM mean", num),
+        Column("pmlm_std", "PMLM std", num),
+        Column("mlm_mean", "MLM mean", num),
+        Column("mlm_std", "MLM std", num),
+        Column("msa_mean", "MSA baseline mean", num),
+        Column("msa_std", "MSA baseline std", num),
+        Column("chance", "chance", num),
+        Column("seeds", "seeds"),
+        Column("sequences", "held-out sequences per family"),
+        Column("forwards_per_sequence", "encoder forwards per sequence", "{:.0f}"),
+    ]
     families = _get(docs[0], "families") or {}
-    caption = (f"Planted couplings of synthetic Potts families, read out from tiny MLM and PMLM encoders on held-out "
-               f"sequences of the training families: mean and sample std over {len(docs)} seeds "
-               f"({len(families)} families per seed). Precisions count pairs |i-j| >= 6 against the planted edges; "
-               f"every model read-out averages over the same held-out sequences of each family, and its cost is "
-               f"the encoder forwards it spends per sequence (all pairs).")
+    caption = (
+        f"Planted couplings of synthetic Potts families, read out from tiny MLM and PMLM encoders on held-out "
+        f"sequences of the training families: mean and sample std over {len(docs)} seeds "
+        f"({len(families)} families per seed). Precisions count pairs |i-j| >= 6 against the planted edges; "
+        f"every model read-out averages over the same held-out sequences of each family, and its cost is "
+        f"the encoder forwards it spends per sequence (all pairs)."
+    )
     return write_table(table_rows(docs), columns, prefix, caption=caption)
 
 
@@ -162,8 +194,15 @@ def paired_test(a: np.ndarray, b: np.ndarray, seed: int = 0) -> dict:
         hits = int((np.abs(signs @ d) >= observed - 1e-12).sum())
         method = f"sign-flip, {PERMUTATION_DRAWS} seeded random patterns"
         p = (hits + 1) / (PERMUTATION_DRAWS + 1)
-    return {"pairs": n, "mean_difference": float(d.mean()), "t": t, "p": float(p), "p_method": method,
-            "wins": int((d > 0).sum()), "losses": int((d < 0).sum())}
+    return {
+        "pairs": n,
+        "mean_difference": float(d.mean()),
+        "t": t,
+        "p": float(p),
+        "p_method": method,
+        "wins": int((d > 0).sum()),
+        "losses": int((d < 0).sum()),
+    }
 
 
 def _paired_scores(docs: list[dict], readout: str, model: str, metric: str) -> dict[tuple, float]:
@@ -186,33 +225,50 @@ def supervised_rows(docs: list[dict]) -> list[dict]:
         row: dict = {"source": "ours", "encoder, features": label, "seeds": len(docs)}
         for metric in METRIC_TITLES:
             row[f"{metric}_mean"], row[f"{metric}_std"] = _stats(
-                [_get(d, "summary", readout, model, metric) for d in docs])
+                [_get(d, "summary", readout, model, metric) for d in docs]
+            )
         scores = _paired_scores(docs, readout, model, "p_at_edges")
         row["families_scored"] = len(scores)
         if model != "mlm":
             units = sorted(set(scores) & set(reference["p_at_edges"]))
-            test = paired_test(np.array([scores[u] for u in units]),
-                               np.array([reference["p_at_edges"][u] for u in units]))
-            row.update({"vs_mlm_difference": test["mean_difference"], "vs_mlm_t": test["t"], "vs_mlm_p": test["p"],
-                        "vs_mlm_wins": f"{test['wins']}/{test['losses']}/{test['pairs']}",
-                        "vs_mlm_test": test["p_method"]})
+            test = paired_test(
+                np.array([scores[u] for u in units]), np.array([reference["p_at_edges"][u] for u in units])
+            )
+            row.update(
+                {
+                    "vs_mlm_difference": test["mean_difference"],
+                    "vs_mlm_t": test["t"],
+                    "vs_mlm_p": test["p"],
+                    "vs_mlm_wins": f"{test['wins']}/{test['losses']}/{test['pairs']}",
+                    "vs_mlm_test": test["p_method"],
+                }
+            )
         rows.append(row)
     return rows
 
 
 def write_supervised_table(docs: list[dict], prefix: str) -> list[Path]:
     num = "{:.3g}"
-    columns = [Column("encoder, features", "encoder, features"), Column("seeds", "seeds"),
-               Column("families_scored", "(seed, family) scored"),
-               Column("p_at_edges_mean", "top-#edges precision mean", num), Column("p_at_edges_std", "std", num),
-               Column("p_at_l5_mean", "P@L/5 mean", num), Column("p_at_l5_std", "std", num),
-               Column("vs_mlm_difference", "minus MLM, M (paired mean)", num), Column("vs_mlm_t", "paired t", num),
-               Column("vs_mlm_p", "p (sign-flip)", num), Column("vs_mlm_wins", "wins/losses/pairs")]
-    caption = ("Supervised contact prediction on planted families (the paper's fine-tuning protocol): a linear "
-               "contact head on frozen pair features, fitted on the planted contacts of half the families and "
-               "scored on the other half (then swapped). Mean and sample std over seeds of each seed's mean over "
-               "held-out families; the paired test compares each PMLM head with MLM's on the same (seed, family), "
-               "top-#edges precision, two-sided sign-flip permutation p-value.")
+    columns = [
+        Column("encoder, features", "encoder, features"),
+        Column("seeds", "seeds"),
+        Column("families_scored", "(seed, family) scored"),
+        Column("p_at_edges_mean", "top-#edges precision mean", num),
+        Column("p_at_edges_std", "std", num),
+        Column("p_at_l5_mean", "P@L/5 mean", num),
+        Column("p_at_l5_std", "std", num),
+        Column("vs_mlm_difference", "minus MLM, M (paired mean)", num),
+        Column("vs_mlm_t", "paired t", num),
+        Column("vs_mlm_p", "p (sign-flip)", num),
+        Column("vs_mlm_wins", "wins/losses/pairs"),
+    ]
+    caption = (
+        "Supervised contact prediction on planted families (the paper's fine-tuning protocol): a linear "
+        "contact head on frozen pair features, fitted on the planted contacts of half the families and "
+        "scored on the other half (then swapped). Mean and sample std over seeds of each seed's mean over "
+        "held-out families; the paired test compares each PMLM head with MLM's on the same (seed, family), "
+        "top-#edges precision, two-sided sign-flip permutation p-value."
+    )
     return write_table(supervised_rows(docs), columns, prefix + "_supervised", caption=caption)
 
 
@@ -237,17 +293,29 @@ def plot_report(docs: list[dict], prefix: str) -> list[Path]:
             if v.size:
                 # each group sums to 1: the groups differ ten-fold in size, and a density over
                 # log-spaced bins would be scaled by the bin widths
-                ax.hist(np.clip(v, lo, None), bins=bins, weights=np.full(v.size, 1.0 / v.size), histtype="step",
-                        linewidth=1.6, color=colour,
-                        label=f"{group.replace('_', '-')} (n={v.size}, median {np.median(v):.2e})")
+                ax.hist(
+                    np.clip(v, lo, None),
+                    bins=bins,
+                    weights=np.full(v.size, 1.0 / v.size),
+                    histtype="step",
+                    linewidth=1.6,
+                    color=colour,
+                    label=f"{group.replace('_', '-')} (n={v.size}, median {np.median(v):.2e})",
+                )
         ax.set_xscale("log")
         ax.set_xlabel("KL( P(x_i) P(x_j) || P(x_i, x_j) )  [nats], exactly the pair masked")
         ax.set_ylabel("fraction of pairs")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
     readouts = list(READOUT_TITLES)
-    short = {"pair_head_mi_apc": "pair head", "chain_rule_mi_apc": "chain rule", "attention_apc": "attention",
-             "supervised_m": "head on M", "supervised_mplus": "head on M+", "msa_mi_apc": "MSA MI+APC"}
+    short = {
+        "pair_head_mi_apc": "pair head",
+        "chain_rule_mi_apc": "chain rule",
+        "attention_apc": "attention",
+        "supervised_m": "head on M",
+        "supervised_mplus": "head on M+",
+        "msa_mi_apc": "MSA MI+APC",
+    }
     colours = {"pmlm": "tab:blue", "mlm": "tab:orange", "msa": "tab:green"}
     for ax, (metric, metric_title) in zip(axes[1], METRIC_TITLES.items()):
         width = 0.27
@@ -278,6 +346,10 @@ def write_study_report(results: list[str], out_prefix: str) -> tuple[list[dict],
     # imported here: pmlm.coevolution.exact_report imports this module's helpers
     from pmlm.coevolution.exact_report import write_exact_table
 
-    paths = (write_report_table(docs, out_prefix) + write_supervised_table(docs, out_prefix)
-             + write_exact_table(docs, out_prefix + "_exact") + plot_report(docs, out_prefix))
+    paths = (
+        write_report_table(docs, out_prefix)
+        + write_supervised_table(docs, out_prefix)
+        + write_exact_table(docs, out_prefix + "_exact")
+        + plot_report(docs, out_prefix)
+    )
     return docs, paths

@@ -27,8 +27,14 @@ def readout_costs(length: int) -> dict[str, dict[str, float]]:
     scored pair (all L(L-1)/2 pairs), for a family of ``length`` residues. The supervised head's fitting
     reuses the same single pass per sequence (the encoder is frozen) plus the head's own steps."""
     pairs = length * (length - 1) // 2
-    per_sequence = {"pair_head_mi_apc": pairs, "pair_head_kl_apc": pairs, "chain_rule_mi_apc": CHAIN_ROWS * pairs,
-                    "attention_apc": 1, "supervised_m": 1, "supervised_mplus": 1}
+    per_sequence = {
+        "pair_head_mi_apc": pairs,
+        "pair_head_kl_apc": pairs,
+        "chain_rule_mi_apc": CHAIN_ROWS * pairs,
+        "attention_apc": 1,
+        "supervised_m": 1,
+        "supervised_mplus": 1,
+    }
     return {r: {"forwards_per_sequence": float(n), "forwards_per_pair": n / pairs} for r, n in per_sequence.items()}
 
 
@@ -63,6 +69,7 @@ def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) 
     """All read-outs for each family: precisions per (read-out, model), KL / MI values for histograms, and
     the ids of the held-out sequences each read-out averaged over (the same ones for all of them).
     Deterministic: the supervised head's random start is seeded from the study seed."""
+
     def prec(scores: np.ndarray, fam: FamilyData) -> dict[str, float]:
         return precisions(scores, fam.contacts, cfg.min_separation, cfg.k_divisor)
 
@@ -113,6 +120,9 @@ def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) 
 
 def headline(row: dict) -> str:
     """One progress line: top-#edges precision of each read-out."""
-    parts = [f"{readout}/{model} {metrics['p_at_edges']:.3f}" for readout, by_model in row.items()
-             for model, metrics in by_model.items()]
+    parts = [
+        f"{readout}/{model} {metrics['p_at_edges']:.3f}"
+        for readout, by_model in row.items()
+        for model, metrics in by_model.items()
+    ]
     return "P@#edges " + ", ".join(parts) + f"; chance {row['msa_mi_apc']['msa']['chance']:.3f}"

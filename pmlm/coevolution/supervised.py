@@ -20,7 +20,11 @@ from pmlm.model.task_heads import ContactLinearHead, TaskModel, set_contact_prio
 from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 
 # (read-out, model, TaskModel features)
-HEADS = (("supervised_m", "mlm", FEATURES_M), ("supervised_m", "pmlm", FEATURES_M), ("supervised_mplus", "pmlm", FEATURES_M_PLUS))
+HEADS = (
+    ("supervised_m", "mlm", FEATURES_M),
+    ("supervised_m", "pmlm", FEATURES_M),
+    ("supervised_mplus", "pmlm", FEATURES_M_PLUS),
+)
 PAIR_CHUNK_ELEMENTS = 1 << 26  # one chunk at the study's sizes: no activation checkpointing
 
 
@@ -81,9 +85,10 @@ def family_precision(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> 
     tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation, model_device(model.encoder))
     per_sequence = []
     for start in range(0, len(tokens), cfg.batch_rows):
-        logits = model(tokens[start:start + cfg.batch_rows], mask[start:start + cfg.batch_rows])  # (b, L, L)
-        per_sequence += [precisions(s.double().cpu().numpy(), family.contacts, cfg.min_separation, cfg.k_divisor)
-                         for s in logits]
+        logits = model(tokens[start : start + cfg.batch_rows], mask[start : start + cfg.batch_rows])  # (b, L, L)
+        per_sequence += [
+            precisions(s.double().cpu().numpy(), family.contacts, cfg.min_separation, cfg.k_divisor) for s in logits
+        ]
     return {key: float(np.mean([p[key] for p in per_sequence])) for key in per_sequence[0]}, ids
 
 
@@ -100,8 +105,9 @@ def supervised_contacts(families: list[FamilyData], models: dict, cfg: StudyConf
     used: dict[str, dict[str, list[str]]] = {}
     for k, (fit_on, score_on) in enumerate(((folds[0], folds[1]), (folds[1], folds[0])) if folds else ()):
         for readout, name, features in HEADS:
-            model = fit_contact_head(models[name], features, [by_name[f] for f in fit_on], cfg,
-                                     seed=cfg.seed * 1000 + k)
+            model = fit_contact_head(
+                models[name], features, [by_name[f] for f in fit_on], cfg, seed=cfg.seed * 1000 + k
+            )
             for f in score_on:
                 scores, ids = family_precision(model, by_name[f], cfg)
                 out.setdefault(f, {}).setdefault(readout, {})[name] = scores

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pmlm.errors import ConfigError
 
 
-def labelled_paths(items: list[str], option: str, *, unique: bool = True,
-                   form: str = "LABEL=PATH") -> list[tuple[str, str]]:
+def labelled_paths(
+    items: list[str], option: str, *, unique: bool = True, form: str = "LABEL=PATH"
+) -> list[tuple[str, str]]:
     """``LABEL=PATH`` command-line items -> (label, path), in order; with ``unique`` a label may appear once
     (a run's curves, a test set), without it several paths may share one (the TSVs of one result table).
     ``form`` is how the option's help writes an item (``NAME=PATH``, ``SPLIT=FASTA``)."""

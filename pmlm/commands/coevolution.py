@@ -24,8 +24,10 @@ STUDY_FLAGS: dict[str, tuple[type, str]] = {
     "head_lr": (float, "learning rate of the supervised contact head (default 0.01)"),
     "head_dropout": (float, "dropout on the supervised head's pair features (default 0)"),
     "batch_rows": (int, "sequences per forward pass, bounds memory (default 4096)"),
-    "exact": (int, "1: epistasis and conditional log-loss against the families' exact Potts values; 0 skips it "
-                   "(default 1)"),
+    "exact": (
+        int,
+        "1: epistasis and conditional log-loss against the families' exact Potts values; 0 skips it (default 1)",
+    ),
     "substitution": (int, "1: also the token heads' epistasis by substitution (40 forwards per pair) (default 0)"),
 }
 
@@ -37,11 +39,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
     p.add_argument("--tmlm", metavar="WEIGHTS", help="optional Triple MLM encoder, read out beside the two")
     p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the encoders run: auto (CUDA when available), cpu or cuda (default: auto)")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the encoders run: auto (CUDA when available), cpu or cuda (default: auto)",
+    )
     for name, (kind, help_text) in STUDY_FLAGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
-                       metavar=kind.__name__.upper(), help=help_text)
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=help_text,
+        )
     sub = p.add_subparsers(dest="action", metavar="{split,report}")
     s = sub.add_parser("split", help="split pmlm synth sequences into training and held-out FASTAs")
     s.add_argument("--synth", required=True, metavar="DIR", help="pmlm synth output folder")
@@ -49,12 +61,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--valid", required=True, metavar="FASTA", help="held-out sequences")
     for name in ("valid_fraction", "split_seed"):
         kind, help_text = STUDY_FLAGS[name]
-        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
-                       metavar=kind.__name__.upper(), help=f"{help_text} (default: 0.1 and 0)")
+        s.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            default=None,
+            metavar=kind.__name__.upper(),
+            help=f"{help_text} (default: 0.1 and 0)",
+        )
     r = sub.add_parser("report", help="aggregate per-seed results into tables and a figure")
     r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
-    r.add_argument("--out-prefix", required=True, metavar="PREFIX",
-                   help="writes PREFIX.{csv,md,tex,png,svg} and PREFIX_supervised.{csv,md,tex}")
+    r.add_argument(
+        "--out-prefix",
+        required=True,
+        metavar="PREFIX",
+        help="writes PREFIX.{csv,md,tex,png,svg} and PREFIX_supervised.{csv,md,tex}",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,18 +97,27 @@ def run(args: argparse.Namespace) -> int:
 
         docs, paths = write_study_report(args.results, args.out_prefix)
         if len(docs) < MIN_SEEDS:
-            print(f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
-                  file=sys.stderr)
+            print(
+                f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
+                file=sys.stderr,
+            )
         print(f"coevolution report: {len(docs)} seed(s) -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
         return 0
-    missing = [flag for flag, value in (("--synth", args.synth), ("--mlm", args.mlm), ("--pmlm", args.pmlm),
-                                        ("--out-prefix", args.out_prefix)) if not value]
+    missing = [
+        flag
+        for flag, value in (
+            ("--synth", args.synth),
+            ("--mlm", args.mlm),
+            ("--pmlm", args.pmlm),
+            ("--out-prefix", args.out_prefix),
+        )
+        if not value
+    ]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
     from pmlm.coevolution.evaluate import evaluate_study
     from pmlm.coevolution.study import headline
 
-    document = evaluate_study(args.synth, args.mlm, args.pmlm, args.out_prefix, cfg, tmlm=args.tmlm,
-                              device=args.device)
+    document = evaluate_study(args.synth, args.mlm, args.pmlm, args.out_prefix, cfg, tmlm=args.tmlm, device=args.device)
     print(f"coevolution: seed {cfg.seed}: {headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
     return 0

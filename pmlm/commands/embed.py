@@ -9,19 +9,30 @@ from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = ("OUT: one row per residue (id, position 1-based, residue, embedding list<float32>); the per-sequence "
-                "file: id, length, embedding (mean over the residues). Sequences longer than the model's window are "
-                "read as overlapping windows, each residue averaged over the windows holding it.")
+    p.epilog = (
+        "OUT: one row per residue (id, position 1-based, residue, embedding list<float32>); the per-sequence "
+        "file: id, length, embedding (mean over the residues). Sequences longer than the model's window are "
+        "read as overlapping windows, each residue averaged over the windows holding it."
+    )
     p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
     p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz; residues ACDEFGHIKLMNPQRSTVWY or X)")
     p.add_argument("-o", "--out", required=True, metavar="OUT.parquet", help="per-residue embeddings")
-    p.add_argument("--per-sequence", metavar="PATH.parquet",
-                   help="per-sequence means (default: OUT with .per_sequence.parquet)")
-    p.add_argument("--layer", type=int, default=-1,
-                   help="0 = token embeddings, k = output of layer k, -1 (default) = the final output after the "
-                        "last LayerNorm; negative values count from the end")
-    p.add_argument("--tokens-per-batch", type=int, default=DEFAULT_TOKENS_PER_BATCH,
-                   help="token budget of a forward pass: rows x padded width (default %(default)s)")
+    p.add_argument(
+        "--per-sequence", metavar="PATH.parquet", help="per-sequence means (default: OUT with .per_sequence.parquet)"
+    )
+    p.add_argument(
+        "--layer",
+        type=int,
+        default=-1,
+        help="0 = token embeddings, k = output of layer k, -1 (default) = the final output after the "
+        "last LayerNorm; negative values count from the end",
+    )
+    p.add_argument(
+        "--tokens-per-batch",
+        type=int,
+        default=DEFAULT_TOKENS_PER_BATCH,
+        help="token budget of a forward pass: rows x padded width (default %(default)s)",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
 
 
@@ -29,8 +40,18 @@ def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.inference.embedding import embed_fasta
 
-    done = embed_fasta(args.model, args.fasta, args.out, per_sequence=args.per_sequence, layer=args.layer,
-                       tokens_per_batch=args.tokens_per_batch, device=args.device)
-    print(f"pmlm embed: {done['sequences']} sequences, {done['residues']:,} residues, layer {done['layer']} "
-          f"of {done['num_layers']} -> {args.out}, {done['per_sequence']}", file=sys.stderr)
+    done = embed_fasta(
+        args.model,
+        args.fasta,
+        args.out,
+        per_sequence=args.per_sequence,
+        layer=args.layer,
+        tokens_per_batch=args.tokens_per_batch,
+        device=args.device,
+    )
+    print(
+        f"pmlm embed: {done['sequences']} sequences, {done['residues']:,} residues, layer {done['layer']} "
+        f"of {done['num_layers']} -> {args.out}, {done['per_sequence']}",
+        file=sys.stderr,
+    )
     return 0

@@ -8,33 +8,63 @@ from pmlm.commands import labelled_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = ("Writes one TSV (long format: one metric per row) for this model, task and head over all --test sets. "
-                "Contact metrics: P@{L,L/2,L/5}_{short,medium,long,medium_long,tape_s6}, per-protein means, "
-                "plus _pooled variants; ss3: Q3 (pooled over residues, as TAPE) and Q3_per_protein; "
-                "remote homology: top1.")
-    p.add_argument("--head", required=True, metavar="HEAD.safetensors|pair-kl|pair-mi",
-                   help="a fine-tuned head (with its .json sidecar), or an unsupervised read-out of the pair head")
-    p.add_argument("--encoder", metavar="MODEL.safetensors",
-                   help="pre-trained encoder (with model.json); required for pair-kl / pair-mi, "
-                        "for a head defaults to the one it was fine-tuned on (checked by sha256)")
-    p.add_argument("--test", action="append", required=True, metavar="NAME=PATH",
-                   help="test set label and file (structure JSONL, TAPE JSON/LMDB, RaptorX set); repeatable")
+    p.epilog = (
+        "Writes one TSV (long format: one metric per row) for this model, task and head over all --test sets. "
+        "Contact metrics: P@{L,L/2,L/5}_{short,medium,long,medium_long,tape_s6}, per-protein means, "
+        "plus _pooled variants; ss3: Q3 (pooled over residues, as TAPE) and Q3_per_protein; "
+        "remote homology: top1."
+    )
+    p.add_argument(
+        "--head",
+        required=True,
+        metavar="HEAD.safetensors|pair-kl|pair-mi",
+        help="a fine-tuned head (with its .json sidecar), or an unsupervised read-out of the pair head",
+    )
+    p.add_argument(
+        "--encoder",
+        metavar="MODEL.safetensors",
+        help="pre-trained encoder (with model.json); required for pair-kl / pair-mi, "
+        "for a head defaults to the one it was fine-tuned on (checked by sha256)",
+    )
+    p.add_argument(
+        "--test",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="test set label and file (structure JSONL, TAPE JSON/LMDB, RaptorX set); repeatable",
+    )
     p.add_argument("--out", required=True, metavar="PATH.tsv", help="the results table")
     p.add_argument("--model", metavar="NAME", help="model label in the table (default: the encoder's folder name)")
     p.add_argument("--batch-size", type=int, default=4, help="proteins per forward pass (heads)")
-    p.add_argument("--too-long", choices=("windows", "crop", "skip"), default="windows",
-                   help="proteins longer than the encoder's window: score at full length from overlapping windows "
-                        "(averaged), crop to the first window, or leave out (counted either way)")
-    p.add_argument("--mask-pairs", action="store_true",
-                   help="pair-kl / pair-mi: mask each pair as in pre-training "
-                        "(one sequence copy per pair: small proteins only)")
+    p.add_argument(
+        "--too-long",
+        choices=("windows", "crop", "skip"),
+        default="windows",
+        help="proteins longer than the encoder's window: score at full length from overlapping windows "
+        "(averaged), crop to the first window, or leave out (counted either way)",
+    )
+    p.add_argument(
+        "--mask-pairs",
+        action="store_true",
+        help="pair-kl / pair-mi: mask each pair as in pre-training (one sequence copy per pair: small proteins only)",
+    )
     p.add_argument("--pair-batch", type=int, default=4096, help="pairs per pair-head call (pair-kl / pair-mi)")
-    p.add_argument("--format", choices=("auto", "structure_jsonl", "tape", "raptorx"), default="auto",
-                   help="format of the test files (auto: from name and content)")
-    p.add_argument("--contact-atom", choices=("auto", "CA", "CB"),
-                   help="contact atom (auto: the dataset's convention); default: the head's config, auto for pair-*")
-    p.add_argument("--contact-threshold", type=float,
-                   help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*")
+    p.add_argument(
+        "--format",
+        choices=("auto", "structure_jsonl", "tape", "raptorx"),
+        default="auto",
+        help="format of the test files (auto: from name and content)",
+    )
+    p.add_argument(
+        "--contact-atom",
+        choices=("auto", "CA", "CB"),
+        help="contact atom (auto: the dataset's convention); default: the head's config, auto for pair-*",
+    )
+    p.add_argument(
+        "--contact-threshold",
+        type=float,
+        help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
 
 
@@ -43,7 +73,19 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.finetune.scoring import evaluate
 
     tests = dict(labelled_paths(args.test, "--test", form="NAME=PATH"))
-    evaluate(args.head, tests, args.out, encoder=args.encoder, model_label=args.model, batch_size=args.batch_size,
-             too_long=args.too_long, mask_pairs=args.mask_pairs, pair_batch=args.pair_batch, fmt=args.format,
-             contact_atom=args.contact_atom, contact_threshold=args.contact_threshold, device=args.device)
+    evaluate(
+        args.head,
+        tests,
+        args.out,
+        encoder=args.encoder,
+        model_label=args.model,
+        batch_size=args.batch_size,
+        too_long=args.too_long,
+        mask_pairs=args.mask_pairs,
+        pair_batch=args.pair_batch,
+        fmt=args.format,
+        contact_atom=args.contact_atom,
+        contact_threshold=args.contact_threshold,
+        device=args.device,
+    )
     return 0

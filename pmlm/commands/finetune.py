@@ -8,20 +8,35 @@ from pmlm.train import RESUME_NOTE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = RESUME_NOTE + (
-        " Score the result with `pmlm evaluate --head FINAL`."
-    )
+    parser.epilog = RESUME_NOTE + (" Score the result with `pmlm evaluate --head FINAL`.")
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="fine-tuning recipe (YAML)")
-    parser.add_argument("--encoder", required=True, metavar="MODEL.safetensors",
-                        help="pre-trained encoder (with its model.json sidecar), as written by pmlm pretrain")
-    parser.add_argument("--train", required=True, metavar="PATH",
-                        help="training set: structure JSONL, TAPE JSON/LMDB split or RaptorX-style contact set")
+    parser.add_argument(
+        "--encoder",
+        required=True,
+        metavar="MODEL.safetensors",
+        help="pre-trained encoder (with its model.json sidecar), as written by pmlm pretrain",
+    )
+    parser.add_argument(
+        "--train",
+        required=True,
+        metavar="PATH",
+        help="training set: structure JSONL, TAPE JSON/LMDB split or RaptorX-style contact set",
+    )
     parser.add_argument("--valid", metavar="PATH", help="validation set, scored every eval_every steps and at the end")
     parser.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoints/, metrics.csv")
-    parser.add_argument("--final", required=True, metavar="PATH",
-                        help="final head weights (.safetensors); config, encoder path and sha256 go beside it as .json")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set optim.head_lr=1e-3 (repeatable)")
+    parser.add_argument(
+        "--final",
+        required=True,
+        metavar="PATH",
+        help="final head weights (.safetensors); config, encoder path and sha256 go beside it as .json",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optim.head_lr=1e-3 (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,15 +7,22 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="FASTA, Pfam-A FASTA or UniRef XML files, plain or gzip (detected by content)")
+    p.add_argument(
+        "inputs", nargs="+", help="FASTA, Pfam-A FASTA or UniRef XML files, plain or gzip (detected by content)"
+    )
     p.add_argument("-o", "--output", required=True, help="clean FASTA to write")
     p.add_argument("--stats", required=True, help="JSON accounting of read / kept / dropped-by-reason records")
     p.add_argument("--policy", help="YAML mapping of ingest policy keys (see pmlm.data.normalise.IngestPolicy)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one policy key (repeatable)")
-    p.add_argument("--format", default="auto", metavar="FMT[,FMT...]",
-                   help="source format: auto (by content, the default) or one of fasta, pfam_fasta, uniref_xml; "
-                        "one for all inputs or one per input, comma-separated")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one policy key (repeatable)"
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        metavar="FMT[,FMT...]",
+        help="source format: auto (by content, the default) or one of fasta, pfam_fasta, uniref_xml; "
+        "one for all inputs or one per input, comma-separated",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         formats *= len(args.inputs)
     stats = ingest(args.inputs, args.output, args.stats, policy, formats)
     dropped = ", ".join(f"{k}={v}" for k, v in stats["dropped"].items()) or "none"
-    print(f"ingest: read {stats['read']}, kept {stats['kept']}, dropped {stats['dropped_total']} ({dropped})",
-          file=sys.stderr)
+    print(
+        f"ingest: read {stats['read']}, kept {stats['kept']}, dropped {stats['dropped_total']} ({dropped})",
+        file=sys.stderr,
+    )
     return 0

@@ -14,8 +14,10 @@ from pmlm.train.launch import (  # the launcher is standard library only
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = ("pmlm launch [--gpus-per-node N] [--port P] [--env NAME=VALUE]... [--join-timeout S] "
-                    "[--collective-timeout S] [--dry-run] -- PYTHON_ARGS...")
+    parser.usage = (
+        "pmlm launch [--gpus-per-node N] [--port P] [--env NAME=VALUE]... [--join-timeout S] "
+        "[--collective-timeout S] [--dry-run] -- PYTHON_ARGS..."
+    )
     parser.epilog = (
         "Outside SLURM, or inside a job step: one process per GPU on this node (torchrun --standalone), or the "
         "command itself for one GPU. In a SLURM batch job (the Snakemake executor with the `mpi` resource, or "
@@ -25,29 +27,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "world size, the rendezvous and the network settings, and each rank its host; on a failure, one line with "
         "how each node's torchrun ended."
     )
-    parser.add_argument("--gpus-per-node", type=int, metavar="N",
-                        help="workers per node (default: the devices in CUDA_VISIBLE_DEVICES, else "
-                             "SLURM_GPUS_ON_NODE, else one CPU worker)")
-    parser.add_argument("--port", type=int, metavar="P",
-                        help=f"rendezvous port on the first node of a multi-node job (default: {PORT_BASE} + the "
-                             f"job id mod {PORT_SPAN}, or the next port free on the first node, so that jobs "
-                             "sharing a node do not meet at the same port)")
-    parser.add_argument("--env", action="append", metavar="NAME=VALUE",
-                        help="set an environment variable for the command on every node, e.g. "
-                             "NCCL_SOCKET_IFNAME=ib0 or GLOO_SOCKET_IFNAME=eth0 (repeatable)")
-    parser.add_argument("--join-timeout", type=int, metavar="S",
-                        help="seconds the nodes wait for each other at the rendezvous before the job fails "
-                             f"(default: ${JOIN_TIMEOUT_ENV}, else {DEFAULT_JOIN_TIMEOUT_S})")
-    parser.add_argument("--collective-timeout", type=int, metavar="S",
-                        help="seconds a worker waits in one collective for the other ranks before it fails, "
-                             "e.g. when a node hangs or vanishes (default: "
-                             f"${COLLECTIVE_TIMEOUT_ENV}, else {DEFAULT_COLLECTIVE_TIMEOUT_S})")
-    parser.add_argument("--marker-dir", metavar="DIR",
-                        help="folder where workers record a requeue exit; must be shared by all nodes "
-                             "(default: a fresh hidden folder in the working directory, removed afterwards)")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="N",
+        help="workers per node (default: the devices in CUDA_VISIBLE_DEVICES, else "
+        "SLURM_GPUS_ON_NODE, else one CPU worker)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        metavar="P",
+        help=f"rendezvous port on the first node of a multi-node job (default: {PORT_BASE} + the "
+        f"job id mod {PORT_SPAN}, or the next port free on the first node, so that jobs "
+        "sharing a node do not meet at the same port)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="set an environment variable for the command on every node, e.g. "
+        "NCCL_SOCKET_IFNAME=ib0 or GLOO_SOCKET_IFNAME=eth0 (repeatable)",
+    )
+    parser.add_argument(
+        "--join-timeout",
+        type=int,
+        metavar="S",
+        help="seconds the nodes wait for each other at the rendezvous before the job fails "
+        f"(default: ${JOIN_TIMEOUT_ENV}, else {DEFAULT_JOIN_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=int,
+        metavar="S",
+        help="seconds a worker waits in one collective for the other ranks before it fails, "
+        "e.g. when a node hangs or vanishes (default: "
+        f"${COLLECTIVE_TIMEOUT_ENV}, else {DEFAULT_COLLECTIVE_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--marker-dir",
+        metavar="DIR",
+        help="folder where workers record a requeue exit; must be shared by all nodes "
+        "(default: a fresh hidden folder in the working directory, removed afterwards)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
-    parser.add_argument("python_args", nargs=argparse.REMAINDER, metavar="PYTHON_ARGS",
-                        help="what to run, as arguments to python: -m MODULE ARGS..., SCRIPT ARGS... or -c CODE")
+    parser.add_argument(
+        "python_args",
+        nargs=argparse.REMAINDER,
+        metavar="PYTHON_ARGS",
+        help="what to run, as arguments to python: -m MODULE ARGS..., SCRIPT ARGS... or -c CODE",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,14 +12,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " Multi-GPU / multi-node: run it under `pmlm launch -- -m pmlm pretrain ...` (torchrun, and srun in a SLURM job)."
     )
     parser.add_argument("--config", required=True, metavar="CFG.yaml", help="training config (YAML)")
-    parser.add_argument("--shards", required=True, metavar="DIR",
-                        help="folder with manifest.json and the train/ and valid/ shards")
+    parser.add_argument(
+        "--shards", required=True, metavar="DIR", help="folder with manifest.json and the train/ and valid/ shards"
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoints/, metrics.csv, tb/")
-    parser.add_argument("--final", required=True, metavar="PATH",
-                        help="final weights (.safetensors); the model config goes beside it as .json")
+    parser.add_argument(
+        "--final",
+        required=True,
+        metavar="PATH",
+        help="final weights (.safetensors); the model config goes beside it as .json",
+    )
     parser.add_argument("--scores", metavar="PATH", help="last validation metrics (default: OUT/final_scores.json)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set optim.lr=1e-4 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optim.lr=1e-4 (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

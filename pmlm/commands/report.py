@@ -14,25 +14,46 @@ PAIR_READOUTS = ("pair-kl", "pair-mi")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="item", required=True, metavar="<item>")
     curves = sub.add_parser("curves", help="training curves (loss, accuracies) from runs' metrics.csv logs")
-    curves.add_argument("--kind", choices=("pretrain", "finetune"), required=True,
-                        help="pretrain: L_mlm, L_pmlm, Acc_mlm, Acc_pmlm; finetune: loss and the validation metric")
-    curves.add_argument("--run", action="append", required=True, metavar="LABEL=METRICS.csv",
-                        help="a run's label and its metrics.csv; repeatable")
+    curves.add_argument(
+        "--kind",
+        choices=("pretrain", "finetune"),
+        required=True,
+        help="pretrain: L_mlm, L_pmlm, Acc_mlm, Acc_pmlm; finetune: loss and the validation metric",
+    )
+    curves.add_argument(
+        "--run",
+        action="append",
+        required=True,
+        metavar="LABEL=METRICS.csv",
+        help="a run's label and its metrics.csv; repeatable",
+    )
     curves.add_argument("--out-prefix", required=True, help="writes PREFIX.png and PREFIX.svg")
 
     maps = sub.add_parser("contact-maps", help="predicted vs true contact maps of a few test chains")
-    maps.add_argument("--head", required=True, metavar="HEAD.safetensors|" + "|".join(PAIR_READOUTS),
-                      help="a fine-tuned contact head, or an unsupervised read-out of the pair head")
-    maps.add_argument("--encoder", metavar="MODEL.safetensors",
-                      help="pre-trained encoder; required for pair-kl / pair-mi, for a head the one it was tuned on")
+    maps.add_argument(
+        "--head",
+        required=True,
+        metavar="HEAD.safetensors|" + "|".join(PAIR_READOUTS),
+        help="a fine-tuned contact head, or an unsupervised read-out of the pair head",
+    )
+    maps.add_argument(
+        "--encoder",
+        metavar="MODEL.safetensors",
+        help="pre-trained encoder; required for pair-kl / pair-mi, for a head the one it was tuned on",
+    )
     maps.add_argument("--test", required=True, metavar="PATH", help="test set (structure JSONL, TAPE, RaptorX)")
     maps.add_argument("--chains", type=int, default=3, help="chains shown: the first that fit the encoder's window")
     maps.add_argument("--label", required=True, help="model label in the figure's title")
     maps.add_argument("--out-prefix", required=True, help="writes PREFIX.png and PREFIX.svg")
 
     sep = sub.add_parser("separation", help="contact precision by separation range from evaluation TSVs")
-    sep.add_argument("--result", action="append", required=True, metavar="TABLE=TSV",
-                     help="an evaluation TSV and its table (as for `pmlm tables results`); non-contact ones are skipped")
+    sep.add_argument(
+        "--result",
+        action="append",
+        required=True,
+        metavar="TABLE=TSV",
+        help="an evaluation TSV and its table (as for `pmlm tables results`); non-contact ones are skipped",
+    )
     sep.add_argument("--out-prefix", required=True, help="writes the figure, PREFIX.png and PREFIX.svg")
     sep.add_argument("--table-prefix", help="writes the table, PREFIX.csv / .md / .tex / .html (default: --out-prefix)")
 

@@ -19,8 +19,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cov-mode", type=int)
     p.add_argument("--valid-fraction", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--decontaminate", nargs="*", default=[], metavar="FASTA",
-                   help="evaluation sequences; training sequences similar to any of them are removed")
+    p.add_argument(
+        "--decontaminate",
+        nargs="*",
+        default=[],
+        metavar="FASTA",
+        help="evaluation sequences; training sequences similar to any of them are removed",
+    )
     p.add_argument("--decontam-min-seq-id", type=float)
     p.add_argument("--decontam-coverage", type=float)
     p.add_argument("--threads", type=int)

@@ -23,8 +23,15 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.data.split import SplitConfig
     from pmlm.data.structsplit import split_structures
 
-    cfg = SplitConfig(method=args.method, min_seq_id=args.min_seq_id, coverage=args.coverage, seed=args.seed,
-                      threads=args.threads, mmseqs=args.mmseqs, valid_fraction=0.0)
+    cfg = SplitConfig(
+        method=args.method,
+        min_seq_id=args.min_seq_id,
+        coverage=args.coverage,
+        seed=args.seed,
+        threads=args.threads,
+        mmseqs=args.mmseqs,
+        valid_fraction=0.0,
+    )
     stats = split_structures(args.structures, args.out_dir, cfg, tuple(args.fractions))
     print(
         f"split-structures: {stats['chains']} chains in {stats['clusters']} clusters -> train {stats['train']['chains']}, "

@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     families = synthesize(config, args.out)
     total = sum(len(f.sequences) for f in families)
-    print(f"pmlm synth: {len(families)} {'family' if len(families) == 1 else 'families'}, {total} sequences "
-          f"of length {config.potts.length} sampled and written in {time.perf_counter() - start:.1f} s -> {args.out}",
-          file=sys.stderr)
+    print(
+        f"pmlm synth: {len(families)} {'family' if len(families) == 1 else 'families'}, {total} sequences "
+        f"of length {config.potts.length} sampled and written in {time.perf_counter() - start:.1f} s -> {args.out}",
+        file=sys.stderr,
+    )
     return 0

@@ -59,18 +59,30 @@ class HeadConfig:
     pair_chunk_elements: int = 1 << 24
 
     def __post_init__(self) -> None:
-        require(self.kind in ("auto", "linear", "resnet", "mlp", "conv"), "head.kind",
-                 "must be one of auto, linear, resnet, mlp, conv", self.kind)
+        require(
+            self.kind in ("auto", "linear", "resnet", "mlp", "conv"),
+            "head.kind",
+            "must be one of auto, linear, resnet, mlp, conv",
+            self.kind,
+        )
         self.features = LEGACY_FEATURES.get(self.features, self.features)
         require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
         require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
         for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "conv_hidden", "pair_chunk_elements"):
             require(getattr(self, name) >= 1, f"head.{name}", "must be >= 1", getattr(self, name))
-        require(self.resnet_kernel >= 1 and self.resnet_kernel % 2 == 1, "head.resnet_kernel",
-                 "must be a positive odd number (the pairwise map keeps its size)", self.resnet_kernel)
+        require(
+            self.resnet_kernel >= 1 and self.resnet_kernel % 2 == 1,
+            "head.resnet_kernel",
+            "must be a positive odd number (the pairwise map keeps its size)",
+            self.resnet_kernel,
+        )
         require(self.resnet_norm in NORMS, "head.resnet_norm", f"must be one of {', '.join(NORMS)}", self.resnet_norm)
-        require(self.num_classes is None or self.num_classes >= 1, "head.num_classes", "must be >= 1 or null",
-                 self.num_classes)
+        require(
+            self.num_classes is None or self.num_classes >= 1,
+            "head.num_classes",
+            "must be >= 1 or null",
+            self.num_classes,
+        )
 
 
 @dataclass
@@ -94,13 +106,21 @@ class TaskDataConfig:
         require(self.format in DATA_FORMATS, "data.format", f"must be one of {', '.join(DATA_FORMATS)}", self.format)
         require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
         require(self.crop is None or self.crop >= 1, "data.crop", "must be >= 1 or null", self.crop)
-        require(self.contact_atom in CONTACT_ATOM_CHOICES, "data.contact_atom",
-                 f"must be one of {', '.join(CONTACT_ATOM_CHOICES)}", self.contact_atom)
+        require(
+            self.contact_atom in CONTACT_ATOM_CHOICES,
+            "data.contact_atom",
+            f"must be one of {', '.join(CONTACT_ATOM_CHOICES)}",
+            self.contact_atom,
+        )
         require(self.contact_threshold > 0, "data.contact_threshold", "must be > 0 (Angstrom)", self.contact_threshold)
         require(self.min_separation >= 1, "data.min_separation", "must be >= 1", self.min_separation)
         require(self.on_error in ON_ERROR, "data.on_error", f"must be one of {', '.join(ON_ERROR)}", self.on_error)
-        require(self.max_proteins is None or self.max_proteins >= 1, "data.max_proteins", "must be >= 1 or null",
-                 self.max_proteins)
+        require(
+            self.max_proteins is None or self.max_proteins >= 1,
+            "data.max_proteins",
+            "must be >= 1 or null",
+            self.max_proteins,
+        )
 
 
 @dataclass
@@ -126,11 +146,17 @@ class FinetuneConfig(YamlConfig):
         allowed = TASK_HEADS[self.task]
         if self.head.kind == "auto":
             self.head = dataclasses.replace(self.head, kind=allowed[0])
-        require(self.head.kind in allowed, "head.kind",
-                 f"must be {' or '.join(allowed)} for task {self.task}", self.head.kind)
+        require(
+            self.head.kind in allowed,
+            "head.kind",
+            f"must be {' or '.join(allowed)} for task {self.task}",
+            self.head.kind,
+        )
         if self.task != "contact" and self.head.features == FEATURES_M_PLUS:
-            raise ConfigError(f"head.features M+ describes residue pairs; task {self.task} uses encoder outputs "
-                              "(set head.features: M or auto)")
+            raise ConfigError(
+                f"head.features M+ describes residue pairs; task {self.task} uses encoder outputs "
+                "(set head.features: M or auto)"
+            )
         for name in ("grad_accum", "log_every", "keep_last_checkpoints"):
             require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("eval_every", "save_every", "seed"):
@@ -141,4 +167,3 @@ class FinetuneConfig(YamlConfig):
     @property
     def num_classes(self) -> int:
         return self.head.num_classes or TASK_CLASSES[self.task]
-

@@ -21,8 +21,9 @@ def check_adamw(optim) -> None:
     require(optim.clip_norm >= 0, "optim.clip_norm", "must be >= 0 (0 disables clipping)", optim.clip_norm)
 
 
-def warmup_decay(step: int, warmup_steps: int, total_steps: int, peak: float = 1.0, end: float = 0.0,
-                 power: float = 1.0) -> float:
+def warmup_decay(
+    step: int, warmup_steps: int, total_steps: int, peak: float = 1.0, end: float = 0.0, power: float = 1.0
+) -> float:
     """The schedule of both runs at optimizer step ``step`` (0-based): linear warm-up from 0 to ``peak``,
     then polynomial decay to ``end`` at ``total_steps``."""
     update = step + 1

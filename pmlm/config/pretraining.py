@@ -13,7 +13,6 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.vocabulary import DEVICES, PMLM
 
 
-
 @dataclass
 class ModelSection:
     """Which encoder to train: a named preset plus field overrides (see pmlm.model.config)."""
@@ -86,8 +85,12 @@ class TrainConfig(YamlConfig):
         for name in ("eval_every", "save_every", "seed"):
             require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
-        require(self.attention in ATTENTION_LAYOUTS, "attention", f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
-                 self.attention)
+        require(
+            self.attention in ATTENTION_LAYOUTS,
+            "attention",
+            f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
+            self.attention,
+        )
         require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
         model_max = self.model_config().max_len
         require(
@@ -105,4 +108,3 @@ class TrainConfig(YamlConfig):
     def model_config(self) -> ModelConfig:
         """The encoder this run trains (its preset and overrides, with the objective's layer recipe)."""
         return self.model.build(self.objective.name)
-

@@ -64,10 +64,13 @@ def check_references(config: dict) -> None:
         key = (model["dataset"], model["objective"], model["preset"])
         if model.get("release"):  # a released checkpoint: named freely, neither trained nor read from a dataset
             if release_source(model) in sources:
-                raise ConfigError(f"{where}: the source name {release_source(model)!r} of this release is taken "
-                                  "by config.sources")
+                raise ConfigError(
+                    f"{where}: the source name {release_source(model)!r} of this release is taken by config.sources"
+                )
         elif model["dataset"] not in datasets:
-            raise ConfigError(f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(datasets))}")
+            raise ConfigError(
+                f"{where}.dataset: unknown dataset {model['dataset']!r}; defined: {', '.join(sorted(datasets))}"
+            )
         elif model["preset"] not in recipes:
             raise ConfigError(f"{where}.preset: no recipe for {model['preset']!r} in config.pretrain.recipes")
         if key in seen:
@@ -75,7 +78,9 @@ def check_references(config: dict) -> None:
         seen.add(key)
     for i, name in enumerate((pretrain.get("kl") or {}).get("datasets") or []):
         if name not in datasets:
-            raise ConfigError(f"config.pretrain.kl.datasets[{i}]: unknown dataset {name!r}; defined: {', '.join(sorted(datasets))}")
+            raise ConfigError(
+                f"config.pretrain.kl.datasets[{i}]: unknown dataset {name!r}; defined: {', '.join(sorted(datasets))}"
+            )
     task_data = config.get("task_data") or {}
     for name, spec in task_data.items():
         where = f"config.task_data.{name}"
@@ -93,13 +98,17 @@ def check_references(config: dict) -> None:
     for name, run in (finetune.get("runs") or {}).items():
         where = f"config.finetune.runs.{name}"
         if run["recipe"] not in recipes:
-            raise ConfigError(f"{where}.recipe: unknown recipe {run['recipe']!r}; defined: {', '.join(sorted(recipes))}")
+            raise ConfigError(
+                f"{where}.recipe: unknown recipe {run['recipe']!r}; defined: {', '.join(sorted(recipes))}"
+            )
         if run["data"] not in task_data:
             raise ConfigError(f"{where}.data: unknown task data {run['data']!r}")
         splits = _splits(task_data[run["data"]])
         for label, split in {"train": "train", "valid": "valid", **run["tests"]}.items():
             if split not in splits:
-                raise ConfigError(f"{where}: task data {run['data']!r} has no split {split!r} (has {', '.join(sorted(splits))})")
+                raise ConfigError(
+                    f"{where}: task data {run['data']!r} has no split {split!r} (has {', '.join(sorted(splits))})"
+                )
         _check_features(where, run, pretrain.get("models") or [])
     unsupervised = finetune.get("unsupervised") or {}
     if unsupervised.get("readouts"):
@@ -115,8 +124,10 @@ def check_references(config: dict) -> None:
     drawable = contact_runs | {f"unsupervised-{r}" for r in unsupervised.get("readouts") or []}
     for i, name in enumerate(maps):
         if name not in drawable:
-            raise ConfigError(f"config.report.contact_maps.runs[{i}]: {name!r} is not a contact run or unsupervised "
-                              f"read-out of this config (have: {', '.join(sorted(drawable)) or 'none'})")
+            raise ConfigError(
+                f"config.report.contact_maps.runs[{i}]: {name!r} is not a contact run or unsupervised "
+                f"read-out of this config (have: {', '.join(sorted(drawable)) or 'none'})"
+            )
 
 
 CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
@@ -135,14 +146,18 @@ def _check_proteingym(config: dict) -> None:
     sources = config.get("sources") or {}
     for key in ("archive", "reference"):
         if section.get(key) not in sources:
-            raise ConfigError(f"config.proteingym.{key}: unknown source {section.get(key)!r}; defined sources: "
-                              f"{', '.join(sorted(sources)) or 'none'}")
+            raise ConfigError(
+                f"config.proteingym.{key}: unknown source {section.get(key)!r}; defined sources: "
+                f"{', '.join(sorted(sources)) or 'none'}"
+            )
     models = (config.get("pretrain") or {}).get("models") or []
     ids = [f"{m['dataset']}/{m['objective']}-{m['preset']}" for m in models]
     for i, encoder in enumerate(section.get("encoders") or []):
         if encoder not in ids:
-            raise ConfigError(f"config.proteingym.encoders[{i}]: {encoder!r} is not an encoder of pretrain.models "
-                              f"(have: {', '.join(ids) or 'none'})")
+            raise ConfigError(
+                f"config.proteingym.encoders[{i}]: {encoder!r} is not an encoder of pretrain.models "
+                f"(have: {', '.join(ids) or 'none'})"
+            )
     if not models:
         raise ConfigError("config.proteingym: no encoder to score (pretrain.models is empty)")
 
@@ -161,7 +176,9 @@ def _check_features(where: str, run: dict, models: list[dict]) -> None:
         chosen = {i: spec for i in applies}
     for encoder, features in chosen.items():
         if features == FEATURES_M_PLUS and run.get("table") not in CONTACT_TABLES:
-            raise ConfigError(f"{where}.features: M+ describes residue pairs; table {run.get('table')} reads encoder outputs (M)")
+            raise ConfigError(
+                f"{where}.features: M+ describes residue pairs; table {run.get('table')} reads encoder outputs (M)"
+            )
         if features == FEATURES_M_PLUS and ids[encoder]["objective"] == MLM:
             raise ConfigError(f"{where}.features: M+ needs a pair head; {encoder} is an MLM encoder (use M)")
 

@@ -58,7 +58,7 @@ def _find(tar: tarfile.TarFile, wanted: str, where: str, seen: list[str]) -> tup
         if name == wanted:
             return info, ""
         if wanted.startswith(name + "/") and _is_tar_name(name):
-            return info, wanted[len(name) + 1:]
+            return info, wanted[len(name) + 1 :]
     return None
 
 
@@ -104,8 +104,9 @@ def open_member(archive: str | Path, member: str, sink) -> int:
         raise
     except _READ_ERRORS as exc:
         inside = f" (inside {where.rstrip('/')})" if where else ""
-        raise InputError(archive, f"cannot read tar archive{inside}: {exc or type(exc).__name__}; "
-                         "is the download complete?") from None
+        raise InputError(
+            archive, f"cannot read tar archive{inside}: {exc or type(exc).__name__}; is the download complete?"
+        ) from None
 
 
 def extract_member(archive: str | Path, member: str, output: str | Path) -> int:

@@ -69,8 +69,9 @@ def _string_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, bin
     offsets = np.zeros(lengths.size + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-    array = pa.BinaryArray.from_buffers(pa.binary(), lengths.size,
-                                        [None, pa.py_buffer(offsets), pa.py_buffer(data[index])])
+    array = pa.BinaryArray.from_buffers(
+        pa.binary(), lengths.size, [None, pa.py_buffer(offsets), pa.py_buffer(data[index])]
+    )
     return array if binary else array.cast(pa.string())
 
 
@@ -102,7 +103,7 @@ def one_line_columns(body: bytes) -> Columns | None:
     if (data[head] != _GT).any() or not lengths.all() or (data[seq] == _GT).any():
         return None  # headers and sequences do not alternate, or a sequence is empty
     # every byte of a sequence line: lines alternate header / sequence, each line with its newline
-    in_sequence = np.repeat(np.tile(np.array([False, True]), head.size), ends - starts + 1)[:data.size]
+    in_sequence = np.repeat(np.tile(np.array([False, True]), head.size), ends - starts + 1)[: data.size]
     in_sequence[newlines] = False
     tokens = np.frombuffer(body.translate(alphabet.TRANSLATE_TABLE), dtype=np.uint8)[in_sequence]
     if (tokens == alphabet.INVALID_BYTE).any():
@@ -121,8 +122,8 @@ def one_line_columns(body: bytes) -> Columns | None:
         return None
     columns = {"cluster=": None, "members=": None, "taxon=": None, "family=": None}
     for j in range(1, width + 1):
-        sample = body[word_start[0, j]:word_start[0, j] + word_len[0, j]]
-        key = sample[:sample.find(b"=") + 1]
+        sample = body[word_start[0, j] : word_start[0, j] + word_len[0, j]]
+        key = sample[: sample.find(b"=") + 1]
         if key not in KEYS or (word_len[:, j] <= len(key)).any() or columns[key.decode()] is not None:
             return None
         prefix = data[word_start[:, j, None] + np.arange(len(key))]
@@ -140,10 +141,16 @@ def one_line_columns(body: bytes) -> Columns | None:
             optional.append(_string_array(data, *columns[key]).cast(pa.int32()))
         except (pa.ArrowInvalid, ValueError):  # not a number: the record path leaves it null
             return None
-    return Columns(ids, _string_array(data, *cluster_span) if columns["cluster="] else ids,
-                   crc32_spans(data, *cluster_span), lengths, tokens, *optional,
-                   _string_array(data, *columns["family="]) if columns["family="] else None,
-                   head.size if columns["cluster="] else 0)
+    return Columns(
+        ids,
+        _string_array(data, *cluster_span) if columns["cluster="] else ids,
+        crc32_spans(data, *cluster_span),
+        lengths,
+        tokens,
+        *optional,
+        _string_array(data, *columns["family="]) if columns["family="] else None,
+        head.size if columns["cluster="] else 0,
+    )
 
 
 def fasta_columns(body: bytes, headers: bool = False) -> tuple[list[bytes], list[bytes], list[bytes] | None] | None:
@@ -162,7 +169,7 @@ def fasta_columns(body: bytes, headers: bool = False) -> tuple[list[bytes], list
         return None
     # residues: every byte of the other lines but their newlines, record after record
     sequence_bytes = np.where(is_head, 0, ends - starts)
-    in_sequence = np.repeat(~is_head, ends - starts + 1)[:data.size]
+    in_sequence = np.repeat(~is_head, ends - starts + 1)[: data.size]
     in_sequence[newlines] = False
     residues = data[in_sequence]
     if (residues == _SPACE).any():
@@ -170,8 +177,9 @@ def fasta_columns(body: bytes, headers: bool = False) -> tuple[list[bytes], list
     lengths = np.add.reduceat(sequence_bytes, heads)
     offsets = np.zeros(heads.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    seqs = pa.LargeBinaryArray.from_buffers(pa.large_binary(), heads.size,
-                                            [None, pa.py_buffer(offsets), pa.py_buffer(residues)]).to_pylist()
+    seqs = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), heads.size, [None, pa.py_buffer(offsets), pa.py_buffer(residues)]
+    ).to_pylist()
     head_start, head_end = starts[heads] + 1, ends[heads]
     spaces = np.append(np.flatnonzero(data == _SPACE), data.size)  # the end of the block stands in for a last space
     first_space = spaces[np.searchsorted(spaces, head_start)]
@@ -183,8 +191,9 @@ def fasta_columns(body: bytes, headers: bool = False) -> tuple[list[bytes], list
     return ids, seqs, lines
 
 
-def clean_one_line_fasta(body: bytes, min_length: int, max_length: int, allowed: bytes
-                         ) -> tuple[bytes, list[bytes], list[bytes], np.ndarray] | None:
+def clean_one_line_fasta(
+    body: bytes, min_length: int, max_length: int, allowed: bytes
+) -> tuple[bytes, list[bytes], list[bytes], np.ndarray] | None:
     """``pmlm ingest``'s output for a block of plain FASTA whose every record is already clean:
     (one-line FASTA ``>ID\\nRESIDUES\\n`` per record, ids, residues, residues per record).
 
@@ -218,7 +227,7 @@ def clean_one_line_fasta(body: bytes, min_length: int, max_length: int, allowed:
     last_line = np.append(is_head[1:], True)
     runs = np.column_stack([keep_text, line_len - keep_text, np.ones_like(line_len)]).ravel()
     kept = np.column_stack([np.ones_like(is_head), np.zeros_like(is_head), is_head | last_line]).ravel()
-    mask = np.repeat(kept, runs)[:data.size]
+    mask = np.repeat(kept, runs)[: data.size]
     out = data[mask].tobytes()
     if not out.endswith(b"\n"):
         out += b"\n"
@@ -227,7 +236,9 @@ def clean_one_line_fasta(body: bytes, min_length: int, max_length: int, allowed:
     # every residue allowed: deleting the allowed letters and newlines from the output leaves the
     # '>' of each record and what the ids leave, nothing more
     drop = allowed + b"\n"
-    if len(seqs) != heads.size or len(out.translate(None, drop)) != heads.size + len(b"".join(ids).translate(None, drop)):
+    if len(seqs) != heads.size or len(out.translate(None, drop)) != heads.size + len(
+        b"".join(ids).translate(None, drop)
+    ):
         return None
     return out, ids, seqs, lengths.astype(np.int64)
 

@@ -102,8 +102,9 @@ def indexed_records(path: str) -> Iterator[tuple[int, bytes, bytes]]:
             index += 1
 
 
-def mark_duplicate_sequences(fasta: str, candidates: np.ndarray, reason: bytearray, workdir: str,
-                             mean_length: float) -> int:
+def mark_duplicate_sequences(
+    fasta: str, candidates: np.ndarray, reason: bytearray, workdir: str, mean_length: float
+) -> int:
     """Set ``reason[i] = DUPLICATE_SEQUENCE`` for every candidate whose sequence occurred earlier.
 
     Candidates go to ``ceil(bytes / BUCKET_BYTES)`` bucket files by hash (equal sequences share a

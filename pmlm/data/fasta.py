@@ -98,7 +98,9 @@ def _counted_lines(path: str, text: io.TextIOBase, header_lines: deque, repairs:
                         repairs[LATIN1_REPAIR] += 1
             yield line
     except GZIP_ERRORS as exc:
-        raise InputError(path, f"corrupt or truncated gzip stream after line {n} ({exc}); re-download the file", line=n + 1) from None
+        raise InputError(
+            path, f"corrupt or truncated gzip stream after line {n} ({exc}); re-download the file", line=n + 1
+        ) from None
     except InputError:
         raise
     except OSError as exc:

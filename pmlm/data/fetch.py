@@ -30,9 +30,7 @@ def _parse_digests(md5: str | None, sha256: str | None) -> dict[str, str]:
             continue
         value = value.strip().lower()
         if len(value) != DIGEST_HEX_LEN[name] or any(c not in "0123456789abcdef" for c in value):
-            raise ConfigError(
-                f"--{name} must be {DIGEST_HEX_LEN[name]} hexadecimal digits, got {value!r}"
-            )
+            raise ConfigError(f"--{name} must be {DIGEST_HEX_LEN[name]} hexadecimal digits, got {value!r}")
         expected[name] = value
     return expected
 
@@ -47,13 +45,25 @@ def _hash_file(path: Path, algorithms: list[str], chunk_size: int) -> dict[str, 
 
 
 def _mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
-    return [f"{name} expected {expected[name]}, got {actual[name]}"
-            for name in sorted(expected) if actual[name] != expected[name]]
+    return [
+        f"{name} expected {expected[name]}, got {actual[name]}"
+        for name in sorted(expected)
+        if actual[name] != expected[name]
+    ]
 
 
-def fetch(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha256: str | None = None,
-          checksums_from: str | None = None, retries: int = 5, backoff: float = 1.0, timeout: float = 60.0,
-          progress: ProgressFn | None = None) -> Path:
+def fetch(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    md5: str | None = None,
+    sha256: str | None = None,
+    checksums_from: str | None = None,
+    retries: int = 5,
+    backoff: float = 1.0,
+    timeout: float = 60.0,
+    progress: ProgressFn | None = None,
+) -> Path:
     """Download ``url`` to ``dest`` atomically, resuming ``dest.part`` and checking the given digests.
 
     ``checksums_from``: the publisher's checksum listing (RELEASE.metalink or md5sum output) naming this file;
@@ -80,8 +90,7 @@ def fetch(url: str, dest: str | os.PathLike, *, md5: str | None = None, sha256: 
         raise DownloadError(f"{exc.filename or dest}: {exc.strerror or exc}") from None
 
 
-def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions,
-              progress: ProgressFn | None) -> Path:
+def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions, progress: ProgressFn | None) -> Path:
     algorithms = sorted({LOGGED_DIGEST, *expected})
     if dest.is_file():
         if not expected:
@@ -105,8 +114,7 @@ def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions
                 break
             if resumed:
                 # the earlier .part may belong to an older version of the file; one clean try decides
-                log(f"{redact(url)}: {'; '.join(problems)} after resuming {part.path}; "
-                     "fetching again from zero")
+                log(f"{redact(url)}: {'; '.join(problems)} after resuming {part.path}; fetching again from zero")
                 part.restart()
                 resumed = False
                 continue
@@ -123,8 +131,9 @@ def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions
     return dest
 
 
-def _listed_digests(url: str, dest: Path, checksums_from: str, md5: str | None, sha256: str | None,
-                    opts: FetchOptions) -> tuple[str | None, str | None]:
+def _listed_digests(
+    url: str, dest: Path, checksums_from: str, md5: str | None, sha256: str | None, opts: FetchOptions
+) -> tuple[str | None, str | None]:
     """``md5`` / ``sha256`` completed from the publisher's listing at ``checksums_from`` (fetched fresh beside
     ``dest`` each time, as it may change with the file); a given digest must agree with the listed one."""
     listing = dest.with_name(dest.name + ".checksums")

@@ -74,9 +74,12 @@ def detect_format(path: str | os.PathLike) -> str:
         root = _XML_ROOT.search(re.sub(rb"<!--.*?-->", b"", head, flags=re.S))
         name = root.group(1) if root else b"?"
         if not _UNIREF_ROOT.match(name):
-            raise InputError(path, f"XML with root element <{name.decode('latin-1')}> is not UniRef XML "
-                             "(expected <UniRef50>, <UniRef90> or <UniRef100> in namespace http://uniprot.org/uniref); "
-                             "set the source's format to override")
+            raise InputError(
+                path,
+                f"XML with root element <{name.decode('latin-1')}> is not UniRef XML "
+                "(expected <UniRef50>, <UniRef90> or <UniRef100> in namespace http://uniprot.org/uniref); "
+                "set the source's format to override",
+            )
         return "uniref_xml"
     if head.startswith(b">") and PFAM_HEADER.match(head.split(b"\n", 1)[0]):
         return "pfam_fasta"
@@ -117,8 +120,9 @@ def _newlines(body: bytes) -> int:
     return int(np.count_nonzero(np.frombuffer(body, dtype=np.uint8) == 10))
 
 
-def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: bool = True,
-                 repairs: Counter | None = None) -> Iterator[tuple]:
+def fasta_blocks(
+    path: str | os.PathLike, block_size: int | None = None, split: bool = True, repairs: Counter | None = None
+) -> Iterator[tuple]:
     """Yield ``(records, line)``: the raw text of consecutive records (without their '>') and the
     line of the first one. A record's text is its header line, a newline and its sequence lines.
     With ``split=False`` the records come as one bytes object, from the first '>' to the end of the
@@ -154,7 +158,7 @@ def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: 
                 if cut < 0:  # one record longer than a block: read on
                     pending = data
                     continue
-                body, pending = data[:cut], data[cut + 1:]
+                body, pending = data[:cut], data[cut + 1 :]
             else:
                 body, pending = data, b""
             if not body:
@@ -165,8 +169,9 @@ def fasta_blocks(path: str | os.PathLike, block_size: int | None = None, split: 
             if not block:
                 break
     except GZIP_ERRORS as exc:
-        raise InputError(path, f"corrupt or truncated gzip stream after line {line} ({exc}); re-download the file",
-                         line=line + 1) from None
+        raise InputError(
+            path, f"corrupt or truncated gzip stream after line {line} ({exc}); re-download the file", line=line + 1
+        ) from None
     except OSError as exc:
         raise InputError(path, f"cannot read after line {line} ({exc})", line=line + 1) from None
     finally:
@@ -197,8 +202,11 @@ def fasta_block(path: str, body: bytes, line: int, pfam: bool = False, lines: bo
         parts = [text.partition(b"\n") for text in records]
         words = [p[0].split(None, 1) for p in parts]
         if not all(words):
-            raise InputError(path, "header has no identifier ('>' followed by nothing)",
-                             line=record_lines(body, line)[words.index([])])
+            raise InputError(
+                path,
+                "header has no identifier ('>' followed by nothing)",
+                line=record_lines(body, line)[words.index([])],
+            )
         ids, headers = [w[0] for w in words], [p[0] for p in parts]
         # the sequence lines of all records in one translate call (NUL, which _text_check rules out, between them)
         seqs = b"\0".join([p[2] for p in parts]).translate(None, WHITESPACE).split(b"\0")
@@ -207,8 +215,12 @@ def fasta_block(path: str, body: bytes, line: int, pfam: bool = False, lines: bo
         matches = [PFAM_HEADER.match(h) for h in headers]
         if None in matches:
             at = matches.index(None)
-            raise InputError(path, f"record {ids[at].decode(errors='replace')!r}: not a Pfam-A FASTA header "
-                             "(expected 'NAME/START-END ACCESSION PFxxxxx.V;ID;')", line=record_lines(body, line)[at])
+            raise InputError(
+                path,
+                f"record {ids[at].decode(errors='replace')!r}: not a Pfam-A FASTA header "
+                "(expected 'NAME/START-END ACCESSION PFxxxxx.V;ID;')",
+                line=record_lines(body, line)[at],
+            )
         annotations = [b"family=" + m.group(1) for m in matches]
     return Block(ids, seqs, record_lines(body, line) if lines else None, annotations)
 

@@ -36,12 +36,19 @@ import yaml
 from pmlm.data import dedup
 from pmlm.data.columns import clean_one_line_fasta
 from pmlm.data.formats import (
-    AUTO, check_format, chunk_first_line, detect_format, parse_chunk, record_lines, source_chunks,
+    AUTO,
+    check_format,
+    chunk_first_line,
+    detect_format,
+    parse_chunk,
+    record_lines,
+    source_chunks,
 )
 from pmlm.data.normalise import STANDARD, IngestPolicy, Normaliser
 from pmlm.errors import ConfigError, InputError
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
+
 
 class _Origins:
     """Where record ``i`` of the first pass came from: its input and line.
@@ -68,8 +75,9 @@ class _Origins:
         return path, int(lines[index - self.starts[at]])
 
 
-def ingest(inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy,
-           formats: list[str] | None = None) -> dict:
+def ingest(
+    inputs: list[str], out_fasta: str, stats_path: str, policy: IngestPolicy, formats: list[str] | None = None
+) -> dict:
     """Normalise ``inputs`` into ``out_fasta`` (one line per sequence); both outputs appear atomically.
 
     ``formats``: one per input (``auto``, ``fasta``, ``pfam_fasta``, ``uniref_xml``), or None for auto.
@@ -163,8 +171,17 @@ def _clean_chunk(path: str, fmt: str, policy: IngestPolicy, chunk) -> _Cleaned:
         clean = clean_one_line_fasta(chunk[0], policy.min_length, policy.max_length, STANDARD)
         if clean is not None:
             fasta, ids, seqs, lengths = clean
-            return _Cleaned(len(ids), first_line, fasta, _hashes(seqs), _hashes(ids), b"",
-                            _Tally(len(ids), int(lengths.sum()), int(lengths.min()), int(lengths.max())), Counter(), Counter())
+            return _Cleaned(
+                len(ids),
+                first_line,
+                fasta,
+                _hashes(seqs),
+                _hashes(ids),
+                b"",
+                _Tally(len(ids), int(lengths.sum()), int(lengths.min()), int(lengths.max())),
+                Counter(),
+                Counter(),
+            )
     ids, seqs, lines, annotations = parse_chunk(path, fmt, chunk, lines=False)
     norm = Normaliser(policy)
     read = len(ids)
@@ -181,10 +198,14 @@ def _clean_chunk(path: str, fmt: str, policy: IngestPolicy, chunk) -> _Cleaned:
         joined = b"".join(seqs)
         lengths = list(map(len, seqs))
         kept_lines = array("q", lines).tobytes()
-    headers = ids if annotations is None else [b"%s %s" % pair if pair[1] else pair[0] for pair in zip(ids, annotations)]
+    headers = (
+        ids if annotations is None else [b"%s %s" % pair if pair[1] else pair[0] for pair in zip(ids, annotations)]
+    )
     fasta = b"".join(chain.from_iterable(zip(repeat(b">"), headers, repeat(b"\n"), seqs, repeat(b"\n"))))
     tally = _Tally(len(ids), len(joined), min(lengths), max(lengths))
-    return _Cleaned(read, first_line, fasta, _hashes(seqs), _hashes(ids), kept_lines, tally, norm.dropped, norm.repaired)
+    return _Cleaned(
+        read, first_line, fasta, _hashes(seqs), _hashes(ids), kept_lines, tally, norm.dropped, norm.repaired
+    )
 
 
 def _hashes(values: list[bytes]) -> bytes:
@@ -233,8 +254,9 @@ def _first_pass(inputs, formats, first, norm, origins, seq_log, id_log) -> tuple
     return read, tally
 
 
-def _duplicate_ids(first: str, id_log: str, reason: bytearray, policy: IngestPolicy, norm: Normaliser,
-                   origins: _Origins) -> dict[int, bytes]:
+def _duplicate_ids(
+    first: str, id_log: str, reason: bytearray, policy: IngestPolicy, norm: Normaliser, origins: _Origins
+) -> dict[int, bytes]:
     """Apply ``duplicate_ids`` to records whose id occurred earlier; returns {index: new id} for renames."""
     hashes = dedup.repeated_values(id_log)
     candidates = dedup.positions_of(id_log, hashes)
@@ -254,8 +276,12 @@ def _duplicate_ids(first: str, id_log: str, reason: bytearray, policy: IngestPol
             path, line = origins.where(index)
             first_path, first_line = origins.where(seen[record_id])
             where = f"line {first_line}" if first_path == path else f"{first_path}:{first_line}"
-            raise InputError(path, f"record {record_id.decode(errors='replace')!r}: duplicate id (first seen at {where}); "
-                             "see ingest.duplicate_ids", line=line)
+            raise InputError(
+                path,
+                f"record {record_id.decode(errors='replace')!r}: duplicate id (first seen at {where}); "
+                "see ingest.duplicate_ids",
+                line=line,
+            )
         if policy.duplicate_ids == "drop":
             reason[index] = dedup.DUPLICATE_ID
             norm.dropped["duplicate_id"] += 1
@@ -281,8 +307,11 @@ def _rename(first: str, later: list[tuple[int, bytes]], norm: Normaliser) -> dic
             used.add(name)
         # exact check against the ids of the input, in one pass; repeat in the rare case of a clash
         proposed = set(renames.values())
-        clashes = {header.split(None, 1)[0] for i, header, _ in dedup.indexed_records(first)
-                   if i not in renames and header.split(None, 1)[0] in proposed}
+        clashes = {
+            header.split(None, 1)[0]
+            for i, header, _ in dedup.indexed_records(first)
+            if i not in renames and header.split(None, 1)[0] in proposed
+        }
         if not clashes:
             norm.repaired["id_renamed"] += len(renames)
             return renames
@@ -304,8 +333,9 @@ def _second_pass(first: str, out: str, reason: bytearray, renames: dict[int, byt
     return tally
 
 
-def _stats(inputs: list[str], formats: list[str], policy: IngestPolicy, norm: Normaliser, read: int,
-           tally: _Tally) -> dict:
+def _stats(
+    inputs: list[str], formats: list[str], policy: IngestPolicy, norm: Normaliser, read: int, tally: _Tally
+) -> dict:
     dropped = dict(sorted(norm.dropped.items()))
     if tally.kept + sum(dropped.values()) != read:
         raise AssertionError(f"ingest accounting is inconsistent: kept {tally.kept} + dropped {dropped} != read {read}")

@@ -123,7 +123,9 @@ class Normaliser:
         nonstandard = [c for c in leftover if c in _NONSTANDARD]
         if nonstandard:
             if p.nonstandard == "error":
-                self._fail(path, line, record_id, f"non-standard residue {chr(nonstandard[0])!r}; see ingest.nonstandard")
+                self._fail(
+                    path, line, record_id, f"non-standard residue {chr(nonstandard[0])!r}; see ingest.nonstandard"
+                )
             if p.nonstandard == "drop":
                 self.dropped["nonstandard_residue"] += 1
                 return None

@@ -141,8 +141,11 @@ class SplitWriter:
             # every cluster id is its row's own id, all distinct, and encoding one costs ~20 % of the write
             dictionary = ["cluster_id", "family"] if self.from_header else ["family"]
             self.writers[shard] = pq.ParquetWriter(
-                self.dir / self.name(shard), arrow_schema(), compression="zstd",
-                compression_level=self.compression_level, use_dictionary=dictionary,
+                self.dir / self.name(shard),
+                arrow_schema(),
+                compression="zstd",
+                compression_level=self.compression_level,
+                use_dictionary=dictionary,
             )
         self.writers[shard].write_table(table.slice(0, rows), row_group_size=self.row_group_size)
         self.buffers[shard] = table.slice(rows).to_batches()
@@ -156,7 +159,9 @@ class SplitWriter:
 
     def _log_clusters(self, shard: int, rows) -> None:
         if self._cluster_logs[shard] is None:
-            self._cluster_logs[shard] = pa.ipc.new_stream(str(self._cluster_log(shard)), pa.schema([("cluster_id", pa.string())]))
+            self._cluster_logs[shard] = pa.ipc.new_stream(
+                str(self._cluster_log(shard)), pa.schema([("cluster_id", pa.string())])
+            )
         self._cluster_logs[shard].write_batch(pa.record_batch([rows.column(1)], names=["cluster_id"]))
 
     def _distinct_clusters(self) -> int:
@@ -197,8 +202,9 @@ class SplitWriter:
             "residues": int(self.residues.sum()),
             "clusters": self._distinct_clusters(),
             "residue_counts": {
-                alphabet.TOKENS[i]: int(c) for i, c in enumerate(self.residue_counts) if c or
-                alphabet.FIRST_RESIDUE_ID <= i <= alphabet.X_ID
+                alphabet.TOKENS[i]: int(c)
+                for i, c in enumerate(self.residue_counts)
+                if c or alphabet.FIRST_RESIDUE_ID <= i <= alphabet.X_ID
             },
             "length_histogram": [int(c) for c in self.length_counts],
             "clusters_from_header": self.from_header,
@@ -245,12 +251,19 @@ def _record_columns(path: str, records: list[bytes], line: int) -> Columns:
     parsed = [_annotations(w[1:]) for w in words]
     clusters = [p[0] if p[0] is not None else i for p, i in zip(parsed, ids)]
     optional = [[p[k] for p in parsed] for k in (1, 2, 3)]
-    optional = [pa.array(col, type=t) if col.count(None) < len(col) else None
-                for col, t in zip(optional, (pa.int32(), pa.int32(), pa.string()))]
-    return Columns(pa.array(ids, type=pa.string()), pa.array(clusters, type=pa.string()),
-                   np.fromiter(map(zlib.crc32, clusters), dtype=np.uint32, count=len(clusters)),
-                   np.array(list(map(len, encoded)), dtype=np.int32), np.frombuffer(b"".join(encoded), dtype=np.uint8),
-                   *optional, sum(p[0] is not None for p in parsed))
+    optional = [
+        pa.array(col, type=t) if col.count(None) < len(col) else None
+        for col, t in zip(optional, (pa.int32(), pa.int32(), pa.string()))
+    ]
+    return Columns(
+        pa.array(ids, type=pa.string()),
+        pa.array(clusters, type=pa.string()),
+        np.fromiter(map(zlib.crc32, clusters), dtype=np.uint32, count=len(clusters)),
+        np.array(list(map(len, encoded)), dtype=np.int32),
+        np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        *optional,
+        sum(p[0] is not None for p in parsed),
+    )
 
 
 def _shard_block(path: str, body: bytes, line: int, num_shards: int) -> _Sharded:
@@ -259,22 +272,34 @@ def _shard_block(path: str, body: bytes, line: int, num_shards: int) -> _Sharded
     n = len(c.lengths)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(c.lengths, out=offsets[1:])
-    optional = [pa.nulls(n, t) if v is None else v
-                for v, t in ((c.members, pa.int32()), (c.taxa, pa.int32()), (c.families, pa.string()))]
+    optional = [
+        pa.nulls(n, t) if v is None else v
+        for v, t in ((c.members, pa.int32()), (c.taxa, pa.int32()), (c.families, pa.string()))
+    ]
     batch = pa.RecordBatch.from_arrays(
-        [c.ids, c.clusters, pa.array(c.lengths),
-         pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(c.tokens)]),
-         *optional], schema=arrow_schema())
+        [
+            c.ids,
+            c.clusters,
+            pa.array(c.lengths),
+            pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(c.tokens)]),
+            *optional,
+        ],
+        schema=arrow_schema(),
+    )
     shard = c.cluster_crc32 % num_shards
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(num_shards + 1))
     residues = np.concatenate([[0], np.cumsum(c.lengths[order], dtype=np.int64)])
-    runs = [(s, int(bounds[s]), int(bounds[s + 1]), int(residues[bounds[s + 1]] - residues[bounds[s]]))
-            for s in np.flatnonzero(np.diff(bounds)).tolist()]
-    length_counts = np.bincount(np.searchsorted(LENGTH_BIN_EDGES, c.lengths, side="right") - 1,
-                                minlength=len(LENGTH_BIN_EDGES))
-    return _Sharded(batch.take(pa.array(order)), runs, _byte_counts(c.tokens)[: alphabet.VOCAB_SIZE], length_counts,
-                    c.from_header)
+    runs = [
+        (s, int(bounds[s]), int(bounds[s + 1]), int(residues[bounds[s + 1]] - residues[bounds[s]]))
+        for s in np.flatnonzero(np.diff(bounds)).tolist()
+    ]
+    length_counts = np.bincount(
+        np.searchsorted(LENGTH_BIN_EDGES, c.lengths, side="right") - 1, minlength=len(LENGTH_BIN_EDGES)
+    )
+    return _Sharded(
+        batch.take(pa.array(order)), runs, _byte_counts(c.tokens)[: alphabet.VOCAB_SIZE], length_counts, c.from_header
+    )
 
 
 def _bad_record(path: str, records: list[bytes], line: int):
@@ -290,14 +315,23 @@ def _bad_record(path: str, records: list[bytes], line: int):
             raise InputError(path, f"record {name!r} has no residues", line=line)
         bad = residues.translate(alphabet.TRANSLATE_TABLE).find(bytes([alphabet.INVALID_BYTE]))
         if bad >= 0:
-            raise InputError(path, f"record {name!r}: character {chr(residues[bad])!r} at residue {bad + 1} is not "
-                             "a normalised residue letter (run pmlm ingest first)", line=line)
+            raise InputError(
+                path,
+                f"record {name!r}: character {chr(residues[bad])!r} at residue {bad + 1} is not "
+                "a normalised residue letter (run pmlm ingest first)",
+                line=line,
+            )
         line += text.count(b"\n") + 1
     raise AssertionError("no bad record in the block")
 
 
-def tokenize(inputs: dict[str, list[str]], out_dir: str, num_shards: int = 8, row_group_size: int = 2048,
-             compression_level: int = 1) -> dict:
+def tokenize(
+    inputs: dict[str, list[str]],
+    out_dir: str,
+    num_shards: int = 8,
+    row_group_size: int = 2048,
+    compression_level: int = 1,
+) -> dict:
     """Write shards for each split in ``inputs`` (split name -> FASTA paths); return the manifest."""
     if num_shards < 1:
         raise ConfigError(f"tokenize: num_shards must be >= 1, got {num_shards}")

@@ -89,9 +89,23 @@ def cluster_members(cfg: SplitConfig, indexed_fasta: str, n: int, workdir: str, 
     exe = mmseqs_binary(cfg.mmseqs)
     prefix = os.path.join(workdir, "clu")
     _run_mmseqs(
-        [exe, f"easy-{cfg.method}", indexed_fasta, prefix, os.path.join(workdir, "tmp"),
-         "--min-seq-id", str(cfg.min_seq_id), "-c", str(cfg.coverage), "--cov-mode", str(cfg.cov_mode),
-         "--threads", str(cfg.threads), "-v", "2"],
+        [
+            exe,
+            f"easy-{cfg.method}",
+            indexed_fasta,
+            prefix,
+            os.path.join(workdir, "tmp"),
+            "--min-seq-id",
+            str(cfg.min_seq_id),
+            "-c",
+            str(cfg.coverage),
+            "--cov-mode",
+            str(cfg.cov_mode),
+            "--threads",
+            str(cfg.threads),
+            "-v",
+            "2",
+        ],
         log,
     )
     rep_of = np.full(n, -1, dtype=np.int64)
@@ -138,9 +152,26 @@ def contaminated(cfg: SplitConfig, indexed_fasta: str, references: list[str], wo
                 k += 1
     hits = os.path.join(workdir, "decontam.m8")
     _run_mmseqs(
-        [exe, "easy-search", indexed_fasta, ref, hits, os.path.join(workdir, "tmp_search"),
-         "--min-seq-id", str(cfg.decontam_min_seq_id), "-c", str(cfg.decontam_coverage), "--cov-mode", "0",
-         "--max-seqs", "10", "--threads", str(cfg.threads), "-v", "2"],
+        [
+            exe,
+            "easy-search",
+            indexed_fasta,
+            ref,
+            hits,
+            os.path.join(workdir, "tmp_search"),
+            "--min-seq-id",
+            str(cfg.decontam_min_seq_id),
+            "-c",
+            str(cfg.decontam_coverage),
+            "--cov-mode",
+            "0",
+            "--max-seqs",
+            "10",
+            "--threads",
+            str(cfg.threads),
+            "-v",
+            "2",
+        ],
         log,
     )
     with open(hits) as fh:
@@ -187,8 +218,12 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
     clusters = {"train": set(), "valid": set()}
     seen = 0
     progress = Progress("pmlm split: writing train / valid", len(ids))
-    with atomic_output(out / "train.fasta") as t_tmp, atomic_output(out / "valid.fasta") as v_tmp, \
-            open(t_tmp, "w", buffering=1 << 20) as train_fh, open(v_tmp, "w", buffering=1 << 20) as valid_fh:
+    with (
+        atomic_output(out / "train.fasta") as t_tmp,
+        atomic_output(out / "valid.fasta") as v_tmp,
+        open(t_tmp, "w", buffering=1 << 20) as train_fh,
+        open(v_tmp, "w", buffering=1 << 20) as valid_fh,
+    ):
         for index, rec in enumerate(read_fasta(fasta)):
             seen += 1
             progress.advance()
@@ -223,6 +258,8 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
 
 def mmseqs_version(name: str) -> str | None:
     try:
-        return subprocess.run([mmseqs_binary(name), "version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        return subprocess.run(
+            [mmseqs_binary(name), "version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError, ConfigError):
         return None

@@ -41,20 +41,39 @@ def _raw_lines(path: str) -> list[str]:
 def _hits(exe: str, query: str, target: str, cfg: SplitConfig, workdir: str, log) -> set[int]:
     out = os.path.join(workdir, f"{Path(query).stem}_vs_{Path(target).stem}.m8")
     _run_mmseqs(
-        [exe, "easy-search", query, target, out, os.path.join(workdir, "tmp_search"),
-         "--min-seq-id", str(cfg.min_seq_id), "-c", str(cfg.coverage), "--cov-mode", str(cfg.cov_mode),
-         "--threads", str(cfg.threads), "-v", "2"],
+        [
+            exe,
+            "easy-search",
+            query,
+            target,
+            out,
+            os.path.join(workdir, "tmp_search"),
+            "--min-seq-id",
+            str(cfg.min_seq_id),
+            "-c",
+            str(cfg.coverage),
+            "--cov-mode",
+            str(cfg.cov_mode),
+            "--threads",
+            str(cfg.threads),
+            "-v",
+            "2",
+        ],
         log,
     )
     with open(out) as fh:
         return {int(line.split("\t", 1)[0]) for line in fh if line.strip()}
 
 
-def split_structures(path: str, out_dir: str, cfg: SplitConfig, fractions: tuple[float, float, float], log=None) -> dict:
+def split_structures(
+    path: str, out_dir: str, cfg: SplitConfig, fractions: tuple[float, float, float], log=None
+) -> dict:
     log = log or sys.stderr
     exe = mmseqs_binary(cfg.mmseqs)
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ConfigError(f"split-structures: fractions must be three non-negative numbers summing to 1, got {fractions}")
+        raise ConfigError(
+            f"split-structures: fractions must be three non-negative numbers summing to 1, got {fractions}"
+        )
     counts = ReadCounts()
     records = list(read_structure_jsonl(path, on_error="raise", counts=counts))
     lines = _raw_lines(path)
@@ -73,7 +92,9 @@ def split_structures(path: str, out_dir: str, cfg: SplitConfig, fractions: tuple
         side_of_rep = {}
         for r in reps:
             u = _draw(records[r].name, cfg.seed)
-            side_of_rep[int(r)] = "train" if u < fractions[0] else ("valid" if u < fractions[0] + fractions[1] else "test")
+            side_of_rep[int(r)] = (
+                "train" if u < fractions[0] else ("valid" if u < fractions[0] + fractions[1] else "test")
+            )
         side = [side_of_rep[int(rep_of[i])] for i in range(len(records))]
         # verification: no held-out chain may still resemble a training chain
         fasta = {}
@@ -96,15 +117,24 @@ def split_structures(path: str, out_dir: str, cfg: SplitConfig, fractions: tuple
 
     stats = {
         "input": path,
-        "config": {"min_seq_id": cfg.min_seq_id, "coverage": cfg.coverage, "cov_mode": cfg.cov_mode, "seed": cfg.seed,
-                   "method": cfg.method, "fractions": list(fractions)},
+        "config": {
+            "min_seq_id": cfg.min_seq_id,
+            "coverage": cfg.coverage,
+            "cov_mode": cfg.cov_mode,
+            "seed": cfg.seed,
+            "method": cfg.method,
+            "fractions": list(fractions),
+        },
         "chains": len(records),
         "clusters": int(len(reps)),
         "dropped_similar_to_train": dropped,
     }
     for name in SIDES:
         chosen = [lines[i] for i, s in enumerate(side) if s == name]
-        stats[name] = {"chains": len(chosen), "clusters": len({int(rep_of[i]) for i, s in enumerate(side) if s == name})}
+        stats[name] = {
+            "chains": len(chosen),
+            "clusters": len({int(rep_of[i]) for i, s in enumerate(side) if s == name}),
+        }
         with atomic_output(out / f"{name}.jsonl") as tmp:
             Path(tmp).write_text("".join(line + "\n" for line in chosen))
     assert sum(stats[n]["chains"] for n in SIDES) + sum(dropped.values()) == len(records)

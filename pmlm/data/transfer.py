@@ -58,9 +58,7 @@ class FetchOptions:
         if self.backoff < 0:
             raise ConfigError(f"fetch backoff must be >= 0 seconds, got {self.backoff!r}")
         if self.max_backoff < self.backoff:
-            raise ConfigError(
-                f"fetch max_backoff ({self.max_backoff!r}) must be >= backoff ({self.backoff!r})"
-            )
+            raise ConfigError(f"fetch max_backoff ({self.max_backoff!r}) must be >= backoff ({self.backoff!r})")
         if not self.timeout > 0:
             raise ConfigError(f"fetch timeout must be > 0 seconds, got {self.timeout!r}")
         if not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
@@ -148,6 +146,7 @@ class PartFile:
 
 # ----------------------------------------------------------------------------------------- http(s)
 
+
 def _retry_after(headers) -> float | None:
     value = headers.get("Retry-After") if headers is not None else None
     if not value:
@@ -162,8 +161,9 @@ def _retry_after(headers) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _copy_stream(read: Callable[[int], bytes], part: PartFile, total: int | None,
-                 opts: FetchOptions, progress: ProgressFn | None) -> None:
+def _copy_stream(
+    read: Callable[[int], bytes], part: PartFile, total: int | None, opts: FetchOptions, progress: ProgressFn | None
+) -> None:
     """Append ``read`` to ``part`` until EOF; a stream ending before ``total`` bytes is a short read."""
     while True:
         try:
@@ -237,6 +237,7 @@ def _fetch_http(url: str, part: PartFile, opts: FetchOptions, progress: Progress
 
 # ----------------------------------------------------------------------------------------- ftp
 
+
 def _fetch_ftp(url: str, part: PartFile, opts: FetchOptions, progress: ProgressFn | None) -> None:
     parts = urlsplit(url)
     if not parts.hostname:
@@ -290,6 +291,7 @@ def _fetch_ftp(url: str, part: PartFile, opts: FetchOptions, progress: ProgressF
 
 # ----------------------------------------------------------------------------------------- file
 
+
 def local_path(url: str) -> Path:
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
@@ -320,6 +322,7 @@ _HANDLERS = {"http": _fetch_http, "https": _fetch_http, "ftp": _fetch_ftp, "file
 
 
 # ----------------------------------------------------------------------------------------- driver
+
 
 def download(url: str, part: PartFile, opts: FetchOptions, progress: ProgressFn | None) -> None:
     """Run attempts until one completes; only consecutive attempts that add no new bytes use up retries."""

@@ -79,5 +79,6 @@ class ZipMembers:
         except UnicodeDecodeError:
             raise InputError(f"{self.path}/{member}", "not UTF-8 text") from None
         except _READ_ERRORS as exc:
-            raise InputError(f"{self.path}/{member}", f"cannot read the member ({exc}); is the download complete?") \
-                from None
+            raise InputError(
+                f"{self.path}/{member}", f"cannot read the member ({exc}); is the download complete?"
+            ) from None

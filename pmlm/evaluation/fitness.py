@@ -156,5 +156,9 @@ def fitness_metrics(dms_score, dms_bin, y_score) -> dict[str, float]:
     """Spearman, AUC, MCC and NDCG of one score on one set of mutants (NaN for fewer than two mutants)."""
     if len(y_score) < 2:
         return {"spearman": float("nan"), "auc": float("nan"), "mcc": float("nan"), "ndcg": float("nan")}
-    return {"spearman": spearman(dms_score, y_score), "auc": roc_auc(dms_bin, y_score),
-            "mcc": mcc_at_median(dms_bin, y_score), "ndcg": ndcg(dms_score, y_score)}
+    return {
+        "spearman": spearman(dms_score, y_score),
+        "auc": roc_auc(dms_bin, y_score),
+        "mcc": mcc_at_median(dms_bin, y_score),
+        "ndcg": ndcg(dms_score, y_score),
+    }

@@ -45,8 +45,9 @@ def read_shard_sequences(shards_dir: str | Path, split: str, limit: int, max_res
     return out
 
 
-def pair_kl(model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: int, device: str = "cpu",
-            progress=None) -> dict:
+def pair_kl(
+    model, sequences: list[np.ndarray], pairs_per_sequence: int, seed: int, device: str = "cpu", progress=None
+) -> dict:
     """KL and separation for sampled pairs (i < j, both standard residues) of each sequence;
     ``progress`` (a pmlm.progress.Progress) counts the sequences."""
     rng = np.random.default_rng(seed)
@@ -77,8 +78,14 @@ def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
         if values.size == 0:
             return {"pairs": 0}
         q = np.quantile(values, [0.1, 0.5, 0.9])
-        return {"pairs": int(values.size), "mean": float(values.mean()), "p10": float(q[0]),
-                "median": float(q[1]), "p90": float(q[2]), "max": float(values.max())}
+        return {
+            "pairs": int(values.size),
+            "mean": float(values.mean()),
+            "p10": float(q[0]),
+            "median": float(q[1]),
+            "p90": float(q[2]),
+            "max": float(values.max()),
+        }
 
     out = {"all": stats(kl)}
     for lo, hi, label in SEPARATION_BINS:
@@ -92,8 +99,9 @@ def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, titl
     on shared log-spaced KL bins and a shared y axis; PNG and SVG written atomically."""
     plt = pyplot()
     panels = list(results)
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.4 * max(len(panels), 1), 4.0), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(len(panels), 1), figsize=(6.4 * max(len(panels), 1), 4.0), sharey=True, squeeze=False
+    )
     kls = [r["kl"] for models in results.values() for r in models.values() if r["kl"].size]
     all_kl = np.concatenate(kls) if kls else np.zeros(0)
     lo = max(float(all_kl[all_kl > 0].min()) if (all_kl > 0).any() else 1e-6, 1e-8)
@@ -102,8 +110,13 @@ def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, titl
     for ax, panel in zip(axes[0], panels):
         for name, r in results[panel].items():
             median = np.median(r["kl"]) if r["kl"].size else float("nan")
-            ax.hist(np.clip(r["kl"], lo, None), bins=bins, histtype="step", linewidth=1.5,
-                    label=f"{name} (n={r['kl'].size}, median {median:.2e})")
+            ax.hist(
+                np.clip(r["kl"], lo, None),
+                bins=bins,
+                histtype="step",
+                linewidth=1.5,
+                label=f"{name} (n={r['kl'].size}, median {median:.2e})",
+            )
         ax.set_xscale("log")
         ax.set_xlabel(r"KL( P(x_i) P(x_j) || P(x_i, x_j) )  [nats]")
         ax.set_title(f"{panel} valid")
@@ -114,9 +127,18 @@ def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, titl
     return save_figure(fig, prefix, dpi=150)
 
 
-def kl_histograms(models: dict[str, str], valid: dict[str, str], shards: dict[str, str], out_prefix: str, *,
-                  split: str = "valid", sequences: int = 64, pairs: int = 16, max_residues: int = 254,
-                  seed: int = 0) -> dict[str, dict[str, dict]]:
+def kl_histograms(
+    models: dict[str, str],
+    valid: dict[str, str],
+    shards: dict[str, str],
+    out_prefix: str,
+    *,
+    split: str = "valid",
+    sequences: int = 64,
+    pairs: int = 16,
+    max_residues: int = 254,
+    seed: int = 0,
+) -> dict[str, dict[str, dict]]:
     """Every model (label -> weights) read on every ``valid`` set (label -> shards folder), one panel each; a
     ``shards`` folder named after a model is that model's own ``validation`` panel. Writes PREFIX.png / .svg
     (the histograms) and PREFIX.json (the summary it returns: panel -> model -> statistics)."""
@@ -125,21 +147,29 @@ def kl_histograms(models: dict[str, str], valid: dict[str, str], shards: dict[st
     readings += [("validation", name, folder) for name, folder in shards.items() if name in models]
     missing = sorted(set(models) - {name for _, name, _ in readings})
     if missing:
-        raise ConfigError(f"no validation set for model(s) {', '.join(missing)}: give --valid LABEL=DIR or --shards NAME=DIR")
+        raise ConfigError(
+            f"no validation set for model(s) {', '.join(missing)}: give --valid LABEL=DIR or --shards NAME=DIR"
+        )
     results: dict[str, dict[str, dict]] = {}
     summary: dict[str, dict[str, dict]] = {}
     for name, weights in models.items():
         model, info, _ = load_encoder(weights)
         if not model.cfg.pair_head:
-            raise ConfigError(f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model")
+            raise ConfigError(
+                f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model"
+            )
         max_res = min(max_residues, model.cfg.max_len - 2)
         for panel, _, folder in (r for r in readings if r[1] == name):
             seqs = read_shard_sequences(folder, split, sequences, max_res)
             with Progress(f"pmlm kl {name} on {panel}", len(seqs), unit="sequences") as progress:
                 out = pair_kl(model, seqs, pairs, seed, progress=progress)
             results.setdefault(panel, {})[name] = out
-            summary.setdefault(panel, {})[name] = {"weights": weights, "shards": folder, "sequences": len(seqs),
-                                                   **summarise(out["kl"], out["separation"])}
+            summary.setdefault(panel, {})[name] = {
+                "weights": weights,
+                "shards": folder,
+                "sequences": len(seqs),
+                **summarise(out["kl"], out["separation"]),
+            }
     plot_histogram(results, out_prefix, "Pair head vs independence on validation pairs")
     with atomic_output(out_prefix + ".json") as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=2) + "\n")

@@ -222,8 +222,12 @@ class AccuracySummary:
     n_proteins: int
 
     def as_dict(self) -> dict:
-        return {"pooled": self.pooled, "per_protein_mean": self.per_protein_mean,
-                "n_residues": self.n_residues, "n_proteins": self.n_proteins}
+        return {
+            "pooled": self.pooled,
+            "per_protein_mean": self.per_protein_mean,
+            "n_residues": self.n_residues,
+            "n_proteins": self.n_proteins,
+        }
 
 
 def q3_accuracy(preds: Sequence, targets: Sequence, masks: Sequence | None = None) -> AccuracySummary:

@@ -84,8 +84,12 @@ def _masked_chunk(model, tokens, chunk, mirror, device) -> list[dict]:
     rows = torch.arange(n)
     has_token_head = model.token_head is not None
     selected = pair_positions(n, pos_i, pos_j, copies.shape[1]) if has_token_head else None
-    out = model(copies.to(device), pair_index=torch.stack([rows, pos_i, pos_j], dim=1).to(device),
-                token_positions=None if selected is None else selected.to(device), mirror_pairs=mirror)
+    out = model(
+        copies.to(device),
+        pair_index=torch.stack([rows, pos_i, pos_j], dim=1).to(device),
+        token_positions=None if selected is None else selected.to(device),
+        mirror_pairs=mirror,
+    )
     joint = residue_joint(out["pair_logits"].float())  # (p, 20, 20), or (2p, 20, 20) mirrored
     p_i = p_j = None
     if has_token_head:
@@ -115,8 +119,16 @@ def _unmasked_chunk(model, reps, p, chunk, mirror, device) -> list[dict]:
 
 
 @torch.no_grad()
-def pair_dependence(model, residues: np.ndarray, pairs: np.ndarray, *, mask_pairs: bool = True,
-                    mirror: bool = False, batch_pairs: int = 4096, device="cpu") -> dict[str, torch.Tensor]:
+def pair_dependence(
+    model,
+    residues: np.ndarray,
+    pairs: np.ndarray,
+    *,
+    mask_pairs: bool = True,
+    mirror: bool = False,
+    batch_pairs: int = 4096,
+    device="cpu",
+) -> dict[str, torch.Tensor]:
     """KL(P(x_i) P(x_j) || P(x_i, x_j)) and the joint's mutual information for each pair (i, j) of
     one sequence (``residues`` (L,) token ids), as float32 CPU tensors ``kl`` and ``mi``, (P,).
 
@@ -131,11 +143,11 @@ def pair_dependence(model, residues: np.ndarray, pairs: np.ndarray, *, mask_pair
         length = int(residues.size)
         p = None
         if model.token_head is not None:
-            p = torch.softmax(model.token_head(reps[0, RESIDUE_OFFSET:RESIDUE_OFFSET + length]).float(), dim=-1)
+            p = torch.softmax(model.token_head(reps[0, RESIDUE_OFFSET : RESIDUE_OFFSET + length]).float(), dim=-1)
     given: list[dict] = []
     swapped: list[dict] = []
     for start in range(0, len(pairs), batch_pairs):
-        chunk = pairs[start:start + batch_pairs]
+        chunk = pairs[start : start + batch_pairs]
         if mask_pairs:
             parts = _masked_chunk(model, tokens, chunk, mirror, device)
         else:
@@ -145,17 +157,19 @@ def pair_dependence(model, residues: np.ndarray, pairs: np.ndarray, *, mask_pair
     return {key: torch.cat([part[key].cpu() for part in given + swapped]) for key in ("kl", "mi")}
 
 
-def unsupervised_contact_scores(model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False,
-                                pair_batch: int = 4096, device="cpu") -> np.ndarray:
+def unsupervised_contact_scores(
+    model, residues: np.ndarray, measure: str, *, mask_pairs: bool = False, pair_batch: int = 4096, device="cpu"
+) -> np.ndarray:
     """(L, L) unsupervised contact scores of one sequence from the pair head's joints: ``measure`` (``kl`` or
     ``mi``, see ``pair_dependence``) of both orders of every pair i < j, symmetrised, then APC (which zeroes the
     diagonal). The read-out of ``pmlm evaluate --head pair-kl|pair-mi``, ``pmlm contacts`` and the report."""
     length = int(residues.size)
     pairs = all_pairs(length)  # (P, 2) rows (i, j), i < j
-    values = pair_dependence(model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch,
-                             device=device)[measure].double()  # (2P,): the (i, j) orders, then (j, i)
+    values = pair_dependence(
+        model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch, device=device
+    )[measure].double()  # (2P,): the (i, j) orders, then (j, i)
     scores = torch.zeros(length, length, dtype=torch.float64)
     i, j = torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1])
-    scores[i, j] = values[:len(pairs)]
-    scores[j, i] = values[len(pairs):]
+    scores[i, j] = values[: len(pairs)]
+    scores[j, i] = values[len(pairs) :]
     return apc(symmetrize(scores)).numpy()

@@ -33,7 +33,12 @@ from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import IGNORE_LABEL  # per-residue label of unscored residues
 from pmlm.tasks.raptorx import read_contact_set
 from pmlm.tasks.structures import (
-    CONTACT_ATOMS, CONTACT_THRESHOLD, ReadCounts, contact_map, read_structure_jsonl, ss3_to_labels,
+    CONTACT_ATOMS,
+    CONTACT_THRESHOLD,
+    ReadCounts,
+    contact_map,
+    read_structure_jsonl,
+    ss3_to_labels,
 )
 from pmlm.tasks.tape import read_tape
 from pmlm.tokens import batch_tokens, crop_room, window_starts
@@ -45,8 +50,11 @@ FORMAT_TASKS: dict[str, tuple[str, ...]] = {
     "raptorx": ("contact",),
 }
 TAPE_TASKS = {"contact": "proteinnet", "ss3": "secondary_structure", "remote_homology": "remote_homology"}
-FORMAT_ATOMS = {"structure_jsonl": CONTACT_ATOMS["structure_jsonl"], "tape": CONTACT_ATOMS["tape_proteinnet"],
-                "raptorx": CONTACT_ATOMS["raptorx"]}
+FORMAT_ATOMS = {
+    "structure_jsonl": CONTACT_ATOMS["structure_jsonl"],
+    "tape": CONTACT_ATOMS["tape_proteinnet"],
+    "raptorx": CONTACT_ATOMS["raptorx"],
+}
 TOO_LONG_CHOICES = ("windows", "crop", "skip")
 
 
@@ -105,8 +113,11 @@ def detect_format(path: str | Path) -> str:
         except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(path, f"cannot tell the format from the first record ({exc})", line=1) from None
         return "structure_jsonl" if isinstance(record, dict) and "dssp" in record else "raptorx"
-    raise InputError(path, "cannot tell the format from the name (expected .jsonl[.gz], .json[.gz], .lmdb, .npz, "
-                           ".pkl or a folder); set data.format")
+    raise InputError(
+        path,
+        "cannot tell the format from the name (expected .jsonl[.gz], .json[.gz], .lmdb, .npz, "
+        ".pkl or a folder); set data.format",
+    )
 
 
 def _tokens(seq: str) -> np.ndarray:
@@ -114,8 +125,15 @@ def _tokens(seq: str) -> np.ndarray:
 
 
 def read_task_data(
-    path: str | Path, task: str, *, fmt: str = "auto", contact_atom: str = "auto", threshold: float = CONTACT_THRESHOLD,
-    on_error: str = "raise", limit: int | None = None, num_classes: int | None = None,
+    path: str | Path,
+    task: str,
+    *,
+    fmt: str = "auto",
+    contact_atom: str = "auto",
+    threshold: float = CONTACT_THRESHOLD,
+    on_error: str = "raise",
+    limit: int | None = None,
+    num_classes: int | None = None,
 ) -> TaskData:
     """Read labelled examples for ``task`` from ``path``; bad records raise InputError (or are counted with skip)."""
     path = Path(path)
@@ -127,8 +145,10 @@ def read_task_data(
     if task == "contact":
         atom = FORMAT_ATOMS[fmt] if contact_atom == "auto" else contact_atom
         if fmt != "structure_jsonl" and atom != FORMAT_ATOMS[fmt]:
-            raise ConfigError(f"{path}: {fmt} data defines contacts by {FORMAT_ATOMS[fmt]} only; "
-                              f"data.contact_atom {contact_atom} cannot apply (use auto)")
+            raise ConfigError(
+                f"{path}: {fmt} data defines contacts by {FORMAT_ATOMS[fmt]} only; "
+                f"data.contact_atom {contact_atom} cannot apply (use auto)"
+            )
     counts = ReadCounts()
     examples: list[Example] = []
     if fmt == "structure_jsonl":
@@ -152,8 +172,9 @@ def read_task_data(
                 ex.labels = np.where(rec.valid_mask, rec.ss3, IGNORE_LABEL).astype(np.int64)
             else:
                 if num_classes is not None and rec.fold_label >= num_classes:
-                    raise InputError(path, f"record {rec.id}: fold_label {rec.fold_label} >= "
-                                           f"head.num_classes {num_classes}")
+                    raise InputError(
+                        path, f"record {rec.id}: fold_label {rec.fold_label} >= head.num_classes {num_classes}"
+                    )
                 ex.label = rec.fold_label
             examples.append(ex)
             if limit and len(examples) >= limit:
@@ -221,10 +242,12 @@ def collate(examples: list[Example], windows: list[tuple[int, int]], task: str, 
         else:
             targets[b] = ex.label
     return Batch(
-        tokens=torch.from_numpy(rows.tokens), mask=torch.from_numpy(rows.residue_mask()),
+        tokens=torch.from_numpy(rows.tokens),
+        mask=torch.from_numpy(rows.residue_mask()),
         targets=torch.from_numpy(targets),
         valid=None if valid is None else torch.from_numpy(valid),
-        ids=[ex.id for ex in examples], lengths=[stop - start for start, stop in windows],
+        ids=[ex.id for ex in examples],
+        lengths=[stop - start for start, stop in windows],
     )
 
 
@@ -250,7 +273,7 @@ class TaskLoader:
         # one draw per protein, in order, whether or not it needs a crop: plans stay stable
         starts = (rng.random(order.size) * crop_room(lengths, self.crop)).astype(np.int64)
         items = list(zip(order.tolist(), starts.tolist()))
-        return [items[k:k + self.batch_size] for k in range(0, len(items), self.batch_size)]
+        return [items[k : k + self.batch_size] for k in range(0, len(items), self.batch_size)]
 
     def next_batch(self) -> Batch:
         if self._plan is None:
@@ -309,5 +332,5 @@ def evaluation_plan(examples: list[Example], batch_size: int, window: int, too_l
         starts = window_starts(len(ex), window) if too_long == "windows" else [0]
         rows.extend((p, start, min(start + window, len(ex))) for start in starts)
         windows.append(len(starts))
-    batches = [rows[k:k + batch_size] for k in range(0, len(rows), batch_size)]
+    batches = [rows[k : k + batch_size] for k in range(0, len(rows), batch_size)]
     return EvaluationPlan(kept, batches, windows, n_long)

@@ -28,17 +28,39 @@ from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_c
 from pmlm.finetune.scoring import HEADLINE, score_task
 from pmlm.progress import Progress
 from pmlm.train.checkpoint import (
-    capture_rng, gather_states, latest_checkpoint, load_checkpoint, load_states, restore_rng, save_checkpoint,
+    capture_rng,
+    gather_states,
+    latest_checkpoint,
+    load_checkpoint,
+    load_states,
+    restore_rng,
+    save_checkpoint,
 )
 from pmlm.train.runtime import (
-    METRICS_CSV, MetricsLog, StopSignals, autocast_factory, check_compatible, requeue_exit,
+    METRICS_CSV,
+    MetricsLog,
+    StopSignals,
+    autocast_factory,
+    check_compatible,
+    requeue_exit,
     stop_if_diverged,
 )
 from pmlm.utils import file_digest, versions
 
 PRIOR_PROTEINS = 256  # training proteins whose contact rate initialises a contact head's output bias
-CSV_FIELDS = ("split", "step", "epoch", "lr", "head_lr", "loss", "metric", "value", "grad_norm", "proteins",
-              "elapsed_s")
+CSV_FIELDS = (
+    "split",
+    "step",
+    "epoch",
+    "lr",
+    "head_lr",
+    "loss",
+    "metric",
+    "value",
+    "grad_norm",
+    "proteins",
+    "elapsed_s",
+)
 
 
 @dataclass
@@ -65,8 +87,9 @@ def task_loss(task: str, logits: torch.Tensor, batch: Batch, min_separation: int
         return loss / max(n, 1), n
     if task == "ss3":
         n = int(batch.targets.ne(IGNORE_LABEL).sum())
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_LABEL,
-                               reduction="sum")
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
+        )
         return loss / max(n, 1), n
     return F.cross_entropy(logits, batch.targets), batch.targets.numel()
 
@@ -104,26 +127,49 @@ def finetune(
 
         # -- resume from the newest complete checkpoint, if any ---------------------------------------
         resumed_from = latest_checkpoint(out_dir)
-        step = 0 if resumed_from is None else _resume(resumed_from, cfg, encoder_sha, trainable, optimizer, groups,
-                                                      loader)
+        step = (
+            0 if resumed_from is None else _resume(resumed_from, cfg, encoder_sha, trainable, optimizer, groups, loader)
+        )
         out_dir.mkdir(parents=True, exist_ok=True)
         log = MetricsLog(out_dir / METRICS_CSV, CSV_FIELDS, step)
-        progress = Progress("pmlm finetune", cfg.optim.total_steps, unit="steps", start=step, rates=("proteins",),
-                            each_tenth=True)
+        progress = Progress(
+            "pmlm finetune", cfg.optim.total_steps, unit="steps", start=step, rates=("proteins",), each_tenth=True
+        )
         seen = 0
 
         def save(at_step: int) -> None:
             weights, optim_state = gather_states(None, trainable, optimizer)
-            state = {"step": at_step, "optimizer": optim_state, "rng": capture_rng(), "loader": loader.state_dict(),
-                     "encoder_sha256": encoder_sha}
+            state = {
+                "step": at_step,
+                "optimizer": optim_state,
+                "rng": capture_rng(),
+                "loader": loader.state_dict(),
+                "encoder_sha256": encoder_sha,
+            }
             save_checkpoint(out_dir, at_step, weights, state, cfg.to_dict(), cfg.keep_last_checkpoints)
 
         def validate() -> dict:
-            metrics, n_long = score_task(model, valid_data, batch_size=d.batch_size, window=window, too_long="crop",
-                                         threshold=d.contact_threshold, device=device, autocast=autocast)
+            metrics, n_long = score_task(
+                model,
+                valid_data,
+                batch_size=d.batch_size,
+                window=window,
+                too_long="crop",
+                threshold=d.contact_threshold,
+                device=device,
+                autocast=autocast,
+            )
             name = HEADLINE[cfg.task]
-            log.write({"split": "valid", "step": step, "epoch": loader.epoch, "metric": name,
-                       "value": metrics[name][0], "proteins": len(valid_data.examples)})
+            log.write(
+                {
+                    "split": "valid",
+                    "step": step,
+                    "epoch": loader.epoch,
+                    "metric": name,
+                    "value": metrics[name][0],
+                    "proteins": len(valid_data.examples),
+                }
+            )
             return {"step": step, **{k: v for k, (v, _) in metrics.items()}, "n_too_long": n_long}
 
         # -- the loop ----------------------------------------------------------------------------------
@@ -156,13 +202,27 @@ def finetune(
             norms.append(float(grad_norm))
             if hooks.after_step:
                 hooks.after_step(step, model)
-            progress.update(step, loss=window_sums["loss"] / window_sums["batches"], lr=o.lr * scale,
-                            head_lr=o.head_lr * scale, proteins=seen)
+            progress.update(
+                step,
+                loss=window_sums["loss"] / window_sums["batches"],
+                lr=o.lr * scale,
+                head_lr=o.head_lr * scale,
+                proteins=seen,
+            )
 
             if step % cfg.log_every == 0 or step == o.total_steps:
-                log.write({"split": "train", "step": step, "epoch": loader.epoch, "lr": o.lr * scale,
-                           "head_lr": o.head_lr * scale, "loss": window_sums["loss"] / window_sums["batches"],
-                           "grad_norm": sum(norms) / len(norms), "proteins": window_sums["proteins"]})
+                log.write(
+                    {
+                        "split": "train",
+                        "step": step,
+                        "epoch": loader.epoch,
+                        "lr": o.lr * scale,
+                        "head_lr": o.head_lr * scale,
+                        "loss": window_sums["loss"] / window_sums["batches"],
+                        "grad_norm": sum(norms) / len(norms),
+                        "proteins": window_sums["proteins"],
+                    }
+                )
                 window_sums = {"loss": 0.0, "batches": 0, "proteins": 0}
                 norms.clear()
             if valid_data is not None and cfg.eval_every and step % cfg.eval_every == 0:
@@ -182,8 +242,9 @@ def finetune(
         if valid_data is not None and (valid_scores is None or valid_scores["step"] != step):
             valid_scores = validate()
         if final_path is not None:
-            info = _head_info(cfg, step, encoder_sha, encoder_info, train_data, train_path, valid_path, valid_data,
-                              valid_scores)
+            info = _head_info(
+                cfg, step, encoder_sha, encoder_info, train_data, train_path, valid_path, valid_data, valid_scores
+            )
             write_head(final_path, trainable.state_dict(), info, encoder_path)
         return 0
     finally:
@@ -196,14 +257,22 @@ def finetune(
 def _read_data(cfg: FinetuneConfig, train_path, valid_path) -> tuple[TaskData, TaskData | None]:
     """The training set (at most ``data.max_proteins``) and the optional validation set; skips announced."""
     d = cfg.data
-    read = dict(fmt=d.format, contact_atom=d.contact_atom, threshold=d.contact_threshold, on_error=d.on_error,
-                num_classes=cfg.num_classes)
+    read = dict(
+        fmt=d.format,
+        contact_atom=d.contact_atom,
+        threshold=d.contact_threshold,
+        on_error=d.on_error,
+        num_classes=cfg.num_classes,
+    )
     train_data = read_task_data(train_path, cfg.task, limit=d.max_proteins, **read)
     valid_data = read_task_data(valid_path, cfg.task, **read) if valid_path else None
     for data in filter(None, (train_data, valid_data)):
         if data.counts.n_skipped:
-            print(f"pmlm finetune: {data.path}: skipped {data.counts.n_skipped} bad records "
-                  f"{dict(data.counts.skipped)}; first: {data.counts.first_skip}", file=sys.stderr)
+            print(
+                f"pmlm finetune: {data.path}: skipped {data.counts.n_skipped} bad records "
+                f"{dict(data.counts.skipped)}; first: {data.counts.first_skip}",
+                file=sys.stderr,
+            )
     return train_data, valid_data
 
 
@@ -215,8 +284,10 @@ def _task_model(cfg: FinetuneConfig, encoder, train_data: TaskData) -> tuple[Fin
     window = encoder.cfg.max_len - 2  # residues the encoder takes (max_len counts <cls> and <eos>)
     crop = d.crop or window
     if crop > window:
-        raise ConfigError(f"data.crop must be <= the encoder's window of {window} residues (max_len "
-                          f"{encoder.cfg.max_len} minus <cls> and <eos>), got {crop}")
+        raise ConfigError(
+            f"data.crop must be <= the encoder's window of {window} residues (max_len "
+            f"{encoder.cfg.max_len} minus <cls> and <eos>), got {crop}"
+        )
     torch.manual_seed(cfg.seed)
     head = build_head(cfg, encoder.cfg.hidden)
     if cfg.task == "contact":
@@ -237,8 +308,9 @@ def _adamw(trainable: nn.ModuleDict, cfg: FinetuneConfig, device) -> tuple[torch
         for decay in (True, False):
             params = [p for _, p in named if (p.dim() >= 2) == decay]
             if params:
-                groups.append({"params": params, "weight_decay": o.weight_decay if decay else 0.0,
-                               "peak_lr": peak, "part": part})
+                groups.append(
+                    {"params": params, "weight_decay": o.weight_decay if decay else 0.0, "peak_lr": peak, "part": part}
+                )
     optimizer = torch.optim.AdamW(groups, lr=o.head_lr, betas=o.betas, eps=o.eps, fused=device.type == "cuda")
     return optimizer, groups
 
@@ -249,8 +321,10 @@ def _resume(path: Path, cfg: FinetuneConfig, encoder_sha: str, trainable, optimi
     check_compatible(ckpt.config, cfg.to_dict(), ("task", "freeze_encoder", "head"), path, "finetune")
     saved_sha = ckpt.state.get("encoder_sha256")
     if saved_sha != encoder_sha:
-        raise ConfigError(f"{path}: written while fine-tuning a different encoder (sha256 {str(saved_sha)[:12]}...); "
-                          "use a new --out folder")
+        raise ConfigError(
+            f"{path}: written while fine-tuning a different encoder (sha256 {str(saved_sha)[:12]}...); "
+            "use a new --out folder"
+        )
     load_states(None, trainable, optimizer, ckpt.model, ckpt.state["optimizer"])
     # the saved groups carry the old hyper-parameters; the current config's are the ones announced
     o = cfg.optim
@@ -262,15 +336,33 @@ def _resume(path: Path, cfg: FinetuneConfig, encoder_sha: str, trainable, optimi
     return ckpt.step
 
 
-def _head_info(cfg: FinetuneConfig, step: int, encoder_sha: str, encoder_info: dict, train_data: TaskData,
-               train_path, valid_path, valid_data: TaskData | None, valid_scores: dict | None) -> dict:
+def _head_info(
+    cfg: FinetuneConfig,
+    step: int,
+    encoder_sha: str,
+    encoder_info: dict,
+    train_data: TaskData,
+    train_path,
+    valid_path,
+    valid_data: TaskData | None,
+    valid_scores: dict | None,
+) -> dict:
     """The head sidecar's description of this run (the encoder's path is added by ``write_head``)."""
     return {
-        "config": cfg.to_dict(), "task": cfg.task, "head": cfg.head.kind, "features": cfg.head.features,
-        "encoder_trained": not cfg.freeze_encoder, "step": step,
+        "config": cfg.to_dict(),
+        "task": cfg.task,
+        "head": cfg.head.kind,
+        "features": cfg.head.features,
+        "encoder_trained": not cfg.freeze_encoder,
+        "step": step,
         "encoder": {"sha256": encoder_sha, "objective": encoder_info.get("objective", {}).get("name")},
-        "train": {"path": str(train_path), "format": train_data.format, "proteins": len(train_data.examples),
-                  "contact_atom": train_data.contact_atom, "read": train_data.counts.as_dict()},
+        "train": {
+            "path": str(train_path),
+            "format": train_data.format,
+            "proteins": len(train_data.examples),
+            "contact_atom": train_data.contact_atom,
+            "read": train_data.counts.as_dict(),
+        },
         "valid": None if valid_data is None else {"path": str(valid_path), "scores": valid_scores},
         "versions": versions(),
     }

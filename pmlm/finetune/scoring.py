@@ -50,11 +50,29 @@ from pmlm.utils import atomic_output, file_digest, versions
 from pmlm.vocabulary import FEATURES_PAIR_JOINT
 
 PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
-TSV_COLUMNS = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins",
-               "config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
+TSV_COLUMNS = (
+    "model",
+    "task",
+    "head",
+    "features",
+    "test_set",
+    "metric",
+    "value",
+    "n_proteins",
+    "config_sha256",
+    "encoder_sha256",
+    "pmlm_version",
+    "torch_version",
+    "git_commit",
+)
 # metric-name label -> range name in pmlm.evaluation.metrics.CONTACT_RANGES
-RANGE_LABELS = {"short": "short", "medium": "medium", "long": "long", "medium_long": "medium_long",
-                "tape_s6": "tape_all"}
+RANGE_LABELS = {
+    "short": "short",
+    "medium": "medium",
+    "long": "long",
+    "medium_long": "medium_long",
+    "tape_s6": "tape_all",
+}
 HEADLINE = {"contact": "P@L/5_medium_long", "ss3": "Q3", "remote_homology": "top1"}
 
 
@@ -72,8 +90,9 @@ def contact_summary(proteins) -> dict[str, tuple[float, int]]:
     return out
 
 
-def whole_proteins(plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, int, int], np.ndarray]],
-                   pairs: bool) -> Iterator[tuple[Example, np.ndarray]]:
+def whole_proteins(
+    plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, int, int], np.ndarray]], pairs: bool
+) -> Iterator[tuple[Example, np.ndarray]]:
     """(protein, output over its residues [0, n)) per protein of ``plan``, from the outputs of its rows in plan
     order: ``(n, ...)`` per residue or, with ``pairs``, ``(n, n, ...)`` per pair; a protein read as several
     windows gets their mean (NaN where no window holds a pair) and n = its length, else n = its row's length."""
@@ -92,8 +111,18 @@ def whole_proteins(plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, 
             yield plan.proteins[p], acc.mean()
 
 
-def score_task(model, data, *, batch_size: int, window: int, too_long: str, threshold: float, device,
-               autocast=nullcontext, progress=None) -> tuple[dict[str, tuple[float, int]], int]:
+def score_task(
+    model,
+    data,
+    *,
+    batch_size: int,
+    window: int,
+    too_long: str,
+    threshold: float,
+    device,
+    autocast=nullcontext,
+    progress=None,
+) -> tuple[dict[str, tuple[float, int]], int]:
     """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long).
     ``progress`` (a pmlm.progress.Progress) counts the proteins scored."""
     plan = evaluation_plan(data.examples, batch_size, window, too_long)
@@ -129,7 +158,7 @@ def score_task(model, data, *, batch_size: int, window: int, too_long: str, thre
         for protein, out in proteins():
             if task == "ss3":
                 preds.append(out.argmax(-1))
-                targets.append(protein.labels[:out.shape[0]])
+                targets.append(protein.labels[: out.shape[0]])
             else:
                 preds.append(out[0].argmax(-1, keepdims=True))
                 targets.append(np.array([protein.label]))
@@ -158,17 +187,31 @@ def canonical_sha256(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def score_unsupervised(model, data, measure: str, *, window: int, too_long: str, threshold: float,
-                       mask_pairs: bool, pair_batch: int, device,
-                       progress=None) -> tuple[dict[str, tuple[float, int]], int]:
+def score_unsupervised(
+    model,
+    data,
+    measure: str,
+    *,
+    window: int,
+    too_long: str,
+    threshold: float,
+    mask_pairs: bool,
+    pair_batch: int,
+    device,
+    progress=None,
+) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
     plan = evaluation_plan(data.examples, 1, window, too_long)
 
     def row_scores():
-        for (p, start, stop), in plan.batches:
+        for ((p, start, stop),) in plan.batches:
             residues = plan.proteins[p].residues[start:stop]
-            yield (p, start, stop), unsupervised_contact_scores(model, residues, measure, mask_pairs=mask_pairs,
-                                                                 pair_batch=pair_batch, device=device)
+            yield (
+                (p, start, stop),
+                unsupervised_contact_scores(
+                    model, residues, measure, mask_pairs=mask_pairs, pair_batch=pair_batch, device=device
+                ),
+            )
 
     def proteins():
         for protein, scores in whole_proteins(plan, row_scores(), pairs=True):
@@ -192,10 +235,22 @@ def write_tsv(path: str | Path, rows: list[dict]) -> None:
             writer.writerow([cell(row[c]) for c in TSV_COLUMNS])
 
 
-def evaluate(head: str, tests: dict[str, str], out: str | Path, *, encoder: str | None = None,
-             model_label: str | None = None, batch_size: int = 4, too_long: str = "windows", mask_pairs: bool = False,
-             pair_batch: int = 4096, fmt: str = "auto", contact_atom: str | None = None,
-             contact_threshold: float | None = None, device: str = "auto") -> list[dict]:
+def evaluate(
+    head: str,
+    tests: dict[str, str],
+    out: str | Path,
+    *,
+    encoder: str | None = None,
+    model_label: str | None = None,
+    batch_size: int = 4,
+    too_long: str = "windows",
+    mask_pairs: bool = False,
+    pair_batch: int = 4096,
+    fmt: str = "auto",
+    contact_atom: str | None = None,
+    contact_threshold: float | None = None,
+    device: str = "auto",
+) -> list[dict]:
     """Score ``head`` (a fine-tuned head file, or ``pair-kl`` / ``pair-mi`` on ``encoder``) on every test set
     (label -> file) and write the rows to ``out`` (TSV_COLUMNS); returns them. ``contact_atom`` /
     ``contact_threshold`` default to the head's own (``auto`` and 8 A for a read-out)."""
@@ -211,12 +266,19 @@ def evaluate(head: str, tests: dict[str, str], out: str | Path, *, encoder: str 
             raise ConfigError(f"--head {head} reads the encoder's pair head: pass --encoder")
         model, info, encoder_path = load_encoder(encoder, dev)
         if model.pair_head is None:
-            raise ConfigError(f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
-                              f"--head {head} needs a PMLM model")
+            raise ConfigError(
+                f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
+                f"--head {head} needs a PMLM model"
+            )
         task, head_name, features = "contact", head, FEATURES_PAIR_JOINT
         atom, threshold = contact_atom or "auto", contact_threshold or CONTACT_THRESHOLD
-        settings = {"head": head, "mask_pairs": mask_pairs, "apc": True, "contact_atom": atom,
-                    "contact_threshold": threshold}
+        settings = {
+            "head": head,
+            "mask_pairs": mask_pairs,
+            "apc": True,
+            "contact_atom": atom,
+            "contact_threshold": threshold,
+        }
         window = model.cfg.max_len - 2
         num_classes = None
     else:
@@ -235,9 +297,17 @@ def evaluate(head: str, tests: dict[str, str], out: str | Path, *, encoder: str 
         raise ConfigError(f"--contact-threshold must be > 0 (Angstrom), got {threshold}")
     label = model_label or encoder_path.parent.name or encoder_path.stem
     v = versions()
-    common = {"model": label, "task": task, "head": head_name, "features": features,
-              "config_sha256": canonical_sha256(settings), "encoder_sha256": file_digest(encoder_path),
-              "pmlm_version": v["pmlm"], "torch_version": v["torch"], "git_commit": v["git_commit"] or ""}
+    common = {
+        "model": label,
+        "task": task,
+        "head": head_name,
+        "features": features,
+        "config_sha256": canonical_sha256(settings),
+        "encoder_sha256": file_digest(encoder_path),
+        "pmlm_version": v["pmlm"],
+        "torch_version": v["torch"],
+        "git_commit": v["git_commit"] or "",
+    }
 
     rows = []
     for name, path in tests.items():
@@ -245,19 +315,38 @@ def evaluate(head: str, tests: dict[str, str], out: str | Path, *, encoder: str 
         with Progress(f"pmlm evaluate {name}", len(data.examples), unit="proteins") as progress:
             if unsupervised:
                 metrics, n_long = score_unsupervised(
-                    model, data, PAIR_HEADS[head], window=window, too_long=too_long, threshold=threshold,
-                    mask_pairs=mask_pairs, pair_batch=pair_batch, device=dev, progress=progress)
+                    model,
+                    data,
+                    PAIR_HEADS[head],
+                    window=window,
+                    too_long=too_long,
+                    threshold=threshold,
+                    mask_pairs=mask_pairs,
+                    pair_batch=pair_batch,
+                    device=dev,
+                    progress=progress,
+                )
             else:
                 metrics, n_long = score_task(
-                    model, data, batch_size=batch_size, window=window, too_long=too_long,
-                    threshold=threshold, device=dev, autocast=autocast, progress=progress)
+                    model,
+                    data,
+                    batch_size=batch_size,
+                    window=window,
+                    too_long=too_long,
+                    threshold=threshold,
+                    device=dev,
+                    autocast=autocast,
+                    progress=progress,
+                )
         metrics["n_too_long"] = (n_long, len(data.examples))
         for metric, (value, n) in metrics.items():
             rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})
         headline, _ = metrics[HEADLINE[task]]
         atom_note = f", contacts by {data.contact_atom}" if data.contact_atom else ""
-        print(f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins "
-              f"({n_long} longer than {window}, {too_long}{atom_note}), {HEADLINE[task]} {headline:.4f}",
-              file=sys.stderr)
+        print(
+            f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins "
+            f"({n_long} longer than {window}, {too_long}{atom_note}), {HEADLINE[task]} {headline:.4f}",
+            file=sys.stderr,
+        )
     write_tsv(out, rows)
     return rows

@@ -29,8 +29,10 @@ class TrainedModel:
 
     def __repr__(self) -> str:
         cfg = self.encoder.cfg
-        return (f"TrainedModel({self.path}, {self.info['objective']['name']}, {cfg.num_layers} x {cfg.hidden}, "
-                f"window {cfg.max_len - 2}{', contact head' if self.head is not None else ''})")
+        return (
+            f"TrainedModel({self.path}, {self.info['objective']['name']}, {cfg.num_layers} x {cfg.hidden}, "
+            f"window {cfg.max_len - 2}{', contact head' if self.head is not None else ''})"
+        )
 
     def _residues(self, sequence: str, what: str = "sequence") -> np.ndarray:
         if not sequence:
@@ -40,15 +42,26 @@ class TrainedModel:
         except ValueError as exc:
             raise InputError(f"<{what}>", f"{exc} (expected {alphabet.RESIDUES} or X)") from None
 
-    def embed(self, sequences: str | list[str], *, layer: int = -1, mean: bool = False,
-              tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH):
+    def embed(
+        self,
+        sequences: str | list[str],
+        *,
+        layer: int = -1,
+        mean: bool = False,
+        tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+    ):
         """(L, C) float32 per-residue embeddings of a sequence (a list of them for a list), or the (C,) mean
         over residues with ``mean=True``; ``layer`` as ``pmlm embed --layer``."""
         single = isinstance(sequences, str)
         seqs = [sequences] if single else list(sequences)
         residues = [self._residues(s, f"sequence {k}") for k, s in enumerate(seqs)]
-        out = embed_residues(self.encoder, residues, layer=layer_index(layer, self.encoder.cfg.num_layers),
-                             tokens_per_batch=tokens_per_batch, device=self.device)
+        out = embed_residues(
+            self.encoder,
+            residues,
+            layer=layer_index(layer, self.encoder.cfg.num_layers),
+            tokens_per_batch=tokens_per_batch,
+            device=self.device,
+        )
         if mean:
             out = [e.mean(axis=0, dtype=np.float64).astype(np.float32) for e in out]
         return out[0] if single else out
@@ -60,8 +73,10 @@ class TrainedModel:
         if self.head is not None:
             return head_map(self.head, residues, self.device)
         if self.encoder.pair_head is None:
-            raise ConfigError(f"{self.path}: an encoder without a pair head has no contact read-out; "
-                              "load a fine-tuned contact head instead")
+            raise ConfigError(
+                f"{self.path}: an encoder without a pair head has no contact read-out; "
+                "load a fine-tuned contact head instead"
+            )
         return readout_map(self.encoder, residues, self.device)
 
     def score(self, sequence: str, mutants: list[str], *, double: str = "auto", triple: str = "auto") -> list[dict]:
@@ -69,8 +84,16 @@ class TrainedModel:
         additive, epistasis, double_from, triple_from (see ``pmlm score``)."""
         residues = self._residues(sequence)
         parsed = [parse_mutant(m, sequence, "<mutants>", k + 1) for k, m in enumerate(mutants)]
-        return score_mutants(self.encoder, residues, parsed, double=double, triple=triple, device=self.device,
-                             path="<mutants>", model_name=str(self.path))
+        return score_mutants(
+            self.encoder,
+            residues,
+            parsed,
+            double=double,
+            triple=triple,
+            device=self.device,
+            path="<mutants>",
+            model_name=str(self.path),
+        )
 
 
 def load(path: str | os.PathLike, device: str = "cpu", *, encoder: str | os.PathLike | None = None) -> TrainedModel:
@@ -83,4 +106,3 @@ def load(path: str | os.PathLike, device: str = "cpu", *, encoder: str | os.Path
         return TrainedModel(head.model.encoder, read_encoder_info(head.encoder_path), head.path, dev, head.model)
     encoder, info, weights = load_encoder(path, dev)
     return TrainedModel(encoder, info, weights, dev)
-

@@ -67,7 +67,7 @@ def readout_map(model, residues: np.ndarray, device: torch.device) -> np.ndarray
     length = int(residues.size)
     mean = WindowMean(length, pairs=True)
     for start in window_starts(length, room):
-        window = residues[start:start + room]
+        window = residues[start : start + room]
         mean.add(start, unsupervised_contact_scores(model, window, "kl", device=device))
     return mean.mean()
 
@@ -130,8 +130,16 @@ def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) 
     plt.close(fig)
 
 
-def predict_contacts(model: str, fasta: str, out: str, *, head: str | None = None, structure: str | None = None,
-                     png: bool = False, device: str = "auto") -> dict:
+def predict_contacts(
+    model: str,
+    fasta: str,
+    out: str,
+    *,
+    head: str | None = None,
+    structure: str | None = None,
+    png: bool = False,
+    device: str = "auto",
+) -> dict:
     """Contact maps of every sequence of ``fasta`` into the folder ``out`` (module docstring), from the contact
     ``head`` fine-tuned on encoder ``model``, or from ``model``'s pair head without one. Returns the number of
     sequences, the score kind and how many had no structure in ``structure``."""
@@ -145,28 +153,39 @@ def predict_contacts(model: str, fasta: str, out: str, *, head: str | None = Non
     else:
         encoder, info, weights = load_encoder(model, dev)
         if encoder.pair_head is None:
-            raise ConfigError(f"{weights}: this encoder has no pair head (objective {info['objective']['name']}); "
-                              "pass --head with a fine-tuned contact head")
+            raise ConfigError(
+                f"{weights}: this encoder has no pair head (objective {info['objective']['name']}); "
+                "pass --head with a fine-tuned contact head"
+            )
         kind = READOUT
 
         def compute(residues):
             return readout_map(encoder, residues, dev)
+
     records = read_fasta_sequences(fasta)
     names = file_names(records, fasta)
     truth = true_contacts(structure, records)
-    with atomic_output(out, directory=True) as tmp, \
-            Progress("pmlm contacts", len(records), unit="sequences") as progress:
+    with (
+        atomic_output(out, directory=True) as tmp,
+        Progress("pmlm contacts", len(records), unit="sequences") as progress,
+    ):
         for record, name in zip(records, names):
             scores = compute(record.residues)
             known = truth.get(record.id)
             write_tsv(str(Path(tmp) / f"{name}.tsv"), record, scores, known)
-            np.savez(Path(tmp) / f"{name}.npz", scores=scores.astype(np.float32), sequence=np.array(record.letters),
-                     id=np.array(record.id), score_kind=np.array(kind))
+            np.savez(
+                Path(tmp) / f"{name}.npz",
+                scores=scores.astype(np.float32),
+                sequence=np.array(record.letters),
+                id=np.array(record.id),
+                score_kind=np.array(kind),
+            )
             if png:
                 plot_map(str(Path(tmp) / f"{name}.png"), record, scores, known, kind)
             if known is not None:
-                precision = contact_precision(np.nan_to_num(scores, nan=-np.inf), *known, min_sep=LONG_RANGE,
-                                              k_divisor=5)
+                precision = contact_precision(
+                    np.nan_to_num(scores, nan=-np.inf), *known, min_sep=LONG_RANGE, k_divisor=5
+                )
                 print(f"pmlm contacts: {record.id}: P@L/5 long range {precision:.3f}", file=sys.stderr)
             progress.advance()
     missing = sum(r.id not in truth for r in records) if structure else 0

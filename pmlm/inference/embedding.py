@@ -37,7 +37,15 @@ from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.progress import Progress
-from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, RESIDUE_OFFSET, WindowMean, batch_tokens, max_residues, padded_width, window_starts
+from pmlm.tokens import (
+    DEFAULT_TOKENS_PER_BATCH,
+    RESIDUE_OFFSET,
+    WindowMean,
+    batch_tokens,
+    max_residues,
+    padded_width,
+    window_starts,
+)
 from pmlm.utils import atomic_output, file_digest
 
 # windows planned and batched together: enough batches that sorting by length pays, few enough that the
@@ -63,8 +71,9 @@ class _Reached(Exception):
 def layer_index(layer: int, num_layers: int) -> int:
     """``--layer`` (negative counts from the end) -> 0..num_layers."""
     if not -(num_layers + 1) <= layer <= num_layers:
-        raise ConfigError(f"--layer must be in [{-(num_layers + 1)}, {num_layers}] for this {num_layers}-layer "
-                          f"encoder, got {layer}")
+        raise ConfigError(
+            f"--layer must be in [{-(num_layers + 1)}, {num_layers}] for this {num_layers}-layer encoder, got {layer}"
+        )
     return layer % (num_layers + 1)
 
 
@@ -113,8 +122,15 @@ def batch_inputs(batch: list[Window], sequences: list[np.ndarray], room: int) ->
 
 
 @torch.no_grad()
-def embed_residues(model: PMLMModel, sequences: list[np.ndarray], *, layer: int, tokens_per_batch: int,
-                   device: torch.device, on_batch=None) -> list[np.ndarray]:
+def embed_residues(
+    model: PMLMModel,
+    sequences: list[np.ndarray],
+    *,
+    layer: int,
+    tokens_per_batch: int,
+    device: torch.device,
+    on_batch=None,
+) -> list[np.ndarray]:
     """(L, C) float32 embeddings of each sequence (token ids, no specials), windows averaged."""
     room = max_residues(model.cfg.max_len)
     lengths = [int(s.size) for s in sequences]
@@ -125,7 +141,7 @@ def embed_residues(model: PMLMModel, sequences: list[np.ndarray], *, layer: int,
         reps = representations(model, batch_inputs(batch, sequences, room).to(device), layer)
         reps = reps.float().cpu().numpy()  # (B, T, C)
         for row, w in enumerate(batch):
-            values = reps[row, RESIDUE_OFFSET:RESIDUE_OFFSET + w.length]  # (n, C)
+            values = reps[row, RESIDUE_OFFSET : RESIDUE_OFFSET + w.length]  # (n, C)
             if w.seq in means:
                 means[w.seq].add(w.start, values)
             else:
@@ -148,14 +164,25 @@ def residue_table(records: list[Sequence], embeddings: list[np.ndarray]) -> pa.T
     ids = np.repeat(np.array([r.id for r in records], dtype=object), [len(r.letters) for r in records])
     positions = np.concatenate([np.arange(1, len(r.letters) + 1, dtype=np.int32) for r in records])
     residues = [c for r in records for c in r.letters]
-    return pa.table({"id": pa.array(ids, pa.string()), "position": pa.array(positions, pa.int32()),
-                     "residue": pa.array(residues, pa.string()), "embedding": _vectors(np.concatenate(embeddings))})
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "position": pa.array(positions, pa.int32()),
+            "residue": pa.array(residues, pa.string()),
+            "embedding": _vectors(np.concatenate(embeddings)),
+        }
+    )
 
 
 def sequence_table(records: list[Sequence], embeddings: list[np.ndarray]) -> pa.Table:
     means = np.stack([e.mean(axis=0, dtype=np.float64) for e in embeddings]).astype(np.float32)
-    return pa.table({"id": pa.array([r.id for r in records], pa.string()),
-                     "length": pa.array([len(r.letters) for r in records], pa.int32()), "embedding": _vectors(means)})
+    return pa.table(
+        {
+            "id": pa.array([r.id for r in records], pa.string()),
+            "length": pa.array([len(r.letters) for r in records], pa.int32()),
+            "embedding": _vectors(means),
+        }
+    )
 
 
 def schema(settings: dict) -> tuple[pa.Schema, pa.Schema]:
@@ -172,7 +199,7 @@ def chunks(records: list[Sequence], residues_per_chunk: int):
     for k, record in enumerate(records):
         total += len(record.letters)
         if total >= residues_per_chunk:
-            yield records[start:k + 1]
+            yield records[start : k + 1]
             start, total = k + 1, 0
     if start < len(records):
         yield records[start:]
@@ -183,29 +210,53 @@ def default_per_sequence(out: str | Path) -> Path:
     return out.with_name(out.name.removesuffix(".parquet") + PER_SEQUENCE_SUFFIX)
 
 
-def write_embeddings(model: PMLMModel, records: list[Sequence], out: Path, per_sequence: Path, *, layer: int,
-                     tokens_per_batch: int, device: torch.device, settings: dict) -> None:
+def write_embeddings(
+    model: PMLMModel,
+    records: list[Sequence],
+    out: Path,
+    per_sequence: Path,
+    *,
+    layer: int,
+    tokens_per_batch: int,
+    device: torch.device,
+    settings: dict,
+) -> None:
     residue_schema, sequence_schema = schema(settings)
     label = "pmlm embed"
-    with Progress(label, len(records), unit="sequences", rates=("residues",)) as progress, \
-            atomic_output(out) as tmp_out, atomic_output(per_sequence) as tmp_seq, \
-            pq.ParquetWriter(tmp_out, residue_schema, compression={"id": "zstd", "position": "zstd",
-                                                                   "residue": "zstd", "embedding": "none"}) as rw, \
-            pq.ParquetWriter(tmp_seq, sequence_schema, compression="zstd") as sw:
+    with (
+        Progress(label, len(records), unit="sequences", rates=("residues",)) as progress,
+        atomic_output(out) as tmp_out,
+        atomic_output(per_sequence) as tmp_seq,
+        pq.ParquetWriter(
+            tmp_out,
+            residue_schema,
+            compression={"id": "zstd", "position": "zstd", "residue": "zstd", "embedding": "none"},
+        ) as rw,
+        pq.ParquetWriter(tmp_seq, sequence_schema, compression="zstd") as sw,
+    ):
         done_residues = 0
         # int32 list offsets: a chunk holds fewer than 2**31 embedding values
         residues_per_chunk = max(1, min(CHUNK_BATCHES * tokens_per_batch, (2**31 - 1) // (2 * model.cfg.hidden)))
         for chunk in chunks(records, residues_per_chunk):
-            embeddings = embed_residues(model, [r.residues for r in chunk], layer=layer,
-                                        tokens_per_batch=tokens_per_batch, device=device)
+            embeddings = embed_residues(
+                model, [r.residues for r in chunk], layer=layer, tokens_per_batch=tokens_per_batch, device=device
+            )
             rw.write_table(residue_table(chunk, embeddings).cast(residue_schema))
             sw.write_table(sequence_table(chunk, embeddings).cast(sequence_schema))
             done_residues += sum(len(r.letters) for r in chunk)
             progress.advance(len(chunk), residues=done_residues)
 
 
-def embed_fasta(model: str, fasta: str, out: str, *, per_sequence: str | None = None, layer: int = -1,
-                tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH, device: str = "auto") -> dict:
+def embed_fasta(
+    model: str,
+    fasta: str,
+    out: str,
+    *,
+    per_sequence: str | None = None,
+    layer: int = -1,
+    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+    device: str = "auto",
+) -> dict:
     """Embeddings of every sequence of ``fasta`` by encoder ``model`` (file or folder): per residue into ``out``,
     per sequence into ``per_sequence`` (default: OUT with .per_sequence.parquet); ``layer`` as ``--layer``.
     Returns what was written (sequences, residues, layer, num_layers, per_sequence)."""
@@ -219,10 +270,30 @@ def embed_fasta(model: str, fasta: str, out: str, *, per_sequence: str | None = 
     per_sequence = Path(per_sequence) if per_sequence else default_per_sequence(out)
     if per_sequence.resolve() == out.resolve():
         raise ConfigError("--per-sequence must differ from -o")
-    settings = {"model": str(weights), "model_sha256": file_digest(weights), "objective": info["objective"]["name"],
-                "layer": layer, "num_layers": encoder.cfg.num_layers, "window": max_residues(encoder.cfg.max_len),
-                "window_stride": max_residues(encoder.cfg.max_len) // 2, "pmlm_version": __version__}
-    write_embeddings(encoder, records, out, per_sequence, layer=layer, tokens_per_batch=tokens_per_batch,
-                     device=dev, settings=settings)
-    return {"sequences": len(records), "residues": sum(len(r.letters) for r in records), "layer": layer,
-            "num_layers": encoder.cfg.num_layers, "per_sequence": per_sequence}
+    settings = {
+        "model": str(weights),
+        "model_sha256": file_digest(weights),
+        "objective": info["objective"]["name"],
+        "layer": layer,
+        "num_layers": encoder.cfg.num_layers,
+        "window": max_residues(encoder.cfg.max_len),
+        "window_stride": max_residues(encoder.cfg.max_len) // 2,
+        "pmlm_version": __version__,
+    }
+    write_embeddings(
+        encoder,
+        records,
+        out,
+        per_sequence,
+        layer=layer,
+        tokens_per_batch=tokens_per_batch,
+        device=dev,
+        settings=settings,
+    )
+    return {
+        "sequences": len(records),
+        "residues": sum(len(r.letters) for r in records),
+        "layer": layer,
+        "num_layers": encoder.cfg.num_layers,
+        "per_sequence": per_sequence,
+    }

@@ -93,13 +93,17 @@ def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
     for wt, pos, mut in parts:
         for letter in (wt, mut):
             if letter not in alphabet.RESIDUES:
-                raise InputError(path, f"{text!r}: {letter!r} is not one of the 20 residues {alphabet.RESIDUES}",
-                                 line=line)
+                raise InputError(
+                    path, f"{text!r}: {letter!r} is not one of the 20 residues {alphabet.RESIDUES}", line=line
+                )
         if not 1 <= pos <= len(letters):
             raise InputError(path, f"{text!r}: position {pos} is outside the sequence (1..{len(letters)})", line=line)
         if letters[pos - 1] != wt:
-            raise InputError(path, f"{text!r}: wild type {wt} does not match the sequence, which has "
-                                   f"{letters[pos - 1]} at {pos}", line=line)
+            raise InputError(
+                path,
+                f"{text!r}: wild type {wt} does not match the sequence, which has {letters[pos - 1]} at {pos}",
+                line=line,
+            )
         sites.append(Site(pos - 1, alphabet.RESIDUES.index(wt), alphabet.RESIDUES.index(mut)))
     positions = [s.pos for s in sites]
     if len(set(positions)) < len(positions):
@@ -162,7 +166,7 @@ def site_log_probs(model: PMLMModel, residues: np.ndarray, positions: list[int],
     room = max_residues(model.cfg.max_len)
     out = {}
     for k in range(0, len(positions), ROWS_PER_PASS):
-        chunk = positions[k:k + ROWS_PER_PASS]
+        chunk = positions[k : k + ROWS_PER_PASS]
         tokens, pos = _masked_rows(residues, room, [(p,) for p in chunk])
         tokens, pos = tokens.to(device), pos[:, 0].to(device)
         reps = model.encode(tokens)  # (B, T, C)
@@ -178,8 +182,9 @@ def site_log_probs(model: PMLMModel, residues: np.ndarray, positions: list[int],
 
 
 @torch.no_grad()
-def pair_log_joints(model: PMLMModel, residues: np.ndarray, pairs: list[tuple[int, int]],
-                    device) -> dict[tuple[int, int], np.ndarray]:
+def pair_log_joints(
+    model: PMLMModel, residues: np.ndarray, pairs: list[tuple[int, int]], device
+) -> dict[tuple[int, int], np.ndarray]:
     """{(i, j): (20, 20) log P(x_i = a, x_j = b | sequence with i and j masked)}, i < j (float64 numpy).
 
     The pair head's class of (a, b) is its row-major (x_i, x_j) class, which ``residue_joint`` reshapes to
@@ -187,7 +192,7 @@ def pair_log_joints(model: PMLMModel, residues: np.ndarray, pairs: list[tuple[in
     room = max_residues(model.cfg.max_len)
     out = {}
     for k in range(0, len(pairs), ROWS_PER_PASS):
-        chunk = pairs[k:k + ROWS_PER_PASS]
+        chunk = pairs[k : k + ROWS_PER_PASS]
         tokens, pos = _masked_rows(residues, room, chunk)
         tokens, pos = tokens.to(device), pos.to(device)
         reps = model.encode(tokens)  # (B, T, C)
@@ -200,14 +205,15 @@ def pair_log_joints(model: PMLMModel, residues: np.ndarray, pairs: list[tuple[in
 
 
 @torch.no_grad()
-def triple_log_joints(model: PMLMModel, residues: np.ndarray, triples: list[tuple[int, int, int]],
-                      device) -> dict[tuple[int, int, int], np.ndarray]:
+def triple_log_joints(
+    model: PMLMModel, residues: np.ndarray, triples: list[tuple[int, int, int]], device
+) -> dict[tuple[int, int, int], np.ndarray]:
     """{(i, j, k): (20, 20, 20) log P(x_i = a, x_j = b, x_k = c | sequence with i, j, k masked)}, i < j < k: the
     triple head's class ``400 a + 20 b + c`` (float64 numpy)."""
     room = max_residues(model.cfg.max_len)
     out = {}
     for k in range(0, len(triples), ROWS_PER_PASS):
-        chunk = triples[k:k + ROWS_PER_PASS]
+        chunk = triples[k : k + ROWS_PER_PASS]
         tokens, pos = _masked_rows(residues, room, chunk)
         tokens, pos = tokens.to(device), pos.to(device)
         reps = model.encode(tokens)  # (B, T, C)
@@ -223,13 +229,25 @@ def _check_window(mutants: list[Mutant], room: int, path: str, what: str, fallba
     for m in mutants:
         first, last = m.sites[0].pos, m.sites[-1].pos
         if last - first >= room:
-            raise InputError(path, f"{m.text!r}: sites {first + 1} and {last + 1} do not fit in one window of {room} "
-                                   f"residues, so the {what} has no joint for them (use {fallback})", line=m.line)
+            raise InputError(
+                path,
+                f"{m.text!r}: sites {first + 1} and {last + 1} do not fit in one window of {room} "
+                f"residues, so the {what} has no joint for them (use {fallback})",
+                line=m.line,
+            )
 
 
-def score_mutants(model: PMLMModel, residues: np.ndarray, mutants: list[Mutant], *, double: str = "auto",
-                  triple: str = "auto", device="cpu", path: str = "mutations",
-                  model_name: str = "the encoder") -> list[dict]:
+def score_mutants(
+    model: PMLMModel,
+    residues: np.ndarray,
+    mutants: list[Mutant],
+    *,
+    double: str = "auto",
+    triple: str = "auto",
+    device="cpu",
+    path: str = "mutations",
+    model_name: str = "the encoder",
+) -> list[dict]:
     """One output row per mutant (the module docstring's columns); ``path`` and ``model_name`` name the mutant
     file and the encoder in errors."""
     if double not in DOUBLE_MODES:
@@ -241,30 +259,48 @@ def score_mutants(model: PMLMModel, residues: np.ndarray, mutants: list[Mutant],
     has_pair, has_triple = model.pair_head is not None, getattr(model, "triple_head", None) is not None
     use_pair = double == "pair" or (double == "auto" and has_pair)
     if doubles and use_pair and not has_pair:
-        raise InputError(model_name, f"no pair head (an MLM model): the double mutants of {path} need the pair "
-                                     "head's joint (a PMLM model), or --double additive", line=None)
+        raise InputError(
+            model_name,
+            f"no pair head (an MLM model): the double mutants of {path} need the pair "
+            "head's joint (a PMLM model), or --double additive",
+            line=None,
+        )
     triple_source = triple if triple != "auto" else TRIPLE_JOINT if has_triple else PAIRS if has_pair else ADDITIVE
     triple_source = {"triple": TRIPLE_JOINT}.get(triple_source, triple_source)
     if triples and triple_source == TRIPLE_JOINT and not has_triple:
-        raise InputError(model_name, f"no triple head: the triple mutants of {path} need a Triple MLM (objective "
-                                     "tmlm), or --triple pairs / additive", line=None)
+        raise InputError(
+            model_name,
+            f"no triple head: the triple mutants of {path} need a Triple MLM (objective "
+            "tmlm), or --triple pairs / additive",
+            line=None,
+        )
     if triples and triple_source == PAIRS and not has_pair:
-        raise InputError(model_name, f"no pair head (an MLM model): --triple pairs needs the pair head's joints; "
-                                     "use --triple additive", line=None)
+        raise InputError(
+            model_name,
+            f"no pair head (an MLM model): --triple pairs needs the pair head's joints; use --triple additive",
+            line=None,
+        )
     room = max_residues(model.cfg.max_len)
     if use_pair:
         _check_window(doubles, room, path, "pair head", "--double additive")
     if triple_source in (TRIPLE_JOINT, PAIRS):
-        _check_window(triples, room, path, "triple head" if triple_source == TRIPLE_JOINT else "pair head",
-                      "--triple additive")
+        _check_window(
+            triples, room, path, "triple head" if triple_source == TRIPLE_JOINT else "pair head", "--triple additive"
+        )
     singles = site_log_probs(model, residues, sorted({s.pos for m in mutants for s in m.sites}), device)
     pair_sets = {(m.sites[0].pos, m.sites[1].pos) for m in doubles} if use_pair else set()
     if triple_source == PAIRS:
-        pair_sets |= {(a.pos, b.pos) for m in triples for a, b in ((m.sites[0], m.sites[1]),
-                                                                   (m.sites[0], m.sites[2]), (m.sites[1], m.sites[2]))}
+        pair_sets |= {
+            (a.pos, b.pos)
+            for m in triples
+            for a, b in ((m.sites[0], m.sites[1]), (m.sites[0], m.sites[2]), (m.sites[1], m.sites[2]))
+        }
     joints = pair_log_joints(model, residues, sorted(pair_sets), device) if pair_sets else {}
-    triple_joints = (triple_log_joints(model, residues, sorted({tuple(s.pos for s in m.sites) for m in triples}), device)
-                     if triple_source == TRIPLE_JOINT and triples else {})
+    triple_joints = (
+        triple_log_joints(model, residues, sorted({tuple(s.pos for s in m.sites) for m in triples}), device)
+        if triple_source == TRIPLE_JOINT and triples
+        else {}
+    )
 
     def single(s: Site) -> float:
         return float(singles[s.pos][s.mut] - singles[s.pos][s.wt])
@@ -276,8 +312,15 @@ def score_mutants(model: PMLMModel, residues: np.ndarray, mutants: list[Mutant],
     rows = []
     for m in mutants:
         additive = sum(single(s) for s in m.sites)
-        row = {"mutant": m.text, "kind": KINDS[len(m.sites)], "score": additive, "additive": additive,
-               "epistasis": None, "double_from": None, "triple_from": None}
+        row = {
+            "mutant": m.text,
+            "kind": KINDS[len(m.sites)],
+            "score": additive,
+            "additive": additive,
+            "epistasis": None,
+            "double_from": None,
+            "triple_from": None,
+        }
         if len(m.sites) == 2:
             a, b = m.sites
             source = PAIR_JOINT if use_pair else ADDITIVE
@@ -303,23 +346,43 @@ def write_scores(path: str | Path, rows: list[dict]) -> None:
         writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
         writer.writerow(OUT_COLUMNS)
         for row in rows:
-            writer.writerow(["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c]
-                             for c in OUT_COLUMNS])
+            writer.writerow(
+                ["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c] for c in OUT_COLUMNS]
+            )
 
 
-def score_fasta(model: str, sequence: str, mutations: str, out: str, *, double: str = "auto",
-                triple: str = "auto", device: str = "auto") -> dict:
+def score_fasta(
+    model: str,
+    sequence: str,
+    mutations: str,
+    out: str,
+    *,
+    double: str = "auto",
+    triple: str = "auto",
+    device: str = "auto",
+) -> dict:
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
     ``model``; writes the TSV ``out``. Returns the wild type's id, the rows and where the doubles came from."""
     dev = pick_device(device)
     encoder, info, weights = load_encoder(model, dev)
     records = read_fasta_sequences(sequence)
     if len(records) != 1:
-        raise InputError(sequence, f"expected one sequence (the wild type), found {len(records)}",
-                         line=records[1].line if len(records) > 1 else None)
+        raise InputError(
+            sequence,
+            f"expected one sequence (the wild type), found {len(records)}",
+            line=records[1].line if len(records) > 1 else None,
+        )
     wild = records[0]
     mutants = read_mutants(mutations, wild.letters)
-    rows = score_mutants(encoder, wild.residues, mutants, double=double, triple=triple, device=dev, path=mutations,
-                         model_name=str(weights))
+    rows = score_mutants(
+        encoder,
+        wild.residues,
+        mutants,
+        double=double,
+        triple=triple,
+        device=dev,
+        path=mutations,
+        model_name=str(weights),
+    )
     write_scores(out, rows)
     return {"id": wild.id, "rows": rows}

@@ -37,8 +37,11 @@ def check_sequence(path: str | os.PathLike, seq_id: str, letters: str, line: int
     try:
         return alphabet.encode(letters)
     except ValueError as exc:
-        raise InputError(path, f"record {seq_id!r}: {exc} (expected {alphabet.RESIDUES} or X; "
-                               "pmlm ingest normalises sequences)", line=line) from None
+        raise InputError(
+            path,
+            f"record {seq_id!r}: {exc} (expected {alphabet.RESIDUES} or X; pmlm ingest normalises sequences)",
+            line=line,
+        ) from None
 
 
 def read_fasta_sequences(path: str | os.PathLike) -> list[Sequence]:
@@ -48,6 +51,9 @@ def read_fasta_sequences(path: str | os.PathLike) -> list[Sequence]:
         if record.id in seen:
             raise InputError(path, f"duplicate id {record.id!r} (first at line {seen[record.id]})", line=record.line)
         seen[record.id] = record.line
-        out.append(Sequence(record.id, record.sequence, check_sequence(path, record.id, record.sequence, record.line),
-                            record.line))
+        out.append(
+            Sequence(
+                record.id, record.sequence, check_sequence(path, record.id, record.sequence, record.line), record.line
+            )
+        )
     return out

@@ -70,8 +70,14 @@ def pack(keep: torch.Tensor) -> Packing:
     lengths = keep.sum(dim=1)  # (B,)
     index = keep.reshape(-1).nonzero().squeeze(1)  # (T,) one host sync: T sizes every later tensor
     cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # (B + 1,)
-    return Packing(index=index, positions=index % L, cu_seqlens=cu_seqlens,
-                   max_len=int(lengths.max()) if B else 0, batch=B, width=L)
+    return Packing(
+        index=index,
+        positions=index % L,
+        cu_seqlens=cu_seqlens,
+        max_len=int(lengths.max()) if B else 0,
+        batch=B,
+        width=L,
+    )
 
 
 def unpack(x: torch.Tensor, packing: Packing) -> torch.Tensor:
@@ -109,8 +115,9 @@ def packed_kernel_usable(device: torch.device, dtype: torch.dtype, head_dim: int
     )
 
 
-def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing,
-                     dropout_p: float = 0.0) -> torch.Tensor:
+def packed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing, dropout_p: float = 0.0
+) -> torch.Tensor:
     """Softmax attention of each packed sequence over itself: q, k, v (T, H, D) -> (T, H, D)."""
     if varlen_kernel_usable(q.device, q.dtype, q.shape[-1], dropout_p):
         cu = packing.cu_seqlens
@@ -121,8 +128,9 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing:
 
 
 @torch.compiler.disable  # nested tensors are built from data-dependent offsets: run eagerly
-def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing,
-                     dropout_p: float = 0.0) -> torch.Tensor:
+def jagged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing, dropout_p: float = 0.0
+) -> torch.Tensor:
     """``scaled_dot_product_attention`` over jagged nested tensors: q, k, v (T, H, D) -> (T, H, D).
 
     On CUDA under bf16 / fp16 this is FlashAttention's variable-length kernel, dropout included; on other
@@ -146,8 +154,9 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing:
 
 
 @torch.compiler.disable  # a Python loop over data-dependent offsets: run eagerly, never traced
-def reference_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                               dropout_p: float = 0.0) -> torch.Tensor:
+def reference_varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
     """Per-sequence attention (SDPA; with dropout on CPU, ``dropout_attention``): the semantics of
     ``varlen_attn``, on any device."""
     bounds = cu_seqlens.tolist()

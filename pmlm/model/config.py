@@ -41,12 +41,30 @@ POSITIONS = ("pmlm", "fairseq")
 
 # the released code's layer recipe per pre-training objective (module docstring, with the lines read)
 RELEASED_LAYERS: dict[str, dict] = {
-    PMLM: {"norm": "post", "embedding_norm": False, "activation": "relu",
-             "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0},
-    MLM: {"norm": "post", "embedding_norm": True, "activation": "gelu",
-            "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0},
-    PMLM_PAIR_ONLY: {"norm": "post", "embedding_norm": True, "activation": "gelu",
-                       "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0},
+    PMLM: {
+        "norm": "post",
+        "embedding_norm": False,
+        "activation": "relu",
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+        "activation_dropout": 0.0,
+    },
+    MLM: {
+        "norm": "post",
+        "embedding_norm": True,
+        "activation": "gelu",
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+        "activation_dropout": 0.0,
+    },
+    PMLM_PAIR_ONLY: {
+        "norm": "post",
+        "embedding_norm": True,
+        "activation": "gelu",
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+    },
 }
 # the Triple MLM has no released code: it trains with PMLM's layers, so the two differ in their objective only
 RELEASED_LAYERS["tmlm"] = dict(RELEASED_LAYERS["pmlm"])
@@ -102,9 +120,7 @@ class ModelConfig:
                 f"model.max_len must be an integer >= 3 (it counts <cls> and <eos>), got {self.max_len!r}"
             )
         if self.hidden % self.heads:
-            raise ConfigError(
-                f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})"
-            )
+            raise ConfigError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
         if self.hidden % 2:
             # sinusoidal positions fill sin/cos halves of the width
             raise ConfigError(f"model.hidden must be even for sinusoidal positions, got {self.hidden}")
@@ -124,13 +140,16 @@ class ModelConfig:
         if not isinstance(self.triple_width, int) or isinstance(self.triple_width, bool) or self.triple_width < 0:
             raise ConfigError(f"model.triple_width must be an integer >= 0 (0: 2 * hidden), got {self.triple_width!r}")
         if self.pair_vocab not in PAIR_VOCABS:
+            raise ConfigError(f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}")
+        if (
+            self.product_base
+            and (self.pair_head or self.triple_head)
+            and (self.pair_vocab != "standard" or not self.token_head)
+        ):
             raise ConfigError(
-                f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}"
+                "model.product_base needs a token head and pair_vocab standard (the product of "
+                "the token head's 20-class marginals)"
             )
-        if self.product_base and (self.pair_head or self.triple_head) and (
-                self.pair_vocab != "standard" or not self.token_head):
-            raise ConfigError("model.product_base needs a token head and pair_vocab standard (the product of "
-                              "the token head's 20-class marginals)")
 
     @property
     def head_dim(self) -> int:
@@ -170,7 +189,5 @@ def model_config(preset: str, objective: str = PMLM, **overrides) -> ModelConfig
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ConfigError(
-            f"unknown model field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(fields))}"
-        )
+        raise ConfigError(f"unknown model field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(fields))}")
     return ModelConfig(**{**PRESETS[preset], **RELEASED_LAYERS[objective], **overrides})

@@ -50,8 +50,9 @@ _pool_lock = threading.Lock()
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, workers, executor)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-              dropout_p: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, dropout_p: float
+) -> torch.Tensor:
     """``scaled_dot_product_attention`` over (B, H, L, D) with a (B, 1, 1, L) key mask (True = may attend) or
     None; on CPU with dropout, ``dropout_attention``."""
     if dropout_p > 0.0 and q.device.type == "cpu" and q.dtype in NUMPY_DTYPES:
@@ -60,8 +61,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch
 
 
 @torch.compiler.disable  # threads and NumPy draws: run eagerly, never traced
-def dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-                      dropout_p: float, seed: int | None = None) -> torch.Tensor:
+def dropout_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    dropout_p: float,
+    seed: int | None = None,
+) -> torch.Tensor:
     """Attention with dropout on the probabilities (module docstring): q, k, v (B, H, L, D) -> (B, H, L, D).
 
     ``seed`` None draws one from torch's default generator; ``keep_mask(seed, ...)`` gives the mask used.
@@ -124,7 +131,7 @@ def keep_mask(seed: int, matrices: int, rows: int, width: int, dropout_p: float)
         draws = _Draws(seed, group, rounded_probability(dropout_p))
         heads = slice(start, min(matrices, start + group_size))
         for r in range(0, rows, block_rows):
-            block = keep[heads, r:r + block_rows]
+            block = keep[heads, r : r + block_rows]
             block.copy_(torch.from_numpy(draws.keep(tuple(block.shape))))
     return keep
 

@@ -48,8 +48,7 @@ class TokenHead(nn.Module):
 class PairHead(nn.Module):
     """Masked-pair head evaluated on selected pair rows (b, i, j), in chunks."""
 
-    def __init__(self, hidden: int, num_classes: int, chunk_size: int, activation: str = "gelu",
-                 unary: bool = False):
+    def __init__(self, hidden: int, num_classes: int, chunk_size: int, activation: str = "gelu", unary: bool = False):
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.hidden = hidden
@@ -107,8 +106,8 @@ class PairHead(nn.Module):
         blocks = 2 if mirror else 1
         logits_parts, repr_parts = [], []
         for start in range(0, max(P, 1), self.chunk_size):
-            ci = idx_i[start:start + self.chunk_size]
-            cj = idx_j[start:start + self.chunk_size]
+            ci = idx_i[start : start + self.chunk_size]
+            cj = idx_j[start : start + self.chunk_size]
             sym = F.linear(F.embedding(ci, h_used) * F.embedding(cj, h_used), w_prod, self.dense.bias)  # (p, 2C)
             diff = F.embedding(ci, d_used) - F.embedding(cj, d_used)  # (p, 2C)
             # both orders in one fused op, so the activation, LayerNorm and the output matmul run once on 2p rows
@@ -119,8 +118,9 @@ class PairHead(nn.Module):
                 bi, bj = F.embedding(ci, base), F.embedding(cj, base)  # (p, 20) each
                 first = torch.stack([bi, bj])[:blocks]  # the row's first residue: i for given rows, j for swapped
                 second = torch.stack([bj, bi])[:blocks]
-                logits = (logits.view(blocks, -1, self.side, self.side) + first[..., :, None]
-                          + second[..., None, :]).flatten(-2)
+                logits = (
+                    logits.view(blocks, -1, self.side, self.side) + first[..., :, None] + second[..., None, :]
+                ).flatten(-2)
             logits_parts.append(logits)
             if return_repr:
                 repr_parts.append(m_plus.view(blocks, -1, 2 * C))

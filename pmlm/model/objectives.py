@@ -160,7 +160,7 @@ def _marginal_log_probs(pair_logits: Tensor, pair_vocab: str) -> Tensor:
     log_marginal = joint.logsumexp(dim=2) - joint.flatten(1).logsumexp(dim=1, keepdim=True)  # (N, side)
     if pair_vocab == "full":
         # only standard residues are scored; mass on other tokens counts as wrong
-        log_marginal = log_marginal[:, FIRST_RESIDUE_ID:FIRST_RESIDUE_ID + NUM_RESIDUES]
+        log_marginal = log_marginal[:, FIRST_RESIDUE_ID : FIRST_RESIDUE_ID + NUM_RESIDUES]
     return log_marginal
 
 
@@ -169,8 +169,9 @@ def mirrored_pair_labels(upper: Tensor, targets: Tensor, pair_vocab: str = "stan
     return torch.cat([pair_labels(upper, targets, pair_vocab), pair_labels(swap_pairs(upper), targets, pair_vocab)])
 
 
-def masked_pair_loss(pair_logits: Tensor, upper: Tensor, targets: Tensor,
-                     pair_vocab: str = "standard") -> tuple[Tensor, int, Tensor]:
+def masked_pair_loss(
+    pair_logits: Tensor, upper: Tensor, targets: Tensor, pair_vocab: str = "standard"
+) -> tuple[Tensor, int, Tensor]:
     """The objective's pair term: ``(ce_sum, n_pairs, n_correct)`` over all ordered pairs i != j of masked
     residues.
 
@@ -182,7 +183,9 @@ def masked_pair_loss(pair_logits: Tensor, upper: Tensor, targets: Tensor,
     return ce_sum, labels.numel(), (pair_logits.argmax(dim=-1) == labels).sum()
 
 
-def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> dict[str, Tensor]:
+def pretraining_losses(
+    model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator
+) -> dict[str, Tensor]:
     """Mask ``tokens`` (B, L), run the model once and return the objective's loss and counters.
 
     ``model`` may be wrapped (DistributedDataParallel, torch.compile): it is called, never
@@ -195,11 +198,17 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
     uses_pair_head = cfg.name != MLM
     uses_triple_head = cfg.name == TMLM
     if uses_token_head and core.token_head is None:
-        raise ConfigError(f"objective {cfg.name!r} needs a token head; build the model with pmlm.pretrained.build_model()")
+        raise ConfigError(
+            f"objective {cfg.name!r} needs a token head; build the model with pmlm.pretrained.build_model()"
+        )
     if uses_pair_head and core.pair_head is None:
-        raise ConfigError(f"objective {cfg.name!r} needs a pair head; build the model with pmlm.pretrained.build_model()")
+        raise ConfigError(
+            f"objective {cfg.name!r} needs a pair head; build the model with pmlm.pretrained.build_model()"
+        )
     if uses_triple_head and core.triple_head is None:
-        raise ConfigError(f"objective {cfg.name!r} needs a triple head; build the model with pmlm.pretrained.build_model()")
+        raise ConfigError(
+            f"objective {cfg.name!r} needs a triple head; build the model with pmlm.pretrained.build_model()"
+        )
     pair_vocab = core.cfg.pair_vocab
     device = tokens.device
 
@@ -237,7 +246,7 @@ def pretraining_losses(model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveCon
         n_upper = upper.shape[0]
         n_rows = pair_index.shape[0]
         logits = out["pair_logits"]  # (2 * n_rows, K): given rows, then their swaps
-        off_logits = torch.cat([logits[:n_upper], logits[n_rows:n_rows + n_upper]])  # (2P, K)
+        off_logits = torch.cat([logits[:n_upper], logits[n_rows : n_rows + n_upper]])  # (2P, K)
         off_ce, n_off, pair_correct = masked_pair_loss(off_logits, upper, targets, pair_vocab)
         pair_total = torch.tensor(n_off, device=device)
         l_pmlm = off_ce / max(n_off, 1)

@@ -20,12 +20,18 @@ class PMLMModel(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.token_head = TokenHead(cfg.hidden, cfg.activation) if cfg.token_head else None
-        self.pair_head = (PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size, cfg.activation,
-                                   unary=cfg.pair_unary) if cfg.pair_head else None)
+        self.pair_head = (
+            PairHead(cfg.hidden, cfg.pair_classes, cfg.pair_chunk_size, cfg.activation, unary=cfg.pair_unary)
+            if cfg.pair_head
+            else None
+        )
         if self.pair_head is not None and cfg.product_base:
             self.pair_head.set_product_base(self.token_head)
-        self.triple_head = (TripleHead(cfg.hidden, cfg.triple_hidden, cfg.triple_rank, cfg.triple_chunk_size,
-                                       cfg.activation) if cfg.triple_head else None)
+        self.triple_head = (
+            TripleHead(cfg.hidden, cfg.triple_hidden, cfg.triple_rank, cfg.triple_chunk_size, cfg.activation)
+            if cfg.triple_head
+            else None
+        )
         if self.triple_head is not None and cfg.product_base:
             self.triple_head.set_product_base(self.token_head)
         self.apply(init_weights)
@@ -72,9 +78,7 @@ class PMLMModel(nn.Module):
             logits = self.token_head(reps if token_positions is None else reps[token_positions])
         pair_logits = pair_repr = None
         if pair_index is not None:
-            pair_logits, pair_repr = self.pair_head(
-                reps, pair_index, mirror=mirror_pairs, return_repr=return_pair_repr
-            )
+            pair_logits, pair_repr = self.pair_head(reps, pair_index, mirror=mirror_pairs, return_repr=return_pair_repr)
         triple_logits = None if triple_index is None else self.triple_head(reps, triple_index)
         return {
             "representations": reps,

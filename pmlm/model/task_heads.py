@@ -141,8 +141,9 @@ class ResidualBlock2d(nn.Module):
 class ContactResNetHead(nn.Module):
     """Pair features -> dropout -> Linear(2C, channels) -> residual blocks -> 1x1 conv -> 1 logit, symmetrised."""
 
-    def __init__(self, hidden: int, dropout: float, channels: int, blocks: int, kernel: int, norm: str,
-                 chunk_elements: int):
+    def __init__(
+        self, hidden: int, dropout: float, channels: int, blocks: int, kernel: int, norm: str, chunk_elements: int
+    ):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.project = nn.Linear(2 * hidden, channels)
@@ -237,8 +238,9 @@ def build_head(cfg, hidden: int) -> nn.Module:
     if h.kind == "linear":
         return ContactLinearHead(hidden, h.dropout, h.pair_chunk_elements)
     if h.kind == "resnet":
-        return ContactResNetHead(hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel,
-                                 h.resnet_norm, h.pair_chunk_elements)
+        return ContactResNetHead(
+            hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel, h.resnet_norm, h.pair_chunk_elements
+        )
     if h.kind == "conv":
         return TapeConvHead(hidden, h.conv_hidden, cfg.num_classes, h.dropout)
     head_cls = SecondaryStructureHead if cfg.task == "ss3" else RemoteHomologyHead
@@ -253,8 +255,10 @@ def resolve_features(requested: str, task: str, encoder: PMLMModel) -> str:
     if requested == "auto":
         return FEATURES_M_PLUS if has_pair_head else FEATURES_M
     if requested == FEATURES_M_PLUS and not has_pair_head:
-        raise ConfigError("head.features M+ needs an encoder with a pair head (a PMLM model); "
-                          "this one was pre-trained without (use head.features: M)")
+        raise ConfigError(
+            "head.features M+ needs an encoder with a pair head (a PMLM model); "
+            "this one was pre-trained without (use head.features: M)"
+        )
     return requested
 
 
@@ -297,6 +301,6 @@ class TaskModel(nn.Module):
         ss3 (B, L, 3) or remote homology (B, classes) logits."""
         length = mask.shape[1]
         with torch.no_grad() if self.freeze_encoder else nullcontext():
-            reps = self.encoder.encode(tokens)[:, 1:1 + length]  # (B, L, C) without <cls> / <eos>
+            reps = self.encoder.encode(tokens)[:, 1 : 1 + length]  # (B, L, C) without <cls> / <eos>
         pair_block = self.encoder.pair_head if self.features == FEATURES_M_PLUS else None
         return self.head(reps, mask, pair_block)

@@ -69,7 +69,7 @@ class TripleHead(nn.Module):
         base = torch.log_softmax(self._base(h_used).float(), dim=-1).to(proj.dtype) if self._base else None  # (U, Q)
         parts = []
         for start in range(0, max(T, 1), self.chunk_size):
-            idx = inverse[start:start + self.chunk_size]  # (t, 3)
+            idx = inverse[start : start + self.chunk_size]  # (t, 3)
             h = [F.embedding(idx[:, r], h_used) for r in range(3)]  # (t, C) each
             pre = self.product(h[0] * h[1] * h[2])
             for role in range(3):
@@ -90,10 +90,13 @@ class TripleHead(nn.Module):
         p = pairs.view(t, 3, Q, Q)
         a, b, c = cp.view(t, 3, self.rank, Q).unbind(1)  # (t, R, Q) each
         three_way = torch.bmm((a[:, :, :, None] * b[:, :, None, :]).flatten(2).transpose(1, 2), c)  # (t, Q*Q, Q)
-        out = (three_way.view(t, Q, Q, Q)
-               + (u[:, 0, :, None] + p[:, 0])[:, :, :, None]  # u_i(a) + p_ij(a, b)
-               + (u[:, 1, None, :, None] + u[:, 2, None, None, :])  # u_j(b) + u_k(c)
-               + p[:, 1][:, :, None, :] + p[:, 2][:, None, :, :])  # p_ik(a, c) + p_jk(b, c)
+        out = (
+            three_way.view(t, Q, Q, Q)
+            + (u[:, 0, :, None] + p[:, 0])[:, :, :, None]  # u_i(a) + p_ij(a, b)
+            + (u[:, 1, None, :, None] + u[:, 2, None, None, :])  # u_j(b) + u_k(c)
+            + p[:, 1][:, :, None, :]
+            + p[:, 2][:, None, :, :]
+        )  # p_ik(a, c) + p_jk(b, c)
         return out.reshape(t, Q**3)
 
 

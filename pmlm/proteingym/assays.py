@@ -53,16 +53,18 @@ def _sites(text: str, target: str, where: str, line: int) -> tuple[tuple[Site, .
     """The mutant's sites and whether every wild type agrees with ``target``; errors for what cannot be read."""
     parts = split_mutant(text) if text else None
     if parts is None:
-        raise InputError(where, f"malformed mutant {text!r}: expected sites like A1P joined by ':' (A1P:D2N)",
-                         line=line)
+        raise InputError(
+            where, f"malformed mutant {text!r}: expected sites like A1P joined by ':' (A1P:D2N)", line=line
+        )
     sites, agrees = [], True
     for wt, pos, mut in parts:
         for letter in (wt, mut):
             if letter not in alphabet.RESIDUES:
                 raise InputError(where, f"mutant {text!r}: {letter!r} is not one of the 20 residues", line=line)
         if not 1 <= pos <= len(target):
-            raise InputError(where, f"mutant {text!r}: position {pos} is outside target_seq (1..{len(target)})",
-                             line=line)
+            raise InputError(
+                where, f"mutant {text!r}: position {pos} is outside target_seq (1..{len(target)})", line=line
+            )
         agrees &= target[pos - 1] == wt
         sites.append(Site(pos - 1, alphabet.RESIDUES.index(wt), alphabet.RESIDUES.index(mut)))
     sites.sort(key=lambda s: s.pos)
@@ -108,8 +110,11 @@ def read_assay(fh: TextIO, where: str, target: str, *, mismatch: str = "skip") -
             reason = SEQUENCE_MISMATCH
         if reason is not None:
             if mismatch == "error":
-                message = ("a wild type disagrees with target_seq" if reason == WILD_TYPE_MISMATCH
-                           else "mutated_sequence is not target_seq with the mutant's substitutions")
+                message = (
+                    "a wild type disagrees with target_seq"
+                    if reason == WILD_TYPE_MISMATCH
+                    else "mutated_sequence is not target_seq with the mutant's substitutions"
+                )
                 raise InputError(where, f"mutant {text!r}: {message}", line=line)
             out.skipped[reason] += 1
             out.first_skipped.setdefault(reason, f"line {line}: {text}")
@@ -118,6 +123,9 @@ def read_assay(fh: TextIO, where: str, target: str, *, mismatch: str = "skip") -
     if out.rows == 0:
         raise InputError(where, "empty assay: no mutants after the header")
     if not out.mutants:
-        raise InputError(where, f"none of the {out.rows} mutants agrees with target_seq "
-                                f"({', '.join(f'{k}: {v}' for k, v in sorted(out.skipped.items()))})")
+        raise InputError(
+            where,
+            f"none of the {out.rows} mutants agrees with target_seq "
+            f"({', '.join(f'{k}: {v}' for k, v in sorted(out.skipped.items()))})",
+        )
     return out

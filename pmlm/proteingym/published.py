@@ -11,8 +11,10 @@ than its window; "Tranception L" uses retrieval from an MSA, "no retrieval" is t
 
 from __future__ import annotations
 
-SOURCE = ("ProteinGym v1.3 zero-shot substitution benchmark, 217 assays (Notin et al., NeurIPS 2023; "
-          "github.com/OATML-Markslab/ProteinGym benchmarks/DMS_zero_shot/substitutions/, commit bb68524)")
+SOURCE = (
+    "ProteinGym v1.3 zero-shot substitution benchmark, 217 assays (Notin et al., NeurIPS 2023; "
+    "github.com/OATML-Markslab/ProteinGym benchmarks/DMS_zero_shot/substitutions/, commit bb68524)"
+)
 SOURCE_ASSAYS = 217
 SOURCE_PROTEINS = 186  # UniProt IDs in the reference file
 SOURCE_MUTANTS = 2465767  # DMS_total_number_mutants summed over the reference file
@@ -64,5 +66,7 @@ _VALUES = {
 def rows() -> list[dict]:
     """One dict per published model: ``model``, ``type`` and ``values[metric][column]`` (columns: average, the
     categories, depth1, depth2)."""
-    return [{"model": model, "type": kind, "values": {m: dict(zip(_COLUMNS, v)) for m, v in metrics.items()}}
-            for (model, kind), metrics in _VALUES.items()]
+    return [
+        {"model": model, "type": kind, "values": {m: dict(zip(_COLUMNS, v)) for m, v in metrics.items()}}
+        for (model, kind), metrics in _VALUES.items()
+    ]

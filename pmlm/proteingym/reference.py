@@ -42,8 +42,14 @@ class Assay:
     target_seq: str
 
     def row(self) -> dict:
-        return {"DMS_id": self.dms_id, "DMS_filename": self.filename, "UniProt_ID": self.uniprot,
-                "category": self.category, "seq_len": len(self.target_seq), "target_seq": self.target_seq}
+        return {
+            "DMS_id": self.dms_id,
+            "DMS_filename": self.filename,
+            "UniProt_ID": self.uniprot,
+            "category": self.category,
+            "seq_len": len(self.target_seq),
+            "target_seq": self.target_seq,
+        }
 
 
 def checked_rows(fh: TextIO, where: str, columns: tuple[str, ...], delimiter: str = ","):
@@ -96,10 +102,19 @@ def read_reference(path: str | os.PathLike) -> list[Assay]:
             if not row[column]:
                 raise InputError(path, f"empty {column}", line=line)
         if row["DMS_id"] in seen:
-            raise InputError(path, f"duplicate DMS_id {row['DMS_id']!r} (first at line {seen[row['DMS_id']]})", line=line)
+            raise InputError(
+                path, f"duplicate DMS_id {row['DMS_id']!r} (first at line {seen[row['DMS_id']]})", line=line
+            )
         seen[row["DMS_id"]] = line
-        out.append(Assay(row["DMS_id"], row["DMS_filename"], row["UniProt_ID"], row[CATEGORY_COLUMN],
-                         _checked_target(path, row["DMS_id"], row["target_seq"], line)))
+        out.append(
+            Assay(
+                row["DMS_id"],
+                row["DMS_filename"],
+                row["UniProt_ID"],
+                row[CATEGORY_COLUMN],
+                _checked_target(path, row["DMS_id"], row["target_seq"], line),
+            )
+        )
     if not out:
         raise InputError(path, "no assays after the header")
     return out
@@ -136,9 +151,16 @@ def write_selection(path: str | os.PathLike, assays: list[Assay]) -> None:
 
 def read_selection(path: str | os.PathLike) -> list[Assay]:
     path = str(path)
-    out = [Assay(row["DMS_id"], row["DMS_filename"], row["UniProt_ID"], row["category"],
-                 _checked_target(path, row["DMS_id"], row["target_seq"], line))
-           for line, row in _rows(path, SELECTION_COLUMNS, "\t")]
+    out = [
+        Assay(
+            row["DMS_id"],
+            row["DMS_filename"],
+            row["UniProt_ID"],
+            row["category"],
+            _checked_target(path, row["DMS_id"], row["target_seq"], line),
+        )
+        for line, row in _rows(path, SELECTION_COLUMNS, "\t")
+    ]
     if not out:
         raise InputError(path, "no assays after the header")
     return out
@@ -151,8 +173,9 @@ def find_assay(assays: list[Assay], dms_id: str, path: str) -> Assay:
     raise InputError(path, f"no assay {dms_id!r} in the selection")
 
 
-def select(reference: str | Path, archive: str | Path, out: str | Path, *, assays: str = ALL,
-           max_length: int | None = None) -> list[Assay]:
+def select(
+    reference: str | Path, archive: str | Path, out: str | Path, *, assays: str = ALL, max_length: int | None = None
+) -> list[Assay]:
     """The assays of ``reference`` chosen by ``assays`` (``all`` or comma-separated DMS_id values) and
     ``max_length``, each checked to be in the zip ``archive``; written to the selection TSV ``out``."""
     chosen = ALL if assays == ALL else [a for a in assays.split(",") if a]

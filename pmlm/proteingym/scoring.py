@@ -53,8 +53,9 @@ SCORE_COLUMNS = ("mutant", "depth", "DMS_score", "DMS_score_bin", "score", "addi
 SUBSETS = {"all": lambda d: d >= 1, "depth1": lambda d: d == 1, "depth2": lambda d: d == 2, "depth3+": lambda d: d >= 3}
 
 
-def score_assay(model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutant], *, double: str = "auto",
-                device="cpu") -> dict:
+def score_assay(
+    model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutant], *, double: str = "auto", device="cpu"
+) -> dict:
     """Per mutant (arrays in the order of ``mutants``): ``score``, ``additive``, ``depth``, ``double_from``; and
     the cost: forward rows and passes, seconds."""
     if double not in DOUBLE_MODES:
@@ -66,8 +67,17 @@ def score_assay(model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutan
     start = time.perf_counter()
     sites = sorted({s.pos for m in mutants for s in m.sites})
     singles = site_log_probs(model, residues, sites, device)
-    pairs = sorted({(m.sites[0].pos, m.sites[1].pos) for m in mutants
-                    if len(m.sites) == 2 and m.sites[1].pos - m.sites[0].pos < room}) if use_pair else []
+    pairs = (
+        sorted(
+            {
+                (m.sites[0].pos, m.sites[1].pos)
+                for m in mutants
+                if len(m.sites) == 2 and m.sites[1].pos - m.sites[0].pos < room
+            }
+        )
+        if use_pair
+        else []
+    )
     joints = pair_log_joints(model, residues, pairs, device) if pairs else {}
     seconds = time.perf_counter() - start
     n = len(mutants)
@@ -83,10 +93,16 @@ def score_assay(model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutan
             if joint is not None:
                 score[k] = float(joint[a.mut, b.mut] - joint[a.wt, b.wt])
             double_from[k] = PAIR_JOINT if joint is not None else ADDITIVE
-    return {"score": score, "additive": additive, "depth": depth, "double_from": double_from,
-            "use_pair": use_pair, "forward_rows": {"sites": len(sites), "pairs": len(pairs)},
-            "forward_passes": -(-len(sites) // mutations.ROWS_PER_PASS) - (-len(pairs) // mutations.ROWS_PER_PASS),
-            "seconds": seconds}
+    return {
+        "score": score,
+        "additive": additive,
+        "depth": depth,
+        "double_from": double_from,
+        "use_pair": use_pair,
+        "forward_rows": {"sites": len(sites), "pairs": len(pairs)},
+        "forward_passes": -(-len(sites) // mutations.ROWS_PER_PASS) - (-len(pairs) // mutations.ROWS_PER_PASS),
+        "seconds": seconds,
+    }
 
 
 def _finite(value: float) -> float | None:
@@ -99,8 +115,11 @@ def assay_metrics(mutants: list[AssayMutant], scored: dict, *, permutations: int
     (every scorer tested on the same shuffles)."""
     dms = np.array([m.dms_score for m in mutants])
     labels = np.array([m.dms_bin for m in mutants], dtype=np.float64)
-    scorers = {PAIR_JOINT: scored["score"], ADDITIVE: scored["additive"]} if scored["use_pair"] \
+    scorers = (
+        {PAIR_JOINT: scored["score"], ADDITIVE: scored["additive"]}
+        if scored["use_pair"]
         else {ADDITIVE: scored["additive"]}
+    )
     out = {name: {} for name in scorers}
     for subset, keep in SUBSETS.items():
         mask = keep(scored["depth"])
@@ -137,9 +156,17 @@ def write_scores(path, mutants: list[AssayMutant], scored: dict) -> None:
         writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
         writer.writerow(SCORE_COLUMNS)
         for k, m in enumerate(mutants):
-            writer.writerow([m.text, int(scored["depth"][k]), repr(m.dms_score), m.dms_bin,
-                             repr(float(scored["score"][k])), repr(float(scored["additive"][k])),
-                             scored["double_from"][k]])
+            writer.writerow(
+                [
+                    m.text,
+                    int(scored["depth"][k]),
+                    repr(m.dms_score),
+                    m.dms_bin,
+                    repr(float(scored["score"][k])),
+                    repr(float(scored["additive"][k])),
+                    scored["double_from"][k],
+                ]
+            )
 
 
 def write_summary(path, summary: dict) -> None:
@@ -148,9 +175,20 @@ def write_summary(path, summary: dict) -> None:
         fh.write("\n")
 
 
-def score(model: str | Path, archive: str | Path, assays: str | Path, assay_id: str, out_prefix: str | Path, *,
-          double: str = "auto", mismatch: str = "skip", permutations: int = 1000, seed: int = 0,
-          label: str | None = None, device: str = "auto") -> dict:
+def score(
+    model: str | Path,
+    archive: str | Path,
+    assays: str | Path,
+    assay_id: str,
+    out_prefix: str | Path,
+    *,
+    double: str = "auto",
+    mismatch: str = "skip",
+    permutations: int = 1000,
+    seed: int = 0,
+    label: str | None = None,
+    device: str = "auto",
+) -> dict:
     """Score every mutant of assay ``assay_id`` (of the selection ``assays``, in the zip ``archive``) with the encoder
     ``model``: writes PREFIX.tsv (per mutant) and PREFIX.json (the summary, returned)."""
     device = pick_device(device)
@@ -160,27 +198,42 @@ def score(model: str | Path, archive: str | Path, assays: str | Path, assay_id: 
         with members.open_text(assay.filename) as fh:
             read = read_assay(fh, where, assay.target_seq, mismatch=mismatch)
     if read.skipped:
-        skipped = ", ".join(f"{reason} {n} (first at {read.first_skipped[reason]})"
-                            for reason, n in sorted(read.skipped.items()))
-        print(f"pmlm proteingym score: {where}: skipped {sum(read.skipped.values())} of {read.rows} mutants: "
-              f"{skipped}", file=sys.stderr)
+        skipped = ", ".join(
+            f"{reason} {n} (first at {read.first_skipped[reason]})" for reason, n in sorted(read.skipped.items())
+        )
+        print(
+            f"pmlm proteingym score: {where}: skipped {sum(read.skipped.values())} of {read.rows} mutants: {skipped}",
+            file=sys.stderr,
+        )
     encoder, _, weights = load_encoder(model, device)
     scored = score_assay(encoder, alphabet.encode(assay.target_seq), read.mutants, double=double, device=device)
     depths = Counter(int(d) for d in scored["depth"])
     summary = {
         "assay": assay.row(),
-        "encoder": {"label": label or str(weights), "weights": str(weights),
-                    "bytes": weights.stat().st_size, "max_len": encoder.cfg.max_len,
-                    "pair_head": encoder.pair_head is not None},
+        "encoder": {
+            "label": label or str(weights),
+            "weights": str(weights),
+            "bytes": weights.stat().st_size,
+            "max_len": encoder.cfg.max_len,
+            "pair_head": encoder.pair_head is not None,
+        },
         "double": double,
-        "counts": {"rows": read.rows, "scored": len(read.mutants), "skipped": dict(read.skipped),
-                   "first_skipped": read.first_skipped,
-                   "depth": {str(d): n for d, n in sorted(depths.items())},
-                   "doubles_from": dict(Counter(f for f in scored["double_from"] if f))},
-        "cost": {"forward_rows": scored["forward_rows"], "forward_passes": scored["forward_passes"],
-                 "rows_per_pass": mutations.ROWS_PER_PASS, "seconds": round(scored["seconds"], 3),
-                 "mutants_per_s": round(len(read.mutants) / max(scored["seconds"], 1e-9), 2),
-                 "device": str(device)},
+        "counts": {
+            "rows": read.rows,
+            "scored": len(read.mutants),
+            "skipped": dict(read.skipped),
+            "first_skipped": read.first_skipped,
+            "depth": {str(d): n for d, n in sorted(depths.items())},
+            "doubles_from": dict(Counter(f for f in scored["double_from"] if f)),
+        },
+        "cost": {
+            "forward_rows": scored["forward_rows"],
+            "forward_passes": scored["forward_passes"],
+            "rows_per_pass": mutations.ROWS_PER_PASS,
+            "seconds": round(scored["seconds"], 3),
+            "mutants_per_s": round(len(read.mutants) / max(scored["seconds"], 1e-9), 2),
+            "device": str(device),
+        },
         "metrics": assay_metrics(read.mutants, scored, permutations=permutations, seed=seed),
         "permutations": permutations,
         "epistasis": epistasis_summary(read.mutants, scored),

@@ -32,10 +32,33 @@ from pmlm.proteingym.reference import read_selection
 from pmlm.utils import atomic_output
 
 METRICS = ("spearman", "auc", "mcc", "ndcg")
-LEVEL_COLUMNS = ("level", "key", "encoder", "scorer", "subset", "metric", "value", "n_assays", "n_proteins",
-                 "n_mutants")
-COUNT_COLUMNS = ("encoder", "DMS_id", "UniProt_ID", "category", "seq_len", "rows", "scored", "skipped", "doubles",
-                 "doubles_pair_joint", "higher_order", "forward_passes", "seconds")
+LEVEL_COLUMNS = (
+    "level",
+    "key",
+    "encoder",
+    "scorer",
+    "subset",
+    "metric",
+    "value",
+    "n_assays",
+    "n_proteins",
+    "n_mutants",
+)
+COUNT_COLUMNS = (
+    "encoder",
+    "DMS_id",
+    "UniProt_ID",
+    "category",
+    "seq_len",
+    "rows",
+    "scored",
+    "skipped",
+    "doubles",
+    "doubles_pair_joint",
+    "higher_order",
+    "forward_passes",
+    "seconds",
+)
 GROUP = ["encoder", "scorer", "subset", "metric"]
 
 
@@ -65,22 +88,50 @@ def assay_rows(encoders: list[tuple[str, str]], selection_path: str) -> tuple[pd
                 for subset, entry in subsets.items():
                     for metric in (*METRICS, "spearman_p"):
                         if entry.get("n"):
-                            metric_rows.append({**base, "scorer": scorer, "subset": subset, "metric": metric,
-                                                "value": entry.get(metric), "n_mutants": entry["n"]})
+                            metric_rows.append(
+                                {
+                                    **base,
+                                    "scorer": scorer,
+                                    "subset": subset,
+                                    "metric": metric,
+                                    "value": entry.get(metric),
+                                    "n_mutants": entry["n"],
+                                }
+                            )
             epistasis = doc.get("epistasis") or {}
             if epistasis.get("n"):
-                metric_rows.append({**base, "scorer": "pair_joint", "subset": "depth2", "metric": "epistasis_spearman",
-                                    "value": epistasis.get("spearman"), "n_mutants": epistasis["n"]})
+                metric_rows.append(
+                    {
+                        **base,
+                        "scorer": "pair_joint",
+                        "subset": "depth2",
+                        "metric": "epistasis_spearman",
+                        "value": epistasis.get("spearman"),
+                        "n_mutants": epistasis["n"],
+                    }
+                )
             counts = doc["counts"]
-            count_rows.append({"encoder": label, "DMS_id": assay.dms_id, "UniProt_ID": assay.uniprot,
-                               "category": assay.category, "seq_len": len(assay.target_seq), "rows": counts["rows"],
-                               "scored": counts["scored"], "skipped": sum(counts["skipped"].values()),
-                               "doubles": counts["depth"].get("2", 0),
-                               "doubles_pair_joint": counts["doubles_from"].get("pair_joint", 0),
-                               "higher_order": sum(n for d, n in counts["depth"].items() if int(d) >= 3),
-                               "forward_passes": doc["cost"]["forward_passes"], "seconds": doc["cost"]["seconds"]})
-    frame = pd.DataFrame(metric_rows, columns=["encoder", "key", "uniprot", "category", "scorer", "subset", "metric",
-                                               "value", "n_mutants"])
+            count_rows.append(
+                {
+                    "encoder": label,
+                    "DMS_id": assay.dms_id,
+                    "UniProt_ID": assay.uniprot,
+                    "category": assay.category,
+                    "seq_len": len(assay.target_seq),
+                    "rows": counts["rows"],
+                    "scored": counts["scored"],
+                    "skipped": sum(counts["skipped"].values()),
+                    "doubles": counts["depth"].get("2", 0),
+                    "doubles_pair_joint": counts["doubles_from"].get("pair_joint", 0),
+                    "higher_order": sum(n for d, n in counts["depth"].items() if int(d) >= 3),
+                    "forward_passes": doc["cost"]["forward_passes"],
+                    "seconds": doc["cost"]["seconds"],
+                }
+            )
+    frame = pd.DataFrame(
+        metric_rows,
+        columns=["encoder", "key", "uniprot", "category", "scorer", "subset", "metric", "value", "n_mutants"],
+    )
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
     return frame, pd.DataFrame(count_rows, columns=list(COUNT_COLUMNS))
 
@@ -90,14 +141,27 @@ def aggregate(per_assay: pd.DataFrame) -> pd.DataFrame:
     valid = per_assay.dropna(subset=["value"])
     levels = [valid.assign(level="assay", n_assays=1, n_proteins=1)]
     means = valid[valid["metric"] != "spearman_p"]  # p-values are per assay; their mean is not one
-    protein = means.groupby([*GROUP, "uniprot"], sort=True).agg(
-        value=("value", "mean"), n_assays=("key", "size"), n_mutants=("n_mutants", "sum")).reset_index()
+    protein = (
+        means.groupby([*GROUP, "uniprot"], sort=True)
+        .agg(value=("value", "mean"), n_assays=("key", "size"), n_mutants=("n_mutants", "sum"))
+        .reset_index()
+    )
     levels.append(protein.rename(columns={"uniprot": "key"}).assign(level="uniprot", n_proteins=1))
-    groups = means.groupby([*GROUP, "uniprot", "category"], sort=True).agg(
-        value=("value", "mean"), n_assays=("key", "size"), n_mutants=("n_mutants", "sum")).reset_index()
-    category = groups.groupby([*GROUP, "category"], sort=True).agg(
-        value=("value", "mean"), n_assays=("n_assays", "sum"), n_proteins=("uniprot", "nunique"),
-        n_mutants=("n_mutants", "sum")).reset_index()
+    groups = (
+        means.groupby([*GROUP, "uniprot", "category"], sort=True)
+        .agg(value=("value", "mean"), n_assays=("key", "size"), n_mutants=("n_mutants", "sum"))
+        .reset_index()
+    )
+    category = (
+        groups.groupby([*GROUP, "category"], sort=True)
+        .agg(
+            value=("value", "mean"),
+            n_assays=("n_assays", "sum"),
+            n_proteins=("uniprot", "nunique"),
+            n_mutants=("n_mutants", "sum"),
+        )
+        .reset_index()
+    )
     levels.append(category.rename(columns={"category": "key"}).assign(level="category"))
     overall = []
     for keys, part in groups.groupby(GROUP, sort=True):
@@ -107,9 +171,17 @@ def aggregate(per_assay: pd.DataFrame) -> pd.DataFrame:
             cats = cats[cats[column] == value]
         # the headline is the mean over categories; depth subsets average the (protein, category) groups
         value = cats["value"].mean() if subset == "all" else part["value"].mean()
-        overall.append({**dict(zip(GROUP, keys)), "key": "overall", "level": "overall", "value": value,
-                        "n_assays": int(part["n_assays"].sum()), "n_proteins": int(part["uniprot"].nunique()),
-                        "n_mutants": int(part["n_mutants"].sum())})
+        overall.append(
+            {
+                **dict(zip(GROUP, keys)),
+                "key": "overall",
+                "level": "overall",
+                "value": value,
+                "n_assays": int(part["n_assays"].sum()),
+                "n_proteins": int(part["uniprot"].nunique()),
+                "n_mutants": int(part["n_mutants"].sum()),
+            }
+        )
     levels.append(pd.DataFrame(overall))
     out = pd.concat(levels, ignore_index=True)
     return out[list(LEVEL_COLUMNS)]

@@ -26,8 +26,9 @@ from pmlm.tasks.structures import CONTACT_THRESHOLD
 READ_LIMIT_PER_CHAIN = 20
 
 
-def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
-                   ) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, bool]]:
+def predicted_maps(
+    head: str, encoder: str | None, test: str | Path, chains: int
+) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, bool]]:
     """[(chain id, scores (L, L), contacts (L, L) bool, valid (L, L) bool, scores are probabilities)]."""
     if chains < 1:
         raise ConfigError(f"--chains must be >= 1, got {chains}")
@@ -37,8 +38,10 @@ def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
             raise ConfigError(f"--head {head} reads the encoder's pair head: pass --encoder")
         model, info, _ = load_encoder(encoder)
         if model.pair_head is None:
-            raise ConfigError(f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
-                              f"--head {head} needs a PMLM model")
+            raise ConfigError(
+                f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
+                f"--head {head} needs a PMLM model"
+            )
         atom, threshold, window = "auto", CONTACT_THRESHOLD, model.cfg.max_len - 2
     else:
         if not Path(head).is_file():
@@ -47,12 +50,12 @@ def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
         if cfg.task != "contact":
             raise ConfigError(f"{head}: a {cfg.task} head has no contact map")
         atom, threshold, window = cfg.data.contact_atom, cfg.data.contact_threshold, model.encoder.cfg.max_len - 2
-    data = read_task_data(test, "contact", contact_atom=atom, threshold=threshold,
-                          limit=chains * READ_LIMIT_PER_CHAIN)
+    data = read_task_data(test, "contact", contact_atom=atom, threshold=threshold, limit=chains * READ_LIMIT_PER_CHAIN)
     chosen = [ex for ex in data.examples if len(ex) <= window][:chains]
     if not chosen:
-        raise InputError(test, f"no test chain of at most {window} residues among the first "
-                               f"{len(data.examples)} records")
+        raise InputError(
+            test, f"no test chain of at most {window} residues among the first {len(data.examples)} records"
+        )
     plan = evaluation_plan(chosen, 1, window, "skip")  # every chosen chain fits one window
     out = []
     with torch.no_grad():
@@ -60,11 +63,18 @@ def predicted_maps(head: str, encoder: str | None, test: str | Path, chains: int
             batch = plan.collate(rows, "contact", threshold)
             k = batch.lengths[0]
             if unsupervised:
-                scores = unsupervised_contact_scores(model, batch.tokens[0, 1:k + 1].numpy(), PAIR_HEADS[head])
+                scores = unsupervised_contact_scores(model, batch.tokens[0, 1 : k + 1].numpy(), PAIR_HEADS[head])
             else:
                 scores = torch.sigmoid(model(batch.tokens, batch.mask)[0, :k, :k].float()).double().numpy()
-            out.append((batch.ids[0], scores, batch.targets[0, :k, :k].numpy(), batch.valid[0, :k, :k].numpy(),
-                        not unsupervised))
+            out.append(
+                (
+                    batch.ids[0],
+                    scores,
+                    batch.targets[0, :k, :k].numpy(),
+                    batch.valid[0, :k, :k].numpy(),
+                    not unsupervised,
+                )
+            )
     order = {ex.id: n for n, ex in enumerate(chosen)}  # back to file order (batches come by length)
     return sorted(out, key=lambda item: order[item[0]])
 
@@ -78,16 +88,19 @@ def plot(maps, title: str, prefix: str | Path) -> list[Path]:
         draw_contact_map(ax, scores, contacts, valid, min_sep=min_sep, label=kind)
         upper = np.triu(np.ones(scores.shape, dtype=bool), k=1)
         precision = contact_precision(scores, contacts, valid, min_sep=min_sep, k_divisor=1)
-        ax.set_title(f"{chain}  L={scores.shape[0]}  P@L (s >= {min_sep}) = {precision:.2f}\n"
-                     f"upper: {kind} (max {float(scores[upper].max()):.2g}) and top-L pairs; lower: true",
-                     fontsize=8)
+        ax.set_title(
+            f"{chain}  L={scores.shape[0]}  P@L (s >= {min_sep}) = {precision:.2f}\n"
+            f"upper: {kind} (max {float(scores[upper].max()):.2g}) and top-L pairs; lower: true",
+            fontsize=8,
+        )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, prefix)
 
 
-def write_contact_maps(head: str, encoder: str | None, test: str | Path, chains: int, label: str,
-                       prefix: str | Path) -> list[Path]:
+def write_contact_maps(
+    head: str, encoder: str | None, test: str | Path, chains: int, label: str, prefix: str | Path
+) -> list[Path]:
     maps = predicted_maps(head, encoder, test, chains)
     kind = f"pair-head read-out {head}" if head in PAIR_HEADS else "fine-tuned head, P(contact)"
     return plot(maps, f"{label}: {kind}", prefix)

@@ -11,8 +11,12 @@ from pmlm.errors import InputError
 from pmlm.figures import pyplot, save_figure
 
 # (column, panel title): pre-training logs L_mlm / Acc_mlm per masked residue, L_pmlm / Acc_pmlm per masked pair
-PRETRAIN_PANELS = (("l_mlm", "L_mlm (per masked residue)"), ("l_pmlm", "L_pmlm (per masked pair)"),
-                   ("acc_mlm", "Acc_mlm"), ("acc_pmlm", "Acc_pmlm"))
+PRETRAIN_PANELS = (
+    ("l_mlm", "L_mlm (per masked residue)"),
+    ("l_pmlm", "L_pmlm (per masked pair)"),
+    ("acc_mlm", "Acc_mlm"),
+    ("acc_pmlm", "Acc_pmlm"),
+)
 
 
 def read_metrics(path: str | Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -67,16 +71,26 @@ def plot_pretrain(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
         drawn = False
         for k, (label, log) in enumerate(runs):
             colour = colours[k % len(colours)]
-            drawn |= _line(ax, log.get("train", {}).get(column), color=colour, linewidth=1, alpha=0.7,
-                           label=f"{label} train")
-            drawn |= _line(ax, log.get("valid", {}).get(column), color=colour, linestyle="--", marker="o",
-                           label=f"{label} valid")
+            drawn |= _line(
+                ax, log.get("train", {}).get(column), color=colour, linewidth=1, alpha=0.7, label=f"{label} train"
+            )
+            drawn |= _line(
+                ax, log.get("valid", {}).get(column), color=colour, linestyle="--", marker="o", label=f"{label} valid"
+            )
         ax.set_title(title, fontsize=10)
         if drawn:
             ax.legend(fontsize=7)
         else:
-            ax.text(0.5, 0.5, "no run logs this (MLM runs have no pair head)", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=8, color="grey")
+            ax.text(
+                0.5,
+                0.5,
+                "no run logs this (MLM runs have no pair head)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=8,
+                color="grey",
+            )
     for ax in axes[1]:
         ax.set_xlabel("optimizer step")
     fig.suptitle("Pre-training curves", fontsize=11)
@@ -95,8 +109,14 @@ def plot_finetune(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
         _line(loss_ax, log.get("train", {}).get("loss"), color=colour, linewidth=1, label=label)
         for key, points in log.get("valid", {}).items():
             if key.startswith("metric:"):
-                metric_drawn |= _line(metric_ax, points, color=colour, linestyle="--", marker="o",
-                                      label=f"{label}: {key[len('metric:'):]}")
+                metric_drawn |= _line(
+                    metric_ax,
+                    points,
+                    color=colour,
+                    linestyle="--",
+                    marker="o",
+                    label=f"{label}: {key[len('metric:') :]}",
+                )
     loss_ax.set_yscale("log")  # cross-entropy of 3 classes and a contact map's binary loss differ ten-fold
     loss_ax.set_title("training loss", fontsize=10)
     loss_ax.set_xlabel("optimizer step")
@@ -106,8 +126,16 @@ def plot_finetune(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
     if metric_drawn:
         metric_ax.legend(fontsize=7)
     else:
-        metric_ax.text(0.5, 0.5, "no validation during fine-tuning (eval_every: 0)", ha="center", va="center",
-                       transform=metric_ax.transAxes, fontsize=8, color="grey")
+        metric_ax.text(
+            0.5,
+            0.5,
+            "no validation during fine-tuning (eval_every: 0)",
+            ha="center",
+            va="center",
+            transform=metric_ax.transAxes,
+            fontsize=8,
+            color="grey",
+        )
     fig.suptitle("Fine-tuning curves", fontsize=11)
     fig.tight_layout()
     return save_figure(fig, prefix)

@@ -12,12 +12,66 @@ SOURCE = "He et al., Pre-training Co-evolutionary Protein Representation via a P
 
 # Table "Validation Losses and Accuracy Scores": model, data, params, L_mlm, L_pmlm, Acc_mlm, Acc_pmlm, dAcc
 PRETRAIN_SCORES = [
-    {"model": "MLM-base", "data": "Pfam", "params": "85M", "l_mlm": 1.6475, "l_pmlm": None, "acc_mlm": 0.480, "acc_pmlm": None, "dacc": None},
-    {"model": "PMLM-base", "data": "Pfam", "params": "87M", "l_mlm": 1.6728, "l_pmlm": 3.3446, "acc_mlm": 0.471, "acc_pmlm": 0.224, "dacc": 0.0022},
-    {"model": "MLM-base", "data": "UR50", "params": "85M", "l_mlm": 2.2725, "l_pmlm": None, "acc_mlm": 0.320, "acc_pmlm": None, "dacc": None},
-    {"model": "PMLM-base", "data": "UR50", "params": "87M", "l_mlm": 2.2784, "l_pmlm": 4.5557, "acc_mlm": 0.318, "acc_pmlm": 0.109, "dacc": 0.0079},
-    {"model": "PMLM-large", "data": "UR50", "params": "250M", "l_mlm": 2.1710, "l_pmlm": 4.3419, "acc_mlm": 0.351, "acc_pmlm": 0.132, "dacc": 0.0088},
-    {"model": "PMLM-xl", "data": "UR50", "params": "713M", "l_mlm": None, "l_pmlm": 3.9746, "acc_mlm": 0.373, "acc_pmlm": 0.169, "dacc": 0.0295},
+    {
+        "model": "MLM-base",
+        "data": "Pfam",
+        "params": "85M",
+        "l_mlm": 1.6475,
+        "l_pmlm": None,
+        "acc_mlm": 0.480,
+        "acc_pmlm": None,
+        "dacc": None,
+    },
+    {
+        "model": "PMLM-base",
+        "data": "Pfam",
+        "params": "87M",
+        "l_mlm": 1.6728,
+        "l_pmlm": 3.3446,
+        "acc_mlm": 0.471,
+        "acc_pmlm": 0.224,
+        "dacc": 0.0022,
+    },
+    {
+        "model": "MLM-base",
+        "data": "UR50",
+        "params": "85M",
+        "l_mlm": 2.2725,
+        "l_pmlm": None,
+        "acc_mlm": 0.320,
+        "acc_pmlm": None,
+        "dacc": None,
+    },
+    {
+        "model": "PMLM-base",
+        "data": "UR50",
+        "params": "87M",
+        "l_mlm": 2.2784,
+        "l_pmlm": 4.5557,
+        "acc_mlm": 0.318,
+        "acc_pmlm": 0.109,
+        "dacc": 0.0079,
+    },
+    {
+        "model": "PMLM-large",
+        "data": "UR50",
+        "params": "250M",
+        "l_mlm": 2.1710,
+        "l_pmlm": 4.3419,
+        "acc_mlm": 0.351,
+        "acc_pmlm": 0.132,
+        "dacc": 0.0088,
+    },
+    {
+        "model": "PMLM-xl",
+        "data": "UR50",
+        "params": "713M",
+        "l_mlm": None,
+        "l_pmlm": 3.9746,
+        "acc_mlm": 0.373,
+        "acc_pmlm": 0.169,
+        "dacc": 0.0295,
+    },
 ]
 
 # TAPE-Contact: precision at L/5, medium + long range (s >= 12), linear head; percent
@@ -62,6 +116,13 @@ SECONDARY_STRUCTURE_Q3 = [
 
 # Remote homology top-1 accuracy (fold / superfamily / family holdouts)
 REMOTE_HOMOLOGY = [
-    {"model": "TAPE Transformer", "data": "Pfam", "fold": 0.210, "superfamily": 0.340, "family": 0.880, "features": "M"},
+    {
+        "model": "TAPE Transformer",
+        "data": "Pfam",
+        "fold": 0.210,
+        "superfamily": 0.340,
+        "family": 0.880,
+        "features": "M",
+    },
     {"model": "PMLM-base", "data": "Pfam", "fold": 0.199, "superfamily": 0.446, "family": 0.946, "features": "M"},
 ]

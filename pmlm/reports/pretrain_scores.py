@@ -49,19 +49,28 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
         info = read_encoder_info(weights)
         scores = info["final_scores"]
         objective = info["objective"]["name"]
-        rows.append({
-            "source": "ours", "model": label, "data": dataset, "params": _params_label(info, weights),
-            "step": scores["step"],
-            "l_mlm": scores.get("l_mlm"), "l_pmlm": scores.get("l_pmlm") if objective != MLM else None,
-            "acc_mlm": scores.get("acc_mlm"), "acc_pmlm": scores.get("acc_pmlm") if objective != MLM else None,
-            "dacc": scores.get("dacc") if objective != MLM else None,
-        })
+        rows.append(
+            {
+                "source": "ours",
+                "model": label,
+                "data": dataset,
+                "params": _params_label(info, weights),
+                "step": scores["step"],
+                "l_mlm": scores.get("l_mlm"),
+                "l_pmlm": scores.get("l_pmlm") if objective != MLM else None,
+                "acc_mlm": scores.get("acc_mlm"),
+                "acc_pmlm": scores.get("acc_pmlm") if objective != MLM else None,
+                "dacc": scores.get("dacc") if objective != MLM else None,
+            }
+        )
     return [{**row, "dacc_ratio": dacc_ratio(row)} for row in rows]
 
 
 def write_pretrain_scores(entries: list[tuple[str, str, str]], out_prefix: str) -> list:
     """The table of ``entries`` (label, dataset, weights) beside the paper's rows, as PREFIX.csv / .md / .tex /
     .html; returns the paths written."""
-    caption = ("Validation losses and accuracies of pre-training (paper rows: 60 epochs on Pfam / UR50; "
-               "ours: this run's final validation, per masked residue / masked pair)")
+    caption = (
+        "Validation losses and accuracies of pre-training (paper rows: 60 epochs on Pfam / UR50; "
+        "ours: this run's final validation, per masked residue / masked pair)"
+    )
     return write_table(pretrain_rows(entries), PRETRAIN_COLUMNS, out_prefix, caption=caption)

@@ -17,11 +17,23 @@ from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
 from pmlm.vocabulary import LEGACY_FEATURES
 
-KINDS = ("tape_contact", "raptorx_contact", "contact_ablation", "secondary_structure", "remote_homology",
-         "unsupervised_contact")
+KINDS = (
+    "tape_contact",
+    "raptorx_contact",
+    "contact_ablation",
+    "secondary_structure",
+    "remote_homology",
+    "unsupervised_contact",
+)
 # the tables `write_all` writes (OUT_DIR/<name>.md, .csv, .tex); the workflow declares its outputs from this
-TABLES = ("tape_contact", "raptorx_contact", "ablation", "secondary_structure", "remote_homology",
-          "unsupervised_contact")
+TABLES = (
+    "tape_contact",
+    "raptorx_contact",
+    "ablation",
+    "secondary_structure",
+    "remote_homology",
+    "unsupervised_contact",
+)
 PROVENANCE = ("config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 
 
@@ -57,7 +69,9 @@ def _runs(df: pd.DataFrame, kinds: tuple[str, ...]):
     """(label, data, head, test_set, rows) per evaluated run and test set, in a stable order; a run's
     features are rows["features"]."""
     sub = df[df["kind"].isin(kinds)]
-    for (label, data, head, _, test_set), rows in sub.groupby(["label", "data", "head", "features", "test_set"], sort=True):
+    for (label, data, head, _, test_set), rows in sub.groupby(
+        ["label", "data", "head", "features", "test_set"], sort=True
+    ):
         yield label, data, head, test_set, rows
 
 
@@ -72,60 +86,166 @@ FEATURES_COLUMN = Column("features", "features")
 
 def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     written = []
-    rows = [{"source": "paper", "model": r["model"], "data": r["data"], "test_set": "TAPE test",
-             "head": "-" if r["model"] == "MSA baseline" else "linear", "features": r["features"],
-             "p_l5_s12": r["p_l5_s12"] / 100}
-            for r in paper.TAPE_CONTACT_P_L5]
+    rows = [
+        {
+            "source": "paper",
+            "model": r["model"],
+            "data": r["data"],
+            "test_set": "TAPE test",
+            "head": "-" if r["model"] == "MSA baseline" else "linear",
+            "features": r["features"],
+            "p_l5_s12": r["p_l5_s12"] / 100,
+        }
+        for r in paper.TAPE_CONTACT_P_L5
+    ]
     for label, data, head, test_set, runs in _runs(df, ("tape_contact",)):
-        rows.append({"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
-                     "features": runs["features"].iloc[0],
-                     "p_l5_s12": _metric(runs, "P@L/5_medium_long"), "p_l5_s6": _metric(runs, "P@L/5_tape_s6"),
-                     "p_l_long": _metric(runs, "P@L_long"), "n": _n(runs, "P@L/5_medium_long")})
-    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN,
-            Column("test_set", "test set"), Column("p_l5_s12", "P@L/5, s >= 12 (%)", "{:.1f}", percent=True),
-            Column("p_l5_s6", "P@L/5, s >= 6 (TAPE's count, %)", "{:.1f}", percent=True),
-            Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True), Column("n", "proteins", "{:d}")]
-    written += write_table(rows, cols, out_dir / "tape_contact", caption=(
-        f"TAPE-Contact: precision of the top L/5 medium + long-range contacts (s >= 12), linear head on the outer "
-        f"product and difference of pair representations; per protein, averaged. Ours on {test_label}."))
+        rows.append(
+            {
+                "source": "ours",
+                "model": label,
+                "data": data,
+                "head": head,
+                "test_set": test_set,
+                "features": runs["features"].iloc[0],
+                "p_l5_s12": _metric(runs, "P@L/5_medium_long"),
+                "p_l5_s6": _metric(runs, "P@L/5_tape_s6"),
+                "p_l_long": _metric(runs, "P@L_long"),
+                "n": _n(runs, "P@L/5_medium_long"),
+            }
+        )
+    cols = [
+        Column("model", "model"),
+        Column("data", "data"),
+        Column("head", "head"),
+        FEATURES_COLUMN,
+        Column("test_set", "test set"),
+        Column("p_l5_s12", "P@L/5, s >= 12 (%)", "{:.1f}", percent=True),
+        Column("p_l5_s6", "P@L/5, s >= 6 (TAPE's count, %)", "{:.1f}", percent=True),
+        Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
+        Column("n", "proteins", "{:d}"),
+    ]
+    written += write_table(
+        rows,
+        cols,
+        out_dir / "tape_contact",
+        caption=(
+            f"TAPE-Contact: precision of the top L/5 medium + long-range contacts (s >= 12), linear head on the outer "
+            f"product and difference of pair representations; per protein, averaged. Ours on {test_label}."
+        ),
+    )
 
-    rows = [{"source": "paper", "model": r["model"], "features": r["features"], "p_l_long": r["p_l_long"] / 100,
-             "test_set": "RaptorX test"} for r in paper.RAPTORX_LONG_P_L]
+    rows = [
+        {
+            "source": "paper",
+            "model": r["model"],
+            "features": r["features"],
+            "p_l_long": r["p_l_long"] / 100,
+            "test_set": "RaptorX test",
+        }
+        for r in paper.RAPTORX_LONG_P_L
+    ]
     for label, data, head, test_set, runs in _runs(df, ("raptorx_contact",)):
-        rows.append({"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
-                     "features": runs["features"].iloc[0],
-                     "p_l_long": _metric(runs, "P@L_long"), "p_l2_long": _metric(runs, "P@L/2_long"),
-                     "p_l5_long": _metric(runs, "P@L/5_long"), "n": _n(runs, "P@L_long")})
-    cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN,
-            Column("test_set", "test set"), Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
-            Column("p_l2_long", "P@L/2, s >= 24 (%)", "{:.1f}", percent=True),
-            Column("p_l5_long", "P@L/5, s >= 24 (%)", "{:.1f}", percent=True), Column("n", "proteins", "{:d}")]
-    written += write_table(rows, cols, out_dir / "raptorx_contact", caption=(
-        f"RaptorX-Contact: long-range (s >= 24) precision at L with an 8-block 2-D ResNet head; per protein, averaged. "
-        f"Ours on {test_label}."))
+        rows.append(
+            {
+                "source": "ours",
+                "model": label,
+                "data": data,
+                "head": head,
+                "test_set": test_set,
+                "features": runs["features"].iloc[0],
+                "p_l_long": _metric(runs, "P@L_long"),
+                "p_l2_long": _metric(runs, "P@L/2_long"),
+                "p_l5_long": _metric(runs, "P@L/5_long"),
+                "n": _n(runs, "P@L_long"),
+            }
+        )
+    cols = [
+        Column("model", "model"),
+        Column("data", "data"),
+        Column("head", "head"),
+        FEATURES_COLUMN,
+        Column("test_set", "test set"),
+        Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
+        Column("p_l2_long", "P@L/2, s >= 24 (%)", "{:.1f}", percent=True),
+        Column("p_l5_long", "P@L/5, s >= 24 (%)", "{:.1f}", percent=True),
+        Column("n", "proteins", "{:d}"),
+    ]
+    written += write_table(
+        rows,
+        cols,
+        out_dir / "raptorx_contact",
+        caption=(
+            f"RaptorX-Contact: long-range (s >= 24) precision at L with an 8-block 2-D ResNet head; per protein, averaged. "
+            f"Ours on {test_label}."
+        ),
+    )
 
-    rows = [{"source": "paper", **r, "p_l_long": r["p_l_long"] / 100, "test_set": "RaptorX test"}
-            for r in paper.ABLATION_LONG_P_L]
+    rows = [
+        {"source": "paper", **r, "p_l_long": r["p_l_long"] / 100, "test_set": "RaptorX test"}
+        for r in paper.ABLATION_LONG_P_L
+    ]
     for label, data, head, test_set, runs in _runs(df, ("tape_contact", "raptorx_contact", "contact_ablation")):
-        rows.append({"source": "ours", "model": label, "head": head, "data": data, "test_set": test_set,
-                     "features": runs["features"].iloc[0], "p_l_long": _metric(runs, "P@L_long")})
-    cols = [Column("model", "model"), Column("head", "head"), Column("data", "data"), FEATURES_COLUMN,
-            Column("test_set", "test set"),
-            Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True)]
-    written += write_table(rows, cols, out_dir / "ablation", caption=(
-        "Ablation: long-range precision at L by pre-training objective, head and data (paper: RaptorX test)."))
+        rows.append(
+            {
+                "source": "ours",
+                "model": label,
+                "head": head,
+                "data": data,
+                "test_set": test_set,
+                "features": runs["features"].iloc[0],
+                "p_l_long": _metric(runs, "P@L_long"),
+            }
+        )
+    cols = [
+        Column("model", "model"),
+        Column("head", "head"),
+        Column("data", "data"),
+        FEATURES_COLUMN,
+        Column("test_set", "test set"),
+        Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
+    ]
+    written += write_table(
+        rows,
+        cols,
+        out_dir / "ablation",
+        caption=("Ablation: long-range precision at L by pre-training objective, head and data (paper: RaptorX test)."),
+    )
     return written
 
 
-def per_test_set_table(df: pd.DataFrame, kind: str, metric: str, paper_rows: list[dict], paper_sets: tuple[str, ...],
-                       out_dir: Path, caption: str) -> list[Path]:
+def per_test_set_table(
+    df: pd.DataFrame,
+    kind: str,
+    metric: str,
+    paper_rows: list[dict],
+    paper_sets: tuple[str, ...],
+    out_dir: Path,
+    caption: str,
+) -> list[Path]:
     ours = df[(df["kind"] == kind) & (df["metric"] == metric)]
     test_sets = list(paper_sets) + sorted(set(ours["test_set"]) - set(paper_sets))
-    rows = [{"source": "paper", "model": r["model"], "data": r["data"], "head": "-", "features": r["features"],
-             **{s: r.get(s) for s in paper_sets}} for r in paper_rows]
+    rows = [
+        {
+            "source": "paper",
+            "model": r["model"],
+            "data": r["data"],
+            "head": "-",
+            "features": r["features"],
+            **{s: r.get(s) for s in paper_sets},
+        }
+        for r in paper_rows
+    ]
     for (label, data, head, features), runs in ours.groupby(["label", "data", "head", "features"], sort=True):
-        rows.append({"source": "ours", "model": label, "data": data, "head": head, "features": features,
-                     **{s: _metric(runs, metric, s) for s in set(runs["test_set"])}})
+        rows.append(
+            {
+                "source": "ours",
+                "model": label,
+                "data": data,
+                "head": head,
+                "features": features,
+                **{s: _metric(runs, metric, s) for s in set(runs["test_set"])},
+            }
+        )
     cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN]
     cols += [Column(s, s, "{:.3f}") for s in test_sets]
     return write_table(rows, cols, out_dir / kind, caption=caption)
@@ -134,32 +254,68 @@ def per_test_set_table(df: pd.DataFrame, kind: str, metric: str, paper_rows: lis
 def unsupervised_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     rows = []
     for label, data, head, test_set, runs in _runs(df, ("unsupervised_contact",)):
-        rows.append({"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
-                     "p_l5_s12": _metric(runs, "P@L/5_medium_long"), "p_l_long": _metric(runs, "P@L_long"),
-                     "p_l5_long": _metric(runs, "P@L/5_long"), "p_l5_short": _metric(runs, "P@L/5_short"),
-                     "n": _n(runs, "P@L_long")})
-    cols = [Column("model", "model"), Column("data", "data"), Column("head", "read-out"), Column("test_set", "test set"),
-            Column("p_l5_short", "P@L/5 short (%)", "{:.1f}", percent=True),
-            Column("p_l5_s12", "P@L/5, s >= 12 (%)", "{:.1f}", percent=True),
-            Column("p_l5_long", "P@L/5 long (%)", "{:.1f}", percent=True),
-            Column("p_l_long", "P@L long (%)", "{:.1f}", percent=True), Column("n", "proteins", "{:d}")]
-    return write_table(rows, cols, out_dir / "unsupervised_contact", caption=(
-        "Unsupervised contacts from the pair head, no fine-tuning: KL(P(x_i)P(x_j) || P(x_i,x_j)) (or mutual "
-        f"information) of the predicted joint, symmetrised, APC-corrected; same metrics as above, on {test_label}. "
-        "The paper reports no such read-out."))
+        rows.append(
+            {
+                "source": "ours",
+                "model": label,
+                "data": data,
+                "head": head,
+                "test_set": test_set,
+                "p_l5_s12": _metric(runs, "P@L/5_medium_long"),
+                "p_l_long": _metric(runs, "P@L_long"),
+                "p_l5_long": _metric(runs, "P@L/5_long"),
+                "p_l5_short": _metric(runs, "P@L/5_short"),
+                "n": _n(runs, "P@L_long"),
+            }
+        )
+    cols = [
+        Column("model", "model"),
+        Column("data", "data"),
+        Column("head", "read-out"),
+        Column("test_set", "test set"),
+        Column("p_l5_short", "P@L/5 short (%)", "{:.1f}", percent=True),
+        Column("p_l5_s12", "P@L/5, s >= 12 (%)", "{:.1f}", percent=True),
+        Column("p_l5_long", "P@L/5 long (%)", "{:.1f}", percent=True),
+        Column("p_l_long", "P@L long (%)", "{:.1f}", percent=True),
+        Column("n", "proteins", "{:d}"),
+    ]
+    return write_table(
+        rows,
+        cols,
+        out_dir / "unsupervised_contact",
+        caption=(
+            "Unsupervised contacts from the pair head, no fine-tuning: KL(P(x_i)P(x_j) || P(x_i,x_j)) (or mutual "
+            f"information) of the predicted joint, symmetrised, APC-corrected; same metrics as above, on {test_label}. "
+            "The paper reports no such read-out."
+        ),
+    )
 
 
-def write_all(kind_paths: list[tuple[str, str]], out_dir: str | Path, test_label: str = "the configured test sets") -> list[Path]:
+def write_all(
+    kind_paths: list[tuple[str, str]], out_dir: str | Path, test_label: str = "the configured test sets"
+) -> list[Path]:
     out_dir = Path(out_dir)
     df = read_results(kind_paths)
     if df.empty:
         raise InputError(str(out_dir), "no results given")
     written = contact_tables(df, out_dir, test_label)
     written += per_test_set_table(
-        df, "secondary_structure", "Q3", paper.SECONDARY_STRUCTURE_Q3, ("cb513", "casp12", "ts115"), out_dir,
-        "Secondary structure: 3-state accuracy (Q3, pooled over residues) per test set.")
+        df,
+        "secondary_structure",
+        "Q3",
+        paper.SECONDARY_STRUCTURE_Q3,
+        ("cb513", "casp12", "ts115"),
+        out_dir,
+        "Secondary structure: 3-state accuracy (Q3, pooled over residues) per test set.",
+    )
     written += per_test_set_table(
-        df, "remote_homology", "top1", paper.REMOTE_HOMOLOGY, ("fold", "superfamily", "family"), out_dir,
-        "Remote homology: top-1 fold accuracy on the fold / superfamily / family holdouts.")
+        df,
+        "remote_homology",
+        "top1",
+        paper.REMOTE_HOMOLOGY,
+        ("fold", "superfamily", "family"),
+        out_dir,
+        "Remote homology: top-1 fold accuracy on the fold / superfamily / family holdouts.",
+    )
     written += unsupervised_table(df, out_dir, test_label)
     return written

@@ -27,17 +27,27 @@ def collect(config_json: str, snakemake_version: str | None) -> dict:
 
 def page(info: dict) -> str:
     esc = html.escape
-    rows = "".join(f"<tr><td>{esc(name)}</td><td>{esc(str(value) if value is not None else '–')}</td></tr>"
-                   for name, value in info["versions"].items())
+    rows = "".join(
+        f"<tr><td>{esc(name)}</td><td>{esc(str(value) if value is not None else '–')}</td></tr>"
+        for name, value in info["versions"].items()
+    )
     config = yaml.safe_dump(info["config"], sort_keys=False, default_flow_style=False)
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>run_info</title>',
-        f"<style>{HTML_STYLE}pre{{background:#f4f4f4;padding:.8em;font-size:.85em}}</style></head><body>",
-        '<h2>Software versions</h2><table id="versions"><thead><tr><th>package</th><th>version</th></tr></thead>',
-        f"<tbody>{rows}</tbody></table>",
-        "<h2>Configuration</h2><p>The workflow's effective configuration (config files, profile and command-line "
-        "values merged, schema defaults filled in).</p>",
-        f'<pre id="config">{esc(config)}</pre>', "</body></html>"]) + "\n"
+    return (
+        "\n".join(
+            [
+                "<!DOCTYPE html>",
+                '<html lang="en"><head><meta charset="utf-8"><title>run_info</title>',
+                f"<style>{HTML_STYLE}pre{{background:#f4f4f4;padding:.8em;font-size:.85em}}</style></head><body>",
+                '<h2>Software versions</h2><table id="versions"><thead><tr><th>package</th><th>version</th></tr></thead>',
+                f"<tbody>{rows}</tbody></table>",
+                "<h2>Configuration</h2><p>The workflow's effective configuration (config files, profile and command-line "
+                "values merged, schema defaults filled in).</p>",
+                f'<pre id="config">{esc(config)}</pre>',
+                "</body></html>",
+            ]
+        )
+        + "\n"
+    )
 
 
 def write_run_info(config_json: str, snakemake_version: str | None, prefix: str | Path) -> list[Path]:

@@ -31,8 +31,14 @@ def precision_rows(kind_paths: list[tuple[str, str]]) -> list[dict]:
     rows = []
     for (label, data, head, test_set), runs in df.groupby(["label", "data", "head", "test_set"], sort=True):
         values = dict(zip(runs["metric"], runs["value"].astype(float)))
-        row = {"source": "ours", "model": label, "data": data, "head": head, "test_set": test_set,
-               "n": int(runs["n_proteins"].iloc[0]) if "n_proteins" in runs else None}
+        row = {
+            "source": "ours",
+            "model": label,
+            "data": data,
+            "head": head,
+            "test_set": test_set,
+            "n": int(runs["n_proteins"].iloc[0]) if "n_proteins" in runs else None,
+        }
         for div in TOP_K_DIVISORS:
             for name in RANGES:
                 value = values.get(f"P@{div}_{name}")
@@ -43,12 +49,17 @@ def precision_rows(kind_paths: list[tuple[str, str]]) -> list[dict]:
 
 def write_table_files(rows: list[dict], prefix: str | Path) -> list[Path]:
     cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), Column("test_set", "test set")]
-    cols += [Column(f"P@{div}_{name}", f"P@{div} {name} (%)", "{:.1f}", percent=True)
-             for div in ("L", "L/5") for name in RANGES]
+    cols += [
+        Column(f"P@{div}_{name}", f"P@{div} {name} (%)", "{:.1f}", percent=True)
+        for div in ("L", "L/5")
+        for name in RANGES
+    ]
     cols.append(Column("n", "proteins", "{:d}"))
     ranges = "; ".join(range_label(name) for name in RANGES)
-    caption = (f"Contact precision by separation s = j - i: {ranges}. Per protein, the top floor(L/k) pairs of the "
-               "range by score, averaged over proteins; L the sequence length.")
+    caption = (
+        f"Contact precision by separation s = j - i: {ranges}. Per protein, the top floor(L/k) pairs of the "
+        "range by score, averaged over proteins; L the sequence length."
+    )
     return write_table(rows, cols, prefix, caption=caption)
 
 
@@ -61,8 +72,12 @@ def plot(rows: list[dict], prefix: str | Path) -> list[Path]:
     for ax, div in zip(axes, TOP_K_DIVISORS):
         for k, row in enumerate(rows):
             values = [row[f"P@{div}_{name}"] for name in RANGES]
-            ax.bar(x + (k - (len(rows) - 1) / 2) * width, [np.nan if v is None else v for v in values], width,
-                   label=f"{row['model']} {row['head']} ({row['test_set']})")
+            ax.bar(
+                x + (k - (len(rows) - 1) / 2) * width,
+                [np.nan if v is None else v for v in values],
+                width,
+                label=f"{row['model']} {row['head']} ({row['test_set']})",
+            )
         ax.set_xticks(x, [range_label(name).replace(" (", "\n(") for name in RANGES], fontsize=8)
         ax.set_title(f"P@{div}", fontsize=10)
     axes[0].set_ylabel("precision")
@@ -74,7 +89,8 @@ def plot(rows: list[dict], prefix: str | Path) -> list[Path]:
     return save_figure(fig, prefix)
 
 
-def write_precision_by_separation(kind_paths: list[tuple[str, str]], figure_prefix: str | Path,
-                                  table_prefix: str | Path) -> list[Path]:
+def write_precision_by_separation(
+    kind_paths: list[tuple[str, str]], figure_prefix: str | Path, table_prefix: str | Path
+) -> list[Path]:
     rows = precision_rows(kind_paths)
     return write_table_files(rows, table_prefix) + plot(rows, figure_prefix)

@@ -33,14 +33,22 @@ def _cell(value, col: Column) -> str:
 
 
 def _latex_escape(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("–", "--"),
-                 (">=", r"$\geq$")):
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("_", r"\_"),
+        ("#", r"\#"),
+        ("–", "--"),
+        (">=", r"$\geq$"),
+    ):
         text = text.replace(a, b)
     return text
 
 
-def write_table(rows: Sequence[dict], columns: Sequence[Column], prefix: str | Path, *, caption: str,
-                source_key: str = "source") -> list[Path]:
+def write_table(
+    rows: Sequence[dict], columns: Sequence[Column], prefix: str | Path, *, caption: str, source_key: str = "source"
+) -> list[Path]:
     """Write ``prefix``.csv (raw values), .md, .tex and .html (formatted); returns the four paths.
 
     Each row carries ``source_key`` ("paper" or "ours"); the formatted tables show it as the
@@ -55,14 +63,24 @@ def write_table(rows: Sequence[dict], columns: Sequence[Column], prefix: str | P
         for row in rows:
             writer.writerow({c.key: row.get(c.key) for c in cols})
     body = [[_cell(row.get(c.key), c) for c in cols] for row in rows]
-    md = [f"**{caption}**", "", "| " + " | ".join(c.title for c in cols) + " |",
-          "|" + "|".join("---" for _ in cols) + "|"]
+    md = [
+        f"**{caption}**",
+        "",
+        "| " + " | ".join(c.title for c in cols) + " |",
+        "|" + "|".join("---" for _ in cols) + "|",
+    ]
     md += ["| " + " | ".join(cells) + " |" for cells in body]
     with atomic_output(paths[1]) as tmp:
         Path(tmp).write_text("\n".join(md) + "\n")
-    tex = [r"\begin{table}[t]", r"\centering", rf"\caption{{{_latex_escape(caption)}}}",
-           r"\begin{tabular}{" + "l" * 2 + "r" * (len(cols) - 2) + "}", r"\toprule",
-           " & ".join(_latex_escape(c.title) for c in cols) + r" \\", r"\midrule"]
+    tex = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{_latex_escape(caption)}}}",
+        r"\begin{tabular}{" + "l" * 2 + "r" * (len(cols) - 2) + "}",
+        r"\toprule",
+        " & ".join(_latex_escape(c.title) for c in cols) + r" \\",
+        r"\midrule",
+    ]
     previous = None
     for row, cells in zip(rows, body):
         if previous is not None and row.get(source_key) != previous:
@@ -73,8 +91,9 @@ def write_table(rows: Sequence[dict], columns: Sequence[Column], prefix: str | P
     with atomic_output(paths[2]) as tmp:
         Path(tmp).write_text("\n".join(tex) + "\n")
     with atomic_output(paths[3]) as tmp:
-        Path(tmp).write_text(html_page(prefix.name, caption, [c.title for c in cols], body,
-                                       [row.get(source_key) for row in rows]))
+        Path(tmp).write_text(
+            html_page(prefix.name, caption, [c.title for c in cols], body, [row.get(source_key) for row in rows])
+        )
     return paths
 
 
@@ -84,14 +103,21 @@ border-bottom:1px solid #ccc;text-align:right}th:first-child,td:first-child,th:n
 {text-align:left}tr.paper td{color:#555;background:#f4f4f4}th{border-bottom:2px solid #333}"""
 
 
-def html_page(title: str, caption: str, header: Sequence[str], body: Sequence[Sequence[str]],
-              sources: Sequence[str | None]) -> str:
+def html_page(
+    title: str, caption: str, header: Sequence[str], body: Sequence[Sequence[str]], sources: Sequence[str | None]
+) -> str:
     """A standalone page with one table; rows of the paper are shaded (class ``paper``)."""
     esc = html.escape
-    lines = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{esc(title)}</title>",
-             f"<style>{HTML_STYLE}</style></head><body>", f'<table id="{esc(title)}">',
-             f"<caption>{esc(caption)}</caption>", "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
-             + "</tr></thead>", "<tbody>"]
+    lines = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{HTML_STYLE}</style></head><body>",
+        f'<table id="{esc(title)}">',
+        f"<caption>{esc(caption)}</caption>",
+        "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr></thead>",
+        "<tbody>",
+    ]
     for cells, source in zip(body, sources):
         cls = f' class="{esc(str(source))}"' if source else ""
         lines.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")

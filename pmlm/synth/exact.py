@@ -59,18 +59,23 @@ def site_log_conditionals(model: PottsModel, x: np.ndarray) -> np.ndarray:
 def double_difference(table: np.ndarray, wi: np.ndarray, wj: np.ndarray) -> np.ndarray:
     """``T(a,b) - T(a,w_j) - T(w_i,b) + T(w_i,w_j)`` of tables (N, q, q) around the backgrounds' residues (N,)."""
     n = np.arange(len(table))
-    return (table - table[n, :, wj][:, :, None] - table[n, wi, :][:, None, :]
-            + table[n, wi, wj][:, None, None])
+    return table - table[n, :, wj][:, :, None] - table[n, wi, :][:, None, :] + table[n, wi, wj][:, None, None]
 
 
 def triple_difference(table: np.ndarray, wi: np.ndarray, wj: np.ndarray, wk: np.ndarray) -> np.ndarray:
     """The alternating sum over the 8 corners of tables (N, q, q, q) around (w_i, w_j, w_k), (N, q, q, q)."""
     n = np.arange(len(table))
     t = table
-    return (t
-            - t[n, :, :, wk][:, :, :, None] - t[n, :, wj, :][:, :, None, :] - t[n, wi, :, :][:, None, :, :]
-            + t[n, :, wj, wk][:, :, None, None] + t[n, wi, :, wk][:, None, :, None] + t[n, wi, wj, :][:, None, None, :]
-            - t[n, wi, wj, wk][:, None, None, None])
+    return (
+        t
+        - t[n, :, :, wk][:, :, :, None]
+        - t[n, :, wj, :][:, :, None, :]
+        - t[n, wi, :, :][:, None, :, :]
+        + t[n, :, wj, wk][:, :, None, None]
+        + t[n, wi, :, wk][:, None, :, None]
+        + t[n, wi, wj, :][:, None, None, :]
+        - t[n, wi, wj, wk][:, None, None, None]
+    )
 
 
 def pair_terms(model: PottsModel, x: np.ndarray, i: int, j: int) -> np.ndarray:
@@ -125,9 +130,15 @@ def triple_log_conditional(model: PottsModel, x: np.ndarray, sites: tuple[int, i
     x = _rows(x)
     i, j, k = sites
     f = local_fields(model, x)
-    energy = (f[:, i, :, None, None] + f[:, j, None, :, None] + f[:, k, None, None, :]
-              + pair_epistasis(model, x, i, j)[:, :, :, None] + pair_epistasis(model, x, i, k)[:, :, None, :]
-              + pair_epistasis(model, x, j, k)[:, None, :, :] + triple_epistasis(model, x, sites))
+    energy = (
+        f[:, i, :, None, None]
+        + f[:, j, None, :, None]
+        + f[:, k, None, None, :]
+        + pair_epistasis(model, x, i, j)[:, :, :, None]
+        + pair_epistasis(model, x, i, k)[:, :, None, :]
+        + pair_epistasis(model, x, j, k)[:, None, :, :]
+        + triple_epistasis(model, x, sites)
+    )
     return energy - _logsumexp(energy.reshape(len(x), -1), axis=-1)[:, None, None, None]
 
 

@@ -111,17 +111,22 @@ def params_document(config: SynthConfig, families: list[Family]) -> dict:
         "seed": config.seed,
         "config": dataclasses.asdict(config),
         "model": "P(x) ~ exp(sum_i h_i(x_i) + sum_(i,j) J_ij(x_i, x_j) + sum_(i,j,k) K_ijk(x_i, x_j, x_k)), "
-                 "residue classes in the order of RESIDUES",
+        "residue classes in the order of RESIDUES",
         "residues": RESIDUES,
         "background_composition": [round(float(b), 6) for b in BACKGROUND],
         "contacts_format": (
             "TSV with header i, j (0-based positions, i < j), strength (zero-sum-gauge Frobenius norm of J_ij)"
         ),
         "validation_method": "MI with APC, top-(#edges) pairs with |i-j| >= validation_min_separation",
-        "files": {"fasta": FASTA_NAME, "contacts": f"{CONTACTS_DIR}/{{family}}.tsv",
-                  "potts": f"{PARAMS_DIR}/{{family}}.safetensors"},
-        "potts_format": (f"{POTTS_FORMAT}: safetensors fields (L, 20), edges (E, 2), couplings (E, 20, 20), "
-                         "triplets (T, 3), triple_couplings (T, 20, 20, 20)"),
+        "files": {
+            "fasta": FASTA_NAME,
+            "contacts": f"{CONTACTS_DIR}/{{family}}.tsv",
+            "potts": f"{PARAMS_DIR}/{{family}}.safetensors",
+        },
+        "potts_format": (
+            f"{POTTS_FORMAT}: safetensors fields (L, 20), edges (E, 2), couplings (E, 20, 20), "
+            "triplets (T, 3), triple_couplings (T, 20, 20, 20)"
+        ),
         "families": per_family,
     }
 
@@ -150,8 +155,12 @@ def _swap_in_folder(out: Path, name: str, families: list[Family], write) -> None
 def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> None:
     """Write contacts and Potts parameters (each as a whole folder swapped in), then FASTA, then params.json last."""
     out.mkdir(parents=True, exist_ok=True)
-    _swap_in_folder(out, CONTACTS_DIR, families,
-                    lambda d, fam: (d / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8"))
+    _swap_in_folder(
+        out,
+        CONTACTS_DIR,
+        families,
+        lambda d, fam: (d / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8"),
+    )
     _swap_in_folder(out, PARAMS_DIR, families, lambda d, fam: write_potts(d / f"{fam.name}.safetensors", fam.model))
     _atomic_write(out / FASTA_NAME, fasta_text(families))
     _atomic_write(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")

@@ -60,8 +60,10 @@ def read_potts(path: str | os.PathLike) -> PottsModel:
         (edges.ndim == 2 and edges.shape[1] == 2, f"edges must be (E, 2), got {edges.shape}"),
         (couplings.shape == (len(edges), q, q), f"couplings must be ({len(edges)}, {q}, {q}), got {couplings.shape}"),
         (triplets.ndim == 2 and triplets.shape[1] == 3, f"triplets must be (T, 3), got {triplets.shape}"),
-        (triple.shape == (len(triplets), q, q, q),
-         f"triple_couplings must be ({len(triplets)}, {q}, {q}, {q}), got {triple.shape}"),
+        (
+            triple.shape == (len(triplets), q, q, q),
+            f"triple_couplings must be ({len(triplets)}, {q}, {q}, {q}), got {triple.shape}",
+        ),
     )
     for ok, message in checks:
         if not ok:
@@ -71,6 +73,10 @@ def read_potts(path: str | os.PathLike) -> PottsModel:
             raise InputError(path, f"{name} need increasing positions in [0, {length})")
     if not all(np.isfinite(t).all() for t in (fields, couplings, triple)):
         raise InputError(path, "non-finite parameters")
-    return PottsModel(fields=fields.astype(np.float64), edges=edges.astype(np.int64),
-                      couplings=couplings.astype(np.float64), triplets=triplets.astype(np.int64),
-                      triple_couplings=triple.astype(np.float64))
+    return PottsModel(
+        fields=fields.astype(np.float64),
+        edges=edges.astype(np.int64),
+        couplings=couplings.astype(np.float64),
+        triplets=triplets.astype(np.int64),
+        triple_couplings=triple.astype(np.float64),
+    )

@@ -240,8 +240,9 @@ def random_potts_model(config: PottsConfig, rng: np.random.Generator) -> PottsMo
         # favoured residue triples among the residues the three sites show, as for the couplings
         a, b, c = (rng.choice(q, size=config.compatible_triples, replace=False, p=profiles[s]) for s in sites)
         triple_couplings[t, a, b, c] += config.triplet_strength
-    return PottsModel(fields=fields, edges=edges, couplings=couplings, triplets=triplets,
-                      triple_couplings=triple_couplings)
+    return PottsModel(
+        fields=fields, edges=edges, couplings=couplings, triplets=triplets, triple_couplings=triple_couplings
+    )
 
 
 def plant_triplets(config: PottsConfig, rng: np.random.Generator) -> np.ndarray:

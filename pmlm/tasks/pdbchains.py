@@ -55,8 +55,10 @@ def find_structure(folder: Path, pdb_id: str) -> Path:
         for candidate in (folder / name, folder / (name + ".gz")):
             if candidate.is_file():
                 return candidate
-    raise InputError(folder, f"no coordinate file for {pdb_id} (looked for {pdb_id}.cif, {pdb_id}.pdb, "
-                             f"pdb{pdb_id}.ent, optionally .gz)")
+    raise InputError(
+        folder,
+        f"no coordinate file for {pdb_id} (looked for {pdb_id}.cif, {pdb_id}.pdb, pdb{pdb_id}.ent, optionally .gz)",
+    )
 
 
 def virtual_cb(n: np.ndarray, ca: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -94,8 +96,11 @@ def chain_record(path: Path, pdb_id: str, chain_id: str) -> dict:
             cb.append(None)
     if not letters:
         raise InputError(path, f"chain {chain_id!r} has no amino-acid residues")
-    return {"id": f"{pdb_id}{chain_id}", "seq": "".join(letters),
-            "cb": [None if x is None else [round(float(v), 3) for v in x] for x in cb]}
+    return {
+        "id": f"{pdb_id}{chain_id}",
+        "seq": "".join(letters),
+        "cb": [None if x is None else [round(float(v), 3) for v in x] for x in cb],
+    }
 
 
 def convert(chain_list: str | Path, pdb_dir: str | Path, output: str | Path) -> int:

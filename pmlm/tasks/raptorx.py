@@ -36,7 +36,13 @@ import numpy as np
 from pmlm.alphabet import RESIDUES, UNKNOWN_RESIDUE
 from pmlm.errors import InputError
 from pmlm.tasks.structures import (
-    CONTACT_THRESHOLD, ON_ERROR_CHOICES, ReadCounts, RecordError, contact_map, jsonl_records, parse_coords,
+    CONTACT_THRESHOLD,
+    ON_ERROR_CHOICES,
+    ReadCounts,
+    RecordError,
+    contact_map,
+    jsonl_records,
+    parse_coords,
 )
 from pmlm.tasks.tape import safe_unpickle
 
@@ -71,8 +77,9 @@ def _square(value, length: int, key: str) -> np.ndarray:
     except (TypeError, ValueError):
         raise RecordError(f"'{key}' must be a numeric (L, L) matrix", "bad field") from None
     if arr.shape != (length, length):
-        raise RecordError(f"'{key}' has shape {arr.shape}, expected ({length}, {length}) to match 'seq'",
-                          "length mismatch")
+        raise RecordError(
+            f"'{key}' has shape {arr.shape}, expected ({length}, {length}) to match 'seq'", "length mismatch"
+        )
     return arr
 
 
@@ -85,8 +92,9 @@ def _from_coords(value, length: int, key: str, threshold: float) -> tuple[np.nda
     if isinstance(value, np.ndarray):
         coords = value.astype(np.float64)
         if coords.shape != (length, 3):
-            raise RecordError(f"'{key}' has shape {coords.shape}, expected ({length}, 3) to match 'seq'",
-                              "length mismatch")
+            raise RecordError(
+                f"'{key}' has shape {coords.shape}, expected ({length}, 3) to match 'seq'", "length mismatch"
+            )
     else:
         coords = parse_coords(value, length, key)
     return contact_map(coords, threshold)
@@ -106,8 +114,13 @@ def _from_labels(value, length: int, key: str, threshold: float) -> tuple[np.nda
     return labels == 1, labels >= 0
 
 
-_BUILDERS = {"cb": _from_coords, "coords": _from_coords, "distances": _from_distances, "dist": _from_distances,
-             "contacts": _from_labels}
+_BUILDERS = {
+    "cb": _from_coords,
+    "coords": _from_coords,
+    "distances": _from_distances,
+    "dist": _from_distances,
+    "contacts": _from_labels,
+}
 
 
 def record_from_fields(fields: dict, default_id: str, threshold: float = CONTACT_THRESHOLD) -> ContactRecord:
@@ -128,8 +141,9 @@ def record_from_fields(fields: dict, default_id: str, threshold: float = CONTACT
 def _raptorx_fields(item) -> dict:
     """RaptorX's per-protein dict -> the fields read here (C-beta distances, NaN where unknown)."""
     if not isinstance(item, dict) or "sequence" not in item:
-        raise RecordError("expected RaptorX's per-protein dict with 'name', 'sequence', 'atomDistMatrix'",
-                          "not an object")
+        raise RecordError(
+            "expected RaptorX's per-protein dict with 'name', 'sequence', 'atomDistMatrix'", "not an object"
+        )
     matrices = item.get("atomDistMatrix")
     if not isinstance(matrices, dict) or matrices.get("CbCb") is None:
         raise RecordError("no atomDistMatrix['CbCb'] (C-beta distances) for this protein", "missing key")
@@ -182,7 +196,10 @@ def _per_protein_records(
 
 
 def read_contact_set(
-    path: str | os.PathLike, *, threshold: float = CONTACT_THRESHOLD, on_error: str = "raise",
+    path: str | os.PathLike,
+    *,
+    threshold: float = CONTACT_THRESHOLD,
+    on_error: str = "raise",
     counts: ReadCounts | None = None,
 ) -> Iterator[ContactRecord]:
     """Yield ContactRecords from a directory of .npz/.pkl files (sorted by name), one such
@@ -201,5 +218,6 @@ def read_contact_set(
         raise InputError(path, "no such file or directory")
     if path.suffix in PER_PROTEIN_SUFFIXES:
         return _per_protein_records([path], threshold, on_error, counts)
-    return jsonl_records(path, lambda obj, line_no: record_from_fields(obj, f"{path.name}:{line_no}", threshold),
-                         on_error, counts)
+    return jsonl_records(
+        path, lambda obj, line_no: record_from_fields(obj, f"{path.name}:{line_no}", threshold), on_error, counts
+    )

@@ -40,9 +40,17 @@ SS3_STATES = "HEC"
 # DSSP 8-state -> 3-state: H, G, I -> H; E, B -> E; everything else (T, S, C, P and the
 # blank / '-' DSSP writes for "no structure") -> C.
 DSSP_TO_SS3: dict[str, str] = {
-    "H": "H", "G": "H", "I": "H",
-    "E": "E", "B": "E",
-    "T": "C", "S": "C", "C": "C", "P": "C", "-": "C", " ": "C",
+    "H": "H",
+    "G": "H",
+    "I": "H",
+    "E": "E",
+    "B": "E",
+    "T": "C",
+    "S": "C",
+    "C": "C",
+    "P": "C",
+    "-": "C",
+    " ": "C",
 }
 _SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -131,8 +139,12 @@ class ReadCounts:
         self.skip(error, reason)
 
     def as_dict(self) -> dict:
-        return {"read": self.read, "skipped": dict(self.skipped), "repaired": dict(self.repaired),
-                "first_skip": self.first_skip}
+        return {
+            "read": self.read,
+            "skipped": dict(self.skipped),
+            "repaired": dict(self.repaired),
+            "first_skip": self.first_skip,
+        }
 
 
 class RecordError(ValueError):
@@ -214,8 +226,13 @@ def _parse_structure(obj: dict) -> StructureRecord:
     if not isinstance(start, int) or isinstance(start, bool):
         raise RecordError(f"'start_resnum' must be an integer, got {start!r}", "bad field")
     return StructureRecord(
-        id=str(obj["id"]), chain=str(obj["chain"]), start_resnum=start, seq=seq, dssp=dssp,
-        ca=parse_coords(obj["ca"], len(seq), "ca"), cb=parse_coords(obj["cb"], len(seq), "cb"),
+        id=str(obj["id"]),
+        chain=str(obj["chain"]),
+        start_resnum=start,
+        seq=seq,
+        dssp=dssp,
+        ca=parse_coords(obj["ca"], len(seq), "ca"),
+        cb=parse_coords(obj["cb"], len(seq), "cb"),
     )
 
 
@@ -234,8 +251,9 @@ def read_structure_jsonl(
     yield from jsonl_records(path, lambda obj, line_no: _parse_structure(obj), on_error, counts)
 
 
-def jsonl_records(path: str | os.PathLike, parse: Callable[[dict, int], T], on_error: str,
-                  counts: ReadCounts) -> Iterator[T]:
+def jsonl_records(
+    path: str | os.PathLike, parse: Callable[[dict, int], T], on_error: str, counts: ReadCounts
+) -> Iterator[T]:
     """``parse(object, line number)`` of each non-blank line of a JSONL file (plain or gzip), the task
     readers' one loop over JSON lines. A bad line (bad JSON, not an object, or a RecordError from
     ``parse``) raises InputError naming file and line, or with on_error="skip" is counted by reason in

@@ -45,7 +45,13 @@ import numpy as np
 from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
 from pmlm.errors import InputError, PmlmError
 from pmlm.tasks.structures import (
-    CONTACT_THRESHOLD, ON_ERROR_CHOICES, SS3_STATES, ReadCounts, RecordError, contact_map, open_text,
+    CONTACT_THRESHOLD,
+    ON_ERROR_CHOICES,
+    SS3_STATES,
+    ReadCounts,
+    RecordError,
+    contact_map,
+    open_text,
 )
 
 TASK_SPLITS: dict[str, tuple[str, ...]] = {
@@ -164,8 +170,9 @@ def _tertiary(item: dict, length: int) -> np.ndarray:
     elif arr.shape == (3 * length, 3):
         arr = arr[1::3]  # ProteinNet's interleaved N, CA, C rows -> CA
     if arr.shape != (length, 3):
-        raise RecordError(f"'tertiary' has shape {arr.shape}, expected ({length}, 3) C-alpha coordinates",
-                          "length mismatch")
+        raise RecordError(
+            f"'tertiary' has shape {arr.shape}, expected ({length}, 3) C-alpha coordinates", "length mismatch"
+        )
     return arr
 
 
@@ -183,7 +190,9 @@ def _angstrom(ca: np.ndarray, valid: np.ndarray, counts: ReadCounts) -> np.ndarr
         return ca / _PROTEINNET_UNITS_PER_ANGSTROM
     raise RecordError(
         f"median distance between consecutive C-alpha atoms is {spacing:.3g}, expected about 3.8 "
-        "(coordinates must be in Angstrom)", "bad coordinates")
+        "(coordinates must be in Angstrom)",
+        "bad coordinates",
+    )
 
 
 def parse_proteinnet(item: dict, counts: ReadCounts) -> ProteinNetRecord:
@@ -204,8 +213,9 @@ def parse_secondary_structure(item: dict, counts: ReadCounts) -> SecondaryStruct
     if isinstance(raw, str):
         bad = next((i for i, c in enumerate(raw) if c not in SS3_STATES), None)
         if bad is not None:
-            raise RecordError(f"'ss3' has letter {raw[bad]!r} at position {bad + 1}, expected one of {SS3_STATES}",
-                              "bad field")
+            raise RecordError(
+                f"'ss3' has letter {raw[bad]!r} at position {bad + 1}, expected one of {SS3_STATES}", "bad field"
+            )
         raw = [SS3_STATES.index(c) for c in raw]
         item = {**item, "ss3": raw}
     ss3 = _per_residue(item, "ss3", length, np.int64, required=True)
@@ -223,7 +233,9 @@ def parse_remote_homology(item: dict, counts: ReadCounts) -> RemoteHomologyRecor
     if not 0 <= fold < NUM_FOLDS:
         raise RecordError(f"'fold_label' {fold} outside 0..{NUM_FOLDS - 1}", "bad field")
     return RemoteHomologyRecord(
-        id=str(item.get("id")), primary=primary, fold_label=fold,
+        id=str(item.get("id")),
+        primary=primary,
+        fold_label=fold,
         superfamily_label=_int_label(item, "superfamily_label", required=False),
         family_label=_int_label(item, "family_label", required=False),
         class_label=_int_label(item, "class_label", required=False),
@@ -291,7 +303,8 @@ def _lmdb_items(path: Path) -> Iterator[tuple[int, object]]:
     except ImportError:
         raise PmlmError(
             f"{path}: reading TAPE LMDB files needs the optional package 'lmdb' (pip install lmdb); "
-            "or use TAPE's JSON archives") from None
+            "or use TAPE's JSON archives"
+        ) from None
     try:
         env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, meminit=False, subdir=path.is_dir())
     except lmdb.Error as exc:
@@ -347,7 +360,11 @@ def read_tape(
                 item = {**item, "id": item["id"].decode("utf-8", "replace")}
             record = parse(item, counts)
         except RecordError as exc:
-            counts.reject(InputError(path, f"record {index} (id {item.get('id') if isinstance(item, dict) else '?'}): {exc}"), exc.reason, on_error)
+            counts.reject(
+                InputError(path, f"record {index} (id {item.get('id') if isinstance(item, dict) else '?'}): {exc}"),
+                exc.reason,
+                on_error,
+            )
             continue
         counts.read += 1
         yield record

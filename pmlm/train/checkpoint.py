@@ -136,8 +136,10 @@ def _load_failure(exc: Exception) -> str:
     multi-paragraph advice (which suggests loading with weights_only=False, i.e. running the file's code)."""
     refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
     if refused:
-        return (f"it holds a pickled {refused.group(1)} object, which loading without running code refuses "
-                "(not a file pmlm wrote?)")
+        return (
+            f"it holds a pickled {refused.group(1)} object, which loading without running code refuses "
+            "(not a file pmlm wrote?)"
+        )
     first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {first[0] if first else 'no details'}"
 
@@ -148,8 +150,13 @@ def capture_rng() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -199,10 +206,12 @@ def load_states(fsdp_module, model: nn.Module, optimizer, weights: dict, optim_s
     if fsdp_module is None:
         model.load_state_dict(weights)
         index = {name: i for i, name in enumerate(optimizer_param_names(model, optimizer))}
-        optimizer.load_state_dict({
-            "state": {index[name]: v for name, v in optim_state["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim_state["param_groups"]],
-        })
+        optimizer.load_state_dict(
+            {
+                "state": {index[name]: v for name, v in optim_state["state"].items()},
+                "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim_state["param_groups"]],
+            }
+        )
         return
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(fsdp_module, {f"model.{k}": v for k, v in weights.items()}, options=full)

@@ -176,8 +176,9 @@ def pick_rendezvous_port(alloc: Allocation) -> tuple[int, str]:
         wrapped = PORT_BASE + (candidate - PORT_BASE) % PORT_SPAN
         if port_is_free(wrapped):
             return wrapped, note if wrapped == port else f"{note}: {port} was in use here, {wrapped} is free"
-    raise ConfigError(f"no free rendezvous port on {socket.gethostname()} among the {PORT_PROBES} from {port}; "
-                      "give one with --port")
+    raise ConfigError(
+        f"no free rendezvous port on {socket.gethostname()} among the {PORT_PROBES} from {port}; give one with --port"
+    )
 
 
 def _same_host(node: str, hostname: str) -> bool:
@@ -268,16 +269,21 @@ def supervise(plan: LaunchPlan) -> int:
             relay.join(timeout=10)
         found = list(plan.marker_dir.iterdir()) if plan.marker_dir is not None else []
         markers = any(p.name.startswith(MARKER_PREFIX) for p in found)
-        reports = {p.name.removeprefix(REPORT_PREFIX): p.read_text(errors="replace").strip()
-                   for p in found if p.name.startswith(REPORT_PREFIX)}
+        reports = {
+            p.name.removeprefix(REPORT_PREFIX): p.read_text(errors="replace").strip()
+            for p in found
+            if p.name.startswith(REPORT_PREFIX)
+        }
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if plan.marker_dir is not None:
             shutil.rmtree(plan.marker_dir, ignore_errors=True)
     if returncode == REQUEUE_EXIT_CODE or markers:
-        _say(f"pmlm launch: a worker exited with {REQUEUE_EXIT_CODE} (checkpoint saved after a stop signal); "
-             f"exiting with {REQUEUE_EXIT_CODE} so the job is resubmitted and resumes")
+        _say(
+            f"pmlm launch: a worker exited with {REQUEUE_EXIT_CODE} (checkpoint saved after a stop signal); "
+            f"exiting with {REQUEUE_EXIT_CODE} so the job is resubmitted and resumes"
+        )
         return REQUEUE_EXIT_CODE
     code = 128 - returncode if returncode < 0 else returncode  # killed by signal n: the shell's 128 + n
     if code != 0:
@@ -297,12 +303,16 @@ def _relay_stderr(stream, srun_errors: list[str]) -> None:
     stream.close()
 
 
-def failure_summary(plan: LaunchPlan, code: int, seconds: float, reports: Mapping[str, str],
-                    srun_errors: Sequence[str]) -> str:
+def failure_summary(
+    plan: LaunchPlan, code: int, seconds: float, reports: Mapping[str, str], srun_errors: Sequence[str]
+) -> str:
     """One line: how each node's torchrun ended (from its report), which sent none, and what srun said."""
-    nodes = [f"{host}: {reports[host]}" if host in reports else
-             f"{host}: no report (its processes were killed, or the node was lost, before torchrun ended)"
-             for host in plan.hosts or sorted(reports)]
+    nodes = [
+        f"{host}: {reports[host]}"
+        if host in reports
+        else f"{host}: no report (its processes were killed, or the node was lost, before torchrun ended)"
+        for host in plan.hosts or sorted(reports)
+    ]
     nodes += [f"{host}: {text}" for host, text in sorted(reports.items()) if plan.hosts and host not in plan.hosts]
     where = "; ".join(nodes) if nodes else "no node reported"
     said = f"; srun: {' | '.join(srun_errors[:4])}" if srun_errors else ""
@@ -339,12 +349,18 @@ def _announce(plan: LaunchPlan, alloc: Allocation, port_note: str, join_timeout:
     where = f"job {alloc.job_id}: " if alloc.job_id else ""
     hosts = f" ({', '.join(plan.hosts)})" if 1 < len(plan.hosts) <= 16 else ""
     nodes = f"{plan.nodes} node(s) {alloc.nodelist}{hosts}" if alloc.nodelist else f"{plan.nodes} node(s)"
-    _say(f"pmlm launch: {where}{nodes} x {plan.procs_per_node} process(es) = world size {plan.world_size}; "
-         "ranks are given out at the rendezvous, each says where it runs")
-    meet = (f"rendezvous c10d at {plan.rendezvous} ({port_note}), join timeout {join_timeout} s"
-            if plan.rendezvous else "rendezvous on this node")
-    network = ", ".join(f"{name}={os.environ[name]}" if name in os.environ else f"{name} unset"
-                        for name in NETWORK_VARIABLES)
+    _say(
+        f"pmlm launch: {where}{nodes} x {plan.procs_per_node} process(es) = world size {plan.world_size}; "
+        "ranks are given out at the rendezvous, each says where it runs"
+    )
+    meet = (
+        f"rendezvous c10d at {plan.rendezvous} ({port_note}), join timeout {join_timeout} s"
+        if plan.rendezvous
+        else "rendezvous on this node"
+    )
+    network = ", ".join(
+        f"{name}={os.environ[name]}" if name in os.environ else f"{name} unset" for name in NETWORK_VARIABLES
+    )
     _say(f"pmlm launch: {meet}; collective timeout {collective_timeout} s; {network}")
 
 
@@ -367,8 +383,9 @@ def run(args: argparse.Namespace) -> int:
         join_timeout = _seconds(env.get(JOIN_TIMEOUT_ENV), JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S)
     collective_timeout = args.collective_timeout
     if collective_timeout is None:
-        collective_timeout = _seconds(env.get(COLLECTIVE_TIMEOUT_ENV), COLLECTIVE_TIMEOUT_ENV,
-                                      DEFAULT_COLLECTIVE_TIMEOUT_S)
+        collective_timeout = _seconds(
+            env.get(COLLECTIVE_TIMEOUT_ENV), COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S
+        )
     alloc = read_allocation(env, gpus_per_node=args.gpus_per_node)
     if args.port is not None:
         port, port_note = args.port, "--port"
@@ -376,9 +393,14 @@ def run(args: argparse.Namespace) -> int:
         port, port_note = rendezvous_port(alloc.job_id), "from the job id"
     else:
         port, port_note = pick_rendezvous_port(alloc)
-    plan = plan_launch(alloc, command, port=port,
-                       marker_dir=Path(args.marker_dir).resolve() if args.marker_dir else None,
-                       join_timeout=join_timeout, collective_timeout=collective_timeout)
+    plan = plan_launch(
+        alloc,
+        command,
+        port=port,
+        marker_dir=Path(args.marker_dir).resolve() if args.marker_dir else None,
+        join_timeout=join_timeout,
+        collective_timeout=collective_timeout,
+    )
     if args.dry_run:
         print(shlex.join(plan.argv))
         return 0
@@ -447,7 +469,7 @@ def _torchrun_options(args: Sequence[str]) -> int:
 
 def _option(args: Sequence[str], name: str) -> str | None:
     """The value of torchrun's option ``name VALUE`` in ``args``, or None."""
-    own = list(args[:_torchrun_options(args)])
+    own = list(args[: _torchrun_options(args)])
     return own[own.index(name) + 1] if name in own[:-1] else None
 
 
@@ -455,7 +477,7 @@ def _with_host_flag(args: list[str]) -> list[str]:
     """torchrun's arguments with ``is_host=1`` in --rdzv_conf: this node hosts the rendezvous store, and fails
     loudly if its port is taken, instead of quietly joining whatever store listens there (another job's)."""
     args, end = list(args), _torchrun_options(args)
-    if "--rdzv_conf" in args[:end - 1]:
+    if "--rdzv_conf" in args[: end - 1]:
         i = args.index("--rdzv_conf") + 1
         args[i] = f"{args[i]},is_host=1" if args[i] else "is_host=1"
     else:
@@ -474,8 +496,11 @@ def _torchrun_outcome(python_args: Sequence[str]) -> tuple[int, str]:
         if failures:
             ends = []
             for rank, failure in sorted(failures.items()):
-                how = (f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else
-                       f"exit {failure.exitcode}" + (" (requeue)" if failure.exitcode == REQUEUE_EXIT_CODE else ""))
+                how = (
+                    f"killed by {signal.Signals(-failure.exitcode).name}"
+                    if failure.exitcode < 0
+                    else f"exit {failure.exitcode}" + (" (requeue)" if failure.exitcode == REQUEUE_EXIT_CODE else "")
+                )
                 ends.append(f"rank {rank} {how}")
             return 1, f"torchrun exited 1: {', '.join(ends)}"
         if sigval is not None:
@@ -498,14 +523,18 @@ def node_main(python_args: Sequence[str], report_dir: Path) -> int:
         rdzv_host, _, rdzv_port = endpoint.rpartition(":")
         rdzv_address = _address(rdzv_host)
         hosted = _same_host(rdzv_host, host)
-        _say(f"pmlm launch: node {host} ({address or 'unresolved'}): torchrun for {procs} process(es); "
-             f"rendezvous {rdzv_host}:{rdzv_port} = {rdzv_address or 'unresolved'}{', hosted here' if hosted else ''}")
+        _say(
+            f"pmlm launch: node {host} ({address or 'unresolved'}): torchrun for {procs} process(es); "
+            f"rendezvous {rdzv_host}:{rdzv_port} = {rdzv_address or 'unresolved'}{', hosted here' if hosted else ''}"
+        )
         if rdzv_address is None:
             code, outcome = 2, f"cannot resolve the rendezvous host {rdzv_host} on {host}"
         elif _is_loopback(address) and not any(os.environ.get(n) for n in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")):
-            _say(f"pmlm launch: warning: {host} resolves to {address} (loopback) here, which gloo and NCCL would "
-                 "offer the other nodes; fix the node's /etc/hosts or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME "
-                 "(pmlm launch --env)")
+            _say(
+                f"pmlm launch: warning: {host} resolves to {address} (loopback) here, which gloo and NCCL would "
+                "offer the other nodes; fix the node's /etc/hosts or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME "
+                "(pmlm launch --env)"
+            )
         if hosted:
             args = _with_host_flag(args)
     started = time.monotonic()
@@ -522,9 +551,11 @@ def _rank_banner() -> None:
     """A worker under torchrun: which rank runs where (the rank -> host map of a multi-node run)."""
     host = socket.gethostname()
     env = os.environ
-    _say(f"pmlm launch: rank {env.get('RANK')} of {env.get('WORLD_SIZE')} (local rank {env.get('LOCAL_RANK')}) "
-         f"on {host} ({_address(host) or 'unresolved'}), pid {os.getpid()}; process group via "
-         f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}")
+    _say(
+        f"pmlm launch: rank {env.get('RANK')} of {env.get('WORLD_SIZE')} (local rank {env.get('LOCAL_RANK')}) "
+        f"on {host} ({_address(host) or 'unresolved'}), pid {os.getpid()}; process group via "
+        f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+    )
 
 
 def worker_main(argv: Sequence[str]) -> int:

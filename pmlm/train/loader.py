@@ -310,8 +310,10 @@ class ShardStream:
         if changed:
             # the saved position indexes a different stream; the nearest honest restart is its epoch's start
             what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
-            print(f"pmlm: data stream changed ({what}); restarting epoch {state['epoch']} of {self.split}",
-                  file=sys.stderr)
+            print(
+                f"pmlm: data stream changed ({what}); restarting epoch {state['epoch']} of {self.split}",
+                file=sys.stderr,
+            )
             self.epoch, self.buffer, self.batch = int(state["epoch"]), 0, 0
         else:
             self.epoch, self.buffer, self.batch = int(state["epoch"]), int(state["buffer"]), int(state["batch"])

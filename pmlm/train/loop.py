@@ -91,8 +91,14 @@ class PretrainingObjective(nn.Module):
         return pretraining_losses(self.model, tokens, self.objective, generator)
 
 
-def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_path: str | Path | None = None,
-          scores_path: str | Path | None = None, hooks: TrainHooks | None = None) -> int:
+def train(
+    cfg: TrainConfig,
+    shards_dir: str | Path,
+    out_dir: str | Path,
+    final_path: str | Path | None = None,
+    scores_path: str | Path | None = None,
+    hooks: TrainHooks | None = None,
+) -> int:
     """Pre-train per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal."""
     hooks = hooks or TrainHooks()
     out_dir = Path(out_dir)
@@ -131,8 +137,11 @@ def train(cfg: TrainConfig, shards_dir: str | Path, out_dir: str | Path, final_p
 
         # -- resume from the newest complete checkpoint, if any ---------------------------------------
         resumed_from = latest_checkpoint(out_dir)
-        step = 0 if resumed_from is None else _resume(resumed_from, cfg, fsdp_module, model, optimizer, generator,
-                                                      train_stream, rank, world)
+        step = (
+            0
+            if resumed_from is None
+            else _resume(resumed_from, cfg, fsdp_module, model, optimizer, generator, train_stream, rank, world)
+        )
 
         log, progress = _reporting(cfg, out_dir, step) if is_main else (None, None)
         seen = 0
@@ -237,29 +246,39 @@ def _reporting(cfg: TrainConfig, out_dir: Path, step: int) -> tuple[MetricsLog, 
     """Rank 0's metrics log and progress lines, from ``step`` on."""
     log = MetricsLog(out_dir / METRICS_CSV, CSV_FIELDS, step, out_dir / "tb" if cfg.tensorboard else None)
     # a line per tenth of the run (and per minute) in the rule's log; rank 0's residues x ranks as tokens
-    progress = Progress("pmlm pretrain", cfg.optim.total_steps, unit="steps", start=step, rates=("tokens",),
-                        each_tenth=True)
+    progress = Progress(
+        "pmlm pretrain", cfg.optim.total_steps, unit="steps", start=step, rates=("tokens",), each_tenth=True
+    )
     return log, progress
 
 
 def _streams(cfg: TrainConfig, shards_dir: str | Path, rank: int, world: int) -> tuple[ShardStream, ShardStream]:
     """This rank's train and valid streams."""
-    stream_args = dict(tokens_per_batch=cfg.data.tokens_per_batch, max_len=cfg.max_len,
-                       buffer_rows=cfg.data.buffer_rows, pad_to_multiple=cfg.data.pad_to_multiple,
-                       seed=cfg.seed, rank=rank, world_size=world)
+    stream_args = dict(
+        tokens_per_batch=cfg.data.tokens_per_batch,
+        max_len=cfg.max_len,
+        buffer_rows=cfg.data.buffer_rows,
+        pad_to_multiple=cfg.data.pad_to_multiple,
+        seed=cfg.seed,
+        rank=rank,
+        world_size=world,
+    )
     train_stream = ShardStream(shards_dir, "train", num_workers=cfg.data.num_workers, **stream_args)
     return train_stream, ShardStream(shards_dir, "valid", **stream_args)
 
 
-def _wrap(objective: PretrainingObjective, cfg: TrainConfig, device, rank: int, world: int,
-          use_fsdp: bool) -> tuple[nn.Module, torch.optim.AdamW]:
+def _wrap(
+    objective: PretrainingObjective, cfg: TrainConfig, device, rank: int, world: int, use_fsdp: bool
+) -> tuple[nn.Module, torch.optim.AdamW]:
     """The module the loop calls (FSDP-sharded, DDP-wrapped or the objective itself) and its AdamW."""
     model = objective.model
     decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
     if use_fsdp:
         if rank == 0:
-            print(f"pmlm pretrain: sharding parameters and optimizer state with FSDP over {world} rank(s)",
-                  file=sys.stderr)
+            print(
+                f"pmlm pretrain: sharding parameters and optimizer state with FSDP over {world} rank(s)",
+                file=sys.stderr,
+            )
         # per-layer units bound the gathered memory to about one layer; the root holds embeddings and heads
         for layer in model.encoder.layers:
             fully_shard(layer)
@@ -311,14 +330,20 @@ def _adamw(wrapped: nn.Module, decay: set[str], cfg: TrainConfig, device) -> tor
     """AdamW with decay on the ``decay`` parameters only; the learning rate is set by hand from the schedule."""
     named = [(_clean_name(n), p) for n, p in wrapped.named_parameters() if p.requires_grad]
     return torch.optim.AdamW(
-        [{"params": [p for n, p in named if n in decay], "weight_decay": cfg.optim.weight_decay},
-         {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}],
-        lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, fused=device.type == "cuda",
+        [
+            {"params": [p for n, p in named if n in decay], "weight_decay": cfg.optim.weight_decay},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+        ],
+        lr=cfg.optim.lr,
+        betas=cfg.optim.betas,
+        eps=cfg.optim.eps,
+        fused=device.type == "cuda",
     )
 
 
-def _resume(path: Path, cfg: TrainConfig, fsdp_module, model, optimizer, generator, train_stream, rank: int,
-            world: int) -> int:
+def _resume(
+    path: Path, cfg: TrainConfig, fsdp_module, model, optimizer, generator, train_stream, rank: int, world: int
+) -> int:
     """Load a checkpoint into the run's state; returns its step."""
     ckpt = load_checkpoint(path)
     check_compatible(ckpt.config, cfg.to_dict(), ("model", "objective"), path, "pretrain", announce=rank == 0)
@@ -326,9 +351,11 @@ def _resume(path: Path, cfg: TrainConfig, fsdp_module, model, optimizer, generat
     if set(ckpt.model) != expected:
         # same recipe, other layers: a checkpoint written before model.norm existed holds a pre-LN encoder
         odd = sorted(set(ckpt.model) ^ expected)
-        raise ConfigError(f"{path}: the checkpoint's weights do not fit this model ({', '.join(odd[:3])} ...); "
-                          "checkpoints of older pmlm versions are pre-LN: resume with model.overrides "
-                          "{norm: pre, activation: gelu, embedding_norm: false, attention_dropout: 0.0} or use a new --out")
+        raise ConfigError(
+            f"{path}: the checkpoint's weights do not fit this model ({', '.join(odd[:3])} ...); "
+            "checkpoints of older pmlm versions are pre-LN: resume with model.overrides "
+            "{norm: pre, activation: gelu, embedding_norm: false, attention_dropout: 0.0} or use a new --out"
+        )
     load_states(fsdp_module, model, optimizer, ckpt.model, ckpt.state["optimizer"])
     # the saved groups carry the old hyper-parameters; the current config's are the ones announced
     for group, decay_rate in zip(optimizer.param_groups, (cfg.optim.weight_decay, 0.0)):
@@ -346,8 +373,18 @@ def _resume(path: Path, cfg: TrainConfig, fsdp_module, model, optimizer, generat
     return ckpt.step
 
 
-def _save(out_dir: Path, at_step: int, cfg: TrainConfig, fsdp_module, model, optimizer, generator, train_stream,
-          world: int, is_main: bool) -> None:
+def _save(
+    out_dir: Path,
+    at_step: int,
+    cfg: TrainConfig,
+    fsdp_module,
+    model,
+    optimizer,
+    generator,
+    train_stream,
+    world: int,
+    is_main: bool,
+) -> None:
     """Every rank contributes its state; rank 0 writes the folder."""
     model_state, optim_state = gather_states(fsdp_module, model, optimizer)
     mine = {"rng": capture_rng(), "generator": generator.get_state(), "loader": train_stream.state_dict()}
@@ -357,26 +394,51 @@ def _save(out_dir: Path, at_step: int, cfg: TrainConfig, fsdp_module, model, opt
     else:
         ranks = [mine]
     if is_main:
-        state = {"step": at_step, "optimizer": optim_state, "scheduler": {"last_step": at_step},
-                 "world_size": world, "ranks": ranks}
+        state = {
+            "step": at_step,
+            "optimizer": optim_state,
+            "scheduler": {"last_step": at_step},
+            "world_size": world,
+            "ranks": ranks,
+        }
         save_checkpoint(out_dir, at_step, model_state, state, cfg.to_dict(), cfg.keep_last_checkpoints)
     if world > 1:
         dist.barrier()
 
 
-def _write_outputs(cfg: TrainConfig, model, step: int, valid_metrics: dict, final_state: dict, scores_path: Path,
-                   final_path: str | Path | None) -> None:
+def _write_outputs(
+    cfg: TrainConfig,
+    model,
+    step: int,
+    valid_metrics: dict,
+    final_state: dict,
+    scores_path: Path,
+    final_path: str | Path | None,
+) -> None:
     """The declared outputs (rank 0): the final validation scores and the encoder artefact."""
-    scores = {"step": step, "split": "valid", "objective": cfg.objective.name, "model_preset": cfg.model.preset,
-              **{k: valid_metrics.get(k) for k in ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc",
-                                                   "mlm_total", "pair_total")}}
+    scores = {
+        "step": step,
+        "split": "valid",
+        "objective": cfg.objective.name,
+        "model_preset": cfg.model.preset,
+        **{
+            k: valid_metrics.get(k)
+            for k in ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc", "mlm_total", "pair_total")
+        },
+    }
     if cfg.objective.name == "tmlm":
         scores.update({k: valid_metrics.get(k) for k in ("l_tmlm", "acc_tmlm", "triple_total")})
     with atomic_output(scores_path) as tmp:
         Path(tmp).write_text(json.dumps(scores, indent=2) + "\n")
     if final_path is not None:
-        info = {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(cfg.objective), "step": step,
-                "train_config": cfg.to_dict(), "final_scores": scores, "versions": versions()}
+        info = {
+            "model": model.cfg.to_dict(),
+            "objective": dataclasses.asdict(cfg.objective),
+            "step": step,
+            "train_config": cfg.to_dict(),
+            "final_scores": scores,
+            "versions": versions(),
+        }
         write_encoder(final_path, final_state, info)
 
 

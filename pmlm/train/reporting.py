@@ -14,11 +14,39 @@ from pmlm.config.pretraining import TrainConfig
 from pmlm.train.loader import ShardStream
 from pmlm.train.runtime import derived_seed
 
-CSV_FIELDS = ("split", "step", "epoch", "lr", "loss", "l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc",
-              "grad_norm", "residues", "residues_per_s", "elapsed_s", "l_tmlm", "acc_tmlm")
+CSV_FIELDS = (
+    "split",
+    "step",
+    "epoch",
+    "lr",
+    "loss",
+    "l_mlm",
+    "l_pmlm",
+    "acc_mlm",
+    "acc_pmlm",
+    "dacc",
+    "grad_norm",
+    "residues",
+    "residues_per_s",
+    "elapsed_s",
+    "l_tmlm",
+    "acc_tmlm",
+)
 # running sums behind the logged metrics; summed over micro-batches and then over ranks
-SUMS = ("loss", "l_mlm_x_n", "mlm_correct", "mlm_total", "l_pmlm_x_n", "pair_correct", "pair_total",
-        "residues", "batches", "l_tmlm_x_n", "triple_correct", "triple_total")
+SUMS = (
+    "loss",
+    "l_mlm_x_n",
+    "mlm_correct",
+    "mlm_total",
+    "l_pmlm_x_n",
+    "pair_correct",
+    "pair_total",
+    "residues",
+    "batches",
+    "l_tmlm_x_n",
+    "triple_correct",
+    "triple_total",
+)
 # counters, not metrics: in the CSV's scores but not plotted
 COUNTS = ("mlm_total", "pair_total", "triple_total")
 VALID_STREAM = 2  # random stream (see runtime.derived_seed) of the validation masks
@@ -27,20 +55,22 @@ VALID_STREAM = 2  # random stream (see runtime.derived_seed) of the validation m
 def step_sums(out: dict, residues: int, device) -> torch.Tensor:
     """One micro-batch's contribution to SUMS, without a host sync."""
     loss = out["loss"].detach().double()
-    return torch.stack([
-        loss,
-        out["l_mlm"].double() * out["mlm_total"],
-        out["mlm_correct"].double(),
-        out["mlm_total"].double(),
-        out["l_pmlm"].double() * out["pair_total"],
-        out["pair_correct"].double(),
-        out["pair_total"].double(),
-        torch.tensor(float(residues), dtype=torch.float64, device=device),
-        torch.ones((), dtype=torch.float64, device=device),
-        out["l_tmlm"].double() * out["triple_total"],
-        out["triple_correct"].double(),
-        out["triple_total"].double(),
-    ])
+    return torch.stack(
+        [
+            loss,
+            out["l_mlm"].double() * out["mlm_total"],
+            out["mlm_correct"].double(),
+            out["mlm_total"].double(),
+            out["l_pmlm"].double() * out["pair_total"],
+            out["pair_correct"].double(),
+            out["pair_total"].double(),
+            torch.tensor(float(residues), dtype=torch.float64, device=device),
+            torch.ones((), dtype=torch.float64, device=device),
+            out["l_tmlm"].double() * out["triple_total"],
+            out["triple_correct"].double(),
+            out["triple_total"].double(),
+        ]
+    )
 
 
 def summarise(values: list[float]) -> dict:

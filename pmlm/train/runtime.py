@@ -74,8 +74,11 @@ def requeue_exit(command: str, signum: int | None, step: int, announce: bool = T
     """Announce a stop after the checkpoint of ``step``; the exit status that asks for a requeue."""
     name = signal.Signals(signum).name if signum else "a stop signal on another rank"
     if announce:
-        print(f"pmlm {command}: {name} received; saved checkpoint at step {step}; "
-              f"exiting with {REQUEUE_EXIT_CODE} so the job can be requeued", file=sys.stderr)
+        print(
+            f"pmlm {command}: {name} received; saved checkpoint at step {step}; "
+            f"exiting with {REQUEUE_EXIT_CODE} so the job can be requeued",
+            file=sys.stderr,
+        )
     return REQUEUE_EXIT_CODE
 
 
@@ -88,13 +91,16 @@ def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
         )
 
 
-def check_compatible(saved: dict, now: dict, fixed: tuple[str, ...], path: Path, command: str,
-                     announce: bool = True) -> None:
+def check_compatible(
+    saved: dict, now: dict, fixed: tuple[str, ...], path: Path, command: str, announce: bool = True
+) -> None:
     """A checkpoint's weights fit only the same ``fixed`` settings; other changes are allowed (and announced)."""
     for key in fixed:
         if saved.get(key) != now[key]:
-            raise ConfigError(f"{path}: written for {key} {saved.get(key)} but the config asks for {now[key]}; "
-                              "use a new --out folder or restore the old settings")
+            raise ConfigError(
+                f"{path}: written for {key} {saved.get(key)} but the config asks for {now[key]}; "
+                "use a new --out folder or restore the old settings"
+            )
     changed = sorted(k for k in now if saved.get(k) != now[k])
     if changed and announce:
         print(f"pmlm {command}: resuming with changed settings: {', '.join(changed)}", file=sys.stderr)
@@ -170,9 +176,17 @@ def is_communication_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(
-        mark in text for mark in ("gloo/transport", "Connection reset by peer", "Connection closed by peer",
-                                  "Timed out waiting", "timeout caused pair closure", "Socket Timeout",
-                                  "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+        mark in text
+        for mark in (
+            "gloo/transport",
+            "Connection reset by peer",
+            "Connection closed by peer",
+            "Timed out waiting",
+            "timeout caused pair closure",
+            "Socket Timeout",
+            "NCCL communicator was aborted",
+            "Watchdog caught collective operation timeout",
+        )
     )
 
 

@@ -76,8 +76,7 @@ class LocalCluster:
 
 def _cluster(command: str, timeout: int, nodes: int = 1) -> subprocess.CompletedProcess:
     env = {**os.environ, "PMLM_SLURM_NODES": str(nodes)}
-    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _local_cluster(nodes: int):
