@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pmlm_step import random_batch  # noqa: E402
-from bench_vs_esm import sample_lengths  # noqa: E402
+from bench_pmlm_step import random_batch
+from bench_vs_esm import sample_lengths
 
-from pmlm.model import ObjectiveConfig, model_config, pretraining_losses  # noqa: E402
-from pmlm.pretrained import build_model  # noqa: E402
-from pmlm.model import encoder as encoder_module  # noqa: E402
-from pmlm.model.dropout_attention import dropout_attention  # noqa: E402
+from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
+from pmlm.model import encoder as encoder_module
+from pmlm.model.dropout_attention import dropout_attention
+from pmlm.pretrained import build_model
 
 BAR = 1.15
 DROPOUT = 0.1  # the released layers' attention dropout

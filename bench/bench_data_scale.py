@@ -181,11 +181,14 @@ def projection(small: dict, large: dict) -> dict:
     """UniRef50 2018_03 from the two sizes: times scale with records, memory with the marginal rate."""
     n = UNIREF50_2018_03_ENTRIES
     scale = n / large["records"]
-    marginal = lambda key, step: (
-        (large[key][step]["peak_rss_mb"] - small[key][step]["peak_rss_mb"])
-        * 2**20
-        / (large["records"] - small["records"])
-    )
+
+    def marginal(key, step):
+        return (
+            (large[key][step]["peak_rss_mb"] - small[key][step]["peak_rss_mb"])
+            * 2**20
+            / (large["records"] - small["records"])
+        )
+
     row_bytes = large["residues"] / large["records"] + 40
     proj = {
         "assumptions": f"{n / 1e6:.0f} M UniRef50 entries; uniref50.xml.gz and clean FASTA scale with entries as in the "

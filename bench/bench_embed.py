@@ -47,10 +47,9 @@ from pmlm.inference.embedding import (
     representations,
 )
 from pmlm.inference.sequences import read_fasta_sequences
-from pmlm.pretrained import load_encoder
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
-from pmlm.pretrained import build_model
+from pmlm.pretrained import build_model, load_encoder
 
 BAR = 1.2
 LENGTH_MEDIAN, LENGTH_SIGMA = 300, 0.65

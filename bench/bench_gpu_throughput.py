@@ -59,12 +59,12 @@ from bench_vs_esm import (
     build_hf,
     make_sequences,
     pad_batch,
-)  # noqa: E402
+)
 
-from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_PAIR_CLASSES, NUM_RESIDUES, PAD_ID  # noqa: E402
-from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses  # noqa: E402
-from pmlm.pretrained import build_model  # noqa: E402
-from pmlm.model.objectives import IGNORE_INDEX  # noqa: E402
+from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_PAIR_CLASSES, NUM_RESIDUES, PAD_ID
+from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses
+from pmlm.model.objectives import IGNORE_INDEX
+from pmlm.pretrained import build_model
 
 # dense bf16 tensor-core peak, TFLOP/s (vendor data sheets); matched in order against the device name
 PEAK_BF16_TFLOPS = (

@@ -52,9 +52,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.model import model_config, pretraining_losses
-from pmlm.pretrained import build_model
 from pmlm.model.heads import PairHead
 from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens, masked_pair_loss, upper_pairs
+from pmlm.pretrained import build_model
 
 BAR = 1.0 / 20
 FP32_BYTES = 4

@@ -26,8 +26,8 @@ import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
-from pmlm.pretrained import build_model
 from pmlm.model.objectives import IGNORE_INDEX, mask_tokens, upper_pairs
+from pmlm.pretrained import build_model
 
 BAR = 1.25
 OBJECTIVES = ("mlm", "pmlm", "pmlm_pair_only")

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from pmlm.data.formats import read_source
-from pmlm.data.records import records_of
 from pmlm.data.ingest import IngestPolicy, ingest
 from pmlm.data.normalise import Normaliser
+from pmlm.data.records import records_of
 from pmlm.data.shards import tokenize
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,13 +39,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_pair_memory import measure_peak  # noqa: E402
-from bench_pmlm_step import random_batch, sync  # noqa: E402
+from bench_pair_memory import measure_peak
+from bench_pmlm_step import random_batch, sync
 
-from pmlm.model import ObjectiveConfig, model_config, pretraining_losses  # noqa: E402
-from pmlm.pretrained import build_model  # noqa: E402
-from pmlm.model.objectives import IGNORE_INDEX, mask_tokens  # noqa: E402
-from pmlm.model.triple import (  # noqa: E402
+from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
+from pmlm.model.objectives import IGNORE_INDEX, mask_tokens
+from pmlm.model.triple import (
     NUM_TRIPLE_CLASSES,
     TripleHead,
     naive_triple_count,
@@ -53,6 +52,7 @@ from pmlm.model.triple import (  # noqa: E402
     triple_labels,
     triple_loss,
 )
+from pmlm.pretrained import build_model
 
 BAR = 1.5
 OBJECTIVES = ("mlm", "pmlm", "tmlm")
@@ -213,8 +213,8 @@ def memory(args, device: torch.device) -> dict:
         m = int(targets_n.ne(IGNORE_INDEX).sum())
         naive.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        peak_n, _ = measure_peak(lambda: naive_loss(naive, reps_n, targets_n), device)
-        ours_n, _ = measure_peak(lambda: ours_loss(head, reps_n, targets_n, args.triples_per_masked), device)
+        peak_n, _ = measure_peak(lambda r=reps_n, t=targets_n: naive_loss(naive, r, t), device)
+        ours_n, _ = measure_peak(lambda r=reps_n, t=targets_n: ours_loss(head, r, t, args.triples_per_masked), device)
         out["naive_points"].append(
             {
                 "length": length,

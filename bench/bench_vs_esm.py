@@ -55,8 +55,8 @@ import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, PAD_ID, VOCAB_SIZE
 from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses
-from pmlm.pretrained import build_model
 from pmlm.model.objectives import IGNORE_INDEX
+from pmlm.pretrained import build_model
 
 BAR = 1.5  # design §7.3, any setting
 BAR_AT_ATTENTION_DROPOUT = {"ours_over_hf": 2.0, "ours_on_padded_over_hf": 1.2}  # issue 26, attention dropout 0.1

@@ -14,8 +14,8 @@ import importlib
 import keyword
 import sys
 
-from pmlm.version import __version__
 from pmlm.errors import PmlmError
+from pmlm.version import __version__
 
 # name -> one-line help, in the order `pmlm --help` lists them; the code of `pmlm X` is command_module(X)
 SUBCOMMANDS: dict[str, str] = {

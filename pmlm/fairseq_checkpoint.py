@@ -24,10 +24,8 @@ Tensors are read from a memory map of the zip archive and written one at a time
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import re
-import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import asdict

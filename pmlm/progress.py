@@ -39,7 +39,7 @@ def default_every_s() -> float:
 
 def duration(seconds: float) -> str:
     """H:MM:SS (hours grow past 99 for multi-day jobs)."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 

@@ -114,7 +114,7 @@ def window_starts(length: int, room: int, stride: int | None = None) -> list[int
     if not 0 < stride <= room:
         raise ValueError(f"window stride {stride} must be in [1, {room}]")
     starts = list(range(0, length - room, stride))
-    return starts + [length - room]
+    return [*starts, length - room]
 
 
 class WindowMean:

@@ -10,12 +10,12 @@ import re
 import socket
 import threading
 import warnings
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 with warnings.catch_warnings():
     # pyftpdlib is built on asyncore/asynchat, deprecated in this Python; irrelevant to these tests
@@ -119,10 +119,8 @@ class _Handler(BaseHTTPRequestHandler):
             if served >= b.drop_first:
                 srv.stop.wait(b.stall_s)
             self.close_connection = True
-            try:
+            with suppress(OSError):
                 self.connection.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
             return
         self._send_body(chunk)
 

@@ -9,9 +9,9 @@ import torch
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import PmlmError
 from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
-from pmlm.pretrained import build_model
 from pmlm.model.attention import pack, packed_attention, reference_varlen_attention, unpack, varlen_kernel_usable
 from pmlm.model.pmlm_model import PMLMModel
+from pmlm.pretrained import build_model
 
 # tiny preset, shortened so the checks run in well under a second
 DIMS = {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 72}
@@ -102,8 +102,8 @@ def test_packing_offsets_positions_and_round_trip():
     assert packing.cu_seqlens.dtype == torch.int32
     assert packing.cu_seqlens.tolist() == [0, 5, 5, 12]
     assert packing.max_len == 7 and packing.tokens == 12
-    assert packing.positions.tolist() == [0, 1, 2, 3, 4] + [0, 1, 2, 3, 4, 5, 6]  # <cls> is 0 in every row
-    assert packing.index.tolist() == [0, 1, 2, 3, 4] + [18, 19, 20, 21, 22, 23, 24]
+    assert packing.positions.tolist() == [0, 1, 2, 3, 4] + [0, 1, 2, 3, 4, 5, 6]  # noqa: RUF005 (two rows; <cls> is 0 in every row)
+    assert packing.index.tolist() == [0, 1, 2, 3, 4, 18, 19, 20, 21, 22, 23, 24]
     values = torch.randn(12, 2)
     grid = unpack(values, packing)  # (3, 9, 2)
     assert torch.equal(grid[tokens.ne(PAD_ID)], values) and grid[tokens.eq(PAD_ID)].abs().sum() == 0

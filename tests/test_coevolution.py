@@ -5,8 +5,10 @@ of a synthetic family far above chance and every supervised head scores held-out
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 from pathlib import Path
 
 import numpy as np
@@ -212,7 +214,7 @@ def test_contact_head_learns_a_signature_and_scores_unseen_families():
     untrained = fit_contact_head(encoder, "M", fams[:2], StudyConfig(sequences=2, head_steps=1, head_lr=1e-6), 0)
     assert family_precision(untrained, fams[2], cfg)[0]["p_at_edges"] < scores["p_at_edges"]
     assert family_folds(["c", "a", "b", "d"], seed=1) == family_folds(["a", "b", "c", "d"], seed=1)
-    assert sorted(sum(family_folds(["a", "b", "c"], seed=0), [])) == ["a", "b", "c"]
+    assert sorted(functools.reduce(operator.iadd, family_folds(["a", "b", "c"], seed=0), [])) == ["a", "b", "c"]
     assert family_folds(["a"], seed=0) == []
 
 
@@ -598,8 +600,8 @@ def test_ci_study_pair_head_ranks_planted_couplings_above_chance(tmp_path):
     mi = result["dependence"]["pair_head"]["pmlm"]["mi"]
     assert mi["median_planted"] > mi["median_non_planted"]
     # both families scored by every supervised head fitted on the other; one set of sequences throughout
-    assert sorted(sum(result["folds"], [])) == sorted(result["families"])
-    for family, used in result["sequences"].items():
+    assert sorted(functools.reduce(operator.iadd, result["folds"], [])) == sorted(result["families"])
+    for _family, used in result["sequences"].items():
         assert len({tuple(ids) for ids in used.values()}) == 1 and len(used["pair_head_mi_apc"]) == 16
         assert "supervised_mplus" in used and "chain_rule_mi_apc" not in used
     assert all(0.0 <= v <= 1.0 for v in heads.values())

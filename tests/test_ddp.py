@@ -18,8 +18,8 @@ from conftest import make_sequences, write_shards
 from safetensors.torch import load_file
 
 from pmlm.alphabet import EOS_ID
-from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.config.pretraining import TrainConfig
+from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.loader import ShardStream
 
 STEPS = 6

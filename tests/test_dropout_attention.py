@@ -16,7 +16,6 @@ from test_attention import mixed_batch
 
 from pmlm.alphabet import PAD_ID
 from pmlm.model import ObjectiveConfig, PMLMModel, model_config, pretraining_losses
-from pmlm.pretrained import build_model
 from pmlm.model import dropout_attention as kernel
 from pmlm.model.attention import (
     flash_usable,
@@ -27,6 +26,7 @@ from pmlm.model.attention import (
     unpack,
 )
 from pmlm.model.encoder import SelfAttention, key_padding_mask
+from pmlm.pretrained import build_model
 
 DIMS = {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 72}
 

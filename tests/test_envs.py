@@ -15,11 +15,11 @@ import ast
 import re
 import subprocess
 import sys
-import tomllib
 from functools import cache
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version

@@ -193,7 +193,7 @@ def test_training_labels_follow_the_exact_joint():
             flipped.append(joint.T.ravel())
             exact_total -= joint[x[i - 1], x[j - 1]] * 2  # both orders
         logits = torch.tensor(np.array(given + swapped), dtype=torch.float64).clamp(min=-1e4)
-        ce, n, _ = masked_pair_loss(logits, upper, targets)
+        ce, _n, _ = masked_pair_loss(logits, upper, targets)
         pair_ce += float(ce)
         wrong = torch.tensor(np.array(flipped + given), dtype=torch.float64).clamp(min=-1e4)
         transposed_total += float(masked_pair_loss(wrong, upper, targets)[0])

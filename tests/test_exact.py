@@ -161,7 +161,7 @@ def test_gibbs_sampler_with_a_three_body_term_matches_the_exact_distribution():
 
 
 def test_planted_triplets_leave_pairwise_families_unchanged():
-    small = dict(length=32, num_sequences=64, chains=8, burn_in=5, thinning=1)
+    small = {"length": 32, "num_sequences": 64, "chains": 8, "burn_in": 5, "thinning": 1}
     plain = generate_family("a", PottsConfig(**small), family_rng(3, 0))
     again = generate_family("a", PottsConfig(**small, triplets=0), family_rng(3, 0))
     np.testing.assert_array_equal(plain.sequences, again.sequences)

@@ -6,11 +6,11 @@ import hashlib
 import random
 
 import pytest
+from loopback_servers import Behaviour, ftp_server, http_server
 
 from pmlm import cli
 from pmlm.data.fetch import fetch, redact
 from pmlm.errors import ConfigError, DownloadError
-from loopback_servers import Behaviour, ftp_server, http_server
 
 PAYLOAD = random.Random(0).randbytes(200_000)
 SHA = hashlib.sha256(PAYLOAD).hexdigest()
@@ -58,9 +58,11 @@ def test_http_server_ignoring_range_restarts_from_zero(tmp_path):
 
 def test_no_progress_gives_up_after_retries_and_keeps_the_part(tmp_path):
     dest = tmp_path / "data.bin"
-    with http_server(Behaviour(PAYLOAD, drop_first=100, cut_after=1_000, ignore_range=True)) as srv:
-        with pytest.raises(DownloadError, match="giving up after 3 failed attempts"):
-            fetch(srv.url, dest, retries=2, **FAST)
+    with (
+        http_server(Behaviour(PAYLOAD, drop_first=100, cut_after=1_000, ignore_range=True)) as srv,
+        pytest.raises(DownloadError, match="giving up after 3 failed attempts"),
+    ):
+        fetch(srv.url, dest, retries=2, **FAST)
     assert len(srv.requests) == 3
     assert not dest.exists()
     assert _part(dest).read_bytes() == PAYLOAD[:1_000]
@@ -68,9 +70,8 @@ def test_no_progress_gives_up_after_retries_and_keeps_the_part(tmp_path):
 
 def test_http_wrong_bytes_fail_checksum_and_leave_nothing(tmp_path):
     dest = tmp_path / "data.bin"
-    with http_server(Behaviour(PAYLOAD, wrong_bytes=True)) as srv:
-        with pytest.raises(DownloadError) as info:
-            fetch(srv.url, dest, sha256=SHA, **FAST)
+    with http_server(Behaviour(PAYLOAD, wrong_bytes=True)) as srv, pytest.raises(DownloadError) as info:
+        fetch(srv.url, dest, sha256=SHA, **FAST)
     actual = hashlib.sha256(bytes(x ^ 0xFF for x in PAYLOAD)).hexdigest()
     message = str(info.value)
     assert srv.url in message and SHA in message and actual in message
@@ -80,9 +81,8 @@ def test_http_wrong_bytes_fail_checksum_and_leave_nothing(tmp_path):
 
 def test_http_404_fails_at_once(tmp_path):
     dest = tmp_path / "data.bin"
-    with http_server(Behaviour(PAYLOAD)) as srv:
-        with pytest.raises(DownloadError, match="HTTP 404"):
-            fetch(srv.url + ".missing", dest, retries=5, backoff=10.0)
+    with http_server(Behaviour(PAYLOAD)) as srv, pytest.raises(DownloadError, match="HTTP 404"):
+        fetch(srv.url + ".missing", dest, retries=5, backoff=10.0)
     assert len(srv.requests) == 1
     assert not dest.exists() and not _part(dest).exists()
 

@@ -25,10 +25,9 @@ from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.data import TaskLoader, read_task_data
 from pmlm.finetune.loop import FinetuneHooks, finetune
-from pmlm.pretrained import load_head
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
-from pmlm.pretrained import build_model
+from pmlm.pretrained import build_model, load_head
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from pmlm.train.runtime import TrainingDiverged

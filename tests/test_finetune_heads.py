@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
-from pmlm.errors import ConfigError
-from pmlm.utils import symmetrize
 from pmlm.config.finetuning import FinetuneConfig
+from pmlm.errors import ConfigError
+from pmlm.model.config import ModelConfig
+from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.task_heads import (
     ContactLinearHead,
     ContactResNetHead,
@@ -21,9 +22,8 @@ from pmlm.model.task_heads import (
     pair_map,
     resolve_features,
 )
-from pmlm.model.config import ModelConfig
-from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
+from pmlm.utils import symmetrize
 
 HIDDEN = 16
 

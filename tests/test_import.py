@@ -19,17 +19,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import reorder_tolerance
 from safetensors.torch import load_file
 
 import pmlm
-from conftest import reorder_tolerance
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.errors import InputError
-from pmlm.pretrained import build_model, load_encoder
 from pmlm.fairseq_checkpoint import import_checkpoint, load_checkpoint
 from pmlm.model.config import model_config
 from pmlm.model.encoder import fairseq_positions, sinusoidal_positions
+from pmlm.pretrained import build_model, load_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "released"
@@ -318,7 +318,7 @@ def imported(tmp_path_factory):
 def test_imported_model_computes_what_the_released_one_computes(imported, name, attention):
     """Every layer's hidden states and the token logits at every real position, and (PMLM) the pair logits of the
     ordered pairs of the marked positions, against fairseq running the released plugin (tests/data/released)."""
-    model, info, _ = load_encoder(imported[name])
+    model, _info, _ = load_encoder(imported[name])
     model.encoder.attention = attention
     cfg = model.cfg
     ref = load_file(FIXTURE / f"{name}_tiny_reference.safetensors")

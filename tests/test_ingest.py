@@ -98,7 +98,7 @@ def test_empty_records_are_counted(tmp_path):
 
 
 def test_crlf_line_endings(tmp_path):
-    stats, recs = run_ingest(tmp_path, ">a x\r\nMKV\r\nLA\r\n>b\r\nAC\r\n")
+    _stats, recs = run_ingest(tmp_path, ">a x\r\nMKV\r\nLA\r\n>b\r\nAC\r\n")
     assert recs == [("a", "MKVLA"), ("b", "AC")]
 
 

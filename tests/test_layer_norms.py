@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.artefacts import ENCODER_FORMAT, read_encoder_info, save_weights, write_encoder
 from pmlm.errors import ConfigError, InputError
-from pmlm.pretrained import load_encoder
 from pmlm.model import ObjectiveConfig, PMLMModel, model_config
-from pmlm.pretrained import build_model
 from pmlm.model.config import RELEASED_LAYERS
+from pmlm.pretrained import build_model, load_encoder
 
 ACT = {"relu": F.relu, "gelu": F.gelu}
 

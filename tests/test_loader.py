@@ -17,7 +17,7 @@ from pmlm.train.loader import ShardStream
 
 
 def _stream(shards, **kw) -> ShardStream:
-    args = dict(tokens_per_batch=256, max_len=40, buffer_rows=48, seed=7)
+    args = {"tokens_per_batch": 256, "max_len": 40, "buffer_rows": 48, "seed": 7}
     args.update(kw)
     return ShardStream(shards, "train", **args)
 

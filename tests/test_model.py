@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import reorder_tolerance
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -12,9 +11,9 @@ from pmlm import alphabet
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.model import PRESETS, ObjectiveConfig, PMLMModel, model_config
-from pmlm.pretrained import build_model
 from pmlm.model.heads import PairHead
 from pmlm.model.objectives import pair_labels, swap_pairs, upper_pairs
+from pmlm.pretrained import build_model
 
 # (preset, objective) -> parameter count stated by the paper / design table
 PAPER_PARAMS = {
@@ -89,7 +88,30 @@ def test_tiny_forward_shapes():
 
 # The released code's dictionary (Mu-Protein pmlm/src/protein/dict.txt, one symbol per line, after
 # fairseq's 4 specials <s> <pad> </s> <unk>; the task then adds <mask>)
-RELEASED_DICT_TXT = "A R N D C Q E G H I L K M F P S T W Y V X -".split()
+RELEASED_DICT_TXT = [
+    "A",
+    "R",
+    "N",
+    "D",
+    "C",
+    "Q",
+    "E",
+    "G",
+    "H",
+    "I",
+    "L",
+    "K",
+    "M",
+    "F",
+    "P",
+    "S",
+    "T",
+    "W",
+    "Y",
+    "V",
+    "X",
+    "-",
+]
 
 
 @pytest.mark.parametrize("pair_vocab", ["standard", "full"])
@@ -109,7 +131,7 @@ def test_pair_vocabulary_class_counts(pair_vocab):
     targets = torch.cat([classes, classes]).view(1, -1)  # (1, 40): each residue class twice
     index = torch.tensor([[0, i, NUM_RESIDUES + j] for i in range(NUM_RESIDUES) for j in range(NUM_RESIDUES)])
     labels = pair_labels(index, targets, pair_vocab)
-    assert labels.unique().numel() == NUM_RESIDUES**2 and 0 <= labels.min() and labels.max() < expected
+    assert labels.unique().numel() == NUM_RESIDUES**2 and labels.min() >= 0 and labels.max() < expected
 
 
 def test_heads_follow_config_and_errors():

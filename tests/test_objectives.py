@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, PAD_ID, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses
-from pmlm.pretrained import build_model
 from pmlm.model.objectives import IGNORE_INDEX, diagonal_pairs, pair_labels, swap_pairs, upper_pairs
+from pmlm.pretrained import build_model
 
 
 def ordered_pairs_of(valid):

@@ -9,9 +9,8 @@ import re
 
 import pytest
 import yaml
-from workflow_rules import REPO, commented_block, local_rules, read_rules
-
 from snakemake.cli import get_profile_dir, parse_args
+from workflow_rules import REPO, commented_block, local_rules, read_rules
 
 SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 WORKFLOW_PROFILE = REPO / "profiles" / "default" / "config.yaml"
@@ -42,7 +41,7 @@ def _raw(resources) -> dict:
 
 def test_profile_name_resolves_from_the_repository_root(in_repo):
     """`snakemake --profile slurm`: Snakemake looks in the current directory first, where `slurm` links to it."""
-    folder, config = get_profile_dir("slurm")
+    _folder, config = get_profile_dir("slurm")
     assert config.resolve() == SLURM_PROFILE
     assert (REPO / "slurm").is_symlink() and (REPO / "slurm").resolve() == SLURM_PROFILE.parent
 

@@ -21,15 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from loopback_servers import static_http_server
 from tiny_models import random_letters, tiny_encoder
 
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.evaluation import fitness
-from pmlm.pretrained import load_encoder
 from pmlm.inference.mutations import parse_mutant, score_mutants
+from pmlm.pretrained import load_encoder
 from pmlm.proteingym.summary import aggregate
 from pmlm.synth.potts import PottsModel
 

@@ -7,8 +7,8 @@ import pickle
 
 import numpy as np
 import pytest
-
 from archives import tar_bytes
+
 from pmlm.cli import main
 from pmlm.data.archive import extract_member
 from pmlm.errors import InputError
@@ -137,7 +137,7 @@ def _pdb_text() -> str:
             serial += 1
     lines.append(_atom(serial, "O", "HOH", "A", 101, (0.0, 9.0, 9.0), "HETATM"))
     lines.append(_atom(serial + 1, "CA", "ALA", "B", 1, (50.0, 0.0, 0.0)))
-    return "\n".join(lines + ["END", ""])
+    return "\n".join([*lines, "END", ""])
 
 
 def test_contacts_from_pdb_coordinates(tmp_path, capsys):

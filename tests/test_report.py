@@ -396,8 +396,8 @@ def test_contact_maps_refuse_an_encoder_without_a_pair_head(tmp_path, capsys):
 
 
 def test_contact_map_runs_must_exist_in_the_config():
-    from pmlm.errors import ConfigError
     from pmlm.config.workflow import check_references
+    from pmlm.errors import ConfigError
 
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config["report"] = {"contact_maps": {"runs": ["ss3"]}}

@@ -16,9 +16,9 @@ from tiny_models import random_letters, tiny_encoder, write_fasta
 import pmlm
 from pmlm import alphabet
 from pmlm.cli import main
-from pmlm.pretrained import load_encoder
 from pmlm.model.objectives import pair_labels
 from pmlm.model.triple import triple_labels
+from pmlm.pretrained import load_encoder
 from pmlm.tokens import batch_tokens
 
 # log-probabilities are fp32 softmaxes of logits of size ~10-100: differences agree to a few fp32 ulps of them
@@ -136,7 +136,7 @@ def test_scores_agree_with_a_brute_force_reference(tmp_path, case, encoder):
         assert float(row["additive"]) == pytest.approx(additive, abs=ATOL)
         assert float(row["epistasis"]) == pytest.approx(want - additive, abs=2 * ATOL)
     by = {r["mutant"]: r for r in rows}
-    a, b, ab, ba = mutants[:4]
+    _a, _b, ab, ba = mutants[:4]
     assert by[ab]["score"] == by[ba]["score"]  # the order of listing does not change the pair
     # the joint is not the product of its marginals: the epistasis term is informative
     assert abs(float(by[ab]["epistasis"])) > 1e-3

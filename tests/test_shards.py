@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pmlm import alphabet
-from pmlm.cli import main
 from pmlm.artefacts import read_manifest as load_manifest
+from pmlm.cli import main
 from pmlm.data.shards import shard_of, tokenize
 from pmlm.errors import InputError
 from pmlm.utils import file_digest
@@ -79,7 +79,7 @@ def test_row_groups_and_manifest(shards):
 
 
 def test_rerun_is_byte_identical(shards, tmp_path):
-    out, manifest, train = shards
+    _out, manifest, train = shards
     again = tokenize({"train": [train]}, str(tmp_path / "again"), num_shards=4, row_group_size=64)
     assert [f["sha256"] for f in again["splits"]["train"]["files"]] == [
         f["sha256"] for f in manifest["splits"]["train"]["files"]
@@ -108,8 +108,8 @@ def test_headers_without_cluster_use_the_id(tmp_path):
 
 def test_outputs_get_the_usual_file_mode(tmp_path):
     """Atomic outputs start as private temporaries; the committed file must not stay owner-only."""
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     from pmlm.utils import atomic_output
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
-from local_cluster import (  # noqa: E402
+from local_cluster import (
     CLUSTER_ACCOUNT,
     CLUSTER_PARTITION,
     SITE_PROFILE,
@@ -20,9 +20,9 @@ from local_cluster import (  # noqa: E402
     run_snakemake,
     slurm_cluster,  # noqa: F401  (module-scoped fixture)
 )
-from local_cluster import fields as _fields  # noqa: E402
-from local_cluster import scontrol_job as _scontrol_job  # noqa: E402
-from local_cluster import tail as _tail  # noqa: E402
+from local_cluster import fields as _fields
+from local_cluster import scontrol_job as _scontrol_job
+from local_cluster import tail as _tail
 
 # whole-workflow bound for the tiny two-job Snakefile below (the profile's first status query comes 40 s
 # after submission)

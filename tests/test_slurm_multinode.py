@@ -30,13 +30,12 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from conftest import reorder_tolerance
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
-from local_cluster import (  # noqa: E402
+from local_cluster import (
     MULTINODE_INTERFACE,
     MULTINODE_NODES,
     MULTINODE_SUBNET,
@@ -53,11 +52,10 @@ from local_cluster import (  # noqa: E402
     submissions,
     tail,
 )
+from workflow_rules import commented_block
 
-from workflow_rules import commented_block  # noqa: E402
-
-from pmlm.train.allocation import expand_hostlist  # noqa: E402
-from pmlm.train.launch import PORT_BASE, PORT_SPAN  # noqa: E402
+from pmlm.train.allocation import expand_hostlist
+from pmlm.train.launch import PORT_BASE, PORT_SPAN
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -117,7 +115,7 @@ TWO_NODES = {
 
 
 def _pretrain_config(*presets: str) -> dict:
-    return {"pretrain": {"recipes": {p: RECIPE for p in presets},
+    return {"pretrain": {"recipes": dict.fromkeys(presets, RECIPE),
                          "models": [{"dataset": "demo", "objective": "pmlm", "preset": p} for p in presets],
                          "set": SET}}  # fmt: skip
 
@@ -275,7 +273,7 @@ def test_trainers_run_on_two_nodes_and_meet_at_the_first(first_run, multinode_cl
         # rank -> host: four ranks, two on each node, each at its node's address
         ranks = {int(r[0]): r for r in launch["ranks"]}
         assert sorted(ranks) == list(range(WORLD)), launch["ranks"]
-        for rank, (_, world, local, host, address, master, _) in ranks.items():
+        for rank, (_, world, _local, host, address, master, _) in ranks.items():
             assert int(world) == WORLD and host in nodes and address == _node_address(host), ranks[rank]
             assert master in nodes  # the process group's store: on the node of rank 0, by name
         assert sorted(r[3] for r in ranks.values()) == sorted(nodes * GPUS_PER_NODE)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
-from local_cluster import (  # noqa: E402
+from local_cluster import (
     CLUSTER_ACCOUNT,
     CLUSTER_GPU_PARTITION,
     CLUSTER_PARTITION,
@@ -108,7 +108,7 @@ def demo_run(slurm_cluster: LocalCluster, tmp_path_factory):
 
 
 def test_demo_dag_runs_as_slurm_jobs(demo_run, slurm_cluster: LocalCluster):
-    root, workdir, _, result = demo_run
+    _root, workdir, _, result = demo_run
     log = result.stdout + result.stderr
     assert result.returncode == 0, (
         f"snakemake exited {result.returncode} (124: timed out)\n{tail(log)}\n{slurm_cluster.log_tails()}"

@@ -6,9 +6,9 @@ import io
 from pathlib import Path
 
 import pytest
+from archives import tar_bytes, uniprot_release_archive
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
-from archives import tar_bytes, uniprot_release_archive
 from pmlm.cli import main
 from pmlm.data.archive import extract_member
 from pmlm.data.checksums import published_checksums

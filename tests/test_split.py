@@ -62,7 +62,10 @@ def test_split_is_deterministic_and_seed_dependent(families, tmp_path):
     a = split(path, str(tmp_path / "a"), SplitConfig(valid_fraction=0.3, seed=1))
     b = split(path, str(tmp_path / "b"), SplitConfig(valid_fraction=0.3, seed=1))
     split(path, str(tmp_path / "c"), SplitConfig(valid_fraction=0.3, seed=2))
-    read = lambda d: (tmp_path / d / "valid.fasta").read_text()
+
+    def read(d):
+        return (tmp_path / d / "valid.fasta").read_text()
+
     assert read("a") == read("b") and a["valid"] == b["valid"]
     assert read("a") != read("c")
 

@@ -25,7 +25,7 @@ from pmlm.synth.potts import (
     read_contacts,
 )
 
-SMALL = dict(length=32, num_sequences=256, chains=16, burn_in=20, thinning=2)
+SMALL = {"length": 32, "num_sequences": 256, "chains": 16, "burn_in": 20, "thinning": 2}
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +76,11 @@ def test_planted_edges_look_like_contacts():
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
-        (dict(length=10), "length"),
-        (dict(length=20, edges=41), "edges"),
-        (dict(coupling_strength=math.nan), "coupling_strength"),
-        (dict(short_range_fraction=1.5), "short_range_fraction"),
-        (dict(thinning=0), "thinning"),
+        ({"length": 10}, "length"),
+        ({"length": 20, "edges": 41}, "edges"),
+        ({"coupling_strength": math.nan}, "coupling_strength"),
+        ({"short_range_fraction": 1.5}, "short_range_fraction"),
+        ({"thinning": 0}, "thinning"),
     ],
 )
 def test_invalid_config_is_refused(kwargs, needle):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -19,10 +20,10 @@ from conftest import make_sequences, write_shards
 from safetensors.torch import load_file
 
 from pmlm.cli import main
+from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from pmlm.config.pretraining import TrainConfig
 from pmlm.train.loop import TrainHooks, train
 from pmlm.train.runtime import TrainingDiverged
 
@@ -291,7 +292,7 @@ def test_schedule_warms_up_then_decays_linearly():
     cfg = TrainConfig.from_dict({"optim": {"lr": 1.0, "end_lr": 0.1, "warmup_steps": 4, "total_steps": 10}})
     lrs = [cfg.optim.lr_at(s) for s in range(10)]
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert all(math.isclose(a - b, 0.15) for a, b in zip(lrs[3:], lrs[4:]))
+    assert all(math.isclose(a - b, 0.15) for a, b in itertools.pairwise(lrs))
     assert math.isclose(lrs[-1], 0.1)
 
 

@@ -11,11 +11,11 @@ import torch
 
 from pmlm.artefacts import write_encoder
 from pmlm.errors import ConfigError
-from pmlm.pretrained import build_model, load_encoder
 from pmlm.model.config import model_config
 from pmlm.model.heads import PairHead
 from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens, pretraining_losses
 from pmlm.model.triple import NUM_TRIPLE_CLASSES, Q, TripleHead, sample_triples, triple_labels, triples_per_sequence
+from pmlm.pretrained import build_model, load_encoder
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from pmlm.utils import symmetrize
-
 from pmlm.alphabet import NUM_RESIDUES
 from pmlm.evaluation.unsupervised import (
     apc,
@@ -18,6 +16,7 @@ from pmlm.evaluation.unsupervised import (
     msa_mutual_information,
     mutual_information,
 )
+from pmlm.utils import symmetrize
 
 
 def _random_marginal(rng, *shape):

@@ -11,7 +11,7 @@ def test_windows_cover_every_residue_and_stay_inside(length, room):
     starts = window_starts(length, room)
     covered = np.zeros(length, dtype=int)
     for s in starts:
-        assert 0 <= s and s + min(room, length) <= length
+        assert s >= 0 and s + min(room, length) <= length
         covered[s : s + room] += 1
     assert covered.min() >= 1
     assert starts == sorted(set(starts))

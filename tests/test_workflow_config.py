@@ -19,9 +19,9 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pmlm.cli import build_parser
+from pmlm.config.workflow import check_references, schema_error
 from pmlm.data.normalise import IngestPolicy
 from pmlm.errors import ConfigError
-from pmlm.config.workflow import check_references, schema_error
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"

@@ -17,9 +17,9 @@ from pmlm import alphabet
 from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_precision
 from pmlm.evaluation.pair_readout import joint_dependence, masked_copies, pair_dependence, pair_positions
 from pmlm.evaluation.unsupervised import apc
-from pmlm.utils import symmetrize
 from pmlm.model.encoder import key_padding_mask
 from pmlm.tokens import batch_tokens
+from pmlm.utils import symmetrize
 
 
 def residue_ids(classes: np.ndarray) -> np.ndarray:

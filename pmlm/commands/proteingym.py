@@ -4,7 +4,6 @@ assays (pmlm.proteingym: reference, scoring, summary, report)."""
 from __future__ import annotations
 
 import argparse
-
 import sys
 
 

@@ -10,7 +10,6 @@ import time
 from pmlm.synth.config import SynthConfig
 from pmlm.synth.potts import PottsConfig
 
-
 # CLI flag -> (PottsConfig field, type, help); the field is the option's dest, flags left out keep the dataclass default
 _POTTS_FLAGS = {
     "length": ("length", int, "residues per sequence"),

@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from pmlm.errors import ConfigError
-from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS, LEGACY_FEATURES
-from pmlm.tasks.structures import CONTACT_THRESHOLD
-from pmlm.tasks.tape import NUM_FOLDS
 from pmlm.config.optim import FinetuneOptimConfig
 from pmlm.config.tree import YamlConfig, require
+from pmlm.errors import ConfigError
+from pmlm.tasks.structures import CONTACT_THRESHOLD
+from pmlm.tasks.tape import NUM_FOLDS
+from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS, LEGACY_FEATURES
 
 TASKS = ("contact", "ss3", "remote_homology")
 # head kinds each task accepts; the first is what "auto" resolves to

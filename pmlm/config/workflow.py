@@ -104,7 +104,7 @@ def check_references(config: dict) -> None:
         if run["data"] not in task_data:
             raise ConfigError(f"{where}.data: unknown task data {run['data']!r}")
         splits = _splits(task_data[run["data"]])
-        for label, split in {"train": "train", "valid": "valid", **run["tests"]}.items():
+        for split in {"train": "train", "valid": "valid", **run["tests"]}.values():
             if split not in splits:
                 raise ConfigError(
                     f"{where}: task data {run['data']!r} has no split {split!r} (has {', '.join(sorted(splits))})"
@@ -173,7 +173,7 @@ def _check_features(where: str, run: dict, models: list[dict]) -> None:
                 raise ConfigError(f"{where}.features.{encoder}: not an encoder of this run ({', '.join(applies)})")
         chosen = {i: spec.get(i, "auto") for i in applies}
     else:
-        chosen = {i: spec for i in applies}
+        chosen = dict.fromkeys(applies, spec)
     for encoder, features in chosen.items():
         if features == FEATURES_M_PLUS and run.get("table") not in CONTACT_TABLES:
             raise ConfigError(

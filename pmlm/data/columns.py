@@ -206,7 +206,7 @@ def clean_one_line_fasta(
     lines = _lines(body)
     if lines is None:
         return None
-    data, newlines, starts, ends = lines
+    data, _newlines, starts, ends = lines
     line_len = ends - starts
     if not line_len.all():
         return None

@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 

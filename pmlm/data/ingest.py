@@ -25,8 +25,8 @@ import shutil
 import tempfile
 from array import array
 from collections import Counter
-from itertools import chain, repeat
 from dataclasses import dataclass
+from itertools import chain, repeat
 from pathlib import Path
 from typing import NamedTuple
 

@@ -18,5 +18,5 @@ class Block(NamedTuple):
 
 def records_of(blocks: Iterator[Block]) -> Iterator[tuple[bytes, bytes, int, bytes | None]]:
     """``(id, residues, line, annotation)`` per record of a stream of blocks."""
-    for ids, seqs, lines, annotations in blocks:
-        yield from zip(ids, seqs, lines, annotations if annotations is not None else [None] * len(ids))
+    for ids, seqs, lines, notes in blocks:
+        yield from zip(ids, seqs, lines, notes if notes is not None else [None] * len(ids))

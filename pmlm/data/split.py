@@ -242,7 +242,7 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("mmseqs", "threads")},
         "mmseqs_version": mmseqs_version(cfg.mmseqs),
         "sequences_in": seen,
-        "clusters": int(len(reps)),
+        "clusters": len(reps),
         "decontamination": {
             "references": references or [],
             "removed_sequences": len(removed),

@@ -126,7 +126,7 @@ def split_structures(
             "fractions": list(fractions),
         },
         "chains": len(records),
-        "clusters": int(len(reps)),
+        "clusters": len(reps),
         "dropped_similar_to_train": dropped,
     }
     for name in SIDES:

@@ -17,13 +17,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pmlm.version import __version__
 from pmlm.errors import ConfigError, DownloadError
+from pmlm.version import __version__
 
 # progress(bytes_in_part_file, total_bytes_or_None), called after every chunk
 ProgressFn = Callable[[int, "int | None"], None]

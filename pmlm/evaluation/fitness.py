@@ -144,7 +144,7 @@ def ndcg(y_true, y_score, top_percent: float = NDCG_TOP_PERCENT) -> float:
     if span == 0:
         return float("nan")
     gains = (true - true.min()) / span
-    k = int(math.floor(true.size * top_percent / 100.0))
+    k = math.floor(true.size * top_percent / 100.0)
     dcg, hits = _dcg_top(gains, score, k)
     if hits == 0:
         return 0.0

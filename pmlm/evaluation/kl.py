@@ -22,8 +22,8 @@ from pmlm import alphabet
 from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.errors import ConfigError
 from pmlm.evaluation.pair_readout import pair_dependence
-from pmlm.pretrained import load_encoder
 from pmlm.figures import pyplot, save_figure
+from pmlm.pretrained import load_encoder
 from pmlm.progress import Progress
 from pmlm.utils import atomic_output
 

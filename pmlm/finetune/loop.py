@@ -20,12 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pmlm.artefacts import write_head
-from pmlm.errors import ConfigError
-from pmlm.pretrained import load_encoder, pick_device
 from pmlm.config.finetuning import FinetuneConfig
+from pmlm.errors import ConfigError
 from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
-from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_contact_prior
 from pmlm.finetune.scoring import HEADLINE, score_task
+from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_contact_prior
+from pmlm.pretrained import load_encoder, pick_device
 from pmlm.progress import Progress
 from pmlm.train.checkpoint import (
     capture_rng,
@@ -257,13 +257,13 @@ def finetune(
 def _read_data(cfg: FinetuneConfig, train_path, valid_path) -> tuple[TaskData, TaskData | None]:
     """The training set (at most ``data.max_proteins``) and the optional validation set; skips announced."""
     d = cfg.data
-    read = dict(
-        fmt=d.format,
-        contact_atom=d.contact_atom,
-        threshold=d.contact_threshold,
-        on_error=d.on_error,
-        num_classes=cfg.num_classes,
-    )
+    read = {
+        "fmt": d.format,
+        "contact_atom": d.contact_atom,
+        "threshold": d.contact_threshold,
+        "on_error": d.on_error,
+        "num_classes": cfg.num_classes,
+    }
     train_data = read_task_data(train_path, cfg.task, limit=d.max_proteins, **read)
     valid_data = read_task_data(valid_path, cfg.task, **read) if valid_path else None
     for data in filter(None, (train_data, valid_data)):

@@ -97,7 +97,7 @@ def whole_proteins(
     order: ``(n, ...)`` per residue or, with ``pairs``, ``(n, n, ...)`` per pair; a protein read as several
     windows gets their mean (NaN where no window holds a pair) and n = its length, else n = its row's length."""
     pending: dict[int, tuple[WindowMean, list[int]]] = {}
-    for (p, start, stop), out in row_outputs:
+    for (p, start, _stop), out in row_outputs:
         if plan.windows[p] == 1:
             yield plan.proteins[p], out
             continue

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pmlm.artefacts import read_encoder_info
 from pmlm import alphabet
+from pmlm.artefacts import read_encoder_info
 from pmlm.errors import ConfigError, InputError
 from pmlm.inference.contacts import head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index

@@ -31,8 +31,8 @@ import torch
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import contact_precision
-from pmlm.figures import draw_contact_map, pyplot
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.figures import draw_contact_map, pyplot
 from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress

@@ -31,7 +31,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pmlm.version import __version__
 from pmlm.errors import ConfigError
 from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
@@ -47,6 +46,7 @@ from pmlm.tokens import (
     window_starts,
 )
 from pmlm.utils import atomic_output, file_digest
+from pmlm.version import __version__
 
 # windows planned and batched together: enough batches that sorting by length pays, few enough that the
 # chunk's embeddings stay small in memory before they are written

@@ -40,9 +40,9 @@ from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import residue_joint
 from pmlm.inference.sequences import read_fasta_sequences
-from pmlm.pretrained import load_encoder, pick_device
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.triple import Q
+from pmlm.pretrained import load_encoder, pick_device
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
 from pmlm.utils import atomic_output
 
@@ -277,7 +277,7 @@ def score_mutants(
     if triples and triple_source == PAIRS and not has_pair:
         raise InputError(
             model_name,
-            f"no pair head (an MLM model): --triple pairs needs the pair head's joints; use --triple additive",
+            "no pair head (an MLM model): --triple pairs needs the pair head's joints; use --triple additive",
             line=None,
         )
     room = max_residues(model.cfg.max_len)
@@ -364,7 +364,7 @@ def score_fasta(
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
     ``model``; writes the TSV ``out``. Returns the wild type's id, the rows and where the doubles came from."""
     dev = pick_device(device)
-    encoder, info, weights = load_encoder(model, dev)
+    encoder, _info, weights = load_encoder(model, dev)
     records = read_fasta_sequences(sequence)
     if len(records) != 1:
         raise InputError(

@@ -23,6 +23,7 @@ beyond the order of floating-point sums.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +88,7 @@ def unpack(x: torch.Tensor, packing: Packing) -> torch.Tensor:
     return out.view(packing.batch, packing.width, C)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability_ok(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= MIN_FLASH_CAPABILITY
 
@@ -161,7 +162,7 @@ def reference_varlen_attention(
     ``varlen_attn``, on any device."""
     bounds = cu_seqlens.tolist()
     parts = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         if end > start:  # an empty (all-<pad>) row owns no packed rows
             qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, n, D)
             parts.append(attention(qs, ks, vs, None, dropout_p)[0].transpose(0, 1))

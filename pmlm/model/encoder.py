@@ -179,8 +179,8 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden) if cfg.norm == "pre" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        B, L = tokens.shape
-        if L > self.cfg.max_len:
+        _B, L = tokens.shape
+        if self.cfg.max_len < L:
             raise PmlmError(
                 f"batch of {L} tokens exceeds the model's max_len {self.cfg.max_len} "
                 "(which counts <cls> and <eos>); crop the sequences or use a larger max_len"

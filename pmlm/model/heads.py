@@ -62,7 +62,7 @@ class PairHead(nn.Module):
         self.unary = nn.Linear(2 * hidden, 2 * self.side) if unary else None
         self._base = None  # a TokenHead whose log-probabilities at i and j are added (set_product_base)
 
-    def set_product_base(self, token_head: "TokenHead") -> None:
+    def set_product_base(self, token_head: TokenHead) -> None:
         """Predict the joint as the product of ``token_head``'s marginals at i and j times exp(this head's output):
         logits(a, b) = log P(x_i = a) + log P(x_j = b) + out(M+)[a, b] (standard vocabulary). The token head is
         referenced, not registered, so its weights stay where they are in the state dict."""

@@ -26,10 +26,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pmlm.errors import ConfigError
-from pmlm.utils import symmetrize
-from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel
+from pmlm.utils import symmetrize
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 
 NORM_EPS = 1e-5  # variance floor of the masked norms (torch's BatchNorm / InstanceNorm default)
 NORM_MOMENTUM = 0.1  # running-statistics update rate of the masked batch norm (torch's default)

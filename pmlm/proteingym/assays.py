@@ -13,6 +13,7 @@ the skips, is an error.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,7 +69,7 @@ def _sites(text: str, target: str, where: str, line: int) -> tuple[tuple[Site, .
         agrees &= target[pos - 1] == wt
         sites.append(Site(pos - 1, alphabet.RESIDUES.index(wt), alphabet.RESIDUES.index(mut)))
     sites.sort(key=lambda s: s.pos)
-    if any(a.pos == b.pos for a, b in zip(sites, sites[1:])):
+    if any(a.pos == b.pos for a, b in itertools.pairwise(sites)):
         raise InputError(where, f"mutant {text!r}: a position appears twice", line=line)
     return tuple(sites), agrees
 

@@ -42,9 +42,9 @@ from pmlm.evaluation.fitness import fitness_metrics, spearman, spearman_permutat
 from pmlm.inference import mutations
 from pmlm.inference.mutations import ADDITIVE, DOUBLE_MODES, PAIR_JOINT, pair_log_joints, site_log_probs
 from pmlm.model.pmlm_model import PMLMModel
+from pmlm.pretrained import load_encoder, pick_device
 from pmlm.proteingym.assays import AssayMutant, read_assay
 from pmlm.proteingym.reference import find_assay, read_selection
-from pmlm.pretrained import load_encoder, pick_device
 from pmlm.tokens import max_residues
 from pmlm.utils import atomic_output, versions
 

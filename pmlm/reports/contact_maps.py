@@ -15,11 +15,11 @@ import torch
 
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
-from pmlm.finetune.data import evaluation_plan, read_task_data
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.figures import draw_contact_map, pyplot, save_figure
+from pmlm.finetune.data import evaluation_plan, read_task_data
 from pmlm.finetune.scoring import PAIR_HEADS
 from pmlm.pretrained import load_encoder, load_head
-from pmlm.figures import draw_contact_map, pyplot, save_figure
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 
 # records read from the test file to find ``chains`` that fit the window (reading a whole test set is not needed)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pmlm.version import __version__
 from pmlm.alphabet import RESIDUES
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
@@ -21,6 +20,7 @@ from pmlm.evaluation.unsupervised import msa_mi_apc
 from pmlm.synth.config import SynthConfig
 from pmlm.synth.parameters import PARAMS_DIR, POTTS_FORMAT, write_potts
 from pmlm.synth.potts import BACKGROUND, Family, family_rng, generate_family
+from pmlm.version import __version__
 
 FASTA_NAME = "families.fasta"
 CONTACTS_DIR = "contacts"
@@ -95,12 +95,12 @@ def params_document(config: SynthConfig, families: list[Family]) -> dict:
             {
                 "name": fam.name,
                 "seed_spawn_key": [k],
-                "sequences": int(len(fam.sequences)),
-                "edges": int(len(fam.model.edges)),
+                "sequences": len(fam.sequences),
+                "edges": len(fam.model.edges),
                 "edges_short": int((sep < potts.medium_separation).sum()),
                 "edges_medium": int(((sep >= potts.medium_separation) & (sep < LONG_SEPARATION)).sum()),
                 "edges_long": int((sep >= LONG_SEPARATION).sum()),
-                "triplets": int(len(fam.model.triplets)),
+                "triplets": len(fam.model.triplets),
                 # NaN (one chain or one round) is not JSON: written as null
                 "sampler": {k: (None if np.isnan(v) else v) for k, v in dataclasses.asdict(fam.stats).items()},
                 "validation": validation_summary(fam, config),

@@ -116,7 +116,7 @@ class PottsConfig:
 
     @property
     def num_short_edges(self) -> int:
-        return int(round(self.short_range_fraction * self.edges))
+        return round(self.short_range_fraction * self.edges)
 
 
 def _no_triplets() -> np.ndarray:
@@ -354,7 +354,7 @@ def _sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> np.ndar
     """One draw per row of (..., 20) logits by inverse CDF (one uniform per draw)."""
     weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
     cdf = weights @ _UPPER_ONES  # running sum over the last axis; a BLAS product beats np.cumsum on rows of 20
-    u = rng.random(logits.shape[:-1] + (1,)) * cdf[..., -1:]
+    u = rng.random((*logits.shape[:-1], 1)) * cdf[..., -1:]
     return np.minimum((cdf < u).sum(axis=-1), logits.shape[-1] - 1)
 
 

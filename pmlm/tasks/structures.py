@@ -179,10 +179,12 @@ def parse_coords(value, length: int, key: str) -> np.ndarray:
         arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError):
         arr = None
-    if arr is not None and arr.shape == (length, 3) and {type(v) for row in value for v in row} <= _JSON_NUMBER_TYPES:
-        if not np.isinf(arr).any():
-            arr[~np.isfinite(arr).all(axis=1)] = np.nan  # any missing coordinate: residue unresolved
-            return arr
+    numbers = (
+        arr is not None and arr.shape == (length, 3) and {type(v) for row in value for v in row} <= _JSON_NUMBER_TYPES
+    )
+    if numbers and not np.isinf(arr).any():
+        arr[~np.isfinite(arr).all(axis=1)] = np.nan  # any missing coordinate: residue unresolved
+        return arr
     return _parse_coords_entries(value, length, key)
 
 

@@ -12,6 +12,7 @@ meant to make a failed multi-node start diagnosable from the job's log alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import re
@@ -242,10 +243,8 @@ def supervise(plan: LaunchPlan) -> int:
             child.send_signal(signum)
         else:
             for pid in [child.pid, *_descendants(child.pid)]:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
 
     if plan.marker_dir is not None:
         plan.marker_dir.mkdir(parents=True, exist_ok=True)
@@ -462,7 +461,7 @@ def _torchrun_options(args: Sequence[str]) -> int:
     """How many of ``args`` (``-m torch.distributed.run OPTIONS... -m SCRIPT...``) are torchrun's."""
     start = 2 if list(args[:2]) == _TORCHRUN else 0
     for i in range(start, len(args)):
-        if args[i] in ("-m", "--module") or not args[i].startswith("-") and not args[i - 1].startswith("--"):
+        if args[i] in ("-m", "--module") or (not args[i].startswith("-") and not args[i - 1].startswith("--")):
             return i
     return len(args)
 

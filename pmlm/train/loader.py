@@ -9,6 +9,7 @@ token budget. A position (epoch, buffer, batch) therefore restores the stream ex
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -221,7 +222,7 @@ class ShardStream:
         order = rng.permutation(len(lengths))
         order = order[np.argsort(lengths[order], kind="stable")]
         cuts = self._cut_by_budget(lengths[order])
-        batches = [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        batches = [order[a:b] for a, b in itertools.pairwise(cuts)]
         # batch order shuffled, so a buffer does not run from short to long sequences
         shuffled = (batches[i] for i in rng.permutation(len(batches)))
         return [self._materialise(values, starts[idx], lengths[idx]) for idx in shuffled]

@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from pmlm.artefacts import write_encoder
+from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.model.objectives import pretraining_losses
 from pmlm.pretrained import build_model, pick_device
@@ -40,7 +41,6 @@ from pmlm.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from pmlm.config.pretraining import TrainConfig
 from pmlm.train.loader import Batch, ShardStream
 from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
 from pmlm.train.runtime import (
@@ -254,15 +254,15 @@ def _reporting(cfg: TrainConfig, out_dir: Path, step: int) -> tuple[MetricsLog, 
 
 def _streams(cfg: TrainConfig, shards_dir: str | Path, rank: int, world: int) -> tuple[ShardStream, ShardStream]:
     """This rank's train and valid streams."""
-    stream_args = dict(
-        tokens_per_batch=cfg.data.tokens_per_batch,
-        max_len=cfg.max_len,
-        buffer_rows=cfg.data.buffer_rows,
-        pad_to_multiple=cfg.data.pad_to_multiple,
-        seed=cfg.seed,
-        rank=rank,
-        world_size=world,
-    )
+    stream_args = {
+        "tokens_per_batch": cfg.data.tokens_per_batch,
+        "max_len": cfg.max_len,
+        "buffer_rows": cfg.data.buffer_rows,
+        "pad_to_multiple": cfg.data.pad_to_multiple,
+        "seed": cfg.seed,
+        "rank": rank,
+        "world_size": world,
+    }
     train_stream = ShardStream(shards_dir, "train", num_workers=cfg.data.num_workers, **stream_args)
     return train_stream, ShardStream(shards_dir, "valid", **stream_args)
 
