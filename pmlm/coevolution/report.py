@@ -337,19 +337,3 @@ def plot_report(docs: list[dict], prefix: str) -> list[Path]:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, prefix, dpi=150)
-
-
-def write_study_report(results: list[str], out_prefix: str) -> tuple[list[dict], list[Path]]:
-    """The tables (PREFIX, PREFIX_supervised, PREFIX_exact) and figure over the per-seed ``results`` documents;
-    returns the documents and the paths written."""
-    docs = load_results(results)
-    # imported here: pmlm.coevolution.exact_report imports this module's helpers
-    from pmlm.coevolution.exact_report import write_exact_table
-
-    paths = (
-        write_report_table(docs, out_prefix)
-        + write_supervised_table(docs, out_prefix)
-        + write_exact_table(docs, out_prefix + "_exact")
-        + plot_report(docs, out_prefix)
-    )
-    return docs, paths

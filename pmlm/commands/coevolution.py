@@ -93,9 +93,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"coevolution split: {counts['train']} training, {counts['valid']} held-out sequences", file=sys.stderr)
         return 0
     if args.action == "report":
-        from pmlm.coevolution.report import MIN_SEEDS, write_study_report
+        from pmlm.coevolution.exact_report import write_exact_table
+        from pmlm.coevolution.report import (
+            MIN_SEEDS,
+            load_results,
+            plot_report,
+            write_report_table,
+            write_supervised_table,
+        )
 
-        docs, paths = write_study_report(args.results, args.out_prefix)
+        prefix = args.out_prefix
+        docs = load_results(args.results)
+        paths = (
+            write_report_table(docs, prefix)
+            + write_supervised_table(docs, prefix)
+            + write_exact_table(docs, prefix + "_exact")
+            + plot_report(docs, prefix)
+        )
         if len(docs) < MIN_SEEDS:
             print(
                 f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
