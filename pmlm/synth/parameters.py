@@ -41,7 +41,7 @@ def read_potts(path: str | os.PathLike) -> PottsModel:
     try:
         with safe_open(str(path), framework="numpy") as handle:
             metadata = handle.metadata() or {}
-            missing = [name for name in TENSORS if name not in handle]
+            missing = [name for name in TENSORS if name not in handle.keys()]  # noqa: SIM118 (safe_open has no __contains__)
             if missing:
                 raise InputError(path, f"missing tensor(s) {', '.join(missing)}")
             tensors = {name: handle.get_tensor(name) for name in TENSORS}
