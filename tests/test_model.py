@@ -88,30 +88,7 @@ def test_tiny_forward_shapes():
 
 # The released code's dictionary (Mu-Protein pmlm/src/protein/dict.txt, one symbol per line, after
 # fairseq's 4 specials <s> <pad> </s> <unk>; the task then adds <mask>)
-RELEASED_DICT_TXT = [
-    "A",
-    "R",
-    "N",
-    "D",
-    "C",
-    "Q",
-    "E",
-    "G",
-    "H",
-    "I",
-    "L",
-    "K",
-    "M",
-    "F",
-    "P",
-    "S",
-    "T",
-    "W",
-    "Y",
-    "V",
-    "X",
-    "-",
-]
+RELEASED_DICT_TXT = "A R N D C Q E G H I L K M F P S T W Y V X -".split()  # noqa: SIM905 (dict.txt's order)
 
 
 @pytest.mark.parametrize("pair_vocab", ["standard", "full"])

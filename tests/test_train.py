@@ -292,7 +292,7 @@ def test_schedule_warms_up_then_decays_linearly():
     cfg = TrainConfig.from_dict({"optim": {"lr": 1.0, "end_lr": 0.1, "warmup_steps": 4, "total_steps": 10}})
     lrs = [cfg.optim.lr_at(s) for s in range(10)]
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert all(math.isclose(a - b, 0.15) for a, b in itertools.pairwise(lrs))
+    assert all(math.isclose(a - b, 0.15) for a, b in itertools.pairwise(lrs[3:]))
     assert math.isclose(lrs[-1], 0.1)
 
 
