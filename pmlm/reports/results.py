@@ -34,7 +34,6 @@ TABLES = (
     "remote_homology",
     "unsupervised_contact",
 )
-PROVENANCE = ("config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 
 
 def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
