@@ -38,8 +38,8 @@ from pmlm.inference.mutations import Site
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
-from pmlm.proteingym.assays import AssayMutant
 from pmlm.proteingym.assay_scoring import score_assay
+from pmlm.proteingym.assays import AssayMutant
 
 ENCODERS = {
     "demo": {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 256, "pair_vocab": "standard"},
