@@ -1,7 +1,7 @@
 """Benchmark: ProteinGym scoring throughput (mutants per second) on CPU, and what the batching saves.
 
 One assay shape: a protein of L residues, every single substitution at S sites (19 S singles) and D doubles over
-P distinct site pairs (D / P mutants per pair), scored by ``pmlm.proteingym.scoring.score_assay`` exactly as
+P distinct site pairs (D / P mutants per pair), scored by ``pmlm.proteingym.assay_scoring.score_assay`` exactly as
 `pmlm proteingym score` scores it: one masked row per distinct site (all 19 substitutions from it), one per
 distinct pair (its 20 x 20 joint), 32 rows per forward pass, each in a window of the encoder's size centred on
 its site(s). Encoders (random weights, built in memory):
@@ -38,8 +38,8 @@ from pmlm.inference.mutations import Site
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
+from pmlm.proteingym.assay_scoring import score_assay
 from pmlm.proteingym.assays import AssayMutant
-from pmlm.proteingym.scoring import score_assay
 
 ENCODERS = {
     "demo": {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 256, "pair_vocab": "standard"},

@@ -40,6 +40,7 @@ from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import ENCODER_FILE, build_model
 from pmlm.utils import file_digest, versions
+from pmlm.vocabulary import MLM, PMLM
 
 # what the pickle may name beyond torch's weights_only defaults (tensors, storages, OrderedDict, dtypes)
 ALLOWED_GLOBALS = [argparse.Namespace]
@@ -85,7 +86,7 @@ MLM_ARCHS = (
 )
 # --pretrain-task of the prot_pmlm task (tasks/pmlm.py l.83) -> our objective; "pmlm" trains the pair head alone
 # without the diagonal, which leaves the token head untrained and has no objective of ours
-PRETRAIN_TASKS = {"pcomb": "pmlm", "mlm": "mlm"}
+PRETRAIN_TASKS = {"pcomb": PMLM, "mlm": MLM}
 ACTIVATIONS = ("relu", "gelu")
 
 # tensors the import leaves out, and why (recorded in model.json)
@@ -180,7 +181,7 @@ def released_model(state: dict, path: Path) -> tuple[ModelConfig, ObjectiveConfi
             )
         objective = PRETRAIN_TASKS[task]
     elif arch in MLM_ARCHS:
-        family, task, objective = "prot_mlm", None, "mlm"
+        family, task, objective = "prot_mlm", None, MLM
     else:
         raise InputError(
             path,
@@ -302,7 +303,7 @@ def tensor_plan(
     residues = FAIRSEQ_ROW[alphabet.FIRST_RESIDUE_ID : alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES]
     plan["token_head.out.weight"] = ((alphabet.NUM_RESIDUES, cfg.hidden), lambda: f32(out[residues]))
     plan["token_head.out.bias"] = ((alphabet.NUM_RESIDUES,), lambda: f32(bias[residues]))
-    if objective.name != "mlm":
+    if objective.name != MLM:
         copy("pair_head.dense.weight", "encoder.plm_head_transform_weight.weight")
         copy("pair_head.dense.bias", "encoder.plm_head_transform_weight.bias")
         copy("pair_head.norm.weight", "encoder.p_layer_norm.weight")
@@ -321,7 +322,7 @@ def tensor_plan(
         plan["pair_head.out.bias"] = ((side * side,), lambda: f32(pair_b[rows]))
 
     dropped = {k: why for k, why in DROPPED.items() if k in weights}
-    if objective.name == "mlm":
+    if objective.name == MLM:
         dropped.update(
             {
                 k: "the pair head of a run trained with --pretrain-task mlm (untrained)"

@@ -17,8 +17,8 @@ from test_finetune import make_encoder, recipe, write_structures
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.finetune.head_scoring import TSV_COLUMNS, canonical_sha256
 from pmlm.finetune.loop import finetune
-from pmlm.finetune.scoring import TSV_COLUMNS, canonical_sha256
 from pmlm.utils import file_digest
 
 # every test of this module runs torch on one thread (conftest.single_thread)
@@ -317,7 +317,7 @@ def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path,
     candidates."""
     from pmlm.evaluation.metrics import contact_precision, q3_accuracy
     from pmlm.finetune.data import evaluation_plan, read_task_data
-    from pmlm.finetune.scoring import score_task
+    from pmlm.finetune.head_scoring import score_task
     from pmlm.pretrained import load_head
     from pmlm.tokens import batch_tokens
 

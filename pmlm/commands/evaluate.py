@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.finetune.scoring import evaluate
+    from pmlm.finetune.head_scoring import evaluate
 
     tests = dict(labelled_paths(args.test, "--test", form="NAME=PATH"))
     evaluate(

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from pmlm.vocabulary import MLM, PMLM
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
@@ -26,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--objective",
-        choices=("mlm", "pmlm"),
+        choices=(MLM, PMLM),
         help="the objective the checkpoint must have been trained with (an error otherwise; the workflow "
         "passes its config's)",
     )

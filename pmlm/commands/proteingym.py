@@ -90,7 +90,7 @@ def _select(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace) -> int:
     # engine imports on use (torch)
     from pmlm.inference.mutations import ADDITIVE, PAIR_JOINT
-    from pmlm.proteingym.scoring import score
+    from pmlm.proteingym.assay_scoring import score
 
     summary = score(
         args.model,
@@ -136,7 +136,7 @@ def _aggregate(args: argparse.Namespace) -> int:
 
 def _tables(args: argparse.Namespace) -> int:
     # engine imports on use (pandas, matplotlib)
-    from pmlm.proteingym.report import write_tables
+    from pmlm.proteingym.tabulate import write_tables
 
     paths = write_tables(args.summary, args.assays_scored, args.table_prefix, args.figure_prefix)
     print(

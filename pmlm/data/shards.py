@@ -71,11 +71,6 @@ def arrow_schema():
     )
 
 
-def shard_of(cluster_id: str, num_shards: int) -> int:
-    """Stable across processes and platforms (never Python's salted hash())."""
-    return zlib.crc32(cluster_id.encode()) % num_shards
-
-
 def _byte_counts(values: np.ndarray) -> np.ndarray:
     """Occurrences of each byte value (256,): bincount over byte pairs, half the elements to widen."""
     pairs = np.bincount(values[: values.size // 2 * 2].view(np.uint16), minlength=1 << 16).reshape(256, 256)

@@ -23,7 +23,7 @@ from pmlm.artefacts import write_head
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError
 from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
-from pmlm.finetune.scoring import HEADLINE, score_task
+from pmlm.finetune.head_scoring import HEADLINE, score_task
 from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_contact_prior
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.progress import Progress

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from pmlm.alphabet import NUM_FULL_PAIR_CLASSES, NUM_PAIR_CLASSES
 from pmlm.errors import ConfigError
-from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
+from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY, TMLM
 
 PAIR_VOCABS = ("standard", "full")
 NORMS = ("post", "pre")
@@ -67,7 +67,7 @@ RELEASED_LAYERS: dict[str, dict] = {
     },
 }
 # the Triple MLM has no released code: it trains with PMLM's layers, so the two differ in their objective only
-RELEASED_LAYERS["tmlm"] = dict(RELEASED_LAYERS["pmlm"])
+RELEASED_LAYERS[TMLM] = dict(RELEASED_LAYERS[PMLM])
 
 
 @dataclass

@@ -100,13 +100,19 @@ class TripleHead(nn.Module):
         return out.reshape(t, Q**3)
 
 
+def triples_per_sequence(masked: int, per_masked: float) -> int:
+    """How many triples ``sample_triples`` draws for a sequence with ``masked`` masked standard residues."""
+    return math.ceil(per_masked * masked) if masked >= 3 else 0
+
+
 def sample_triples(valid: Tensor, per_masked: float, generator: torch.Generator) -> Tensor:
     """(T, 4) rows (b, i, j, k), i < j < k, of flagged positions (``valid`` (B, L) bool): ``ceil(per_masked * n_b)``
     triples for every row with n_b >= 3 flagged positions, each uniform over that row's triples (with replacement).
     Sorted by row; fixed draw shapes (one key per row, triple slot and position), so seeded draws repeat."""
     B, L = valid.shape
-    counts = valid.sum(dim=1)  # (B,)
-    wanted = torch.where(counts >= 3, torch.ceil(per_masked * counts.double()).long(), torch.zeros_like(counts))
+    wanted = torch.tensor(
+        [triples_per_sequence(n, per_masked) for n in valid.sum(dim=1).tolist()], dtype=torch.long, device=valid.device
+    )  # (B,)
     slots = int(wanted.max()) if B else 0
     if slots == 0:
         return torch.zeros((0, 4), dtype=torch.long, device=valid.device)
@@ -134,8 +140,3 @@ def triple_loss(triple_logits: Tensor, labels: Tensor) -> tuple[Tensor, int, Ten
 def naive_triple_count(masked: int) -> int:
     """Ordered triples of distinct masked positions, the |M|^3 formulation's row count."""
     return masked * (masked - 1) * (masked - 2)
-
-
-def triples_per_sequence(masked: int, per_masked: float) -> int:
-    """How many triples ``sample_triples`` draws for a sequence with ``masked`` masked standard residues."""
-    return math.ceil(per_masked * masked) if masked >= 3 else 0

@@ -17,7 +17,8 @@ Outputs: ``PREFIX.tsv``, long format: ``level`` (assay | uniprot | category | ov
 protein, category or ``overall``), ``encoder``, ``scorer`` (pair_joint | additive), ``subset`` (all | depth1 |
 depth2 | depth3+), ``metric`` (spearman, spearman_p, auc, mcc, ndcg; epistasis_spearman for doubles),
 ``value``, ``n_assays``, ``n_proteins``, ``n_mutants``; and ``PREFIX_assays.tsv``, one row per encoder and
-assay with its counts (rows read, mutants scored, skipped, doubles from the pair joint) and cost.
+assay with its counts (rows read, mutants scored, skipped, doubles from the pair joint) and cost. ``Levels``
+reads both back for the tables (``pmlm.proteingym.tabulate``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from pmlm.errors import InputError
+from pmlm.proteingym import published
 from pmlm.proteingym.reference import read_selection
 from pmlm.utils import atomic_output
 
@@ -60,6 +62,7 @@ COUNT_COLUMNS = (
     "seconds",
 )
 GROUP = ["encoder", "scorer", "subset", "metric"]
+SCORERS = ("pair_joint", "additive")  # the scorer column's values, in the order the tables list them
 
 
 def _read_summary(path: Path) -> dict:
@@ -220,3 +223,41 @@ def aggregate_scores(encoders: list[tuple[str, str]], assays: str | Path, out_pr
     write_tsv(prefix + "_assays.tsv", counts)
     write_tsv(prefix + ".tsv", levels)
     return counts
+
+
+class Levels:
+    """Lookup of ``pmlm proteingym aggregate``'s long table and its counts, as ``pmlm proteingym tables`` reads them."""
+
+    def __init__(self, frame: pd.DataFrame, counts: pd.DataFrame):
+        self.frame = frame
+        self.counts = counts  # pmlm proteingym aggregate's PREFIX_assays.tsv
+        self._rows = {
+            tuple(r[c] for c in ("level", "key", "encoder", "scorer", "subset", "metric")): r
+            for r in frame.to_dict("records")
+        }
+
+    def get(self, level: str, key: str, encoder: str, scorer: str, subset: str, metric: str) -> dict | None:
+        return self._rows.get((level, key, encoder, scorer, subset, metric))
+
+    def value(self, *args) -> float | None:
+        row = self.get(*args)
+        return None if row is None or pd.isna(row["value"]) else float(row["value"])
+
+    def runs(self) -> list[tuple[str, str]]:
+        """(encoder, scorer) in a stable order: encoders as given, the pair joint before additive."""
+        pairs = self.frame[["encoder", "scorer"]].drop_duplicates()
+        order = {s: k for k, s in enumerate(SCORERS)}
+        encoders = list(dict.fromkeys(pairs["encoder"]))
+        return sorted(map(tuple, pairs.values.tolist()), key=lambda p: (encoders.index(p[0]), order.get(p[1], 9)))
+
+    def assays_in(self, category: str, encoder: str) -> set[str]:
+        c = self.counts
+        return set(c.loc[(c["category"] == category) & (c["encoder"] == encoder), "DMS_id"])
+
+    def assays_scored(self) -> int:
+        """Assays scored (every encoder scores every selected assay)."""
+        return int(self.counts["DMS_id"].nunique())
+
+    def categories(self) -> list[str]:
+        found = set(self.frame.loc[self.frame["level"] == "category", "key"])
+        return [c for c in published.CATEGORIES if c in found] + sorted(found - set(published.CATEGORIES))

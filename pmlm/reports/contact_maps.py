@@ -18,7 +18,7 @@ from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.figures import draw_contact_map, pyplot, save_figure
 from pmlm.finetune.data import evaluation_plan, read_task_data
-from pmlm.finetune.scoring import PAIR_HEADS
+from pmlm.finetune.head_scoring import PAIR_HEADS
 from pmlm.pretrained import load_encoder, load_head
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 

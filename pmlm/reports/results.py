@@ -34,7 +34,6 @@ TABLES = (
     "remote_homology",
     "unsupervised_contact",
 )
-PROVENANCE = ("config_sha256", "encoder_sha256", "pmlm_version", "torch_version", "git_commit")
 
 
 def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
@@ -85,7 +84,14 @@ FEATURES_COLUMN = Column("features", "features")
 
 
 def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
-    written = []
+    """The TAPE-Contact, RaptorX-Contact and ablation tables."""
+    written = tape_contact_table(df, out_dir, test_label)
+    written += raptorx_contact_table(df, out_dir, test_label)
+    written += ablation_table(df, out_dir)
+    return written
+
+
+def tape_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     rows = [
         {
             "source": "paper",
@@ -124,7 +130,7 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
         Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
         Column("n", "proteins", "{:d}"),
     ]
-    written += write_table(
+    return write_table(
         rows,
         cols,
         out_dir / "tape_contact",
@@ -134,6 +140,8 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
         ),
     )
 
+
+def raptorx_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     rows = [
         {
             "source": "paper",
@@ -170,7 +178,7 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
         Column("p_l5_long", "P@L/5, s >= 24 (%)", "{:.1f}", percent=True),
         Column("n", "proteins", "{:d}"),
     ]
-    written += write_table(
+    return write_table(
         rows,
         cols,
         out_dir / "raptorx_contact",
@@ -180,6 +188,8 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
         ),
     )
 
+
+def ablation_table(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     rows = [
         {"source": "paper", **r, "p_l_long": r["p_l_long"] / 100, "test_set": "RaptorX test"}
         for r in paper.ABLATION_LONG_P_L
@@ -204,13 +214,12 @@ def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Pat
         Column("test_set", "test set"),
         Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
     ]
-    written += write_table(
+    return write_table(
         rows,
         cols,
         out_dir / "ablation",
         caption=("Ablation: long-range precision at L by pre-training objective, head and data (paper: RaptorX test)."),
     )
-    return written
 
 
 def per_test_set_table(

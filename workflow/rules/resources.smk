@@ -10,8 +10,8 @@ def per_attempt(amount):
     return scaled
 
 
-# --- resources that grow with the input (bench/bench_data_scale.py measured the rates; README
-# "Reproducing the paper: data" gives the full-scale figures). Before the inputs exist the sizes
+# --- resources that grow with the input (bench/bench_data_scale.py measured the rates; docs/data.md
+# gives the full-scale figures). Before the inputs exist the sizes
 # cannot be read; Snakemake then evaluates these when the job is ready to run.
 
 
@@ -54,7 +54,7 @@ def tokenize_runtime(wildcards, input, attempt):
 
 # --- encoders larger than the presets. A released checkpoint holds fp32 weights, so its parameters are its size / 4
 # bytes. The steps that run an encoder give one of more than LARGE_ENCODER_PARAMS the second amount, estimates for the
-# released PMLM-650M on one GPU (README "Using the released PMLM-650M").
+# released PMLM-650M on one GPU (docs/released-model.md).
 LARGE_ENCODER_PARAMS = 300e6
 
 

@@ -24,50 +24,12 @@ import pandas as pd
 
 from pmlm.figures import pyplot, save_figure
 from pmlm.proteingym import published
-from pmlm.proteingym.summary import read_counts, read_levels
+from pmlm.proteingym.summary import Levels, read_counts, read_levels
 from pmlm.reports.tables import Column, write_table
 
 SCORER_LABELS = {"pair_joint": "pair joint", "additive": "additive"}
 METRIC_TITLES = {"spearman": "Spearman", "auc": "AUC", "mcc": "MCC", "ndcg": "NDCG"}
 CATEGORY_SHORT = {"OrganismalFitness": "Org. fitness"}
-
-
-class Levels:
-    """Lookup of ``pmlm proteingym aggregate``'s long table."""
-
-    def __init__(self, frame: pd.DataFrame, counts: pd.DataFrame):
-        self.frame = frame
-        self.counts = counts  # pmlm proteingym aggregate's PREFIX_assays.tsv
-        self._rows = {
-            tuple(r[c] for c in ("level", "key", "encoder", "scorer", "subset", "metric")): r
-            for r in frame.to_dict("records")
-        }
-
-    def get(self, level: str, key: str, encoder: str, scorer: str, subset: str, metric: str) -> dict | None:
-        return self._rows.get((level, key, encoder, scorer, subset, metric))
-
-    def value(self, *args) -> float | None:
-        row = self.get(*args)
-        return None if row is None or pd.isna(row["value"]) else float(row["value"])
-
-    def runs(self) -> list[tuple[str, str]]:
-        """(encoder, scorer) in a stable order: encoders as given, the pair joint before additive."""
-        pairs = self.frame[["encoder", "scorer"]].drop_duplicates()
-        order = {s: k for k, s in enumerate(SCORER_LABELS)}
-        encoders = list(dict.fromkeys(pairs["encoder"]))
-        return sorted(map(tuple, pairs.values.tolist()), key=lambda p: (encoders.index(p[0]), order.get(p[1], 9)))
-
-    def assays_in(self, category: str, encoder: str) -> set[str]:
-        c = self.counts
-        return set(c.loc[(c["category"] == category) & (c["encoder"] == encoder), "DMS_id"])
-
-    def assays_scored(self) -> int:
-        """Assays scored (every encoder scores every selected assay)."""
-        return int(self.counts["DMS_id"].nunique())
-
-    def categories(self) -> list[str]:
-        found = set(self.frame.loc[self.frame["level"] == "category", "key"])
-        return [c for c in published.CATEGORIES if c in found] + sorted(found - set(published.CATEGORIES))
 
 
 def _published_note(n_assays: int) -> str:
