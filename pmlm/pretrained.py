@@ -63,7 +63,10 @@ def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel
 
 
 def encoder_configs(info: dict, weights: str | Path) -> tuple[ModelConfig, ObjectiveConfig]:
-    """The model and objective an encoder sidecar describes; fields this version does not know are ignored."""
+    """The model and objective an encoder sidecar describes; fields this version does not know are ignored. An ESM
+    encoder's sidecar describes no model of ours (``load_encoder`` builds it with transformers)."""
+    if is_esm(info):
+        raise InputError(sidecar_path(weights), "an ESM encoder (transformers' module), not a pmlm encoder")
     try:
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         model_cfg = ModelConfig(**{k: v for k, v in info["model"].items() if k in known})
@@ -124,6 +127,10 @@ def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") ->
         raise InputError(
             weights,
             "no encoder weights here (model.safetensors with its model.json, written by pmlm pretrain or pmlm import)",
+        )
+    if not sidecar_path(weights).is_file() and (weights.parent / "config.json").is_file():
+        raise InputError(
+            weights.parent, "a transformers folder, not a pmlm encoder: pmlm import it first (docs/huggingface.md)"
         )
     info = read_encoder_info(weights)
     if is_esm(info):

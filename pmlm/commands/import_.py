@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
         path = import_transformers(args.checkpoint, args.out, args.objective, args.revision)
         info = json.loads(path.with_suffix(".json").read_text())
         cfg = info["model"]
-        what = info["source"].get("architectures") or [info["model"].get("architecture", "pmlm")]
+        kind = "an ESM model" if cfg.get("architecture") else "an exported pmlm encoder"
         print(
-            f"pmlm import: {args.checkpoint} ({', '.join(what)}, {cfg['num_layers']} x {cfg['hidden']}, "
+            f"pmlm import: {args.checkpoint} ({kind}, {cfg['num_layers']} x {cfg['hidden']}, "
             f"{info['objective']['name']}) -> {path} (+ {path.with_suffix('.json').name})",
             file=sys.stderr,
         )
