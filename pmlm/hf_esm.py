@@ -35,7 +35,7 @@ from torch import nn
 from transformers import EsmForMaskedLM, EsmTokenizer
 
 from pmlm import alphabet
-from pmlm.errors import InputError
+from pmlm.errors import ConfigError, InputError
 from pmlm.model.heads import TokenHead
 
 CONFIG_FILE = "config.json"
@@ -121,7 +121,7 @@ class EsmEncoderModel(nn.Module):
     def forward(self, tokens: torch.Tensor, pair_index=None, return_pair_repr: bool = False, **kwargs) -> dict:
         """``representations`` (B, L, C) and ``logits`` (B, L, 20) (or (N, 20) at ``token_positions``); no pairs."""
         if pair_index is not None or kwargs.get("triple_index") is not None:
-            raise InputError("<model>", "an ESM encoder has no pair or triple head")
+            raise ConfigError("an ESM encoder has no pair or triple head (pair_index / triple_index)")
         reps = self.encoder(tokens)
         positions = kwargs.get("token_positions")
         logits = self.token_head(reps if positions is None else reps[positions])

@@ -18,7 +18,6 @@ only our 20-residue token head reorders sums (test ``esm_score_tolerance``).
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import yaml
 from conftest import reorder_tolerance
 from safetensors.torch import load_file, save_file
 from test_import import FIXTURE, layer_tolerance, our_tokens
+from test_release_workflow import _chains
 from test_workflow import REPO, job_counts, snakemake
 from transformers.models.esm.configuration_esm import get_default_vocab_list
 
@@ -371,19 +371,6 @@ def test_esm2_masked_marginals_are_transformers_forward_at_the_masked_site(esm2,
     assert len({round(s, 3) for s in table["score"]}) == len(mutants)  # the scores differ: a real comparison
 
 
-def _chains(n: int, max_len: int) -> list[dict]:
-    """The first ``n`` demo PDB chains that fit ``max_len`` residues."""
-    out = []
-    with gzip.open(REPO / "data" / "demo" / "pdb_chains_sample.jsonl.gz", "rt") as fh:
-        for line in fh:
-            record = json.loads(line)
-            if len(record["seq"]) <= max_len:
-                out.append(record)
-            if len(out) == n:
-                return out
-    raise AssertionError("not enough short chains in the demo set")
-
-
 def write_chains(folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     chains = _chains(20, ESM_WINDOW)
@@ -513,16 +500,8 @@ def test_a_transformers_release_must_be_an_mlm_encoder():
 def test_the_esm2_dag_runs_import_finetune_evaluate_tables(tmp_path, esm2):
     data = write_chains(tmp_path / "resources" / "local")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(esm_config(str(esm2["source"]), data)))
-    proc = snakemake(
-        "--cores",
-        "2",
-        "-s",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(tmp_path),
-        "--configfile",
-        str(tmp_path / "c.yaml"),
-    )
+    where = ("-s", str(REPO / "Snakefile"), "--directory", str(tmp_path))
+    proc = snakemake("--cores", "2", *where, "--configfile", str(tmp_path / "c.yaml"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = tmp_path / "results" / "esm"
     encoder = results / "pretrain" / "ur50d" / "mlm-esm2_tiny"
