@@ -38,7 +38,8 @@ SUBCOMMANDS: dict[str, str] = {
     "embed": "per-residue and per-sequence embeddings of a FASTA file (Parquet)",
     "contacts": "contact maps of FASTA sequences from a contact head or the pair head",
     "score": "single, double and triple mutant scores (masked marginals, the pair and triple heads' joints)",
-    "import": "a released fairseq PMLM / MLM checkpoint (e.g. pmlm_650m.pt) as an encoder (model.safetensors + model.json)",
+    "import": "a released fairseq PMLM / MLM checkpoint (e.g. pmlm_650m.pt), a transformers ESM folder or an exported folder as an encoder",
+    "export": "an encoder as a folder transformers loads (config.json, model.safetensors, tokenizer)",
     "proteingym": "zero-shot mutation effects on ProteinGym's assays: select, score, aggregate, tables",
 }
 

@@ -3,7 +3,9 @@ pre-trained encoder artefact (``load_encoder``), a fine-tuned head with the enco
 (``load_head``), and the device they run on (``pick_device``). ``encoder_from_state`` is the one place where
 weights meet the model a description builds. The importer of released checkpoints (pmlm.fairseq_checkpoint)
 plugs in here: it checks every tensor it converts against ``build_model``'s names and shapes (on the meta
-device) before writing an encoder artefact, which then loads like any other.
+device) before writing an encoder artefact, which then loads like any other. An ESM checkpoint imported from a
+``transformers`` folder (``model.architecture: esm`` in its sidecar) is loaded by pmlm.hf_esm, which wraps
+``transformers``' own module behind the same interface.
 
 Artefacts are given as the weights file or the folder holding it (``model.safetensors`` / ``head.safetensors``
 with their JSON sidecars, see pmlm.artefacts). Loading reads tensors and JSON only, never pickled code.
@@ -12,13 +14,14 @@ with their JSON sidecars, see pmlm.artefacts). Loading reads tensors and JSON on
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from pmlm.artefacts import head_encoder_path, read_encoder, read_head, read_head_info, sidecar_path
+from pmlm.artefacts import head_encoder_path, read_encoder_info, read_head, read_head_info, read_weights, sidecar_path
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError, InputError
 from pmlm.model.config import ModelConfig
@@ -29,6 +32,7 @@ from pmlm.model.task_heads import TaskModel, build_head
 from pmlm.vocabulary import DEVICES, MLM, PMLM_PAIR_ONLY, TMLM
 
 ENCODER_FILE = "model.safetensors"
+ESM = "esm"  # model.architecture in the sidecar of an ESM encoder (pmlm.hf_esm)
 HEAD_FILE = "head.safetensors"
 
 
@@ -59,7 +63,10 @@ def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel
 
 
 def encoder_configs(info: dict, weights: str | Path) -> tuple[ModelConfig, ObjectiveConfig]:
-    """The model and objective an encoder sidecar describes; fields this version does not know are ignored."""
+    """The model and objective an encoder sidecar describes; fields this version does not know are ignored. An ESM
+    encoder's sidecar describes no model of ours (``load_encoder`` builds it with transformers)."""
+    if is_esm(info):
+        raise InputError(sidecar_path(weights), "an ESM encoder (transformers' module), not a pmlm encoder")
     try:
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         model_cfg = ModelConfig(**{k: v for k, v in info["model"].items() if k in known})
@@ -121,10 +128,39 @@ def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") ->
             weights,
             "no encoder weights here (model.safetensors with its model.json, written by pmlm pretrain or pmlm import)",
         )
-    info, state = read_encoder(weights)
+    if not sidecar_path(weights).is_file() and (weights.parent / "config.json").is_file():
+        raise InputError(
+            weights.parent, "a transformers folder, not a pmlm encoder: pmlm import it first (docs/huggingface.md)"
+        )
+    info = read_encoder_info(weights)
+    if is_esm(info):
+        # transformers is needed by ESM encoders only (the optional `hf` extra), not by pmlm's own
+        from pmlm.hf_esm import load_esm_encoder
+
+        return load_esm_encoder(weights, info).to(device).eval(), info, weights
     model_cfg, objective = encoder_configs(info, weights)
-    model = encoder_from_state(model_cfg, objective, state, weights, sidecar_path(weights).name)
+    model = encoder_from_state(model_cfg, objective, read_weights(weights), weights, sidecar_path(weights).name)
     return model.to(device).eval(), info, weights
+
+
+def is_esm(info: dict) -> bool:
+    """Whether an encoder sidecar describes an ESM checkpoint imported from a transformers folder (pmlm.hf_esm)."""
+    return info["model"].get("architecture") == ESM
+
+
+def encoder_parameters(info: dict, weights: str | Path) -> int:
+    """Parameters of the encoder an artefact describes, without reading its tensors: the described model built on
+    the meta device, or (ESM) the tensors listed in the weights file's header, tied ones stored once."""
+    if is_esm(info):
+        # safetensors' header reader, as artefacts.read_weights uses it: with the weights only
+        from safetensors import safe_open
+
+        with safe_open(str(weights), "pt") as fh:
+            return sum(math.prod(fh.get_slice(name).get_shape()) for name in fh.keys())  # noqa: SIM118 (safe_open handles are not iterable)
+    model_cfg, objective = encoder_configs(info, weights)
+    with torch.device("meta"):
+        model = build_model(model_cfg, objective)
+    return sum(p.numel() for p in model.parameters())
 
 
 class FineTuned(NamedTuple):

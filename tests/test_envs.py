@@ -48,6 +48,7 @@ CONDA_PACKAGE = {
     "torch.utils.tensorboard": "tensorboard",  # torch imports the tensorboard package behind this module
     "yaml": "pyyaml",
     "jsonschema": "jsonschema",
+    "transformers": "transformers",
 }
 # conda package -> the PyPI distribution pyproject.toml names (where they differ)
 PYPI_NAME = {"pytorch": "torch", "python-isal": "isal", "python-lmdb": "lmdb", "matplotlib-base": "matplotlib"}

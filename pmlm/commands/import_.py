@@ -1,4 +1,5 @@
-"""``pmlm import CKPT -o DIR``: a released fairseq PMLM / MLM checkpoint as an encoder (pmlm.fairseq_checkpoint)."""
+"""``pmlm import SOURCE -o DIR``: a released fairseq PMLM / MLM checkpoint (pmlm.fairseq_checkpoint), a
+``transformers`` ESM folder or hub id, or a folder written by ``pmlm export`` (pmlm.hf_import) as an encoder."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from pmlm.vocabulary import MLM, PMLM
+from pmlm.vocabulary import OBJECTIVES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,9 +16,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Reads a checkpoint of the released PMLM code (fairseq 0.10.2: prot_pmlm_* or prot_mlm_* archs, e.g. "
         "pmlm_650m.pt) without fairseq and without running pickled code, and writes DIR/model.safetensors and "
         "DIR/model.json, an encoder that pmlm embed / contacts / score / finetune read. The file's name, "
-        "sha256 and architecture are recorded in model.json."
+        "sha256 and architecture are recorded in model.json. A folder (or a hub id OWNER/NAME, fetched by "
+        "transformers where the machine has network) is read as a transformers model: an ESM model (ESM-2; "
+        "DIR becomes its transformers folder plus model.json, run through transformers) or a folder written by "
+        "pmlm export (read back tensor for tensor). See docs/huggingface.md."
     )
-    p.add_argument("checkpoint", metavar="CKPT", type=Path, help="the fairseq checkpoint (.pt)")
+    p.add_argument(
+        "checkpoint",
+        metavar="SOURCE",
+        help="the fairseq checkpoint (.pt), a transformers model folder, or a hub id (OWNER/NAME)",
+    )
     p.add_argument(
         "-o",
         "--out",
@@ -26,9 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="folder for model.safetensors and model.json (created if missing)",
     )
+    p.add_argument("--revision", help="a hub id's revision (branch, tag or commit); ignored for local files")
     p.add_argument(
         "--objective",
-        choices=(MLM, PMLM),
+        choices=OBJECTIVES,
         help="the objective the checkpoint must have been trained with (an error otherwise; the workflow "
         "passes its config's)",
     )
@@ -37,8 +46,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.fairseq_checkpoint import import_checkpoint
+    from pmlm.hf_import import import_transformers, is_transformers_source
 
-    path = import_checkpoint(args.checkpoint, args.out, args.objective)
+    if is_transformers_source(args.checkpoint):
+        path = import_transformers(args.checkpoint, args.out, args.objective, args.revision)
+        info = json.loads(path.with_suffix(".json").read_text())
+        cfg = info["model"]
+        kind = "an ESM model" if cfg.get("architecture") else "an exported pmlm encoder"
+        print(
+            f"pmlm import: {args.checkpoint} ({kind}, {cfg['num_layers']} x {cfg['hidden']}, "
+            f"{info['objective']['name']}) -> {path} (+ {path.with_suffix('.json').name})",
+            file=sys.stderr,
+        )
+        return 0
+    path = import_checkpoint(Path(args.checkpoint), args.out, args.objective)
     info = json.loads(path.with_suffix(".json").read_text())
     cfg, source = info["model"], info["source"]
     print(

@@ -62,8 +62,13 @@ def check_references(config: dict) -> None:
     for i, model in enumerate(pretrain.get("models") or []):
         where = f"config.pretrain.models[{i}]"
         key = (model["dataset"], model["objective"], model["preset"])
-        if model.get("release"):  # a released checkpoint: named freely, neither trained nor read from a dataset
-            if release_source(model) in sources:
+        if model.get("release"):  # a released encoder: named freely, neither trained nor read from a dataset
+            if is_transformers_release(model) and model["objective"] != MLM:
+                raise ConfigError(
+                    f"{where}.objective: a transformers model (release.huggingface: ESM) is an MLM encoder; "
+                    f"give objective mlm, not {model['objective']}"
+                )
+            if not is_transformers_release(model) and release_source(model) in sources:
                 raise ConfigError(
                     f"{where}: the source name {release_source(model)!r} of this release is taken by config.sources"
                 )
@@ -131,6 +136,11 @@ def check_references(config: dict) -> None:
 
 
 CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
+
+
+def is_transformers_release(model: dict) -> bool:
+    """Whether a pretrain.models entry's release is a transformers model (release.huggingface), not a checkpoint."""
+    return "huggingface" in (model.get("release") or {})
 
 
 def release_source(model: dict) -> str:

@@ -3,10 +3,8 @@ read from their sidecars, beside the paper's rows."""
 
 from __future__ import annotations
 
-import torch
-
 from pmlm.artefacts import read_encoder_info
-from pmlm.pretrained import build_model, encoder_configs
+from pmlm.pretrained import encoder_parameters
 from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
 from pmlm.vocabulary import MLM
@@ -34,11 +32,8 @@ def dacc_ratio(row: dict) -> float | None:
 
 
 def _params_label(info: dict, weights: str) -> str:
-    """Parameter count of the described model, built on the meta device (no memory, no weights)."""
-    model_cfg, objective = encoder_configs(info, weights)
-    with torch.device("meta"):
-        model = build_model(model_cfg, objective)
-    n = sum(p.numel() for p in model.parameters())
+    """Parameter count of the described model, without reading its weights (pmlm.pretrained.encoder_parameters)."""
+    n = encoder_parameters(info, weights)
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 

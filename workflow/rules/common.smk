@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 from snakemake import __version__ as SNAKEMAKE_VERSION
 
 from pmlm.reports.results import TABLES as RESULT_TABLES
-from pmlm.config.workflow import CONTACT_TABLES, release_source
+from pmlm.config.workflow import CONTACT_TABLES, is_transformers_release, release_source
 from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY, TMLM
 
 RUN = config["run"]
@@ -17,7 +17,7 @@ RUN = config["run"]
 RELEASED = [m for m in config["pretrain"]["models"] if m.get("release")]
 # a release's checkpoint is downloaded like any source (fetch_source: resumable, checksummed)
 SOURCES = {**config["sources"], **{release_source(m): {"url": m["release"]["url"], "sha256": m["release"]["sha256"]}
-                                   for m in RELEASED}}
+                                   for m in RELEASED if not is_transformers_release(m)}}
 DATASETS = config["datasets"]
 TASK_DATA = config["task_data"]
 # task data that split-structures derives (the others are files named in the config)
@@ -221,6 +221,33 @@ def release_of(wildcards):
 
 def released_checkpoint(wildcards):
     return downloaded(release_source(release_of(wildcards)))
+
+
+def checkpoint_releases():
+    """The releases given as a checkpoint of the released code (downloaded, then imported by import_release)."""
+    return [m for m in RELEASED if not is_transformers_release(m)]
+
+
+def transformers_releases():
+    """The releases given as a transformers model, a folder or a hub id (imported by import_huggingface)."""
+    return [m for m in RELEASED if is_transformers_release(m)]
+
+
+def transformers_model(wildcards):
+    """The folder (made absolute: the rule runs pmlm from the working directory) or hub id of a transformers release."""
+    name = release_of(wildcards)["release"]["huggingface"]
+    return os.path.abspath(name) if os.path.isdir(name) else name
+
+
+def transformers_inputs(wildcards):
+    """A local folder's config.json, so a missing folder stops the DAG at once (a hub id has no input file)."""
+    model = transformers_model(wildcards)
+    return [os.path.join(model, "config.json")] if os.path.isdir(model) else []
+
+
+def transformers_revision(wildcards):
+    revision = release_of(wildcards)["release"].get("revision")
+    return f"--revision {shlex.quote(revision)}" if revision else ""
 
 
 def release_objective(wildcards):

@@ -1,9 +1,12 @@
-# Released encoders: a pretrain.models entry with release: is downloaded by fetch_source (pmlm fetch: resumable,
-# checksummed) and imported into the encoder folder a pre-training run would write; downstream it is one more encoder.
+# Released encoders: a pretrain.models entry with release: is imported into the encoder folder a pre-training run
+# would write; downstream it is one more encoder. A checkpoint of the released code (release.url) is downloaded by
+# fetch_source (pmlm fetch: resumable, checksummed) and imported by import_release; a transformers model
+# (release.huggingface: a folder or a hub id, e.g. ESM-2) is imported by import_huggingface.
 
 
 # where a released entry and a pre-training run could name the same folder, the release writes it
 ruleorder: import_release > pretrain
+ruleorder: import_huggingface > pretrain
 
 
 rule import_release:
@@ -20,7 +23,7 @@ rule import_release:
     benchmark:
         f"{BENCH}/import/{{release}}.tsv"
     wildcard_constraints:
-        release=one_of([encoder_id(m) for m in RELEASED]),
+        release=one_of([encoder_id(m) for m in checkpoint_releases()]),
     resources:
         mem_mb=import_mem_mb,
         runtime=per_attempt(60),
@@ -28,3 +31,30 @@ rule import_release:
         "../../envs/pmlm.yaml"
     shell:
         "python -m pmlm import {input:q} -o {params.out_dir:q} --objective {params.objective} 2> {log:q}"
+
+
+rule import_huggingface:
+    input:
+        transformers_inputs,
+    output:
+        weights=protected(f"{RESULTS}/pretrain/{{release}}/model.safetensors"),
+        info=protected(f"{RESULTS}/pretrain/{{release}}/model.json"),
+    params:
+        model=transformers_model,
+        revision=transformers_revision,
+        out_dir=output_dir,
+        objective=release_objective,
+    log:
+        f"{LOGS}/import/{{release}}.log",
+    benchmark:
+        f"{BENCH}/import/{{release}}.tsv"
+    wildcard_constraints:
+        release=one_of([encoder_id(m) for m in transformers_releases()]),
+    resources:
+        mem_mb=import_mem_mb,
+        runtime=per_attempt(60),
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "python -m pmlm import {params.model:q} -o {params.out_dir:q} --objective {params.objective} {params.revision} "
+        "2> {log:q}"

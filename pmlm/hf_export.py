@@ -1,0 +1,310 @@
+"""``pmlm export``: a pmlm encoder as a folder ``transformers`` loads offline, and the way back (``pmlm import DIR``).
+
+Two layouts, chosen from the encoder's layers (``layout``):
+
+* ``roberta``, no remote code, where a stock architecture computes exactly what ours does: post-LN layers,
+  LayerNorm on the embeddings, GELU (erf form, ``transformers``' "gelu"), no activation dropout, a token head and no
+  pair or triple head (the released MLM family). ``RobertaForMaskedLM`` then holds our tensors: q, k and v are
+  the three blocks of our ``qkv``; its learned position table holds our sinusoidal vectors, shifted by two rows
+  because RoBERTa numbers the token at index t as position t + padding_idx + 1 = t + 2 (``transformers``'
+  ``create_position_ids_from_input_ids``; rows 0 and 1 are zero and never read by a real token); its token-type
+  embedding is one zero row; LayerNorm eps is ours (1e-5, not RoBERTa's 1e-12); the LM head's decoder has our 20
+  residue rows and zero rows elsewhere, with bias -inf there (our head predicts residues only), untied from the
+  input embedding.
+* ``pmlm``, a ``transformers`` class of our own (pmlm/hf_remote/modeling_pmlm.py, copied into the folder, loaded
+  with ``trust_remote_code=True``) for every other encoder: PMLM (ReLU, no embedding LayerNorm, the pair head),
+  the pair-only variant, the Triple MLM, pre-LN encoders. Its parameters carry our names, plus the position table
+  as ``encoder.positions``.
+
+Both folders hold ``config.json`` (with a ``pmlm`` section: our model and objective settings, the encoder's
+provenance from model.json and the sha256 of the exported weights), ``model.safetensors`` and an ``EsmTokenizer``
+(``vocab.txt``: our tokens in id order, so ``AutoTokenizer`` gives our ids: ``<cls>`` residues ``<eos>``).
+
+``encoder_state`` maps such a folder's tensors back onto our names, and refuses tensors that the export derives
+(position table, token types, the decoder's non-residue rows) when they differ from what it would write: such a
+folder was changed after export (e.g. fine-tuned), and is no longer our encoder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pmlm import alphabet
+from pmlm.errors import InputError
+from pmlm.model.config import ModelConfig
+from pmlm.model.encoder import position_table
+from pmlm.pretrained import ENCODER_FILE, is_esm, load_encoder
+from pmlm.utils import file_digest
+from pmlm.version import __version__
+
+ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"
+LAYOUT_CLASSES = {ROBERTA: "RobertaForMaskedLM", PMLM_LAYOUT: "PmlmForMaskedLM, trust_remote_code=True"}
+REMOTE_MODULE = "modeling_pmlm.py"
+REMOTE_SOURCE = Path(__file__).with_name("hf_remote") / REMOTE_MODULE
+ROBERTA_POSITION_OFFSET = alphabet.PAD_ID + 1  # RoBERTa's position of the token at index 0
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+RESIDUE_IDS = slice(alphabet.FIRST_RESIDUE_ID, alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES)
+# our layer's parameters -> RoBERTa's (q, k, v are handled apart: thirds of attn.qkv)
+ROBERTA_LAYER = {
+    "attn.proj": "attention.output.dense",
+    "attn_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}
+ROBERTA_HEAD = {"token_head.dense": "lm_head.dense", "token_head.norm": "lm_head.layer_norm"}
+ROBERTA_EMBEDDINGS = "roberta.embeddings."
+
+
+def layout(cfg: ModelConfig) -> str:
+    """``roberta`` where RoBERTa computes what the encoder does (module docstring), else ``pmlm``."""
+    stock = (
+        cfg.norm == "post"
+        and cfg.embedding_norm
+        and cfg.activation == "gelu"
+        and cfg.activation_dropout == 0.0
+        and cfg.token_head
+        and not cfg.pair_head
+        and not cfg.triple_head
+    )
+    return ROBERTA if stock else PMLM_LAYOUT
+
+
+def roberta_positions(cfg: ModelConfig) -> torch.Tensor:
+    """RoBERTa's position table holding ours: (max_len + 2, C), row t + 2 = our row t, rows 0 and 1 zero."""
+    table = torch.zeros(cfg.max_len + ROBERTA_POSITION_OFFSET, cfg.hidden)
+    table[ROBERTA_POSITION_OFFSET:] = position_table(cfg)
+    return table
+
+
+def vocabulary_rows(rows: torch.Tensor, fill: float) -> torch.Tensor:
+    """(20, ...) residue rows -> (VOCAB_SIZE, ...) rows over token ids, ``fill`` at tokens that are not residues."""
+    out = torch.full((alphabet.VOCAB_SIZE, *rows.shape[1:]), fill, dtype=rows.dtype)
+    out[RESIDUE_IDS] = rows
+    return out
+
+
+def roberta_tensors(state: dict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our encoder's tensors under ``RobertaForMaskedLM``'s names."""
+    C = cfg.hidden
+    out = {
+        f"{ROBERTA_EMBEDDINGS}word_embeddings.weight": state["encoder.embed.weight"],
+        f"{ROBERTA_EMBEDDINGS}position_embeddings.weight": roberta_positions(cfg),
+        f"{ROBERTA_EMBEDDINGS}token_type_embeddings.weight": torch.zeros(1, C),
+        f"{ROBERTA_EMBEDDINGS}LayerNorm.weight": state["encoder.embed_norm.weight"],
+        f"{ROBERTA_EMBEDDINGS}LayerNorm.bias": state["encoder.embed_norm.bias"],
+    }
+    for i in range(cfg.num_layers):
+        ours, theirs = f"encoder.layers.{i}.", f"roberta.encoder.layer.{i}."
+        for p in ("weight", "bias"):
+            for name, block in zip(("query", "key", "value"), state[f"{ours}attn.qkv.{p}"].split(C)):
+                out[f"{theirs}attention.self.{name}.{p}"] = block
+            for a, b in ROBERTA_LAYER.items():
+                out[f"{theirs}{b}.{p}"] = state[f"{ours}{a}.{p}"]
+    for p in ("weight", "bias"):
+        for a, b in ROBERTA_HEAD.items():
+            out[f"{b}.{p}"] = state[f"{a}.{p}"]
+    out["lm_head.decoder.weight"] = vocabulary_rows(state["token_head.out.weight"], 0.0)
+    out["lm_head.bias"] = vocabulary_rows(state["token_head.out.bias"], float("-inf"))
+    out["lm_head.decoder.bias"] = out["lm_head.bias"]
+    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
+
+
+def roberta_config(cfg: ModelConfig) -> dict:
+    return {
+        "architectures": ["RobertaForMaskedLM"],
+        "model_type": "roberta",
+        "vocab_size": alphabet.VOCAB_SIZE,
+        "hidden_size": cfg.hidden,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.heads,
+        "intermediate_size": cfg.ffn,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "max_position_embeddings": cfg.max_len + ROBERTA_POSITION_OFFSET,
+        "type_vocab_size": 1,
+        "layer_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "pad_token_id": alphabet.PAD_ID,
+        "bos_token_id": alphabet.CLS_ID,
+        "eos_token_id": alphabet.EOS_ID,
+        "tie_word_embeddings": False,
+        "is_decoder": False,
+        "add_cross_attention": False,
+        "dtype": "float32",
+    }
+
+
+def pmlm_tensors(state: dict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our tensors under our names, plus the position table (the remote class stores it)."""
+    out = {**state, "encoder.positions": position_table(cfg)}
+    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
+
+
+def pmlm_config(cfg: ModelConfig) -> dict:
+    module = REMOTE_MODULE.removesuffix(".py")
+    return {
+        "architectures": ["PmlmForMaskedLM"],
+        "model_type": "pmlm",
+        "auto_map": {
+            "AutoConfig": f"{module}.PmlmConfig",
+            "AutoModel": f"{module}.PmlmForMaskedLM",
+            "AutoModelForMaskedLM": f"{module}.PmlmForMaskedLM",
+        },
+        "vocab_size": alphabet.VOCAB_SIZE,
+        "hidden_size": cfg.hidden,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.heads,
+        "intermediate_size": cfg.ffn,
+        "max_position_embeddings": cfg.max_len,
+        "norm": cfg.norm,
+        "embedding_norm": cfg.embedding_norm,
+        "hidden_act": cfg.activation,
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout,
+        "layer_norm_eps": 1e-5,
+        "pad_token_id": alphabet.PAD_ID,
+        "bos_token_id": alphabet.CLS_ID,
+        "eos_token_id": alphabet.EOS_ID,
+        "first_residue_id": alphabet.FIRST_RESIDUE_ID,
+        "num_residues": alphabet.NUM_RESIDUES,
+        "token_head": cfg.token_head,
+        "pair_head": cfg.pair_head,
+        "pair_classes": cfg.pair_classes,
+        "pair_unary": cfg.pair_unary,
+        "product_base": cfg.product_base,
+        "triple_head": cfg.triple_head,
+        "triple_rank": cfg.triple_rank,
+        "triple_width": cfg.triple_hidden,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+
+
+def tokenizer_files(max_len: int) -> dict[str, str]:
+    """An ``EsmTokenizer`` over our vocabulary (file name -> text): one token a line in id order, our specials."""
+    specials = {
+        "cls_token": alphabet.CLS,
+        "pad_token": alphabet.PAD,
+        "eos_token": alphabet.EOS,
+        "unk_token": alphabet.UNK,
+        "mask_token": alphabet.MASK,
+    }
+    config = {"tokenizer_class": "EsmTokenizer", "model_max_length": max_len, **specials}
+    return {
+        "vocab.txt": "".join(f"{token}\n" for token in alphabet.TOKENS),
+        "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+        "special_tokens_map.json": json.dumps(specials, indent=2) + "\n",
+    }
+
+
+@contextlib.contextmanager
+def staged_folder(out_dir: str | os.PathLike) -> Iterator[Path]:
+    """A temporary folder beside ``out_dir`` whose files are moved into ``out_dir`` (created, other files kept) when
+    the block succeeds; a failure leaves ``out_dir`` as it was."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        yield Path(tmp)
+        out.mkdir(exist_ok=True)
+        for path in sorted(Path(tmp).iterdir()):
+            os.replace(path, out / path.name)
+
+
+def export_encoder(encoder: str | os.PathLike, out_dir: str | os.PathLike) -> tuple[Path, str]:
+    """Write the folder of ``encoder`` (model.safetensors or its folder) into ``out_dir``; (folder, layout)."""
+    model, info, weights = load_encoder(encoder)
+    if is_esm(info):
+        raise InputError(weights, "an ESM encoder is a transformers folder already (the folder holding it)")
+    cfg = model.cfg
+    kind = layout(cfg)
+    state = model.state_dict()
+    tensors = roberta_tensors(state, cfg) if kind == ROBERTA else pmlm_tensors(state, cfg)
+    config = roberta_config(cfg) if kind == ROBERTA else pmlm_config(cfg)
+    config["pmlm"] = {
+        "layout": kind,
+        "model": cfg.to_dict(),
+        "objective": info["objective"],
+        "step": info.get("step"),
+        "final_scores": info.get("final_scores"),
+        "source": info.get("source"),
+        "encoder_file": weights.name,
+        "encoder_sha256": file_digest(weights),
+        "exported_by": f"pmlm {__version__}",
+    }
+    with staged_folder(out_dir) as staged:
+        save_file(tensors, staged / ENCODER_FILE, metadata={"format": "pt"})
+        (staged / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, text in tokenizer_files(cfg.max_len).items():
+            (staged / name).write_text(text)
+        if kind == PMLM_LAYOUT:
+            shutil.copyfile(REMOTE_SOURCE, staged / REMOTE_MODULE)
+    return Path(out_dir), kind
+
+
+# -- the way back --------------------------------------------------------------------------------------------
+
+
+def _check_derived(tensors: dict, name: str, expected: torch.Tensor, where: Path) -> None:
+    found = tensors.get(name)
+    if found is None or found.shape != expected.shape or not torch.equal(found.float(), expected):
+        raise InputError(where, f"{name} is not what pmlm export writes (changed after export?); not a pmlm encoder")
+
+
+def encoder_state(tensors: dict, cfg: ModelConfig, kind: str, where: Path) -> dict[str, torch.Tensor]:
+    """A folder's tensors (``export_encoder``'s layout ``kind``) under our names; the tensors the export derives
+    must be exactly what it writes."""
+    if kind == PMLM_LAYOUT:
+        _check_derived(tensors, "encoder.positions", position_table(cfg), where)
+        return {k: v for k, v in tensors.items() if k != "encoder.positions"}
+    _check_derived(tensors, f"{ROBERTA_EMBEDDINGS}position_embeddings.weight", roberta_positions(cfg), where)
+    _check_derived(tensors, f"{ROBERTA_EMBEDDINGS}token_type_embeddings.weight", torch.zeros(1, cfg.hidden), where)
+    decoder, bias = tensors.get("lm_head.decoder.weight"), tensors.get("lm_head.bias")
+    if decoder is None or bias is None:
+        raise InputError(where, "lm_head.decoder.weight or lm_head.bias is missing; not a pmlm encoder")
+    _check_derived(tensors, "lm_head.decoder.weight", vocabulary_rows(decoder[RESIDUE_IDS], 0.0), where)
+    _check_derived(tensors, "lm_head.bias", vocabulary_rows(bias[RESIDUE_IDS], float("-inf")), where)
+    state = {
+        "encoder.embed.weight": tensors[f"{ROBERTA_EMBEDDINGS}word_embeddings.weight"],
+        "encoder.embed_norm.weight": tensors[f"{ROBERTA_EMBEDDINGS}LayerNorm.weight"],
+        "encoder.embed_norm.bias": tensors[f"{ROBERTA_EMBEDDINGS}LayerNorm.bias"],
+        "token_head.out.weight": decoder[RESIDUE_IDS],
+        "token_head.out.bias": bias[RESIDUE_IDS],
+    }
+    for i in range(cfg.num_layers):
+        ours, theirs = f"encoder.layers.{i}.", f"roberta.encoder.layer.{i}."
+        for p in ("weight", "bias"):
+            blocks = [tensors.get(f"{theirs}attention.self.{name}.{p}") for name in ("query", "key", "value")]
+            if any(b is None for b in blocks):
+                raise InputError(where, f"{theirs}attention.self.*.{p} is missing; not a pmlm encoder")
+            state[f"{ours}attn.qkv.{p}"] = torch.cat(blocks)
+            for a, b in ROBERTA_LAYER.items():
+                state[f"{ours}{a}.{p}"] = tensors.get(f"{theirs}{b}.{p}")
+    for p in ("weight", "bias"):
+        for a, b in ROBERTA_HEAD.items():
+            state[f"{a}.{p}"] = tensors.get(f"{b}.{p}")
+    missing = sorted(k for k, v in state.items() if v is None)
+    if missing:
+        raise InputError(where, f"the tensor for {missing[0]} is missing; not a pmlm encoder")
+    return state
+
+
+def described_model(section: dict, where: Path) -> dict:
+    """The model.json sections a folder's ``pmlm`` section records (model, objective, step, source)."""
+    if not isinstance(section, dict) or section.get("layout") not in (ROBERTA, PMLM_LAYOUT):
+        raise InputError(where, "config.json's pmlm section has no layout roberta / pmlm (not written by pmlm export)")
+    for key in ("model", "objective"):
+        if not isinstance(section.get(key), dict):
+            raise InputError(where, f"config.json's pmlm section has no {key!r} (not written by pmlm export)")
+    return {"model": section["model"], "objective": section["objective"], "step": section.get("step")}
