@@ -56,20 +56,12 @@ def equal_rows(cfg: TrainConfig) -> torch.Tensor:
     return tokens
 
 
-@pytest.fixture
-def one_thread():
-    """The profiler sees the calling thread's allocations only (budget.measured_bytes)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
+# the profiler sees the calling thread's allocations only (budget.measured_bytes): measurements use single_thread
 CASES = [(o, bf16) for o in ("mlm", "pmlm", "pmlm_pair_only") for bf16 in (False, True)]
 
 
 @pytest.mark.parametrize("objective, bf16", CASES)
-def test_kept_tensors_are_the_live_bytes_after_a_forward(objective, bf16, one_thread):
+def test_kept_tensors_are_the_live_bytes_after_a_forward(objective, bf16, single_thread):
     """Tensor by tensor: what the estimate says autograd keeps (plus the weights and, under autocast, their bf16
     copies) is what the allocator still holds once the loss is computed; 1 % covers the batch, masks, targets
     and counters, which are alive too and not counted."""
@@ -94,7 +86,7 @@ def test_kept_tensors_are_the_live_bytes_after_a_forward(objective, bf16, one_th
 
 
 @pytest.mark.parametrize("objective, bf16", CASES)
-def test_the_estimate_is_the_measured_peak_of_training_steps(objective, bf16, one_thread, tmp_path):
+def test_the_estimate_is_the_measured_peak_of_training_steps(objective, bf16, single_thread, tmp_path):
     """Three optimizer steps (the first allocates AdamW's state): fp32 through pmlm's training loop itself, bf16
     by hand under CPU autocast (the loop allows bf16 on CUDA only). The kept tensors are counted exactly (test
     above); when the step peaks beside them depends on the order in which the backward frees the last layer's
