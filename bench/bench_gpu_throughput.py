@@ -61,10 +61,11 @@ from bench_vs_esm import (
     pad_batch,
 )
 
-from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_PAIR_CLASSES, NUM_RESIDUES, PAD_ID
+from pmlm.alphabet import FIRST_RESIDUE_ID, PAD_ID
 from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses
 from pmlm.model.objectives import IGNORE_INDEX
 from pmlm.pretrained import build_model
+from pmlm.train import budget
 
 # dense bf16 tensor-core peak, TFLOP/s (vendor data sheets); matched in order against the device name
 PEAK_BF16_TFLOPS = (
@@ -129,18 +130,8 @@ def peak_flops(device: torch.device, override: float | None) -> tuple[float | No
 
 
 def model_flops(dims: dict, objective: str, seq_tokens: list[int], valid_per_seq: list[int]) -> int:
-    """Forward + backward model FLOPs of one batch (module docstring). valid_per_seq: masked standard residues."""
-    layers, C, F = dims["num_layers"], dims["hidden"], dims["ffn"]
-    T = sum(seq_tokens)
-    flops = 6 * layers * (4 * C * C + 2 * C * F) * T + 12 * layers * C * sum(n * n for n in seq_tokens)
-    if objective in ("mlm", "pmlm"):
-        flops += 6 * (C * C + NUM_RESIDUES * C) * sum(valid_per_seq)
-    if objective in ("pmlm", "pmlm_pair_only"):
-        diagonal = objective == "pmlm_pair_only"
-        U = sum(m for m in valid_per_seq if m >= 2 or diagonal)
-        P = sum(m * (m - 1) // 2 + (m if diagonal else 0) for m in valid_per_seq)
-        flops += 6 * (2 * C * C * (U + P) + 2 * C * NUM_PAIR_CLASSES * 2 * P)
-    return flops
+    """Forward + backward model FLOPs of one batch (module docstring; ``pmlm.train.budget.model_flops``)."""
+    return budget.model_flops(dims["num_layers"], dims["hidden"], dims["ffn"], objective, seq_tokens, valid_per_seq)
 
 
 def make_batches(args, L: int, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -1,0 +1,311 @@
+"""What one pre-training step costs, worked out before any GPU is asked for: model FLOPs per batch and the peak
+memory per GPU of a recipe's largest micro-batch (weights, gradients, AdamW state, the tensors autograd keeps, the
+backward's working set), under bf16 autocast or fp32, with DDP or FSDP.
+
+The memory count follows the model's own code tensor by tensor (``pmlm.model.encoder``, ``heads``,
+``objectives``): every tensor autograd saves for the backward of one micro-batch, in the dtype it is saved in.
+Under bf16 autocast a Linear saves the bf16 cast of its input and of its weight; LayerNorm runs in fp32 on CUDA
+(autocast's fp32 list; CPU autocast runs it in bf16); CUDA's dropout saves a bool mask, CPU's a mask of its input's
+dtype; fused attention (FlashAttention, CPU SDPA without dropout) keeps q, k, v, the output and the row
+log-sum-exp (the CPU dropout kernel of ``pmlm.model.dropout_attention`` is not modelled). The pair head keeps,
+per unordered pair of masked residues, the two gathered encoder rows, their product, both orders' activations
+and LayerNorm input, and the fp32 log-probabilities of both orders' K classes. The peak comes at the start of
+the backward: all of that, plus the loss's largest tensors and gradients (``backward_working_set``).
+tests/test_plan.py checks the kept tensors against the CPU allocator's live bytes after a forward, and the whole
+count against the measured peak of real training steps (``measured_bytes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from pmlm.config.pretraining import TrainConfig
+from pmlm.errors import ConfigError
+from pmlm.model.config import ModelConfig
+from pmlm.model.objectives import ObjectiveConfig
+from pmlm.pretrained import build_model
+from pmlm.vocabulary import MLM, PMLM_PAIR_ONLY, TMLM
+
+FP32, BF16, INT64 = 4, 2, 8
+NORM_STATS = 2 * FP32  # LayerNorm keeps a mean and a reciprocal std per row
+ADAM_STATE = 2 * FP32  # exp_avg and exp_avg_sq per parameter
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """A batch of ``rows`` sequences of ``residues`` residues each (plus <cls> and <eos>), padded to ``width``,
+    with ``masked`` masked standard residues per row."""
+
+    rows: int
+    width: int
+    residues: int
+    masked: int
+
+    @property
+    def tokens(self) -> int:
+        """Non-pad tokens."""
+        return self.rows * (self.residues + 2)
+
+    @property
+    def pairs(self) -> int:
+        """Unordered pairs of masked residues within a row, summed over rows."""
+        return self.rows * (self.masked * (self.masked - 1) // 2)
+
+
+def largest_micro_batch(cfg: TrainConfig) -> MicroBatch:
+    """The micro-batch that needs most memory under ``cfg``: rows of the full crop length fill the token budget
+    (the most masked pairs a budget can hold), each with the most masked residues the masking can draw."""
+    width = -(-cfg.max_len // cfg.data.pad_to_multiple) * cfg.data.pad_to_multiple
+    rows = max(1, cfg.data.tokens_per_batch // width)
+    residues = cfg.max_len - 2
+    # mask_tokens draws floor(mask_prob * n + u), u in [0, 1): at most ceil(mask_prob * n)
+    return MicroBatch(rows, width, residues, min(residues, math.ceil(cfg.objective.mask_prob * residues)))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a step computes: bf16 autocast or fp32, on CUDA or on CPU (their autocast and dropout differ)."""
+
+    bf16: bool
+    device: str = "cuda"
+
+    @property
+    def act(self) -> int:
+        """Bytes per element of matmul inputs and outputs."""
+        return BF16 if self.bf16 else FP32
+
+    def dropout_mask(self, input_bytes: int) -> int:
+        """Bytes per element of the mask a dropout keeps: CUDA's is bool, CPU's has its input's dtype."""
+        return 1 if self.device == "cuda" else input_bytes
+
+    @property
+    def norm_input(self) -> int | None:
+        """Bytes a LayerNorm keeps per element of a matmul-output input: a fp32 copy under CUDA autocast, else
+        None (it keeps the input tensor itself, already counted by whoever made it)."""
+        return FP32 if self.bf16 and self.device == "cuda" else None
+
+    def norm_output(self) -> int:
+        """Bytes per element of a LayerNorm output as the next Linear keeps it (its bf16 cast under autocast)."""
+        return BF16 if self.bf16 else FP32
+
+    def processed(self, batch: MicroBatch) -> int:
+        """Tokens each encoder layer processes: a padded batch is packed to its real tokens on CUDA under bf16
+        (``attention: auto``), elsewhere every position is computed."""
+        return batch.tokens if self.bf16 and self.device == "cuda" else batch.rows * batch.width
+
+
+@dataclass(frozen=True)
+class Parameters:
+    total: int  # every parameter
+    linear: int  # weights and biases of Linear layers (autocast keeps a bf16 copy of these)
+    per_layer: int  # one encoder layer (FSDP gathers one at a time)
+
+
+def count_parameters(model_cfg: ModelConfig, objective: str) -> Parameters:
+    """Exact parameter counts of the model ``objective`` trains, built on the meta device (no memory, no time)."""
+    with torch.device("meta"):
+        model = build_model(model_cfg, ObjectiveConfig(name=objective))
+    linear = sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters())
+    per_layer = sum(p.numel() for p in model.encoder.layers[0].parameters()) if model.encoder.layers else 0
+    return Parameters(sum(p.numel() for p in model.parameters()), linear, per_layer)
+
+
+def unmodelled(model_cfg: ModelConfig, objective: str) -> str | None:
+    """Why the memory count does not cover this model, or None."""
+    if objective == TMLM or model_cfg.triple_head:
+        return "the triple head"
+    if model_cfg.product_base or model_cfg.pair_unary:
+        return "model.product_base / model.pair_unary"
+    if model_cfg.pair_vocab != "standard" and objective != MLM:
+        return "pair_vocab full"
+    return None
+
+
+def _mlp_block(rows: int, width: int, first_input: int, activation: str, precision: Precision) -> int:
+    """Bytes kept by Linear -> activation -> LayerNorm -> Linear on ``rows`` rows of ``width`` (both heads'
+    shape), ``first_input`` bytes per element kept by the first Linear."""
+    a = precision.act
+    kept = first_input * width  # the first Linear's input
+    kept += a * width  # relu keeps its output, gelu its input
+    if precision.norm_input is not None:
+        kept += precision.norm_input * width  # the fp32 copy the LayerNorm normalises
+    elif activation == "gelu":
+        kept += a * width  # gelu's output, which the LayerNorm keeps (relu's output is the same tensor)
+    kept += NORM_STATS + precision.norm_output() * width  # statistics; the output Linear's input
+    return rows * kept
+
+
+def encoder_bytes(model_cfg: ModelConfig, batch: MicroBatch, precision: Precision) -> dict[str, int]:
+    """Bytes the encoder keeps for the backward: embeddings, every layer, the final LayerNorm."""
+    a, C, F, H = precision.act, model_cfg.hidden, model_cfg.ffn, model_cfg.heads
+    X = precision.processed(batch)
+    drop = precision.dropout_mask(a) if model_cfg.dropout > 0 else 0
+    # first Linear's input; q, k, v; the fused kernel's output and its log-sum-exp per row and head
+    layer = a * C + 3 * a * C + a * C + FP32 * H
+    layer += 2 * drop * C + 2 * (FP32 * C + NORM_STATS)  # two dropouts; two LayerNorms on the fp32 residual
+    layer += a * C  # the feed-forward's first Linear keeps its input
+    layer += a * F * (2 if model_cfg.activation == "gelu" else 1)  # relu: its output; gelu: input and output
+    if model_cfg.activation_dropout > 0:
+        layer += a * F + precision.dropout_mask(a) * F
+    embed = INT64  # token ids
+    if model_cfg.embedding_norm:
+        embed += FP32 * C + NORM_STATS
+    if model_cfg.dropout > 0:
+        embed += precision.dropout_mask(FP32) * C  # embeddings are fp32 whatever the autocast
+    final = FP32 * C + NORM_STATS if model_cfg.norm == "pre" else 0
+    return {"embeddings": X * embed, "layers": X * layer * model_cfg.num_layers, "final_norm": X * final}
+
+
+def head_bytes(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precision: Precision) -> dict[str, int]:
+    """Bytes the token and pair heads and their losses keep: the token head on the masked residues, the pair
+    head on their pairs (both orders), the fp32 log-probabilities of the cross-entropies."""
+    C, K = model_cfg.hidden, model_cfg.pair_classes
+    N = batch.rows * batch.masked  # masked residues
+    out: dict[str, int] = {}
+    if objective != PMLM_PAIR_ONLY:
+        gathered = BF16 if precision.bf16 else FP32  # the first Linear's input: a bf16 cast, or the rows themselves
+        token = _mlp_block(N, C, gathered, model_cfg.activation, precision)
+        token += N * (2 * INT64 + FP32 * 20 + INT64)  # the gather's index, log-probabilities, targets
+        out["token_head"] = token
+    if objective == MLM:
+        return out
+    diagonal = objective == PMLM_PAIR_ONLY
+    P = batch.pairs + (N if diagonal else 0)  # pair rows through the head, each in both orders
+    U = N if diagonal or batch.masked >= 2 else 0  # distinct positions
+    pair = U * INT64 + 2 * P * INT64  # the positions and both indices of every row
+    pair += U * C * (BF16 if precision.bf16 else FP32)  # the difference projection's input
+    pair += P * (2 * FP32 * C + (BF16 if precision.bf16 else FP32) * C)  # h_i, h_j and their product's Linear input
+    pair += _mlp_block(2 * P, 2 * C, 0, model_cfg.activation, precision)  # both orders' block after the product
+    # log-probabilities and labels of the cross-entropies: both orders of each pair, the diagonal once
+    pair += (2 * batch.pairs + (N if diagonal else 0)) * (FP32 * K + INT64)
+    if precision.bf16:  # weight casts the pair head makes per chunk (its split first weight is not a leaf)
+        chunks = -(-max(P, 1) // model_cfg.pair_chunk_size)
+        pair += BF16 * (2 * C * C) * (1 + chunks)
+    out["pair_head"] = pair
+    return out
+
+
+def backward_working_set(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precision: Precision) -> int:
+    """What is allocated beside the kept tensors when the step peaks: the encoder's output, which the heads read,
+    and the loss's largest gradients. With a pair head that is the end of the forward or the start of the
+    backward: the logits of both orders and the fp32 log-probabilities' gradient (2 x 2P x K fp32), and for
+    pmlm_pair_only one more gradient of the whole logits (its diagonal is sliced out twice). Without, one fp32
+    gradient of the widest activation (tokens x ffn)."""
+    X = precision.processed(batch)
+    working = X * model_cfg.hidden * FP32
+    if objective == MLM:
+        return working + X * model_cfg.ffn * FP32
+    K = model_cfg.pair_classes
+    working += 2 * (2 * batch.pairs * K * FP32)
+    if objective == PMLM_PAIR_ONLY:
+        working += 2 * (batch.pairs + batch.rows * batch.masked) * K * precision.act
+    return working
+
+
+def peak_memory(cfg: TrainConfig, world_size: int = 1, precision: Precision | None = None) -> dict:
+    """Peak bytes per GPU of one training step of ``cfg`` on its largest micro-batch, by component.
+
+    ``precision`` defaults to what the recipe runs on a GPU (bf16 autocast unless ``bf16: false``). Parameters,
+    gradients and AdamW state are sharded over ``world_size`` under FSDP (then the gathered layers are added);
+    under DDP every rank holds them whole, plus DDP's gradient buckets."""
+    precision = precision or Precision(bf16=cfg.bf16 is not False)
+    model_cfg, objective = cfg.model_config(), cfg.objective.name
+    why = unmodelled(model_cfg, objective)
+    if why is None and precision.device == "cpu" and not precision.bf16 and model_cfg.attention_dropout > 0:
+        # pmlm.model.dropout_attention keeps every block's probabilities and NumPy masks until the graph is freed
+        why = "attention dropout on CPU (its blockwise kernel)"
+    if why is not None:
+        raise ConfigError(f"the memory estimate does not model {why}")
+    params = count_parameters(model_cfg, objective)
+    batch = largest_micro_batch(cfg)
+    shards = world_size if cfg.fsdp else 1
+    static = {
+        "weights": FP32 * params.total // shards,
+        # gradients persist between the micro-batches of an accumulation (set to None between steps)
+        "gradients": FP32 * params.total // shards if cfg.grad_accum > 1 else 0,
+        "adamw_state": ADAM_STATE * params.total // shards,
+        "bf16_weight_copies": BF16 * params.linear if precision.bf16 else 0,
+    }
+    if cfg.fsdp:  # one layer gathered and the next prefetched, and a layer's full gradient before its reduce-scatter
+        static["fsdp_gathered"] = 3 * FP32 * params.per_layer
+    elif world_size > 1:
+        static["ddp_buckets"] = FP32 * params.total
+    kept = {**encoder_bytes(model_cfg, batch, precision), **head_bytes(model_cfg, objective, batch, precision)}
+    working = {"backward_working_set": backward_working_set(model_cfg, objective, batch, precision)}
+    parts = {**static, **kept, **working}
+    return {
+        "micro_batch": dataclasses.asdict(batch),
+        "precision": "bf16" if precision.bf16 else "fp32",
+        "device": precision.device,
+        "world_size": world_size,
+        "sharded": bool(cfg.fsdp),
+        "parameters": params.total,
+        "bytes": parts,
+        "total_bytes": sum(parts.values()),
+    }
+
+
+def model_flops(
+    num_layers: int, hidden: int, ffn: int, objective: str, seq_tokens: list[int], masked: list[int], classes: int = 400
+) -> int:
+    """Forward + backward model FLOPs of one batch, counted on non-pad tokens only (bench/README.md, "On a GPU")::
+
+        6 x layers x (4 C^2 + 2 C F) x T  +  12 x layers x C x sum_s n_s^2  +  6 x (C^2 + 20 C) x M
+        + 6 x (2 C^2 (U + P) + 2 C K x 2 P)      (pair head)
+
+    T tokens in sequences of n_s tokens, M masked residues (``masked`` per sequence), U masked positions with a
+    partner, P unordered pairs (with the diagonal for pmlm_pair_only), K pair classes; embeddings, norms and
+    softmax are not counted."""
+    C, F = hidden, ffn
+    T = sum(seq_tokens)
+    flops = 6 * num_layers * (4 * C * C + 2 * C * F) * T + 12 * num_layers * C * sum(n * n for n in seq_tokens)
+    if objective != PMLM_PAIR_ONLY:
+        flops += 6 * (C * C + 20 * C) * sum(masked)
+    if objective != MLM:
+        diagonal = objective == PMLM_PAIR_ONLY
+        U = sum(m for m in masked if m >= 2 or diagonal)
+        P = sum(m * (m - 1) // 2 + (m if diagonal else 0) for m in masked)
+        flops += 6 * (2 * C * C * (U + P) + 2 * C * classes * 2 * P)
+    return flops
+
+
+def flops_per_token(cfg: TrainConfig) -> float:
+    """Model FLOPs per token of ``cfg``'s largest micro-batch (rows of the full crop length)."""
+    batch = largest_micro_batch(cfg)
+    m = cfg.model_config()
+    per_row, masked = [batch.residues + 2] * batch.rows, [batch.masked] * batch.rows
+    flops = model_flops(m.num_layers, m.hidden, m.ffn, cfg.objective.name, per_row, masked, m.pair_classes)
+    return flops / batch.tokens
+
+
+def measured_bytes(run: Callable[[], object], device: torch.device) -> tuple[int, int]:
+    """(peak, still allocated at the end) in bytes the allocator hands out while ``run()`` runs, above what was
+    allocated before it.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` and ``memory_allocated``. CPU: the profiler's allocation and free
+    events of torch's CPU allocator, summed in time order. The profiler records the calling thread's allocations
+    only, so run it with one torch thread (``torch.set_num_threads(1)``) and no loader threads."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base, torch.cuda.memory_allocated(device) - base
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    cpu = torch.autograd.DeviceType.CPU
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == cpu]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak, live

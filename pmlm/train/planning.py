@@ -1,0 +1,223 @@
+"""How long the pre-training jobs of a workflow config take and whether their micro-batch fits a GPU, before any
+job is submitted (``pmlm plan``): steps and tokens from each recipe, GPU-hours from a per-GPU throughput, the
+number of time-limit segments at the SLURM profile's runtime, and the peak memory per GPU (``train.budget``).
+
+The throughput per GPU is, in this order: ``--tokens-per-second``; the preset's entry in the throughput file
+(``config/throughput.yaml``, filled from bench/gpu_check.sh's figures once a GPU has run them); else an
+assumption derived from the paper's own hardware time (``paper_rate``), said so in every row it is used.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pmlm.config.pretraining import TrainConfig
+from pmlm.errors import ConfigError
+from pmlm.train.budget import GIB, Precision, flops_per_token, peak_memory
+
+# The paper: MLM-base / PMLM-base "pre-trained on 24 Tesla V100 GPU cards, about three weeks", evaluated at the
+# 60th epoch. 60 epochs of UR50 is what config/train/base.yaml's total_steps estimates: 2,000,000 optimizer steps
+# of 4 GPUs x 16,384 tokens x grad_accum 4. Spread over 24 GPUs x 21 days that is ~12,000 tokens/s per V100 at
+# base dims; its model-FLOP rate, divided by another recipe's FLOPs per token, gives that recipe's tokens/s.
+PAPER_BASE_TOKENS = 2_000_000 * 4 * 16_384 * 4
+PAPER_BASE_GPU_SECONDS = 24 * 21 * 86_400
+PAPER_BASE_RECIPE = Path("config/train/base.yaml")
+DEFAULT_WARNING_S = 600  # the profile's --signal=USR1@600: the trainers stop this long before the limit
+CARD_BYTES = {"40 GB": 40 * GIB, "80 GB": 80 * GIB}
+# a card is said to fit when the estimated peak leaves this share free for the CUDA context, cuBLAS / NCCL
+# workspaces and the caching allocator's fragmentation, none of which the estimate counts
+CARD_HEADROOM = 0.1
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str  # dataset/objective-preset, as the workflow's results/<run>/pretrain/ folders
+    preset: str
+    recipe: Path
+    config: TrainConfig
+
+
+def read_yaml(path: str | Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def recipe_job(recipe: str | Path, objective: str, sets: list[str] = (), name: str | None = None) -> Job:
+    """One recipe trained with ``objective`` (the workflow's own ``--set objective.name=...``, then ``sets``)."""
+    cfg = TrainConfig.from_yaml(recipe, [f"objective.name={objective}", *sets])
+    preset = cfg.model.preset
+    return Job(name or f"{objective}-{preset}", preset, Path(recipe), cfg)
+
+
+def workflow_jobs(configfile: str | Path, root: str | Path = ".") -> list[Job]:
+    """The pre-training jobs of a workflow config (released checkpoints are imported, not trained), with the
+    overrides the workflow passes them (``pretrain.set``); recipe paths are resolved against ``root``, the
+    workflow directory, as the Snakefile resolves them."""
+    config = read_yaml(configfile)
+    pretrain = config.get("pretrain") or {}
+    recipes = pretrain.get("recipes") or {}
+    sets = [f"{key}={value}" for key, value in (pretrain.get("set") or {}).items()]
+    jobs = []
+    for i, model in enumerate(pretrain.get("models") or []):
+        if model.get("release"):
+            continue
+        if model.get("preset") not in recipes:
+            raise ConfigError(f"{configfile}: pretrain.models[{i}].preset: no recipe for {model.get('preset')!r}")
+        recipe = Path(recipes[model["preset"]])
+        recipe = recipe if recipe.is_absolute() else Path(root) / recipe
+        name = f"{model['dataset']}/{model['objective']}-{model['preset']}"
+        jobs.append(recipe_job(recipe, model["objective"], sets, name))
+    if not jobs:
+        raise ConfigError(f"{configfile}: pretrain.models names no encoder to pre-train")
+    return jobs
+
+
+def pretrain_resources(profile: str | Path) -> dict:
+    """The pre-training job's GPUs, runtime (minutes) and time-limit warning (seconds) under a SLURM profile:
+    ``set-resources: pretrain:`` of ``<profile>/config.yaml``. The one place that knows where they live."""
+    path = Path(profile) / "config.yaml" if Path(profile).is_dir() else Path(profile)
+    section = (read_yaml(path).get("set-resources") or {}).get("pretrain") or {}
+    nodes = int(section.get("nodes", 1) or 1)
+    per_node = re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", str(section.get("gres", "") or ""))
+    gpus = int(per_node.group(1)) * nodes if per_node else int(section.get("gpu", 0) or 0)
+    warning = re.search(r"--signal=\w*@(\d+)", str(section.get("slurm_extra", "")))
+    return {
+        "source": str(path),
+        "gpus": gpus or None,
+        "runtime_min": int(section["runtime"]) if section.get("runtime") else None,
+        "warning_s": int(warning.group(1)) if warning else DEFAULT_WARNING_S,
+    }
+
+
+def paper_rate(root: str | Path = ".") -> float:
+    """Model FLOP/s per GPU the paper's base runs sustained (module constants): the assumed rate."""
+    base = recipe_job(Path(root) / PAPER_BASE_RECIPE, "pmlm").config
+    return PAPER_BASE_TOKENS / PAPER_BASE_GPU_SECONDS * flops_per_token(base)
+
+
+def throughput_table(path: str | Path | None) -> dict[str, float]:
+    """Per-preset tokens/s per GPU from a throughput file (``tokens_per_gpu_second: {preset: N}``); {} if none."""
+    if path is None or not Path(path).exists():
+        return {}
+    table = read_yaml(path).get("tokens_per_gpu_second") or {}
+    for preset, value in table.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{path}: tokens_per_gpu_second.{preset} must be a positive number, got {value!r}")
+    return {str(k): float(v) for k, v in table.items()}
+
+
+def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate: tuple[float, str]) -> dict:
+    """One row of the plan: steps, tokens, GPU-hours, wall time, segments, peak memory per GPU."""
+    cfg = job.config
+    tokens_per_step = cfg.data.tokens_per_batch * cfg.grad_accum * gpus
+    tokens = tokens_per_step * cfg.optim.total_steps
+    tokens_per_s, source = rate
+    gpu_hours = tokens / tokens_per_s / 3600
+    wall_hours = gpu_hours / gpus
+    usable_min = None if runtime_min is None else runtime_min - warning_s / 60
+    row = {
+        "job": job.name,
+        "recipe": str(job.recipe),
+        "gpus": gpus,
+        "steps": cfg.optim.total_steps,
+        "tokens_per_step": tokens_per_step,
+        "tokens": tokens,
+        "tokens_per_gpu_second": round(tokens_per_s),
+        "throughput_source": source,
+        "gpu_hours": round(gpu_hours),
+        "wall_days": round(wall_hours / 24, 1),
+        "runtime_min": runtime_min,
+        "segments": None if not usable_min or usable_min <= 0 else math.ceil(wall_hours * 60 / usable_min),
+    }
+    try:
+        memory = {
+            "bf16": peak_memory(cfg, gpus, Precision(bf16=True)),
+            "fp32": peak_memory(cfg, gpus, Precision(bf16=False)),
+        }
+    except ConfigError as exc:
+        row["memory"] = None
+        row["memory_note"] = str(exc)
+        return row
+    row["memory"] = memory
+    chosen = memory["bf16" if cfg.bf16 is not False else "fp32"]["total_bytes"]
+    row["peak_gib"] = round(chosen / GIB, 1)
+    row["fits"] = {card: chosen <= size * (1 - CARD_HEADROOM) for card, size in CARD_BYTES.items()}
+    return row
+
+
+def plan(
+    jobs: list[Job],
+    resources: dict,
+    tokens_per_second: float | None = None,
+    table: dict[str, float] | None = None,
+    root: str | Path = ".",
+) -> list[dict]:
+    """Rows for ``jobs`` under ``resources`` (``pretrain_resources``; ``gpus`` must be set)."""
+    if not resources.get("gpus"):
+        raise ConfigError(f"{resources.get('source', 'the profile')}: no GPU count for pretrain; pass --gpus")
+    table = table or {}
+    assumed = None
+    rows = []
+    for job in jobs:
+        if tokens_per_second:
+            rate = (tokens_per_second, "--tokens-per-second")
+        elif job.preset in table:
+            rate = (table[job.preset], "throughput file")
+        else:
+            assumed = assumed or paper_rate(root)
+            rate = (assumed / flops_per_token(job.config), "assumed: the paper's V100 rate")
+        rows.append(plan_job(job, resources["gpus"], resources.get("runtime_min"), resources["warning_s"], rate))
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    """The plan as a Markdown table, then what each figure assumes."""
+    head = (
+        "| job | GPUs | steps | tokens/step | tokens | tok/s/GPU | GPU-hours | wall days | segments | "
+        "peak GiB/GPU bf16 (fp32) | fits 40 GB | fits 80 GB |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        memory = r.get("memory")
+        peak = (
+            f"{memory['bf16']['total_bytes'] / GIB:.1f} ({memory['fp32']['total_bytes'] / GIB:.1f})"
+            if memory
+            else "n/a"
+        )
+        fits = r.get("fits") or {}
+        yes_no = [("yes" if fits[c] else "no") if c in fits else "n/a" for c in CARD_BYTES]
+        segments = "n/a" if r["segments"] is None else str(r["segments"])
+        lines.append(
+            f"| {r['job']} | {r['gpus']} | {r['steps']:,} | {r['tokens_per_step']:,} | {r['tokens']:.3g} | "
+            f"{r['tokens_per_gpu_second']:,}{'*' if r['throughput_source'].startswith('assumed') else ''} | "
+            f"{r['gpu_hours']:,} | {r['wall_days']} | {segments} | {peak} | {yes_no[0]} | {yes_no[1]} |"
+        )
+    notes = [
+        "",
+        "tokens: the recipe's token budget per micro-batch x grad_accum x GPUs x steps (padding included).",
+    ]
+    if any(r["throughput_source"].startswith("assumed") for r in rows):
+        notes.append(
+            "* assumed: the paper's V100 rate (24 V100 x ~3 weeks for 60 epochs of PMLM-base, scaled by each "
+            "recipe's FLOPs per token); no GPU figure of this code exists yet. Give --tokens-per-second or fill "
+            "config/throughput.yaml."
+        )
+    runtime = next((r["runtime_min"] for r in rows if r["runtime_min"]), None)
+    if runtime:
+        notes.append(f"segments: SLURM jobs of {runtime} min each (the trainers stop before each time limit).")
+    notes.append(
+        "peak: the largest micro-batch's weights, gradients, AdamW state and saved activations (pmlm.train.budget); "
+        f"a card fits when it leaves {CARD_HEADROOM:.0%} for the CUDA context and the allocator."
+    )
+    notes += [f"{r['job']}: {r['memory_note']}" for r in rows if r.get("memory_note")]
+    return "\n".join(lines + notes) + "\n"
