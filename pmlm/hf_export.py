@@ -47,6 +47,8 @@ from pmlm.utils import file_digest
 from pmlm.version import __version__
 
 ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"
+# the config.json section that carries model.json's provenance and settings (read back by pmlm import)
+PROVENANCE_SECTION = "pmlm"
 LAYOUT_CLASSES = {ROBERTA: "RobertaForMaskedLM", PMLM_LAYOUT: "PmlmForMaskedLM, trust_remote_code=True"}
 REMOTE_MODULE = "modeling_pmlm.py"
 REMOTE_SOURCE = Path(__file__).with_name("hf_remote") / REMOTE_MODULE
@@ -232,7 +234,7 @@ def export_encoder(encoder: str | os.PathLike, out_dir: str | os.PathLike) -> tu
     state = model.state_dict()
     tensors = roberta_tensors(state, cfg) if kind == ROBERTA else pmlm_tensors(state, cfg)
     config = roberta_config(cfg) if kind == ROBERTA else pmlm_config(cfg)
-    config["pmlm"] = {
+    config[PROVENANCE_SECTION] = {
         "layout": kind,
         "model": cfg.to_dict(),
         "objective": info["objective"],

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pmlm.artefacts import ENCODER_FORMAT, read_weights, write_encoder
 from pmlm.errors import InputError
-from pmlm.hf_export import described_model, encoder_state, staged_folder
+from pmlm.hf_export import PROVENANCE_SECTION, described_model, encoder_state, staged_folder
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import ENCODER_FILE, ESM, encoder_configs, encoder_from_state
 from pmlm.utils import file_digest, versions
@@ -72,7 +72,7 @@ def import_transformers(
     config = read_config(folder)
     if config.get("model_type") == ESM_MODEL_TYPE:
         return import_esm(source, out_dir, expect_objective, revision)
-    if "pmlm" in config:
+    if PROVENANCE_SECTION in config:
         return import_exported(folder, config, out_dir, expect_objective)
     raise InputError(
         folder / CONFIG_FILE,
@@ -149,7 +149,7 @@ def import_esm(source: str, out_dir: str | Path, expect_objective: str | None, r
 def import_exported(folder: Path, config: dict, out_dir: str | Path, expect_objective: str | None) -> Path:
     """A folder written by ``pmlm export`` back as the encoder it was exported from."""
     where = folder / CONFIG_FILE
-    section = config["pmlm"]
+    section = config[PROVENANCE_SECTION]
     described = described_model(section, where)
     model_cfg, objective = encoder_configs(described, where)
     _check_objective(objective.name, expect_objective, where)
