@@ -24,7 +24,7 @@ from pmlm.artefacts import save_weights
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.data import TaskLoader, read_task_data
-from pmlm.finetune.loop import FinetuneHooks, finetune
+from pmlm.finetune.finetune import FinetuneHooks, finetune
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model, load_head

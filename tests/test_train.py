@@ -24,7 +24,7 @@ from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from pmlm.train.loop import TrainHooks, train
+from pmlm.train.pretrain import TrainHooks, train
 from pmlm.train.runtime import TrainingDiverged
 
 RESUME_STEPS = 80

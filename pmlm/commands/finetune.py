@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.finetuning import FinetuneConfig
-    from pmlm.finetune.loop import finetune
+    from pmlm.finetune.finetune import finetune
 
     cfg = FinetuneConfig.from_yaml(args.config, args.set)
     return finetune(cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid)

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.pretraining import TrainConfig
-    from pmlm.train.loop import train
+    from pmlm.train.pretrain import train
 
     cfg = TrainConfig.from_yaml(args.config, args.set)
     return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)

@@ -1,5 +1,5 @@
 """Pre-training engine: Parquet shard loader, training loop, checkpoints, the multi-GPU launcher; the loop is
-:func:`pmlm.train.loop.train` (``pmlm pretrain``). This package's own module holds only light constants that
+:func:`pmlm.train.pretrain.train` (``pmlm pretrain``). This package's own module holds only light constants that
 the command layer reads."""
 
 from __future__ import annotations

@@ -1,31 +1,23 @@
-"""The scaffolding both training loops share (pre-training in ``train.loop``, fine-tuning in ``finetune.loop``).
-
-Device and precision, the stop-signal / requeue protocol, the divergence stop, the resumed-run
-compatibility check and the ``metrics.csv`` (+ TensorBoard) log. The loops themselves stay in
-their own modules and read top to bottom; this module holds what would otherwise be written twice.
-"""
+"""The pieces of a training run around the engine's loop (``train.engine``): autocast precision, the stop
+signals and the requeue exit, the divergence stop, the resumed-run compatibility check, the ``metrics.csv``
+(+ TensorBoard) log and the per-rank random streams' seeds."""
 
 from __future__ import annotations
 
 import csv
-import os
-import re
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from pmlm.errors import ConfigError, PmlmError
-from pmlm.train import COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S, REQUEUE_EXIT_CODE
+from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint
 from pmlm.utils import atomic_output
 
@@ -144,61 +136,6 @@ class MetricsLog:
         self.fh.close()
         if self.tb is not None:
             self.tb.close()
-
-
-def agree(flag: bool, device: torch.device, world: int) -> bool:
-    """True on every rank if it is true on any (so all ranks save and stop together)."""
-    if world == 1:
-        return flag
-    t = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-class LostRanks(PmlmError):
-    """A collective failed: another rank died, hung past the collective timeout, or became unreachable."""
-
-
-def collective_timeout() -> timedelta:
-    """How long one collective waits for the other ranks (COLLECTIVE_TIMEOUT_ENV, set by ``pmlm launch``)."""
-    value = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
-    if not value:
-        return timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV} must be a whole number of seconds (at least 1), got {value!r}")
-    return timedelta(seconds=int(value))
-
-
-def is_communication_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective that failed on the network side (gloo and NCCL raise RuntimeError, newer
-    torch DistError), rather than a bug in the computation."""
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        mark in text
-        for mark in (
-            "gloo/transport",
-            "Connection reset by peer",
-            "Connection closed by peer",
-            "Timed out waiting",
-            "timeout caused pair closure",
-            "Socket Timeout",
-            "NCCL communicator was aborted",
-            "Watchdog caught collective operation timeout",
-        )
-    )
-
-
-def lost_ranks(exc: BaseException, step: int, out_dir: Path) -> LostRanks:
-    """One line for the log: this rank, its host, the step, the collective's own first line, the checkpoint."""
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    first = re.sub(r"^\[[^\]]*/third_party/", "[", first)  # the source path of torch's build machine
-    last = latest_checkpoint(out_dir)
-    return LostRanks(
-        f"rank {os.environ.get('RANK', '0')} on {socket.gethostname()} lost the other ranks at step {step + 1} "
-        f"({first[:300]}); last checkpoint: {last or 'none'}{', rerun to resume from it' if last else ''}"
-    )
 
 
 def derived_seed(seed: int, rank: int, stream: int) -> int:
