@@ -23,7 +23,6 @@ from torch import nn
 
 from pmlm.artefacts import write_encoder
 from pmlm.config.pretraining import TrainConfig
-from pmlm.errors import ConfigError
 from pmlm.model.objectives import pretraining_losses
 from pmlm.pretrained import build_model, pick_device
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
@@ -160,15 +159,6 @@ class PretrainRun(TrainingRun):
     def restore(self, ckpt: Checkpoint) -> None:
         cfg, model, rank = self.cfg, self.objective.model, self.rank
         check_compatible(ckpt.config, cfg.to_dict(), ("model", "objective"), ckpt.path, "pretrain", announce=rank == 0)
-        expected = set(model.state_dict())
-        if set(ckpt.model) != expected:
-            # same recipe, other layers: a checkpoint written before model.norm existed holds a pre-LN encoder
-            odd = sorted(set(ckpt.model) ^ expected)
-            raise ConfigError(
-                f"{ckpt.path}: the checkpoint's weights do not fit this model ({', '.join(odd[:3])} ...); "
-                "checkpoints of older pmlm versions are pre-LN: resume with model.overrides "
-                "{norm: pre, activation: gelu, embedding_norm: false, attention_dropout: 0.0} or use a new --out"
-            )
         load_states(self.fsdp_module, model, self.optimizer, ckpt.model, ckpt.state["optimizer"])
         # the saved groups carry the old hyper-parameters; the current config's are the ones announced
         for group, decay_rate in zip(self.optimizer.param_groups, (cfg.optim.weight_decay, 0.0)):
