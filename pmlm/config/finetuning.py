@@ -122,6 +122,20 @@ class TaskDataConfig:
         )
 
 
+# Settings that do not change what a run computes: left out of the fingerprint that ties a checkpoint to its run
+# (pmlm.train.run_folder), so changing them resumes the run. The precision that `bf16` resolves to on the device
+# is fingerprinted in its place.
+NOT_IN_FINGERPRINT = (
+    "log_every",  # when a metrics row is written
+    "eval_every",  # when validation runs (the final validation runs at the end either way)
+    "save_every",  # when checkpoints are written
+    "keep_last_checkpoints",  # how many are kept
+    "device",  # where the arithmetic runs (the precision it resolves to is fingerprinted)
+    "bf16",  # fingerprinted as the resolved precision
+    "head.pair_chunk_elements",  # the same pair features computed in chunks of another size
+)
+
+
 @dataclass
 class FinetuneConfig(YamlConfig):
     """Everything a fine-tuning run depends on; saved into every checkpoint and the head's sidecar."""

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pmlm.artefacts import write_head
-from pmlm.config.finetuning import FinetuneConfig
+from pmlm.config.finetuning import NOT_IN_FINGERPRINT, FinetuneConfig
 from pmlm.errors import ConfigError
 from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
 from pmlm.finetune.scoring import HEADLINE, score_task
@@ -29,7 +29,8 @@ from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_c
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
 from pmlm.train.engine import TrainingRun, fit
-from pmlm.train.runtime import StopSignals, autocast_factory, check_compatible
+from pmlm.train.run_folder import content_digest, run_record
+from pmlm.train.runtime import StopSignals, autocast_factory, precision
 from pmlm.utils import file_digest, versions
 
 PRIOR_PROTEINS = 256  # training proteins whose contact rate initialises a contact head's output bias
@@ -91,7 +92,6 @@ class FinetuneRun(TrainingRun):
     loader: TaskLoader
     valid_data: TaskData | None
     encoder_window: int  # residues the encoder takes
-    encoder_sha: str
     device: torch.device
     autocast: Callable
     sums: dict = field(default_factory=lambda: {"loss": 0.0, "batches": 0, "proteins": 0})  # since the last row
@@ -163,24 +163,11 @@ class FinetuneRun(TrainingRun):
             "optimizer": optim_state,
             "rng": capture_rng(),
             "loader": self.loader.state_dict(),
-            "encoder_sha256": self.encoder_sha,
         }
         return weights, state
 
     def restore(self, ckpt: Checkpoint) -> None:
-        cfg = self.cfg
-        check_compatible(ckpt.config, cfg.to_dict(), ("task", "freeze_encoder", "head"), ckpt.path, "finetune")
-        saved_sha = ckpt.state.get("encoder_sha256")
-        if saved_sha != self.encoder_sha:
-            raise ConfigError(
-                f"{ckpt.path}: written while fine-tuning a different encoder (sha256 {str(saved_sha)[:12]}...); "
-                "use a new --out folder"
-            )
         load_states(None, self.trainable, self.optimizer, ckpt.model, ckpt.state["optimizer"])
-        # the saved groups carry the old hyper-parameters; the current config's are the ones announced
-        o = cfg.optim
-        for group, fresh in zip(self.optimizer.param_groups, self.groups):
-            group.update(peak_lr=fresh["peak_lr"], weight_decay=fresh["weight_decay"], betas=o.betas, eps=o.eps)
         restore_rng(ckpt.state["rng"])
         self.loader.load_state_dict(ckpt.state["loader"])
 
@@ -193,8 +180,10 @@ def finetune(
     final_path: str | Path | None = None,
     valid_path: str | Path | None = None,
     hooks: FinetuneHooks | None = None,
+    extend: bool = False,
 ) -> int:
-    """Fine-tune per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal."""
+    """Fine-tune per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal. ``extend``: continue
+    the run's checkpoint under a changed ``optim.total_steps`` (``train.run_folder``)."""
     hooks = hooks or FinetuneHooks()
     out_dir = Path(out_dir)
     device = pick_device(cfg.device, option="device:")
@@ -213,13 +202,16 @@ def finetune(
         trainable = model.to(device).trainable()
         loader = TaskLoader(train_data.examples, cfg.task, d.batch_size, crop, cfg.seed, d.contact_threshold)
         optimizer, groups = _adamw(trainable, cfg, device)
+        # what determines the result: the settings (features resolved), the encoder, the data, the precision
+        data = {"train": content_digest(train_path), "valid": content_digest(valid_path) if valid_path else None}
+        record = run_record(
+            cfg.to_dict(), NOT_IN_FINGERPRINT, encoder=encoder_sha, **data, precision=precision(device, cfg.bf16)
+        )
 
         # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
-        run = FinetuneRun(
-            cfg, model, trainable, optimizer, groups, loader, valid_data, window, encoder_sha, device, autocast
-        )
+        run = FinetuneRun(cfg, model, trainable, optimizer, groups, loader, valid_data, window, device, autocast)
         after_step = (lambda step: hooks.after_step(step, model)) if hooks.after_step else None
-        code = fit(run, cfg, out_dir, device, stop, after_step=after_step)
+        code = fit(run, cfg, out_dir, device, stop, record=record, extend=extend, after_step=after_step)
         if code != 0:
             return code
 

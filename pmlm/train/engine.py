@@ -1,9 +1,9 @@
 """The one training loop of pmlm. Pre-training (``train.pretrain``) and fine-tuning (``finetune.finetune``) each
 build their data, model and optimizer and hand the engine a ``TrainingRun``: what differs between them (their
 batches and loss, their learning rates, their metrics rows, their state to save). The engine runs the rest, in
-this order: resume, then per optimizer step the learning rate, forward / backward over the accumulated
-micro-batches, clipping, the divergence stop, the step, the metrics row, validation, checkpoints and the stop ->
-save -> requeue exit; at the end the last checkpoint and validation.
+this order: resume (only the run's own checkpoint, ``train.run_folder``), then per optimizer step the learning rate,
+forward / backward over the accumulated micro-batches, clipping, the divergence stop, the step, the metrics row,
+validation, checkpoints and the stop -> save -> requeue exit; at the end the last checkpoint and validation.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch.distributed as dist
 from torch import nn
 
 from pmlm.progress import Progress
-from pmlm.train.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from pmlm.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pmlm.train.parallel import agree
-from pmlm.train.runtime import METRICS_CSV, MetricsLog, StopSignals, requeue_exit, stop_if_diverged
+from pmlm.train.run_folder import finished, own_checkpoint, stop_exit, stops_without_progress
+from pmlm.train.runtime import METRICS_CSV, MetricsLog, StopSignals, stop_if_diverged, weights_diverged
 
 
 class TrainingRun:
@@ -92,7 +93,6 @@ class Schedule:
     log_every: int
     eval_every: int
     save_every: int
-    keep_last_checkpoints: int
 
     @classmethod
     def of(cls, cfg) -> Schedule:
@@ -103,7 +103,6 @@ class Schedule:
             cfg.log_every,
             cfg.eval_every,
             cfg.save_every,
-            cfg.keep_last_checkpoints,
         )
 
 
@@ -114,27 +113,32 @@ def fit(
     device: torch.device,
     stop: StopSignals,
     *,
+    record: dict,
+    extend: bool = False,
     rank: int = 0,
     world: int = 1,
     after_step: Callable[[int], None] | None = None,
     tensorboard_dir: Path | None = None,
 ) -> int:
-    """Train ``run`` per ``cfg`` (its ``optim``, ``grad_accum`` and intervals) from the newest checkpoint in
-    ``out_dir``, if any; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal (``run.step``: the steps done)."""
+    """Train ``run`` per ``cfg`` (its ``optim``, ``grad_accum`` and intervals), resuming from the newest checkpoint
+    in ``out_dir`` if it belongs to the run ``record`` describes (``train.run_folder``; ``extend``: or differs from
+    it only in its length); returns 0 when done or REQUEUE_EXIT_CODE after a stop signal (``run.step``: the steps
+    done)."""
     s = Schedule.of(cfg)
     is_main = rank == 0
     if is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    # -- resume from the newest complete checkpoint, if any -------------------------------------------
-    resumed_from = latest_checkpoint(out_dir)
-    step = 0
+    # -- resume from the newest checkpoint if it is this run's (another run's is moved aside) -----------
+    resumed_from = own_checkpoint(out_dir, record, run.command, extend=extend, rank=rank, world=world)
+    stops_before = stops_without_progress(out_dir)
     if resumed_from is not None:
         ckpt = load_checkpoint(resumed_from)
         run.restore(ckpt)
-        step = run.step = ckpt.step
+        run.step = ckpt.step
         if is_main:
-            print(f"pmlm {run.command}: resuming from {resumed_from} (step {step})", file=sys.stderr)
+            print(f"pmlm {run.command}: resuming from {resumed_from} (step {ckpt.step})", file=sys.stderr)
+    step = started = run.step
     log = progress = None
     if is_main:
         log = MetricsLog(out_dir / METRICS_CSV, run.csv_fields, step, tensorboard_dir)
@@ -144,14 +148,17 @@ def fit(
         )
 
     def save(at_step: int) -> None:
-        saved = run.state(at_step)
-        if is_main:
-            weights, state = saved
-            save_checkpoint(out_dir, at_step, weights, state, cfg.to_dict(), s.keep_last_checkpoints)
-        if world > 1:
-            dist.barrier()
+        _save(run, at_step, out_dir, cfg, record, device, rank, world)
+
+    def stopped() -> int:
+        """A stop signal at a step boundary: exit for a requeue, unless stops keep ending without progress."""
+        return stop_exit(out_dir, run.command, stop.received, started, step, stops_before, announce=is_main)
 
     try:
+        # a stop signal during start-up: nothing new to save (it counts as a stop without progress)
+        if step < s.total_steps and agree(stop.received is not None, device, world):
+            return stopped()
+
         # -- the loop ----------------------------------------------------------------------------------
         saved_step = step if resumed_from is not None else None
         valid_step = None
@@ -193,15 +200,31 @@ def fit(
                 save(step)
                 saved_step = step
             if stopping:
-                return requeue_exit(run.command, stop.received, step, announce=is_main)
+                return stopped()
 
         # -- finish: checkpoint, final validation ----------------------------------------------------------
         if saved_step != step:
             save(step)
         if run.validates and valid_step != step:
             run.validate(log, step, lrs)
+        if is_main:
+            finished(out_dir)
         return 0
     finally:
         for part in (progress, log):
             if part is not None:
                 part.close()
+
+
+def _save(run: TrainingRun, step: int, out_dir: Path, cfg, record: dict, device, rank: int, world: int) -> None:
+    """Checkpoint ``step``: every rank contributes its state, rank 0 writes the folder (with the run's record).
+    Weights that are no longer finite are never saved: the run stops as diverged instead."""
+    local = (p.to_local() if hasattr(p, "to_local") else p for p in run.parameters())  # this rank's shards
+    if agree(not all(bool(torch.isfinite(p).all()) for p in local), device, world):
+        raise weights_diverged(step, out_dir)
+    saved = run.state(step)
+    if rank == 0:
+        weights, state = saved
+        save_checkpoint(out_dir, step, weights, state, cfg.to_dict(), cfg.keep_last_checkpoints, run_record=record)
+    if world > 1:
+        dist.barrier()

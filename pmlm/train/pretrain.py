@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pmlm.artefacts import write_encoder
-from pmlm.config.pretraining import TrainConfig
+from pmlm.artefacts import manifest_digest, write_encoder
+from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
 from pmlm.model.objectives import pretraining_losses
 from pmlm.pretrained import build_model, pick_device
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
@@ -37,7 +37,8 @@ from pmlm.train.parallel import (
     replicate,
 )
 from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
-from pmlm.train.runtime import StopSignals, autocast_factory, check_compatible, derived_seed
+from pmlm.train.run_folder import run_record
+from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision
 from pmlm.utils import atomic_output, versions
 from pmlm.vocabulary import TMLM
 
@@ -157,17 +158,13 @@ class PretrainRun(TrainingRun):
         return model_state, state
 
     def restore(self, ckpt: Checkpoint) -> None:
-        cfg, model, rank = self.cfg, self.objective.model, self.rank
-        check_compatible(ckpt.config, cfg.to_dict(), ("model", "objective"), ckpt.path, "pretrain", announce=rank == 0)
-        load_states(self.fsdp_module, model, self.optimizer, ckpt.model, ckpt.state["optimizer"])
-        # the saved groups carry the old hyper-parameters; the current config's are the ones announced
-        for group, decay_rate in zip(self.optimizer.param_groups, (cfg.optim.weight_decay, 0.0)):
-            group.update(betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=decay_rate)
+        cfg, rank = self.cfg, self.rank
+        load_states(self.fsdp_module, self.objective.model, self.optimizer, ckpt.model, ckpt.state["optimizer"])
         ranks = ckpt.state["ranks"]
         if len(ranks) == self.world:
             restore_rng(ranks[rank]["rng"])
             self.generator.set_state(ranks[rank]["generator"])
-        else:  # fresh per-rank streams: the old ones cannot be split or merged faithfully
+        else:  # extended onto another number of ranks: fresh per-rank streams (the old cannot be split or merged)
             self.generator.manual_seed(derived_seed(cfg.seed + ckpt.step, rank, _MASK_STREAM))
             torch.manual_seed(derived_seed(cfg.seed + ckpt.step, rank, _DROPOUT_STREAM))
         self.train_stream.load_state_dict(ranks[rank % len(ranks)]["loader"])
@@ -180,8 +177,10 @@ def train(
     final_path: str | Path | None = None,
     scores_path: str | Path | None = None,
     hooks: TrainHooks | None = None,
+    extend: bool = False,
 ) -> int:
-    """Pre-train per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal."""
+    """Pre-train per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal. ``extend``: continue
+    the run's checkpoint under a changed ``optim.total_steps`` or number of ranks (``train.run_folder``)."""
     hooks = hooks or TrainHooks()
     out_dir = Path(out_dir)
     scores_path = Path(scores_path) if scores_path else out_dir / SCORES_JSON
@@ -201,6 +200,9 @@ def train(
 
         # -- data ------------------------------------------------------------------------------------
         train_stream, valid_stream = _streams(cfg, shards_dir, rank, world)
+        # what determines the result: the settings, the shards' content, the ranks (the batch), the precision
+        shards, arithmetic = manifest_digest(shards_dir), precision(device, cfg.bf16)
+        record = run_record(cfg.to_dict(), NOT_IN_FINGERPRINT, shards=shards, world_size=world, precision=arithmetic)
 
         # -- model: identical initial weights on every rank, then DDP / FSDP; AdamW ------------------
         torch.manual_seed(cfg.seed)
@@ -223,6 +225,8 @@ def train(
             out_dir,
             device,
             stop,
+            record=record,
+            extend=extend,
             rank=rank,
             world=world,
             after_step=(lambda step: hooks.after_step(step, model)) if hooks.after_step else None,

@@ -1,12 +1,10 @@
 """The pieces of a training run around the engine's loop (``train.engine``): autocast precision, the stop
-signals and the requeue exit, the divergence stop, the resumed-run compatibility check, the ``metrics.csv``
-(+ TensorBoard) log and the per-rank random streams' seeds."""
+signals, the divergence stop, the ``metrics.csv`` (+ TensorBoard) log and the per-rank random streams' seeds."""
 
 from __future__ import annotations
 
 import csv
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +15,6 @@ import numpy as np
 import torch
 
 from pmlm.errors import ConfigError, PmlmError
-from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint
 from pmlm.utils import atomic_output
 
@@ -29,12 +26,22 @@ class TrainingDiverged(PmlmError):
     """The loss or gradient became NaN / inf; the run stops without saving."""
 
 
-def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
-    """A fresh autocast context per forward: bf16 on CUDA when ``bf16`` (``auto``: on CUDA), else none."""
+def uses_bf16(device: torch.device, bf16: bool | str) -> bool:
+    """Whether a run autocasts to bf16: ``bf16`` true, or ``auto`` on CUDA (CUDA only)."""
     use_bf16 = device.type == "cuda" if bf16 == "auto" else bf16
     if use_bf16 and device.type != "cuda":
         raise ConfigError("bf16 autocast is supported on CUDA only; set bf16: false (or auto) for CPU runs")
-    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    return use_bf16
+
+
+def precision(device: torch.device, bf16: bool | str) -> str:
+    """The arithmetic a run's forward passes use, as its fingerprint records it: ``bf16`` or ``fp32``."""
+    return "bf16" if uses_bf16(device, bf16) else "fp32"
+
+
+def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
+    """A fresh autocast context per forward: bf16 per ``uses_bf16``, else none."""
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if uses_bf16(device, bf16) else nullcontext
 
 
 class StopSignals:
@@ -62,18 +69,6 @@ class StopSignals:
         self._previous = {}
 
 
-def requeue_exit(command: str, signum: int | None, step: int, announce: bool = True) -> int:
-    """Announce a stop after the checkpoint of ``step``; the exit status that asks for a requeue."""
-    name = signal.Signals(signum).name if signum else "a stop signal on another rank"
-    if announce:
-        print(
-            f"pmlm {command}: {name} received; saved checkpoint at step {step}; "
-            f"exiting with {REQUEUE_EXIT_CODE} so the job can be requeued",
-            file=sys.stderr,
-        )
-    return REQUEUE_EXIT_CODE
-
-
 def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
     """Raise TrainingDiverged for step ``step`` (0-based) unless ``finite``; ``loss`` is read only then."""
     if not finite:
@@ -83,19 +78,12 @@ def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
         )
 
 
-def check_compatible(
-    saved: dict, now: dict, fixed: tuple[str, ...], path: Path, command: str, announce: bool = True
-) -> None:
-    """A checkpoint's weights fit only the same ``fixed`` settings; other changes are allowed (and announced)."""
-    for key in fixed:
-        if saved.get(key) != now[key]:
-            raise ConfigError(
-                f"{path}: written for {key} {saved.get(key)} but the config asks for {now[key]}; "
-                "use a new --out folder or restore the old settings"
-            )
-    changed = sorted(k for k in now if saved.get(k) != now[k])
-    if changed and announce:
-        print(f"pmlm {command}: resuming with changed settings: {', '.join(changed)}", file=sys.stderr)
+def weights_diverged(step: int, out_dir: Path) -> TrainingDiverged:
+    """The error of weights found non-finite after step ``step`` (1-based), before they are saved."""
+    return TrainingDiverged(
+        f"non-finite weights after step {step}; stopped without saving; "
+        f"last good checkpoint: {latest_checkpoint(out_dir) or 'none'}"
+    )
 
 
 class MetricsLog:
