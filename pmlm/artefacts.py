@@ -7,26 +7,16 @@
 * shard manifest: ``manifest.json`` beside the Parquet shards (written by ``pmlm tokenize``).
 
 Each JSON carries a ``format`` field (``pmlm-encoder/3``, ``pmlm-head/1``, ``pmlm-shards/2``); a
-reader refuses another value with a one-line error. Sidecars written before the field existed
-have none and read as version 1 (their layout is that version's).
-
-``pmlm-encoder/2`` added the layer fields of the model section (``norm``, ``embedding_norm``,
-``activation``, ``activation_dropout``) and changed what ``pair_vocab: full`` means (the released
-dictionary squared, 729 classes, instead of the padded vocabulary squared, 1,024). A version-1
-sidecar reads as the encoder it describes: pre-LN with a final LayerNorm, GELU, no embedding
-LayerNorm, no attention or activation dropout unless recorded (``ENCODER_V1_LAYERS``); a version-1 ``full`` encoder is refused,
-as no current model has its 1,024-class head. An older pmlm refuses version 2, rather than build a
-pre-LN model from post-LN weights. ``pmlm-encoder/3`` added ``model.positions`` (``fairseq``: the
-numbering of imported released checkpoints); a version-2 sidecar has none and reads as ``pmlm``, what it was
-built with, and an older pmlm refuses version 3 rather than add another position table. Only tensors (safetensors) and
-JSON are read, so loading never runs code from a file.
+reader refuses any other value, or none, with a one-line error. Only tensors (safetensors) and JSON are read, so
+loading never runs code from a file.
 
 A head records its encoder's path relative to the head's own folder, so a results folder can be
-moved whole; a path recorded by older versions (relative to the working directory) is still found.
+moved whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,16 +27,6 @@ from pmlm.errors import InputError
 from pmlm.utils import atomic_output, file_digest
 
 ENCODER_FORMAT = "pmlm-encoder/3"
-ENCODER_V1 = "pmlm-encoder/1"
-ENCODER_V2 = "pmlm-encoder/2"
-# the layers every version-1 encoder was built with (the fields did not exist then)
-ENCODER_V1_LAYERS = {
-    "norm": "pre",
-    "embedding_norm": False,
-    "activation": "gelu",
-    "attention_dropout": 0.0,
-    "activation_dropout": 0.0,
-}
 HEAD_FORMAT = "pmlm-head/1"
 SHARDS_FORMAT = "pmlm-shards/2"
 MANIFEST = "manifest.json"
@@ -88,7 +68,7 @@ def read_weights(path: str | os.PathLike) -> dict:
         raise InputError(path, f"unreadable weights: {exc}") from None
 
 
-def _read_sidecar(weights: str | os.PathLike, expected_format: str | tuple[str, ...], written_by: str) -> dict:
+def _read_sidecar(weights: str | os.PathLike, expected_format: str, written_by: str) -> dict:
     sidecar = sidecar_path(weights)
     try:
         info = json.loads(sidecar.read_text())
@@ -106,15 +86,11 @@ def _read_sidecar(weights: str | os.PathLike, expected_format: str | tuple[str, 
     return info
 
 
-def _check_format(path: Path, info: dict, expected: str | tuple[str, ...]) -> None:
-    """No ``format`` field: written before versions were recorded, i.e. version 1 of the layout."""
+def _check_format(path: Path, info: dict, expected: str) -> None:
     found = info.get("format")
-    readable = (expected,) if isinstance(expected, str) else expected
-    if found is not None and found not in readable:
-        names = " or ".join(repr(f) for f in readable)
-        raise InputError(
-            path, f"format {found!r} is not the {names} this pmlm reads (written by another pmlm version?)"
-        )
+    if found != expected:
+        what = f"format {found!r} is" if found is not None else "no format field: it is"
+        raise InputError(path, f"{what} not the {expected!r} this pmlm reads (written by another pmlm version?)")
 
 
 # -- the pre-trained encoder ---------------------------------------------------------------------------
@@ -151,21 +127,11 @@ def write_encoder_tensors(path: str | os.PathLike, tensors: dict, info: dict) ->
 
 
 def read_encoder_info(weights: str | os.PathLike) -> dict:
-    """The encoder's sidecar, checked to describe a model (``model`` and ``objective`` sections); a version-1
-    model section gets the layer fields its encoder was built with (module docstring)."""
-    info = _read_sidecar(weights, (ENCODER_V1, ENCODER_V2, ENCODER_FORMAT), "pmlm pretrain")
+    """The encoder's sidecar, checked to describe a model (``model`` and ``objective`` sections)."""
+    info = _read_sidecar(weights, ENCODER_FORMAT, "pmlm pretrain")
     for key in ("model", "objective"):
         if not isinstance(info.get(key), dict):
             raise InputError(sidecar_path(weights), f"incomplete model description (no {key!r} section)")
-    if info.get("format", ENCODER_V1) == ENCODER_V1:
-        if info["model"].get("pair_vocab") == "full":
-            raise InputError(
-                sidecar_path(weights),
-                "a pmlm-encoder/1 model with pair_vocab full has a 1,024-class "
-                "pair head, which this pmlm no longer builds (full is now the "
-                "released dictionary squared, 729 classes); retrain it",
-            )
-        info["model"] = {**ENCODER_V1_LAYERS, **info["model"]}
     return info
 
 
@@ -203,13 +169,8 @@ def read_head(head_path: str | os.PathLike) -> tuple[dict, dict]:
 
 def head_encoder_path(head_path: str | os.PathLike, info: dict, override: str | os.PathLike | None = None) -> Path:
     """The encoder a head was fine-tuned on (``override`` if given), checked by its recorded sha256."""
-    if override is not None:
-        encoder = Path(override)
-    else:
-        recorded = Path(info["encoder"]["path"])
-        beside = Path(head_path).parent / recorded  # an absolute path stays itself
-        # heads without a format field recorded the path as given, relative to the working directory
-        encoder = beside if "format" in info or beside.is_file() else recorded
+    # the recorded path is relative to the head's folder (an absolute path stays itself)
+    encoder = Path(override) if override is not None else Path(head_path).parent / info["encoder"]["path"]
     if not encoder.is_file():
         raise InputError(encoder, "encoder weights not found (pass --encoder)")
     digest = file_digest(encoder)
@@ -250,3 +211,10 @@ def read_manifest(shards_dir: str | os.PathLike) -> dict:
         raise InputError(path, "not a shard manifest (no 'splits' mapping)")
     _check_format(path, manifest, SHARDS_FORMAT)
     return manifest
+
+
+def manifest_digest(shards_dir: str | os.PathLike) -> str:
+    """sha256 of what a shard folder holds: its manifest (which lists every shard's sha256) without ``inputs``,
+    the paths of the FASTA files it was made from. The same shards anywhere, however reached, have one digest."""
+    manifest = {k: v for k, v in read_manifest(shards_dir).items() if k != "inputs"}
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -15,8 +15,6 @@ OBJECTIVES = (MLM, PMLM, PMLM_PAIR_ONLY, TMLM)
 FEATURES_M = "M"  # encoder outputs (pairs: concat(h_i * h_j, h_i - h_j))
 FEATURES_M_PLUS = "M+"  # the pair head's first block on those pair features (contact heads of PMLM encoders)
 FEATURES_PAIR_JOINT = "pair joint"  # no head: the pair head's joint read out as unsupervised contact scores
-# head sidecars and evaluation TSVs written before the paper's names were used spell the features so
-LEGACY_FEATURES = {"encoder": FEATURES_M, "mplus": FEATURES_M_PLUS, "pair_joint": FEATURES_PAIR_JOINT}
 
 # where a run or command computes (recipes' ``device``, commands' ``--device``): auto = CUDA when available
 DEVICES = ("auto", "cpu", "cuda")

@@ -37,7 +37,7 @@ from pmlm.coevolution.epistasis import family_readouts, summarise_readouts  # no
 from pmlm.coevolution.families import StudyConfig, load_families  # noqa: E402
 from pmlm.config.pretraining import TrainConfig  # noqa: E402
 from pmlm.synth.parameters import PARAMS_DIR, read_potts  # noqa: E402
-from pmlm.train.loop import TrainHooks, train  # noqa: E402
+from pmlm.train.pretrain import TrainHooks, train  # noqa: E402
 
 
 def arguments(argv=None) -> argparse.Namespace:

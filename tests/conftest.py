@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, RESIDUES
+from pmlm.artefacts import SHARDS_FORMAT
 
 # UniProt-like background residue frequencies (ACDEFGHIKLMNPQRSTVWY), so sequences look protein-like
 _FREQ = np.array([8.3, 1.4, 5.5, 6.7, 3.9, 7.1, 2.3, 5.9, 5.8, 9.7, 2.4, 4.1, 4.7, 3.9, 5.3, 6.6, 5.3, 6.9, 1.1, 2.9])
@@ -54,7 +55,7 @@ def write_shards(
     ``encoding``: "binary" (one byte per residue, what `pmlm tokenize` writes) or "list" (list<uint8>).
     """
     root.mkdir(parents=True, exist_ok=True)
-    manifest: dict = {"splits": {}}
+    manifest: dict = {"format": SHARDS_FORMAT, "splits": {}}
     for split, seqs in splits.items():
         (root / split).mkdir(exist_ok=True)
         entries = []

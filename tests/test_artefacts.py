@@ -47,11 +47,12 @@ def test_encoder_round_trip_records_the_format(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in _weights(1).items())
 
 
-def test_sidecar_without_format_reads_as_version_1(tmp_path):
+def test_a_sidecar_without_its_format_is_refused(tmp_path):
+    """One format per artefact: no release shipped sidecars without the field."""
     path = tmp_path / "model.safetensors"
     save_weights(path, _weights(1), {"model": {"hidden": 4}, "objective": {"name": "mlm"}})
-    info, _ = read_encoder(path)
-    assert "format" not in info and info["objective"] == {"name": "mlm"}
+    with pytest.raises(InputError, match=r"model.json: no format field: it is not the 'pmlm-encoder/3' this pmlm"):
+        read_encoder(path)
 
 
 def test_unknown_format_and_missing_sections_are_one_line_errors(tmp_path):
@@ -59,7 +60,7 @@ def test_unknown_format_and_missing_sections_are_one_line_errors(tmp_path):
     save_weights(path, _weights(1), {"format": "pmlm-encoder/9", "model": {}, "objective": {}})
     with pytest.raises(
         InputError,
-        match=r"model.json: format 'pmlm-encoder/9' is not the 'pmlm-encoder/1' or 'pmlm-encoder/2' or 'pmlm-encoder/3'",
+        match=r"model.json: format 'pmlm-encoder/9' is not the 'pmlm-encoder/3'",
     ):
         read_encoder(path)
     save_weights(path, _weights(1), {"format": ENCODER_FORMAT, "model": {}})
@@ -90,16 +91,6 @@ def test_head_records_its_encoder_relative_to_its_folder(tmp_path, monkeypatch):
     )
 
 
-def test_old_head_paths_relative_to_the_working_directory_still_resolve(tmp_path, monkeypatch):
-    encoder = tmp_path / "results" / "pretrain" / "model.safetensors"
-    save_weights(encoder, _weights(1), {})
-    head = tmp_path / "results" / "finetune" / "head.safetensors"
-    old = {"config": {}, "encoder": {"path": "results/pretrain/model.safetensors", "sha256": file_digest(encoder)}}
-    save_weights(head, _weights(2), old)
-    monkeypatch.chdir(tmp_path)
-    assert head_encoder_path(head, read_head(head)[0]) == encoder.relative_to(tmp_path)
-
-
 def test_head_encoder_digest_is_checked(tmp_path):
     encoder = tmp_path / "model.safetensors"
     save_weights(encoder, _weights(1), {})
@@ -116,5 +107,6 @@ def test_manifest_round_trip_and_format_check(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "pmlm-shards/1", "splits": {}}))
     with pytest.raises(InputError, match=r"manifest.json: format 'pmlm-shards/1' is not the 'pmlm-shards/2'"):
         read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {}}))  # before the field: read as is
-    assert read_manifest(tmp_path) == {"splits": {}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {}}))
+    with pytest.raises(InputError, match=r"manifest.json: no format field: it is not the 'pmlm-shards/2'"):
+        read_manifest(tmp_path)

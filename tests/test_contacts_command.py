@@ -23,7 +23,7 @@ from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
-from pmlm.finetune.loop import finetune
+from pmlm.finetune.finetune import finetune
 from pmlm.pretrained import load_encoder, load_head
 from pmlm.tokens import batch_tokens
 

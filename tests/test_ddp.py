@@ -31,7 +31,7 @@ DRIVER = textwrap.dedent(
     import json, os, signal, sys
     from safetensors.torch import save_file
     from pmlm.config.pretraining import TrainConfig
-    from pmlm.train.loop import TrainHooks, train
+    from pmlm.train.pretrain import TrainHooks, train
 
     cfg_path, shards, out, stop_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     cfg = TrainConfig.from_yaml(cfg_path)

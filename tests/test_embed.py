@@ -148,7 +148,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     elif problem == "bad_sidecar":
         encoder = tiny_encoder(tmp_path / "m" / "model.safetensors")
         encoder.with_suffix(".json").write_text(json.dumps({"format": "pmlm-head/1", "config": {}}))
-        expected = "format 'pmlm-head/1' is not the 'pmlm-encoder/1'"
+        expected = "format 'pmlm-head/1' is not the 'pmlm-encoder/3'"
     elif problem == "wrong_weights":
         encoder = tiny_encoder(tmp_path / "m" / "model.safetensors")
         info = json.loads(encoder.with_suffix(".json").read_text())

@@ -17,8 +17,8 @@ from test_finetune import make_encoder, recipe, write_structures
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.finetune.finetune import finetune
 from pmlm.finetune.head_scoring import TSV_COLUMNS, canonical_sha256
-from pmlm.finetune.loop import finetune
 from pmlm.utils import file_digest
 
 # every test of this module runs torch on one thread (conftest.single_thread)

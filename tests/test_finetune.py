@@ -20,11 +20,11 @@ import yaml
 from safetensors.torch import load_file
 
 from pmlm.alphabet import RESIDUES
-from pmlm.artefacts import save_weights
+from pmlm.artefacts import write_encoder
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.data import TaskLoader, read_task_data
-from pmlm.finetune.loop import FinetuneHooks, finetune
+from pmlm.finetune.finetune import FinetuneHooks, finetune
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model, load_head
@@ -50,7 +50,7 @@ def make_encoder(
     objective_cfg = ObjectiveConfig(name=objective)
     model = build_model(cfg, objective_cfg)
     info = {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(objective_cfg)}
-    save_weights(path, model.state_dict(), info)
+    write_encoder(path, model.state_dict(), info)
     return path
 
 

@@ -186,11 +186,3 @@ def test_conv_head_is_an_ss3_option_only():
     assert isinstance(build_head(FinetuneConfig.from_dict({"task": "ss3"}), HIDDEN), SecondaryStructureHead)
     with pytest.raises(ConfigError, match="head.kind must be linear or resnet for task contact"):
         FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "conv"}})
-
-
-def test_heads_written_with_the_old_feature_names_read_as_m_and_m_plus():
-    """head.json files of earlier versions spell the features encoder / mplus (pmlm.vocabulary.LEGACY_FEATURES)."""
-    for old, new in (("encoder", "M"), ("mplus", "M+")):
-        assert FinetuneConfig.from_dict({"task": "contact", "head": {"features": old}}).head.features == new
-    with pytest.raises(ConfigError, match="head.features must be one of auto, M, M\\+"):
-        FinetuneConfig.from_dict({"task": "contact", "head": {"features": "M++"}})

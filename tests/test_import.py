@@ -29,7 +29,7 @@ from pmlm.errors import InputError
 from pmlm.fairseq_checkpoint import import_checkpoint, load_checkpoint
 from pmlm.model.config import model_config
 from pmlm.model.encoder import fairseq_positions, sinusoidal_positions
-from pmlm.pretrained import build_model, load_encoder
+from pmlm.pretrained import load_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "released"
@@ -80,24 +80,12 @@ def test_fairseq_positions_are_fairseq_numbering_in_fp32():
     assert table.dtype == torch.float32 and table.shape == (n, dim)
 
 
-def test_default_positions_keep_every_existing_encoder(tmp_path):
+def test_default_positions_keep_every_existing_encoder():
     cfg = model_config("tiny")
     assert cfg.positions == "pmlm"
     from pmlm.model.pmlm_model import PMLMModel
 
     assert torch.equal(PMLMModel(cfg).encoder.positions, sinusoidal_positions(cfg.max_len, cfg.hidden))
-    # a version-2 sidecar, written before the field existed, loads as the encoder it describes
-    from pmlm.artefacts import save_weights
-    from pmlm.model.objectives import ObjectiveConfig
-
-    model = build_model(cfg, ObjectiveConfig())
-    section = {k: v for k, v in cfg.to_dict().items() if k != "positions"}
-    path = tmp_path / "model.safetensors"
-    save_weights(
-        path, model.state_dict(), {"format": "pmlm-encoder/2", "model": section, "objective": {"name": "pmlm"}}
-    )
-    loaded, *_ = load_encoder(path)
-    assert loaded.cfg.positions == "pmlm"
 
 
 # -- what the released layout holds, and what is refused ---------------------------------------------------

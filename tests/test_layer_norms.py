@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
-from pmlm.artefacts import ENCODER_FORMAT, read_encoder_info, save_weights, write_encoder
-from pmlm.errors import ConfigError, InputError
+from pmlm.artefacts import ENCODER_FORMAT, write_encoder
+from pmlm.errors import ConfigError
 from pmlm.model import ObjectiveConfig, PMLMModel, model_config
 from pmlm.model.config import RELEASED_LAYERS
 from pmlm.pretrained import build_model, load_encoder
@@ -168,32 +168,7 @@ def test_train_config_builds_the_objective_recipe():
     assert pinned.model_config().norm == "pre" and pinned.model_config().dropout == 0.0
 
 
-def v1_model_section(cfg) -> dict:
-    """The model section a pmlm-encoder/1 sidecar held: the fields of that version only."""
-    new = {"norm", "embedding_norm", "activation", "activation_dropout"}
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in new}
-
-
-@pytest.mark.parametrize("format_field", [None, "pmlm-encoder/1"])
-def test_version_1_encoder_loads_as_pre_ln(tmp_path, format_field):
-    torch.manual_seed(0)
-    # what version 1 built: pre-LN with a final LayerNorm, GELU everywhere, no embedding LayerNorm
-    old_cfg = model_config("tiny", norm="pre", activation="gelu", embedding_norm=False, attention_dropout=0.0)
-    old = build_model(old_cfg, ObjectiveConfig(name="pmlm")).eval()
-    info = {"model": v1_model_section(old_cfg), "objective": dataclasses.asdict(ObjectiveConfig(name="pmlm"))}
-    if format_field:
-        info["format"] = format_field
-    path = tmp_path / "model.safetensors"
-    save_weights(path, old.state_dict(), info)
-    model, *_ = load_encoder(path)
-    assert model.cfg.norm == "pre" and model.cfg.activation == "gelu" and not model.cfg.embedding_norm
-    assert model.encoder.final_norm is not None
-    batch = tokens()
-    with torch.no_grad():
-        torch.testing.assert_close(model.encode(batch), old.encode(batch), rtol=0, atol=0)
-
-
-def test_version_2_round_trip_and_refusals(tmp_path):
+def test_encoder_round_trip_records_the_current_format(tmp_path):
     cfg = model_config("tiny", "mlm")
     model = build_model(cfg, ObjectiveConfig(name="mlm"))
     path = tmp_path / "model.safetensors"
@@ -201,8 +176,3 @@ def test_version_2_round_trip_and_refusals(tmp_path):
     loaded, info, _ = load_encoder(path)
     assert info["format"] == ENCODER_FORMAT == "pmlm-encoder/3"
     assert loaded.cfg == dataclasses.replace(cfg, pair_head=False)
-    # a version-1 'full' model had 1,024 pair classes, which nothing builds now
-    v1 = v1_model_section(model_config("tiny", pair_vocab="full"))
-    save_weights(path, {}, {"format": "pmlm-encoder/1", "model": v1, "objective": {"name": "pmlm"}})
-    with pytest.raises(InputError, match="pair_vocab full has a 1,024-class pair head"):
-        read_encoder_info(path)

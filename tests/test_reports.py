@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from pmlm.artefacts import ENCODER_FORMAT
 from pmlm.cli import main
 from pmlm.model.config import model_config
 from pmlm.model.objectives import ObjectiveConfig
@@ -51,7 +52,14 @@ def test_pretrain_scores_table_from_sidecars(tmp_path, capsys):
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
         scores = {"step": 7, "l_mlm": 2.5, "l_pmlm": 5.1, "acc_mlm": 0.2, "acc_pmlm": 0.05, "dacc": 0.01}
         weights.with_suffix(".json").write_text(
-            json.dumps({"model": cfg.to_dict(), "objective": {"name": objective}, "final_scores": scores})
+            json.dumps(
+                {
+                    "format": ENCODER_FORMAT,
+                    "model": cfg.to_dict(),
+                    "objective": {"name": objective},
+                    "final_scores": scores,
+                }
+            )
         )
         entries.append(f"{objective.upper()}-tiny:demo:{weights}")
     argv = ["tables", "pretrain-scores", "--out-prefix", str(tmp_path / "scores")]
@@ -76,7 +84,7 @@ def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
     tsv = tmp_path / "run.tsv"
     tsv.write_text(
         "model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
-        "PMLM-tiny@demo\tlinear\tmplus\tdemo_test\tP@L/5_medium_long\t0.25\t3\n"
+        "PMLM-tiny@demo\tlinear\tM+\tdemo_test\tP@L/5_medium_long\t0.25\t3\n"
     )
     written = write_all([("tape_contact", str(tsv))], tmp_path / "tables")
     # aggregate_tables declares TABLES x (md, csv, tex) plus each table's HTML form (the report's item)
@@ -92,13 +100,12 @@ def test_results_writes_exactly_the_tables_the_workflow_declares(tmp_path):
 def test_tables_say_which_features_each_row_used(tmp_path):
     from pmlm.reports.results import write_all
 
-    # the same encoder and head fine-tuned on M and on M+: two rows, never merged (the M+ row as TSVs of
-    # earlier versions spelled it, mplus: read as M+)
+    # the same encoder and head fine-tuned on M and on M+: two rows, never merged
     tsv = tmp_path / "run.tsv"
     tsv.write_text(
         "model\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\n"
         "PMLM-tiny@demo\tlinear\tM\tt\tP@L/5_medium_long\t0.25\t3\n"
-        "PMLM-tiny@demo\tlinear\tmplus\tt\tP@L/5_medium_long\t0.5\t3\n"
+        "PMLM-tiny@demo\tlinear\tM+\tt\tP@L/5_medium_long\t0.5\t3\n"
         "MLM-tiny@demo\tmlp\tM\tcb513\tQ3\t0.6\t3\n"
     )
     write_all([("tape_contact", str(tsv)), ("secondary_structure", str(tsv))], tmp_path)

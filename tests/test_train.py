@@ -21,10 +21,9 @@ from safetensors.torch import load_file
 
 from pmlm.cli import main
 from pmlm.config.pretraining import TrainConfig
-from pmlm.errors import ConfigError
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from pmlm.train.loop import TrainHooks, train
+from pmlm.train.pretrain import TrainHooks, train
 from pmlm.train.runtime import TrainingDiverged
 
 RESUME_STEPS = 80
@@ -315,16 +314,3 @@ def test_missing_shards_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "manifest.json: manifest not found" in err
     assert os.environ.get("RANK") is None  # the loop never leaves torchrun variables behind
-
-
-def test_a_checkpoint_of_other_layers_is_refused_in_one_line(tmp_path, shard_dir):
-    """Same recipe, other layers (what a checkpoint of a pmlm without model.norm, pre-LN, looks like now)."""
-    pre = _config(optim__total_steps=2, save_every=1)
-    pre["model"]["overrides"]["norm"] = "pre"
-    assert train(TrainConfig.from_dict(pre), shard_dir, tmp_path / "run") == 0
-    for config_json in (tmp_path / "run" / "checkpoints").glob("step-*/config.json"):  # as the older version wrote it
-        saved = json.loads(config_json.read_text())
-        del saved["model"]["overrides"]["norm"]
-        config_json.write_text(json.dumps(saved))
-    with pytest.raises(ConfigError, match="the checkpoint's weights do not fit this model .*final_norm"):
-        train(TrainConfig.from_dict(_config(optim__total_steps=3)), shard_dir, tmp_path / "run")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmlm.train import RESUME_NOTE
+from pmlm.train import EXTEND_HELP, RESUME_NOTE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="final head weights (.safetensors); config, encoder path and sha256 go beside it as .json",
     )
+    parser.add_argument("--extend", action="store_true", help=EXTEND_HELP)
     parser.add_argument(
         "--set",
         action="append",
@@ -42,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.finetuning import FinetuneConfig
-    from pmlm.finetune.loop import finetune
+    from pmlm.finetune.finetune import finetune
 
     cfg = FinetuneConfig.from_yaml(args.config, args.set)
-    return finetune(cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid)
+    return finetune(
+        cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid, extend=args.extend
+    )

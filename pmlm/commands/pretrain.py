@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmlm.train import RESUME_NOTE
+from pmlm.train import EXTEND_HELP, RESUME_NOTE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="final weights (.safetensors); the model config goes beside it as .json",
     )
     parser.add_argument("--scores", metavar="PATH", help="last validation metrics (default: OUT/final_scores.json)")
+    parser.add_argument("--extend", action="store_true", help=EXTEND_HELP)
     parser.add_argument(
         "--set",
         action="append",
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.pretraining import TrainConfig
-    from pmlm.train.loop import train
+    from pmlm.train.pretrain import train
 
     cfg = TrainConfig.from_yaml(args.config, args.set)
-    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores)
+    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores, extend=args.extend)

@@ -11,7 +11,7 @@ from pmlm.config.tree import YamlConfig, require
 from pmlm.errors import ConfigError
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.tasks.tape import NUM_FOLDS
-from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS, LEGACY_FEATURES
+from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS
 
 TASKS = ("contact", "ss3", "remote_homology")
 # head kinds each task accepts; the first is what "auto" resolves to
@@ -23,7 +23,7 @@ TASK_HEADS: dict[str, tuple[str, ...]] = {
 # classes a head predicts: one contact logit per pair, H/E/C, or the TAPE folds
 TASK_CLASSES: dict[str, int] = {"contact": 1, "ss3": 3, "remote_homology": NUM_FOLDS}
 # head.features: M (encoder outputs), M+ (the pair head's first block) or auto (M+ where the encoder has a pair
-# head); older heads' encoder / mplus read as M / M+ (pmlm.vocabulary.LEGACY_FEATURES)
+# head)
 FEATURES = ("auto", FEATURES_M, FEATURES_M_PLUS)
 NORMS = ("instance", "batch")
 DATA_FORMATS = ("auto", "structure_jsonl", "tape", "raptorx")
@@ -65,7 +65,6 @@ class HeadConfig:
             "must be one of auto, linear, resnet, mlp, conv",
             self.kind,
         )
-        self.features = LEGACY_FEATURES.get(self.features, self.features)
         require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
         require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
         for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "conv_hidden", "pair_chunk_elements"):
@@ -121,6 +120,20 @@ class TaskDataConfig:
             "must be >= 1 or null",
             self.max_proteins,
         )
+
+
+# Settings that do not change what a run computes: left out of the fingerprint that ties a checkpoint to its run
+# (pmlm.train.run_folder), so changing them resumes the run. The precision that `bf16` resolves to on the device
+# is fingerprinted in its place.
+NOT_IN_FINGERPRINT = (
+    "log_every",  # when a metrics row is written
+    "eval_every",  # when validation runs (the final validation runs at the end either way)
+    "save_every",  # when checkpoints are written
+    "keep_last_checkpoints",  # how many are kept
+    "device",  # where the arithmetic runs (the precision it resolves to is fingerprinted)
+    "bf16",  # fingerprinted as the resolved precision
+    "head.pair_chunk_elements",  # the same pair features computed in chunks of another size
+)
 
 
 @dataclass

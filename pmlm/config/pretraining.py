@@ -54,6 +54,24 @@ class ShardDataConfig:
         require(self.num_workers >= 0, "data.num_workers", "must be >= 0", self.num_workers)
 
 
+# Settings that do not change what a run computes: left out of the fingerprint that ties a checkpoint to its run
+# (pmlm.train.run_folder), so changing them resumes the run. The precision that `bf16` resolves to on the device
+# is fingerprinted in its place.
+NOT_IN_FINGERPRINT = (
+    "log_every",  # when a metrics row is written
+    "eval_every",  # when validation runs (the final validation runs at the end either way)
+    "save_every",  # when checkpoints are written
+    "keep_last_checkpoints",  # how many are kept
+    "tensorboard",  # whether the rows also go to TensorBoard
+    "data.num_workers",  # threads preparing the same batches ahead of time
+    "device",  # where the arithmetic runs (the precision it resolves to is fingerprinted)
+    "bf16",  # fingerprinted as the resolved precision
+    "compile",  # the same layers compiled: the same arithmetic, up to the order of rounding
+    "attention",  # the same attention laid out packed or padded: likewise
+    "fsdp",  # the same model and optimizer with their state sharded: likewise
+)
+
+
 @dataclass
 class TrainConfig(YamlConfig):
     """Everything a pre-training run depends on; saved into every checkpoint as config.json."""

@@ -15,7 +15,6 @@ import pandas as pd
 from pmlm.errors import InputError
 from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
-from pmlm.vocabulary import LEGACY_FEATURES
 
 KINDS = (
     "tape_contact",
@@ -49,7 +48,7 @@ def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
         if missing:
             raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
         parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
-        features = df["features"].astype(str).map(lambda f: LEGACY_FEATURES.get(f, f)) if "features" in df else "–"
+        features = df["features"].astype(str) if "features" in df else "–"
         frames.append(df.assign(kind=kind, label=parts[0], data=parts[2], features=features, path=str(path)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

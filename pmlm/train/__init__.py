@@ -1,5 +1,5 @@
 """Pre-training engine: Parquet shard loader, training loop, checkpoints, the multi-GPU launcher; the loop is
-:func:`pmlm.train.loop.train` (``pmlm pretrain``). This package's own module holds only light constants that
+:func:`pmlm.train.pretrain.train` (``pmlm pretrain``). This package's own module holds only light constants that
 the command layer reads."""
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ COLLECTIVE_TIMEOUT_ENV = "PMLM_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600
 # what `pmlm pretrain --help` and `pmlm finetune --help` say about it
 RESUME_NOTE = (
-    "Resumes from the newest checkpoint in OUT/checkpoints automatically. On SIGTERM or SIGUSR1 it saves a "
-    f"checkpoint at the next step and exits with {REQUEUE_EXIT_CODE}: rerun the same command to continue."
+    "Resumes from the newest checkpoint in OUT/checkpoints if it belongs to this run (the same settings and data); "
+    "a run with other settings starts afresh and moves the old checkpoints to OUT/checkpoints.superseded-N. On "
+    f"SIGTERM or SIGUSR1 it saves a checkpoint at the next step and exits with {REQUEUE_EXIT_CODE}: rerun the same "
+    "command to continue (after two stops in a row without a newer checkpoint it fails instead)."
+)
+# what `--extend` says in `pmlm pretrain --help` and `pmlm finetune --help`
+EXTEND_HELP = (
+    "continue the run in OUT from its newest checkpoint although optim.total_steps changed (e.g. raised to train "
+    "longer) or, pre-training, the number of ranks; any other changed setting is an error"
 )

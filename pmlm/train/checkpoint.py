@@ -2,8 +2,8 @@
 
 A checkpoint folder holds ``model.safetensors`` (weights), ``state.pt`` (optimizer, schedule,
 RNG states, data position and step; tensors and plain containers only, read back with
-``torch.load(weights_only=True)`` so loading never runs pickled code), ``config.json`` and
-``versions.json``. It is written as ``step-N.tmp/`` and renamed, so a folder named ``step-N``
+``torch.load(weights_only=True)`` so loading never runs pickled code), ``config.json``,
+``versions.json`` and ``run.json`` (what determines the run's result: ``train.run_folder``). It is written as ``step-N.tmp/`` and renamed, so a folder named ``step-N``
 is always complete; a crash leaves at most a ``.tmp`` folder, removed on the next save.
 """
 
@@ -38,6 +38,7 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 VERSIONS_FILE = "versions.json"
+RUN_FILE = "run.json"
 REQUIRED = (MODEL_FILE, STATE_FILE, CONFIG_FILE, VERSIONS_FILE)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_SUFFIX = ".tmp"
@@ -83,8 +84,10 @@ def save_checkpoint(
     state: dict,
     config: dict,
     keep_last: int,
+    run_record: dict | None = None,
 ) -> Path:
-    """Write ``checkpoints/step-<step>/`` atomically, then delete all but the newest ``keep_last``."""
+    """Write ``checkpoints/step-<step>/`` atomically (with ``run_record`` as ``run.json``), then delete all but the
+    newest ``keep_last``."""
     root = checkpoint_root(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(f"step-*{_TMP_SUFFIX}"):  # left by a run killed mid-save
@@ -97,6 +100,8 @@ def save_checkpoint(
     torch.save(state, tmp / STATE_FILE)
     (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     (tmp / VERSIONS_FILE).write_text(json.dumps(versions(), indent=2) + "\n")
+    if run_record is not None:
+        (tmp / RUN_FILE).write_text(json.dumps(run_record, indent=2) + "\n")
     _fsync_tree(tmp)
     if final.exists():  # same step saved before (e.g. a rerun of a finished run): replace it whole
         shutil.rmtree(final)

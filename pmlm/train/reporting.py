@@ -131,26 +131,25 @@ def validation_metrics(
 
 
 class TrainWindow:
-    """The running SUMS and gradient norms since the last train row of ``metrics.csv``."""
+    """The running SUMS since the last train row of ``metrics.csv``."""
 
     def __init__(self, device):
         self.sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
-        self.norms: list[float] = []
         self.started = time.perf_counter()
 
     def mean_loss(self) -> float:
         return float(self.sums[0] / self.sums[SUMS.index("batches")])
 
-    def flush(self, log, step: int, epoch: int, lr: float, world: int) -> None:
-        """Sum over ranks, write the row (rank 0 holds ``log``), start a new window."""
+    def flush(self, log, step: int, epoch: int, lr: float, world: int, grad_norm: float) -> None:
+        """Sum over ranks, write the row (rank 0 holds ``log``; ``grad_norm``: the window's mean), start a new
+        window."""
         if world > 1:
             dist.all_reduce(self.sums)
         if log is not None:
             elapsed = time.perf_counter() - self.started
             metrics = summarise(self.sums.tolist())
-            metrics["grad_norm"] = sum(self.norms) / len(self.norms)
+            metrics["grad_norm"] = grad_norm
             metrics["residues_per_s"] = metrics["residues"] / max(elapsed, 1e-9)
             log.write(*log_row("train", step, epoch, lr, metrics))
         self.sums.zero_()
-        self.norms.clear()
         self.started = time.perf_counter()

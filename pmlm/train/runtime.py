@@ -1,31 +1,20 @@
-"""The scaffolding both training loops share (pre-training in ``train.loop``, fine-tuning in ``finetune.loop``).
-
-Device and precision, the stop-signal / requeue protocol, the divergence stop, the resumed-run
-compatibility check and the ``metrics.csv`` (+ TensorBoard) log. The loops themselves stay in
-their own modules and read top to bottom; this module holds what would otherwise be written twice.
-"""
+"""The pieces of a training run around the engine's loop (``train.engine``): autocast precision, the stop
+signals, the divergence stop, the ``metrics.csv`` (+ TensorBoard) log and the per-rank random streams' seeds."""
 
 from __future__ import annotations
 
 import csv
-import os
-import re
 import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from pmlm.errors import ConfigError, PmlmError
-from pmlm.train import COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S, REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint
 from pmlm.utils import atomic_output
 
@@ -37,12 +26,22 @@ class TrainingDiverged(PmlmError):
     """The loss or gradient became NaN / inf; the run stops without saving."""
 
 
-def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
-    """A fresh autocast context per forward: bf16 on CUDA when ``bf16`` (``auto``: on CUDA), else none."""
+def uses_bf16(device: torch.device, bf16: bool | str) -> bool:
+    """Whether a run autocasts to bf16: ``bf16`` true, or ``auto`` on CUDA (CUDA only)."""
     use_bf16 = device.type == "cuda" if bf16 == "auto" else bf16
     if use_bf16 and device.type != "cuda":
         raise ConfigError("bf16 autocast is supported on CUDA only; set bf16: false (or auto) for CPU runs")
-    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    return use_bf16
+
+
+def precision(device: torch.device, bf16: bool | str) -> str:
+    """The arithmetic a run's forward passes use, as its fingerprint records it: ``bf16`` or ``fp32``."""
+    return "bf16" if uses_bf16(device, bf16) else "fp32"
+
+
+def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
+    """A fresh autocast context per forward: bf16 per ``uses_bf16``, else none."""
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if uses_bf16(device, bf16) else nullcontext
 
 
 class StopSignals:
@@ -70,18 +69,6 @@ class StopSignals:
         self._previous = {}
 
 
-def requeue_exit(command: str, signum: int | None, step: int, announce: bool = True) -> int:
-    """Announce a stop after the checkpoint of ``step``; the exit status that asks for a requeue."""
-    name = signal.Signals(signum).name if signum else "a stop signal on another rank"
-    if announce:
-        print(
-            f"pmlm {command}: {name} received; saved checkpoint at step {step}; "
-            f"exiting with {REQUEUE_EXIT_CODE} so the job can be requeued",
-            file=sys.stderr,
-        )
-    return REQUEUE_EXIT_CODE
-
-
 def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
     """Raise TrainingDiverged for step ``step`` (0-based) unless ``finite``; ``loss`` is read only then."""
     if not finite:
@@ -91,19 +78,12 @@ def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
         )
 
 
-def check_compatible(
-    saved: dict, now: dict, fixed: tuple[str, ...], path: Path, command: str, announce: bool = True
-) -> None:
-    """A checkpoint's weights fit only the same ``fixed`` settings; other changes are allowed (and announced)."""
-    for key in fixed:
-        if saved.get(key) != now[key]:
-            raise ConfigError(
-                f"{path}: written for {key} {saved.get(key)} but the config asks for {now[key]}; "
-                "use a new --out folder or restore the old settings"
-            )
-    changed = sorted(k for k in now if saved.get(k) != now[k])
-    if changed and announce:
-        print(f"pmlm {command}: resuming with changed settings: {', '.join(changed)}", file=sys.stderr)
+def weights_diverged(step: int, out_dir: Path) -> TrainingDiverged:
+    """The error of weights found non-finite after step ``step`` (1-based), before they are saved."""
+    return TrainingDiverged(
+        f"non-finite weights after step {step}; stopped without saving; "
+        f"last good checkpoint: {latest_checkpoint(out_dir) or 'none'}"
+    )
 
 
 class MetricsLog:
@@ -144,61 +124,6 @@ class MetricsLog:
         self.fh.close()
         if self.tb is not None:
             self.tb.close()
-
-
-def agree(flag: bool, device: torch.device, world: int) -> bool:
-    """True on every rank if it is true on any (so all ranks save and stop together)."""
-    if world == 1:
-        return flag
-    t = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-class LostRanks(PmlmError):
-    """A collective failed: another rank died, hung past the collective timeout, or became unreachable."""
-
-
-def collective_timeout() -> timedelta:
-    """How long one collective waits for the other ranks (COLLECTIVE_TIMEOUT_ENV, set by ``pmlm launch``)."""
-    value = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
-    if not value:
-        return timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV} must be a whole number of seconds (at least 1), got {value!r}")
-    return timedelta(seconds=int(value))
-
-
-def is_communication_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective that failed on the network side (gloo and NCCL raise RuntimeError, newer
-    torch DistError), rather than a bug in the computation."""
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        mark in text
-        for mark in (
-            "gloo/transport",
-            "Connection reset by peer",
-            "Connection closed by peer",
-            "Timed out waiting",
-            "timeout caused pair closure",
-            "Socket Timeout",
-            "NCCL communicator was aborted",
-            "Watchdog caught collective operation timeout",
-        )
-    )
-
-
-def lost_ranks(exc: BaseException, step: int, out_dir: Path) -> LostRanks:
-    """One line for the log: this rank, its host, the step, the collective's own first line, the checkpoint."""
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    first = re.sub(r"^\[[^\]]*/third_party/", "[", first)  # the source path of torch's build machine
-    last = latest_checkpoint(out_dir)
-    return LostRanks(
-        f"rank {os.environ.get('RANK', '0')} on {socket.gethostname()} lost the other ranks at step {step + 1} "
-        f"({first[:300]}); last checkpoint: {last or 'none'}{', rerun to resume from it' if last else ''}"
-    )
 
 
 def derived_seed(seed: int, rank: int, stream: int) -> int:

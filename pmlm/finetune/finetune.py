@@ -1,4 +1,5 @@
-"""The fine-tuning loop: one function from a pre-trained encoder and a task file to the final head weights.
+"""Fine-tuning: a pre-trained encoder and a task file to the final head weights; the loop itself is the engine's
+(``train.engine``), handed this module's ``FinetuneRun``.
 
 Single process (CPU or one GPU). Resumes from the newest complete checkpoint in ``out_dir``
 by itself; on SIGTERM / SIGUSR1 it saves at the next step boundary and exits with
@@ -12,7 +13,7 @@ import dataclasses
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,31 +21,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from pmlm.artefacts import write_head
-from pmlm.config.finetuning import FinetuneConfig
+from pmlm.config.finetuning import NOT_IN_FINGERPRINT, FinetuneConfig
 from pmlm.errors import ConfigError
 from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
 from pmlm.finetune.head_scoring import HEADLINE, score_task
 from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_contact_prior
 from pmlm.pretrained import load_encoder, pick_device
-from pmlm.progress import Progress
-from pmlm.train.checkpoint import (
-    capture_rng,
-    gather_states,
-    latest_checkpoint,
-    load_checkpoint,
-    load_states,
-    restore_rng,
-    save_checkpoint,
-)
-from pmlm.train.runtime import (
-    METRICS_CSV,
-    MetricsLog,
-    StopSignals,
-    autocast_factory,
-    check_compatible,
-    requeue_exit,
-    stop_if_diverged,
-)
+from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
+from pmlm.train.engine import TrainingRun, fit
+from pmlm.train.run_folder import content_digest, run_record
+from pmlm.train.runtime import StopSignals, autocast_factory, precision
 from pmlm.utils import file_digest, versions
 
 PRIOR_PROTEINS = 256  # training proteins whose contact rate initialises a contact head's output bias
@@ -94,6 +80,98 @@ def task_loss(task: str, logits: torch.Tensor, batch: Batch, min_separation: int
     return F.cross_entropy(logits, batch.targets), batch.targets.numel()
 
 
+@dataclass(eq=False)
+class FinetuneRun(TrainingRun):
+    """What fine-tuning hands the engine: task batches, the task's loss, the trained weights' state."""
+
+    cfg: FinetuneConfig
+    module: TaskModel
+    trainable: nn.ModuleDict  # the head, plus the encoder under full fine-tuning
+    optimizer: torch.optim.AdamW
+    groups: list[dict]  # the optimizer's groups as built, with their peak rates
+    loader: TaskLoader
+    valid_data: TaskData | None
+    encoder_window: int  # residues the encoder takes
+    device: torch.device
+    autocast: Callable
+    sums: dict = field(default_factory=lambda: {"loss": 0.0, "batches": 0, "proteins": 0})  # since the last row
+    proteins: int = 0
+    valid_scores: dict | None = None  # of the last validation
+    command, counted, csv_fields = "finetune", "proteins", CSV_FIELDS
+
+    @property
+    def validates(self) -> bool:
+        return self.valid_data is not None
+
+    def parameters(self):
+        return [p for g in self.groups for p in g["params"]]
+
+    def learning_rates(self, step: int) -> dict[str, float]:
+        o = self.cfg.optim
+        scale = o.scale_at(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["peak_lr"] * scale
+        return {"lr": o.lr * scale, "head_lr": o.head_lr * scale}
+
+    def micro_batch_loss(self, step: int) -> torch.Tensor:
+        batch = self.loader.next_batch().to(self.device)
+        with self.autocast():
+            logits = self.module(batch.tokens, batch.mask)
+        loss, _ = task_loss(self.cfg.task, logits, batch, self.cfg.data.min_separation)
+        self.sums["loss"] += float(loss.detach())
+        self.sums["batches"] += 1
+        self.sums["proteins"] += len(batch.ids)
+        self.proteins += len(batch.ids)
+        return loss
+
+    def finite(self) -> bool:
+        return math.isfinite(self.sums["loss"])
+
+    def mean_loss(self) -> float | None:
+        return self.sums["loss"] / self.sums["batches"] if self.sums["batches"] else None
+
+    def seen(self) -> int:
+        return self.proteins
+
+    def log_train(self, log, step: int, lrs: dict[str, float], grad_norm: float) -> None:
+        row = {"split": "train", "step": step, "epoch": self.loader.epoch, **lrs}
+        log.write({**row, "loss": self.mean_loss(), "grad_norm": grad_norm, "proteins": self.sums["proteins"]})
+        self.sums = {"loss": 0.0, "batches": 0, "proteins": 0}
+
+    def validate(self, log, step: int, lrs: dict[str, float]) -> None:
+        d = self.cfg.data
+        metrics, n_long = score_task(
+            self.module,
+            self.valid_data,
+            batch_size=d.batch_size,
+            window=self.encoder_window,
+            too_long="crop",
+            threshold=d.contact_threshold,
+            device=self.device,
+            autocast=self.autocast,
+        )
+        name = HEADLINE[self.cfg.task]
+        proteins = len(self.valid_data.examples)
+        row = {"split": "valid", "step": step, "epoch": self.loader.epoch, "metric": name, "value": metrics[name][0]}
+        log.write({**row, "proteins": proteins})
+        self.valid_scores = {"step": step, **{k: v for k, (v, _) in metrics.items()}, "n_too_long": n_long}
+
+    def state(self, step: int) -> tuple[dict, dict]:
+        weights, optim_state = gather_states(None, self.trainable, self.optimizer)
+        state = {
+            "step": step,
+            "optimizer": optim_state,
+            "rng": capture_rng(),
+            "loader": self.loader.state_dict(),
+        }
+        return weights, state
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        load_states(None, self.trainable, self.optimizer, ckpt.model, ckpt.state["optimizer"])
+        restore_rng(ckpt.state["rng"])
+        self.loader.load_state_dict(ckpt.state["loader"])
+
+
 def finetune(
     cfg: FinetuneConfig,
     encoder_path: str | Path,
@@ -102,13 +180,14 @@ def finetune(
     final_path: str | Path | None = None,
     valid_path: str | Path | None = None,
     hooks: FinetuneHooks | None = None,
+    extend: bool = False,
 ) -> int:
-    """Fine-tune per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal."""
+    """Fine-tune per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal. ``extend``: continue
+    the run's checkpoint under a changed ``optim.total_steps`` (``train.run_folder``)."""
     hooks = hooks or FinetuneHooks()
     out_dir = Path(out_dir)
     device = pick_device(cfg.device, option="device:")
     stop = StopSignals().install()
-    log = progress = None
     try:
         autocast = autocast_factory(device, cfg.bf16)
 
@@ -116,142 +195,43 @@ def finetune(
         d = cfg.data
         train_data, valid_data = _read_data(cfg, train_path, valid_path)
 
-        # -- model: the pre-trained encoder plus a freshly initialised head ---------------------------
+        # -- model: the pre-trained encoder plus a freshly initialised head; AdamW ---------------------
         encoder, encoder_info, _ = load_encoder(encoder_path)
         encoder_sha = file_digest(encoder_path)
         cfg, model, window, crop = _task_model(cfg, encoder, train_data)
         trainable = model.to(device).trainable()
         loader = TaskLoader(train_data.examples, cfg.task, d.batch_size, crop, cfg.seed, d.contact_threshold)
         optimizer, groups = _adamw(trainable, cfg, device)
-        trained_params = [p for g in groups for p in g["params"]]
-
-        # -- resume from the newest complete checkpoint, if any ---------------------------------------
-        resumed_from = latest_checkpoint(out_dir)
-        step = (
-            0 if resumed_from is None else _resume(resumed_from, cfg, encoder_sha, trainable, optimizer, groups, loader)
+        # what determines the result: the settings (features resolved), the encoder, the data, the precision
+        data = {"train": content_digest(train_path), "valid": content_digest(valid_path) if valid_path else None}
+        record = run_record(
+            cfg.to_dict(), NOT_IN_FINGERPRINT, encoder=encoder_sha, **data, precision=precision(device, cfg.bf16)
         )
-        out_dir.mkdir(parents=True, exist_ok=True)
-        log = MetricsLog(out_dir / METRICS_CSV, CSV_FIELDS, step)
-        progress = Progress(
-            "pmlm finetune", cfg.optim.total_steps, unit="steps", start=step, rates=("proteins",), each_tenth=True
-        )
-        seen = 0
 
-        def save(at_step: int) -> None:
-            weights, optim_state = gather_states(None, trainable, optimizer)
-            state = {
-                "step": at_step,
-                "optimizer": optim_state,
-                "rng": capture_rng(),
-                "loader": loader.state_dict(),
-                "encoder_sha256": encoder_sha,
-            }
-            save_checkpoint(out_dir, at_step, weights, state, cfg.to_dict(), cfg.keep_last_checkpoints)
+        # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
+        run = FinetuneRun(cfg, model, trainable, optimizer, groups, loader, valid_data, window, device, autocast)
+        after_step = (lambda step: hooks.after_step(step, model)) if hooks.after_step else None
+        code = fit(run, cfg, out_dir, device, stop, record=record, extend=extend, after_step=after_step)
+        if code != 0:
+            return code
 
-        def validate() -> dict:
-            metrics, n_long = score_task(
-                model,
-                valid_data,
-                batch_size=d.batch_size,
-                window=window,
-                too_long="crop",
-                threshold=d.contact_threshold,
-                device=device,
-                autocast=autocast,
-            )
-            name = HEADLINE[cfg.task]
-            log.write(
-                {
-                    "split": "valid",
-                    "step": step,
-                    "epoch": loader.epoch,
-                    "metric": name,
-                    "value": metrics[name][0],
-                    "proteins": len(valid_data.examples),
-                }
-            )
-            return {"step": step, **{k: v for k, (v, _) in metrics.items()}, "n_too_long": n_long}
-
-        # -- the loop ----------------------------------------------------------------------------------
-        o = cfg.optim
-        saved_step = step if resumed_from is not None else None
-        valid_scores = None
-        window_sums = {"loss": 0.0, "batches": 0, "proteins": 0}
-        norms: list[float] = []
-        model.train()
-        while step < o.total_steps:
-            scale = o.scale_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = group["peak_lr"] * scale
-            optimizer.zero_grad(set_to_none=True)
-            for _ in range(cfg.grad_accum):
-                batch = loader.next_batch().to(device)
-                with autocast():
-                    logits = model(batch.tokens, batch.mask)
-                loss, _ = task_loss(cfg.task, logits, batch, d.min_separation)
-                (loss / cfg.grad_accum).backward()
-                window_sums["loss"] += float(loss.detach())
-                window_sums["batches"] += 1
-                window_sums["proteins"] += len(batch.ids)
-                seen += len(batch.ids)
-            grad_norm = nn.utils.clip_grad_norm_(trained_params, o.clip_norm or math.inf)  # inf: measure only
-            finite = bool(torch.isfinite(grad_norm)) and math.isfinite(window_sums["loss"])
-            stop_if_diverged(finite, step, loss.detach(), out_dir)
-            optimizer.step()
-            step += 1
-            norms.append(float(grad_norm))
-            if hooks.after_step:
-                hooks.after_step(step, model)
-            progress.update(
-                step,
-                loss=window_sums["loss"] / window_sums["batches"],
-                lr=o.lr * scale,
-                head_lr=o.head_lr * scale,
-                proteins=seen,
-            )
-
-            if step % cfg.log_every == 0 or step == o.total_steps:
-                log.write(
-                    {
-                        "split": "train",
-                        "step": step,
-                        "epoch": loader.epoch,
-                        "lr": o.lr * scale,
-                        "head_lr": o.head_lr * scale,
-                        "loss": window_sums["loss"] / window_sums["batches"],
-                        "grad_norm": sum(norms) / len(norms),
-                        "proteins": window_sums["proteins"],
-                    }
-                )
-                window_sums = {"loss": 0.0, "batches": 0, "proteins": 0}
-                norms.clear()
-            if valid_data is not None and cfg.eval_every and step % cfg.eval_every == 0:
-                valid_scores = validate()
-                model.train()
-
-            stopping = stop.received is not None
-            if (cfg.save_every and step % cfg.save_every == 0) or stopping:
-                save(step)
-                saved_step = step
-            if stopping:
-                return requeue_exit("finetune", stop.received, step)
-
-        # -- finish: checkpoint, final validation, the declared head artefact -------------------------
-        if saved_step != step:
-            save(step)
-        if valid_data is not None and (valid_scores is None or valid_scores["step"] != step):
-            valid_scores = validate()
+        # -- finish: the declared head artefact -----------------------------------------------------------
         if final_path is not None:
             info = _head_info(
-                cfg, step, encoder_sha, encoder_info, train_data, train_path, valid_path, valid_data, valid_scores
+                cfg,
+                run.step,
+                encoder_sha,
+                encoder_info,
+                train_data,
+                train_path,
+                valid_path,
+                valid_data,
+                run.valid_scores,
             )
             write_head(final_path, trainable.state_dict(), info, encoder_path)
         return 0
     finally:
         stop.restore()
-        for part in (progress, log):
-            if part is not None:
-                part.close()
 
 
 def _read_data(cfg: FinetuneConfig, train_path, valid_path) -> tuple[TaskData, TaskData | None]:
@@ -313,27 +293,6 @@ def _adamw(trainable: nn.ModuleDict, cfg: FinetuneConfig, device) -> tuple[torch
                 )
     optimizer = torch.optim.AdamW(groups, lr=o.head_lr, betas=o.betas, eps=o.eps, fused=device.type == "cuda")
     return optimizer, groups
-
-
-def _resume(path: Path, cfg: FinetuneConfig, encoder_sha: str, trainable, optimizer, groups, loader) -> int:
-    """Load a checkpoint into the run's state; returns its step."""
-    ckpt = load_checkpoint(path)
-    check_compatible(ckpt.config, cfg.to_dict(), ("task", "freeze_encoder", "head"), path, "finetune")
-    saved_sha = ckpt.state.get("encoder_sha256")
-    if saved_sha != encoder_sha:
-        raise ConfigError(
-            f"{path}: written while fine-tuning a different encoder (sha256 {str(saved_sha)[:12]}...); "
-            "use a new --out folder"
-        )
-    load_states(None, trainable, optimizer, ckpt.model, ckpt.state["optimizer"])
-    # the saved groups carry the old hyper-parameters; the current config's are the ones announced
-    o = cfg.optim
-    for group, fresh in zip(optimizer.param_groups, groups):
-        group.update(peak_lr=fresh["peak_lr"], weight_decay=fresh["weight_decay"], betas=o.betas, eps=o.eps)
-    restore_rng(ckpt.state["rng"])
-    loader.load_state_dict(ckpt.state["loader"])
-    print(f"pmlm finetune: resuming from {path} (step {ckpt.step})", file=sys.stderr)
-    return ckpt.step
 
 
 def _head_info(

@@ -1,0 +1,230 @@
+"""The one training loop of pmlm. Pre-training (``train.pretrain``) and fine-tuning (``finetune.finetune``) each
+build their data, model and optimizer and hand the engine a ``TrainingRun``: what differs between them (their
+batches and loss, their learning rates, their metrics rows, their state to save). The engine runs the rest, in
+this order: resume (only the run's own checkpoint, ``train.run_folder``), then per optimizer step the learning rate,
+forward / backward over the accumulated micro-batches, clipping, the divergence stop, the step, the metrics row,
+validation, checkpoints and the stop -> save -> requeue exit; at the end the last checkpoint and validation.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pmlm.progress import Progress
+from pmlm.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from pmlm.train.parallel import agree
+from pmlm.train.run_folder import finished, own_checkpoint, stop_exit, stops_without_progress
+from pmlm.train.runtime import METRICS_CSV, MetricsLog, StopSignals, stop_if_diverged, weights_diverged
+
+
+class TrainingRun:
+    """What a run hands the engine. The engine calls these in the loop's order; a run keeps its own counts."""
+
+    command: str  # "pretrain" | "finetune": names the run in its lines
+    counted: str  # the running count its progress lines show per second ("tokens", "proteins")
+    csv_fields: tuple[str, ...]  # the columns of its metrics.csv
+    module: nn.Module  # switched to train() for the loop and back after each validation
+    optimizer: torch.optim.Optimizer
+    validates: bool = True  # whether there is a validation set
+    step: int = 0  # optimizer steps done (the engine keeps it current, for the run's error lines)
+
+    def parameters(self) -> Iterable[nn.Parameter]:
+        """The parameters whose gradients are clipped together."""
+        raise NotImplementedError
+
+    def learning_rates(self, step: int) -> dict[str, float]:
+        """Set the optimizer's learning rates for optimizer step ``step`` (0-based); returns them by name."""
+        raise NotImplementedError
+
+    def micro_batch_loss(self, step: int) -> torch.Tensor:
+        """The next micro-batch's forward pass and mean loss (the run adds it to its own sums)."""
+        raise NotImplementedError
+
+    def gradient_sync(self, enabled: bool) -> AbstractContextManager:
+        """Context of one micro-batch's forward / backward: whether gradients are reduced across ranks."""
+        return nullcontext()
+
+    def finite(self) -> bool:
+        """Whether the run's own sums are finite (beyond the gradient norm the engine checks)."""
+        return True
+
+    def mean_loss(self) -> float | None:
+        """Mean training loss since the last metrics row."""
+        raise NotImplementedError
+
+    def seen(self) -> int:
+        """The running count named by ``counted``."""
+        raise NotImplementedError
+
+    def log_train(self, log: MetricsLog | None, step: int, lrs: dict[str, float], grad_norm: float) -> None:
+        """Write the training row (``log`` is None off the main rank; ``grad_norm``: the window's mean) and start a
+        new window."""
+        raise NotImplementedError
+
+    def validate(self, log: MetricsLog | None, step: int, lrs: dict[str, float]) -> None:
+        """Score the validation set and write its row; the run keeps the scores for its outputs."""
+        raise NotImplementedError
+
+    def state(self, step: int) -> tuple[dict, dict] | None:
+        """(weights, training state) to save; None off the main rank (every rank calls it: it may be collective)."""
+        raise NotImplementedError
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Load a checkpoint into the run's state."""
+        raise NotImplementedError
+
+
+@dataclass
+class Schedule:
+    """The loop's own settings, read from either run's config."""
+
+    total_steps: int
+    grad_accum: int
+    clip_norm: float
+    log_every: int
+    eval_every: int
+    save_every: int
+
+    @classmethod
+    def of(cls, cfg) -> Schedule:
+        return cls(
+            cfg.optim.total_steps,
+            cfg.grad_accum,
+            cfg.optim.clip_norm,
+            cfg.log_every,
+            cfg.eval_every,
+            cfg.save_every,
+        )
+
+
+def fit(
+    run: TrainingRun,
+    cfg,
+    out_dir: Path,
+    device: torch.device,
+    stop: StopSignals,
+    *,
+    record: dict,
+    extend: bool = False,
+    rank: int = 0,
+    world: int = 1,
+    after_step: Callable[[int], None] | None = None,
+    tensorboard_dir: Path | None = None,
+) -> int:
+    """Train ``run`` per ``cfg`` (its ``optim``, ``grad_accum`` and intervals), resuming from the newest checkpoint
+    in ``out_dir`` if it belongs to the run ``record`` describes (``train.run_folder``; ``extend``: or differs from
+    it only in its length); returns 0 when done or REQUEUE_EXIT_CODE after a stop signal (``run.step``: the steps
+    done)."""
+    s = Schedule.of(cfg)
+    is_main = rank == 0
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- resume from the newest checkpoint if it is this run's (another run's is moved aside) -----------
+    resumed_from = own_checkpoint(out_dir, record, run.command, extend=extend, rank=rank, world=world)
+    stops_before = stops_without_progress(out_dir)
+    if resumed_from is not None:
+        ckpt = load_checkpoint(resumed_from)
+        run.restore(ckpt)
+        run.step = ckpt.step
+        if is_main:
+            print(f"pmlm {run.command}: resuming from {resumed_from} (step {ckpt.step})", file=sys.stderr)
+    step = started = run.step
+    log = progress = None
+    if is_main:
+        log = MetricsLog(out_dir / METRICS_CSV, run.csv_fields, step, tensorboard_dir)
+        # a line per tenth of the run (and per minute) in the rule's log
+        progress = Progress(
+            f"pmlm {run.command}", s.total_steps, unit="steps", start=step, rates=(run.counted,), each_tenth=True
+        )
+
+    def save(at_step: int) -> None:
+        _save(run, at_step, out_dir, cfg, record, device, rank, world)
+
+    def stopped() -> int:
+        """A stop signal at a step boundary: exit for a requeue, unless stops keep ending without progress."""
+        return stop_exit(out_dir, run.command, stop.received, started, step, stops_before, announce=is_main)
+
+    try:
+        # a stop signal during start-up: nothing new to save (it counts as a stop without progress)
+        if step < s.total_steps and agree(stop.received is not None, device, world):
+            return stopped()
+
+        # -- the loop ----------------------------------------------------------------------------------
+        saved_step = step if resumed_from is not None else None
+        valid_step = None
+        lrs = run.learning_rates(step)
+        norms: list[float] = []  # gradient norms since the last metrics row
+        run.module.train()
+        while step < s.total_steps:
+            lrs = run.learning_rates(step)
+            run.optimizer.zero_grad(set_to_none=True)
+            for micro in range(s.grad_accum):
+                # gradients are reduced across ranks once per optimizer step, on the last micro-batch
+                with run.gradient_sync(micro == s.grad_accum - 1):
+                    loss = run.micro_batch_loss(step)
+                    (loss / s.grad_accum).backward()
+            grad_norm = nn.utils.clip_grad_norm_(run.parameters(), s.clip_norm or math.inf)  # inf: measure only
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()  # a sharded (DTensor) norm -> the global value
+            # under DDP / FSDP the norm is taken after the gradient all-reduce: every rank reaches the same verdict
+            finite = bool(torch.isfinite(grad_norm)) and run.finite()
+            stop_if_diverged(finite, step, loss.detach(), out_dir)
+            run.optimizer.step()
+            step = run.step = step + 1
+            norms.append(float(grad_norm))
+            if after_step is not None:
+                after_step(step)
+            if progress is not None:  # loss: mean since the last metrics row, read only when a line is due
+                progress.update(step, loss=run.mean_loss, **lrs, **{run.counted: run.seen()})
+
+            if step % s.log_every == 0 or step == s.total_steps:
+                run.log_train(log, step, lrs, sum(norms) / len(norms))
+                norms.clear()
+            if run.validates and s.eval_every and step % s.eval_every == 0:
+                run.validate(log, step, lrs)
+                valid_step = step
+                run.module.train()
+
+            stopping = agree(stop.received is not None, device, world)
+            if (s.save_every and step % s.save_every == 0) or stopping:
+                save(step)
+                saved_step = step
+            if stopping:
+                return stopped()
+
+        # -- finish: checkpoint, final validation ----------------------------------------------------------
+        if saved_step != step:
+            save(step)
+        if run.validates and valid_step != step:
+            run.validate(log, step, lrs)
+        if is_main:
+            finished(out_dir)
+        return 0
+    finally:
+        for part in (progress, log):
+            if part is not None:
+                part.close()
+
+
+def _save(run: TrainingRun, step: int, out_dir: Path, cfg, record: dict, device, rank: int, world: int) -> None:
+    """Checkpoint ``step``: every rank contributes its state, rank 0 writes the folder (with the run's record).
+    Weights that are no longer finite are never saved: the run stops as diverged instead."""
+    local = (p.to_local() if hasattr(p, "to_local") else p for p in run.parameters())  # this rank's shards
+    if agree(not all(bool(torch.isfinite(p).all()) for p in local), device, world):
+        raise weights_diverged(step, out_dir)
+    saved = run.state(step)
+    if rank == 0:
+        weights, state = saved
+        save_checkpoint(out_dir, step, weights, state, cfg.to_dict(), cfg.keep_last_checkpoints, run_record=record)
+    if world > 1:
+        dist.barrier()
