@@ -119,8 +119,7 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
                 }
             )
         )
-        encoder = "results/rel/pretrain/ur50-release/pmlm-tiny/model.safetensors"  # fetch and import only
-        proc = snakemake(*args, "--configfile", str(bad), encoder)
+        proc = snakemake(*args, "--configfile", str(bad))
         assert proc.returncode != 0, proc.stdout[-2000:]
         fetched = tmp_path / "resources" / "sources" / "release-ur50-release-pmlm-tiny" / FIXTURE.name
         log = (tmp_path / "logs" / "fetch" / "release-ur50-release-pmlm-tiny" / f"{FIXTURE.name}.log").read_text()
