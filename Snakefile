@@ -2,9 +2,14 @@
 #   snakemake --cores 2                                   the embedded demo (config/config.yaml)
 #   snakemake --profile slurm --configfile config/paper.yaml   the paper, on a SLURM cluster (profiles/slurm)
 #   snakemake --report report.html                        tables, figures, configuration and versions in one page
+import os
+
+import psutil
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import min_version, validate
 from pmlm.config.workflow import check_references, require_config, schema_error
+from pmlm.reports.run_summary import last_screen
 
 min_version("9.0")
 
@@ -66,3 +71,22 @@ rule all:
         report_targets(),
         proteingym_targets(),
     default_target: True
+
+
+
+# The last screen (`pmlm summary`): when a run that did something succeeds, the tables and where they are, their
+# headline numbers beside the paper's, the report command and the wall time since this Snakemake started. onsuccess
+# runs in the Snakemake that was started (under --profile slurm too: jobs run with --no-hooks), never in a job.
+RUN_STARTED = psutil.Process().create_time()
+
+
+onsuccess:
+    logger.info(
+        last_screen(
+            RESULTS,
+            started=RUN_STARTED,
+            snakefile=workflow.main_snakefile,
+            configfiles=workflow.overwrite_configfiles,
+            default_configfile=os.path.join(workflow.basedir, "config", "config.yaml"),
+        )
+    )

@@ -195,8 +195,10 @@ run_short() {  # NAME LAUNCHER... -- KEY=VALUE...: a short pretrain run and its 
     return "$code"
 }
 mkdir -p "$WORK/runs"
+# the rehearsal compiles test_train.py's compile-test layers (dropout off), so one cold inductor build serves both
+nodrop=(); [ "$DRY" = 1 ] && nodrop=(model.overrides.dropout=0.0)
 RECIPE=config/train/base.yaml STEPS=8 EXPECT="" step compile -- run_short compile "$PY" -m pmlm -- \
-    objective.name=pmlm compile=true
+    objective.name=pmlm compile=true "${nodrop[@]}"
 mapfile -t SETS < <(pretrain_sets 4)
 RECIPE=config/train/large.yaml STEPS=4 EXPECT="FSDP over 1 rank" step fsdp -- run_short fsdp \
     "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 -m pmlm -- objective.name=pmlm fsdp=true

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "kl": "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs",
     "tables": "assemble result tables (CSV, Markdown, LaTeX, HTML) with the paper's rows",
     "report": "figures and pages of the workflow report: training curves, contact maps, precision by separation, run information",
+    "summary": "a run's last screen: its tables and where they are, headline numbers beside the paper's, the report command",
     "synth": "sample synthetic protein families from Potts models with planted couplings",
     "coevolution": "planted-coupling read-outs and supervised contacts of MLM vs PMLM encoders",
     "finetune": "fine-tune a task head on a pre-trained encoder",

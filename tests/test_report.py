@@ -289,8 +289,21 @@ def test_report_shows_each_table_once_and_the_figures(tmp_path):
     allowed = ["--allowed-rules", *REPORT_RULES]
     proc = _snakemake("--cores", "2", "--configfile", str(config), *allowed, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the run's last screen: every table where it is, ours beside the paper's, and the command that builds the report
+    screen = proc.stderr[proc.stderr.index("pmlm: the run finished in") :]
+    assert f"Tables in results/{RUN}/tables (.csv/.html/.md/.tex):" in screen
+    listed = re.findall(r"^  ([a-z_]+) ", screen, re.M)
+    assert sorted(listed) == sorted(TABLES), screen
+    assert re.search(r"^  tape_contact +P@L/5, s >= 12 \(%\)  ours: PMLM-test \d+\.\d$", screen, re.M), screen
+    assert "paper: PMLM-base (Pfam) 47.2" in screen
+    command = re.search(r"^The report \(tables, figures, configuration and versions in one page\): (.*)$", screen, re.M)
+    assert command.group(1) == (
+        f"cd {tmp_path} && snakemake --report report.html -s {REPO / 'Snakefile'} --configfile config.yaml"
+    )
+    # the report, built by that command as printed
     report = tmp_path / "report.html"
-    proc = _snakemake("--configfile", str(config), *allowed, "--report", str(report), cwd=tmp_path)
+    env = dict(os.environ, PATH=os.path.dirname(SNAKEMAKE) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.run(command.group(1), shell=True, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     shown = _walk(report, tmp_path)

@@ -184,6 +184,19 @@ def test_demo_workflow(tmp_path):
     )
     proc = snakemake(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the last screen: wall time, both pre-training runs, every table with ours beside the paper's, the report command
+    screen = proc.stderr[proc.stderr.index("pmlm: the run finished in") :]
+    for objective in ("mlm", "pmlm"):
+        assert re.search(rf"^  demo/{objective}-tiny +\d+\.\d\d -> \d+\.\d\d \(step 10 -> 30\)", screen, re.M), screen
+    assert "Tables in results/demo/tables (.csv/.html/.md/.tex):" in screen
+    assert sorted(re.findall(r"^  ([a-z_]+) ", screen, re.M)) == sorted(
+        ["pretrain_scores", "precision_by_separation", *TABLES]
+    ), screen
+    assert re.search(
+        r"^  raptorx_contact +P@L, s >= 24 \(%\)  ours: MLM-tiny \d+\.\d, PMLM-tiny \d+\.\d$", screen, re.M
+    )
+    configs = f"--configfile {REPO / 'config' / 'config.yaml'} short.yaml"
+    assert f"cd {tmp_path} && snakemake --report report.html -s {REPO / 'Snakefile'} {configs}" in screen
     data = tmp_path / "results" / "demo" / "data" / "demo"
     manifest = json.loads((data / "shards" / "manifest.json").read_text())
     ingest = json.loads((data / "ingest_stats.json").read_text())

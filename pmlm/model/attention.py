@@ -23,6 +23,7 @@ beyond the order of floating-point sums.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 from dataclasses import dataclass
 
@@ -31,10 +32,19 @@ import torch.nn.functional as F
 
 from pmlm.model.dropout_attention import attention
 
-try:  # torch >= 2.9; the keyword-only extras changed between releases, the 7 positional arguments did not
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older torch
+# torch >= 2.9 has ``varlen_attn``; the keyword-only extras changed between releases, the 7 positional arguments
+# did not. Importing its module loads torch._dynamo, over a second of CPU in every process, most of which never
+# run the kernel (CPU, fp32): the module is looked up here and imported when the kernel first runs.
+if importlib.util.find_spec("torch.nn.attention.varlen") is None:  # pragma: no cover - older torch
     varlen_attn = None
+else:
+
+    def varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k):
+        """``torch.nn.attention.varlen.varlen_attn`` (its 7 positional arguments), imported on the first call."""
+        from torch.nn.attention.varlen import varlen_attn as kernel  # loads torch._dynamo: only where this runs
+
+        return kernel(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k)
+
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 MAX_FLASH_HEAD_DIM = 256  # FlashAttention 2 kernels exist for head dims up to 256, in steps of 8
@@ -128,7 +138,9 @@ def packed_attention(
     return reference_varlen_attention(q, k, v, packing.cu_seqlens, dropout_p)
 
 
-@torch.compiler.disable  # nested tensors are built from data-dependent offsets: run eagerly
+# nested tensors are built from data-dependent offsets: run eagerly (torch.compiler.disable's lazy form, which
+# imports torch._dynamo on the first call instead of at import)
+@torch._disable_dynamo
 def jagged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing, dropout_p: float = 0.0
 ) -> torch.Tensor:
@@ -154,7 +166,7 @@ def jagged_attention(
     return out.transpose(1, 2).values()
 
 
-@torch.compiler.disable  # a Python loop over data-dependent offsets: run eagerly, never traced
+@torch._disable_dynamo  # a Python loop over data-dependent offsets: run eagerly, never traced (lazy form, as above)
 def reference_varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, dropout_p: float = 0.0
 ) -> torch.Tensor:

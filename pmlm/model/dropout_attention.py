@@ -60,7 +60,9 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
 
 
-@torch.compiler.disable  # threads and NumPy draws: run eagerly, never traced
+# threads and NumPy draws: run eagerly, never traced. torch.compiler.disable's lazy form: the decorator itself would
+# import torch._dynamo (over a second of CPU) in every process that imports the model, compiled or not
+@torch._disable_dynamo
 def dropout_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -246,7 +246,8 @@ def pretraining_losses(
         n_upper = upper.shape[0]
         n_rows = pair_index.shape[0]
         logits = out["pair_logits"]  # (2 * n_rows, K): given rows, then their swaps
-        off_logits = torch.cat([logits[:n_upper], logits[n_rows : n_rows + n_upper]])  # (2P, K)
+        # (2P, K); without diagonal rows that is ``logits`` itself, not a copy (whose backward zero-fills two of them)
+        off_logits = logits if n_rows == n_upper else torch.cat([logits[:n_upper], logits[n_rows : n_rows + n_upper]])
         off_ce, n_off, pair_correct = masked_pair_loss(off_logits, upper, targets, pair_vocab)
         pair_total = torch.tensor(n_off, device=device)
         l_pmlm = off_ce / max(n_off, 1)

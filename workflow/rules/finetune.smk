@@ -56,6 +56,9 @@ rule finetune:
         f"{LOGS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
         f"{BENCH}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
+    # on few cores the longest jobs go first (the pair read-out, then fine-tuning, then evaluation), so the short
+    # ones (tables, figures) fill the gaps at the end
+    priority: 2
     threads: 1
     resources:
         gpu=1,
@@ -84,6 +87,7 @@ rule evaluate:
         f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
     wildcard_constraints:
         ft=r"(?!unsupervised-)[A-Za-z0-9_]+",
+    priority: 1
     threads: 1
     resources:
         gpu=1,
@@ -111,6 +115,7 @@ rule evaluate_unsupervised:
     wildcard_constraints:
         objective=one_of(PAIR_OBJECTIVES),
         readout="pair-kl|pair-mi",
+    priority: 3
     threads: 1
     resources:
         gpu=1,
