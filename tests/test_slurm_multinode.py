@@ -54,8 +54,7 @@ from local_cluster import (
 )
 from workflow_rules import commented_block
 
-from pmlm.train.allocation import expand_hostlist
-from pmlm.train.launch import PORT_BASE, PORT_SPAN
+from pmlm.train.allocation import PORT_BASE, PORT_SPAN, expand_hostlist
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
