@@ -58,13 +58,35 @@ def output_prefix(wildcards, output):
     return os.path.splitext(output[0])[0]
 
 
+# Params are canonical: a rule's params are built from the config with every mapping in sorted key order, so that
+# the same settings written in another order give the same params and rerun nothing (YAML mappings have no order;
+# lists keep theirs). tests/test_workflow_config.py plans the demo with every mapping's keys reversed.
+
+
+def canonical(value):
+    """``value`` with the keys of its mappings, at any depth, in sorted order."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
 def as_flags(settings):
-    """``key: value`` pairs as ``--key value`` flags (underscores become dashes; lists give several values)."""
+    """``key: value`` pairs as ``--key value`` flags in sorted key order (underscores become dashes; lists give
+    several values)."""
     flags = []
-    for key, value in settings.items():
+    for key, value in canonical(settings).items():
         values = value if isinstance(value, list) else [value]
         flags.append(f"--{key.replace('_', '-')} " + " ".join(shlex.quote(str(v)) for v in values))
     return " ".join(flags)
+
+
+def as_sets(settings):
+    """``key: value`` pairs as ``--set key=value`` options in sorted key order (booleans as YAML's true / false)."""
+    pairs = canonical(settings).items()
+    return " ".join(f"--set {shlex.quote(f'{k}={str(v).lower() if isinstance(v, bool) else v}')}" for k, v in pairs)
+
 
 def source_url(name):
     """A relative file: URL names a file of this repository (the demo data)."""
@@ -135,8 +157,7 @@ def ingest_formats(wildcards):
 
 
 def ingest_args(wildcards):
-    policy = dataset_setting(wildcards.dataset, "ingest")
-    return " ".join(f"--set {shlex.quote(f'{k}={str(v).lower() if isinstance(v, bool) else v}')}" for k, v in policy.items())
+    return as_sets(dataset_setting(wildcards.dataset, "ingest"))
 
 
 def split_args(wildcards):
@@ -186,21 +207,28 @@ def recipe_file(wildcards):
 
 
 def pretrain_overrides(wildcards):
-    sets = [f"objective.name={wildcards.objective}"]
-    sets += [f"{k}={v}" for k, v in PRETRAIN["set"].items()]
-    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
+    return f"--set objective.name={wildcards.objective} {as_sets(PRETRAIN['set'])}".rstrip()
 
 
 def pretrain_launcher(wildcards, resources):
     """`pmlm launch` with the job's GPUs per node: one trainer per GPU on every node of the job (torchrun),
-    through its own srun step in a SLURM batch job, or the trainer itself for one GPU. GPUs per node come
-    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`. The
-    site profile's `launch_env` resource ("NAME=VALUE NAME=VALUE", e.g. NCCL_SOCKET_IFNAME=ib0) becomes
-    `--env` options: set for the trainers on every node."""
+    through its own srun step in a SLURM batch job, or the trainer itself for one GPU; in a batch job it
+    requeues the job in place when the trainers saved after a stop signal (docs/slurm.md). GPUs per node come
+    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`."""
     nodes = max(1, int(resources.get("nodes", 1) or 1))
     per_node = re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", str(resources.get("gres", "") or ""))
-    gpus = int(per_node.group(1)) if per_node else -(-int(resources.get("gpu", 0) or 0) // nodes)
-    per_node_flag = f" --gpus-per-node {gpus}" if gpus > 0 else ""
+    return launcher(int(per_node.group(1)) if per_node else -(-int(resources.get("gpu", 0) or 0) // nodes), resources)
+
+
+def finetune_launcher(wildcards, resources):
+    """As for pre-training, with one trainer: fine-tuning runs in one process."""
+    return launcher(1, resources)
+
+
+def launcher(gpus_per_node, resources):
+    """The `pmlm launch ... --` prefix. The site profile's `launch_env` resource ("NAME=VALUE NAME=VALUE", e.g.
+    NCCL_SOCKET_IFNAME=ib0) becomes `--env` options: set for the trainers on every node."""
+    per_node_flag = f" --gpus-per-node {gpus_per_node}" if gpus_per_node > 0 else ""
     env = "".join(f" --env {shlex.quote(item)}" for item in str(resources.get("launch_env", "") or "").split())
     return f"python -m pmlm launch{per_node_flag}{env} --"
 
@@ -304,7 +332,7 @@ def task_file(data, split):
 
 def runs_for(m):
     """Fine-tuning runs that apply to encoder ``m`` (all, unless a run lists its encoders)."""
-    return [name for name, run in FINETUNE_RUNS.items() if not run["encoders"] or encoder_id(m) in run["encoders"]]
+    return [name for name, run in canonical(FINETUNE_RUNS).items() if not run["encoders"] or encoder_id(m) in run["encoders"]]
 
 
 def structure_source(wildcards):
@@ -342,7 +370,7 @@ def finetune_overrides(wildcards):
     features = run_features(model_of(wildcards), wildcards.ft)
     if features != "auto":  # auto: the recipe's own head.features
         sets["head.features"] = features
-    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in sets.items())
+    return as_sets(sets)
 
 
 def test_inputs(data, tests):
