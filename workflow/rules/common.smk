@@ -73,10 +73,10 @@ def canonical(value):
 
 
 def as_flags(settings):
-    """``key: value`` pairs as ``--key value`` flags in sorted key order (underscores become dashes; lists give
-    several values)."""
+    """``key: value`` pairs as ``--key value`` flags, in the order given (underscores become dashes; lists give
+    several values); a config section goes through ``canonical`` first."""
     flags = []
-    for key, value in canonical(settings).items():
+    for key, value in settings.items():
         values = value if isinstance(value, list) else [value]
         flags.append(f"--{key.replace('_', '-')} " + " ".join(shlex.quote(str(v)) for v in values))
     return " ".join(flags)
@@ -162,7 +162,7 @@ def ingest_args(wildcards):
 
 def split_args(wildcards):
     """`pmlm split` flags from the cluster settings (their keys are its flags)."""
-    return as_flags(dataset_setting(wildcards.dataset, "cluster"))
+    return as_flags(canonical(dataset_setting(wildcards.dataset, "cluster")))
 
 
 def shard_setting(dataset, key):
@@ -171,7 +171,7 @@ def shard_setting(dataset, key):
 
 def tokenize_args(wildcards):
     """`pmlm tokenize` flags from the shard layout (its keys are the flags)."""
-    return as_flags(dataset_setting(wildcards.dataset, "shards"))
+    return as_flags(canonical(dataset_setting(wildcards.dataset, "shards")))
 
 
 def shards_dir(dataset):
@@ -279,7 +279,7 @@ def kl_args(wildcards, input):
     """Every PMLM encoder on every validation set (one panel per set), and the sampling settings."""
     args = [f"--model {shlex.quote(f'{encoder_label(m)}={pretrained_weights(m)}')}" for m in kl_models()]
     args += [f"--valid {shlex.quote(f'{d}={shards_dir(d)}')}" for d in kl_datasets()]
-    args.append(as_flags({k: v for k, v in PRETRAIN["kl"].items() if k != "datasets"}))
+    args.append(as_flags(canonical({k: v for k, v in PRETRAIN["kl"].items() if k != "datasets"})))
     return " ".join(args)
 
 
@@ -341,7 +341,7 @@ def structure_source(wildcards):
 
 def structure_split_args(wildcards):
     """`pmlm split-structures` flags from the task data's split: settings (their keys are its flags)."""
-    return as_flags(TASK_DATA[wildcards.taskdata]["split"])
+    return as_flags(canonical(TASK_DATA[wildcards.taskdata]["split"]))
 
 
 def finetune_recipe(wildcards):
