@@ -167,16 +167,16 @@ def scontrol_job_record(job_id: str) -> dict[str, str]:
     return dict(token.split("=", 1) for token in out.split() if "=" in token)
 
 
-def requeue_job(job_id: str) -> int | None:
+def requeue_job(job_id: str) -> tuple[bool, dict[str, str]]:
     """Put the running job back in its queue (`scontrol requeue`): SLURM ends this run of it (SIGTERM to what is
-    left, then KillWait) and starts it again under the same id when it is eligible. Returns how many times the job
-    had been requeued before, when the record says (its ``Restarts``)."""
-    try:
-        restarts = _int_env(scontrol_job_record(job_id), "Restarts")
-    except ConfigError:
-        restarts = None  # only for the message; the requeue itself decides
+    left, then KillWait) and starts it again under the same id when it is eligible. A job that is no longer running
+    (SLURM requeues or ends it itself: a preemption, a requeue by an administrator, the hard time limit) is left
+    alone. Returns whether it was requeued here, and its record from just before."""
+    record = scontrol_job_record(job_id)
+    if record.get("JobState") != "RUNNING":
+        return False, record
     _scontrol("requeue", job_id)
-    return restarts
+    return True, record
 
 
 def _int_env(env: Mapping[str, str], *names: str) -> int | None:

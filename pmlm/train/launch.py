@@ -252,17 +252,19 @@ def _requeue(job_id: str | None) -> int:
         say(f"pmlm launch: {saved}; exiting with {REQUEUE_EXIT_CODE} so the job is resubmitted and resumes")
         return REQUEUE_EXIT_CODE
     try:
-        restarts = requeue_job(job_id)
+        requeued, record = requeue_job(job_id)
     except ConfigError as exc:
         say(
             f"pmlm launch: error: {saved}, but the job could not be requeued ({exc}); exiting with "
             f"{REQUEUE_EXIT_CODE} so that it can be resubmitted"
         )
         return REQUEUE_EXIT_CODE
-    count = f" (restart {restarts + 1})" if restarts is not None else ""
+    if not requeued:
+        say(f"pmlm launch: {saved}; job {job_id} is {record.get('JobState', '?')} (SLURM requeues or ends it itself)")
+        return REQUEUE_EXIT_CODE
     say(
-        f"pmlm launch: {saved}; job {job_id} requeued in place{count}: it starts again under the same id when "
-        "SLURM lets it, and resumes from that checkpoint"
+        f"pmlm launch: {saved}; job {job_id} requeued in place (restart {int(record.get('Restarts', 0)) + 1}): it "
+        "starts again under the same id when SLURM lets it, and resumes from that checkpoint"
     )
     return REQUEUE_EXIT_CODE
 
