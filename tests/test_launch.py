@@ -176,6 +176,11 @@ def test_failure_summary_names_each_node():
         "rank 1 exit 2 after 40 s; n2: no report (its processes were killed, or the node was lost, "
         "before torchrun ended); srun: n2: task 1: Killed | n1: task 0: Exited with exit code 1"
     )
+    # one process in its srun step (fine-tuning): no torchrun, no node reports to miss; srun's account says it
+    single = LaunchPlan("srun", ["srun"], 1, 1, None, ["n1"], None, {})
+    assert failure_summary(single, 3, 0.4, {}, ["n1: task 0: Exited with exit code 3"]) == (
+        "pmlm launch: error: exit 3 after 0 s on 1 node(s); srun: n1: task 0: Exited with exit code 3"
+    )
 
 
 def test_two_nodes_from_the_job_record_when_the_executor_stripped_slurm_variables():

@@ -284,17 +284,20 @@ def _relay_stderr(stream, srun_errors: list[str]) -> None:
 def failure_summary(
     plan: LaunchPlan, code: int, seconds: float, reports: Mapping[str, str], srun_errors: Sequence[str]
 ) -> str:
-    """One line: how each node's torchrun ended (from its report), which sent none, and what srun said."""
-    nodes = [
-        f"{host}: {reports[host]}"
-        if host in reports
-        else f"{host}: no report (its processes were killed, or the node was lost, before torchrun ended)"
-        for host in plan.hosts or sorted(reports)
-    ]
-    nodes += [f"{host}: {text}" for host, text in sorted(reports.items()) if plan.hosts and host not in plan.hosts]
-    where = "; ".join(nodes) if nodes else "no node reported"
+    """One line: how each node's torchrun ended (from its report), which sent none, and what srun said (a single
+    process, without torchrun, has only srun's account)."""
+    where = ""  # one process, without torchrun: srun's account is all there is
+    if plan.marker_dir is not None:
+        nodes = [
+            f"{host}: {reports[host]}"
+            if host in reports
+            else f"{host}: no report (its processes were killed, or the node was lost, before torchrun ended)"
+            for host in plan.hosts or sorted(reports)
+        ]
+        nodes += [f"{host}: {text}" for host, text in sorted(reports.items()) if plan.hosts and host not in plan.hosts]
+        where = ": " + ("; ".join(nodes) if nodes else "no node reported")
     said = f"; srun: {' | '.join(srun_errors[:4])}" if srun_errors else ""
-    return f"pmlm launch: error: exit {code} after {seconds:.0f} s on {plan.nodes} node(s): {where}{said}"
+    return f"pmlm launch: error: exit {code} after {seconds:.0f} s on {plan.nodes} node(s){where}{said}"
 
 
 # -- `pmlm launch` ------------------------------------------------------------------------------------------------
