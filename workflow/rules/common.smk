@@ -28,8 +28,10 @@ RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"
 BENCH = f"benchmarks/{RUN}"
 
-# Rules call `python -m pmlm` from this checkout, whichever environment (venv or --sdm conda) runs them.
-shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+# Rules call `python -m pmlm` from this checkout, whichever environment (venv or --sdm conda) runs them. A prefix of
+# our own replaces Snakemake's `set -euo pipefail; `, which is therefore repeated: without pipefail a training rule's
+# `... | tee` would end with tee's 0, whatever the trainers' exit.
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
 def one_of(names):

@@ -65,12 +65,12 @@ rule finetune:
         gpu=1,
     conda:
         "../../envs/pmlm.yaml"
-    # the rule's log holds the job's last run; train.log in the run folder every run of it
+    # the rule's log holds the job's last run; train.log in the run folder every run of it (tee as for pretrain)
     shell:
         "mkdir -p {params.run_dir:q}; OMP_NUM_THREADS={threads} {params.launcher} -m pmlm finetune "
         "--config {input.recipe:q} --encoder {input.encoder:q} --train {input.train:q} --valid {input.valid:q} "
         "--out {params.run_dir:q} --final {output.head:q} {params.overrides} 2>&1 "
-        "| tee -a {params.run_dir:q}/train.log > {log:q}"
+        "| (trap '' TERM INT; exec tee -a {params.run_dir:q}/train.log) > {log:q}"
 
 
 rule evaluate:

@@ -40,11 +40,13 @@ rule pretrain:
     conda:
         "../../envs/pmlm.yaml"
     # the rule's log holds the job's last run; every run of it (each requeue, each retry) is appended to
-    # train.log in the run folder
+    # train.log in the run folder. tee ignores SIGTERM and SIGINT, which SLURM (a requeue, a preemption, the
+    # time limit) or Ctrl-C send it too: it copies until the trainers' last line, the one that says they saved
     shell:
         "mkdir -p {params.run_dir:q}; OMP_NUM_THREADS={threads} {params.launcher} -m pmlm pretrain "
         "--config {input.recipe:q} --shards {input.shards:q} --out {params.run_dir:q} --final {output.weights:q} "
-        "--scores {output.scores:q} {params.overrides} 2>&1 | tee -a {params.run_dir:q}/train.log > {log:q}"
+        "--scores {output.scores:q} {params.overrides} 2>&1 "
+        "| (trap '' TERM INT; exec tee -a {params.run_dir:q}/train.log) > {log:q}"
 
 
 rule tabulate_pretrain_scores:
