@@ -212,12 +212,12 @@ def test_schema_rejects_unknown_features():
 # -- params are canonical: the same settings in another order plan no job --------------------------------------
 
 
-def _reversed_keys(value):
+def reversed_keys(value):
     """``value`` with the keys of every mapping, at any depth, in reverse order (lists keep theirs)."""
     if isinstance(value, dict):
-        return {key: _reversed_keys(value[key]) for key in reversed(list(value))}
+        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
     if isinstance(value, list):
-        return [_reversed_keys(v) for v in value]
+        return [reversed_keys(v) for v in value]
     return value
 
 
@@ -235,7 +235,7 @@ def test_the_demo_config_in_another_key_order_gives_the_same_params(tmp_path):
     tests/test_slurm_workflow.py checks that on a finished run)."""
     demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     reordered = tmp_path / "reordered.yaml"
-    reordered.write_text(yaml.safe_dump(_reversed_keys(demo), sort_keys=False))
+    reordered.write_text(yaml.safe_dump(reversed_keys(demo), sort_keys=False))
     assert list(yaml.safe_load(reordered.read_text())) == list(reversed(list(demo)))
     same = _planned_commands(REPO / "config" / "config.yaml", tmp_path / "a")
     other = _planned_commands(reordered, tmp_path / "b")
