@@ -21,14 +21,20 @@ import yaml
 from pmlm.cli import main
 from pmlm.errors import ConfigError
 from pmlm.train import COLLECTIVE_TIMEOUT_ENV, REQUEUE_EXIT_CODE
-from pmlm.train.allocation import count_visible_gpus, expand_hostlist, first_host, read_allocation
-from pmlm.train.launch import LaunchPlan, failure_summary, pick_rendezvous_port, plan_launch, rendezvous_port
+from pmlm.train.allocation import (
+    count_visible_gpus,
+    expand_hostlist,
+    pick_rendezvous_port,
+    read_allocation,
+    rendezvous_port,
+)
+from pmlm.train.launch import LaunchPlan, failure_summary, plan_launch
 
 PY = "python"
 MARKER = Path("/shared/run/.pmlm-launch-x")
 COMMAND = ["-m", "pmlm", "pretrain", "--config", "base.yaml"]
-WORKER = ["-m", "pmlm.train.launch", "--requeue-marker", str(MARKER), *COMMAND]
-AGENT = [PY, "-m", "pmlm.train.launch", "--ignore-usr1", "--node-report", str(MARKER), "-m", "torch.distributed.run"]
+WORKER = ["-m", "pmlm.train.wrapper", "--requeue-marker", str(MARKER), *COMMAND]
+AGENT = [PY, "-m", "pmlm.train.wrapper", "--ignore-usr1", "--node-report", str(MARKER), "-m", "torch.distributed.run"]
 # bound for each real launch below (torchrun with two CPU workers starts in ~3 s here)
 LAUNCH_TIMEOUT_S = 120
 READY_WAIT_S = 60
@@ -153,7 +159,6 @@ def test_a_user_batch_script_keeps_one_task_per_node():
 def test_expand_hostlist(nodelist, hosts):
     # expected values as `scontrol show hostnames` prints them
     assert expand_hostlist(nodelist) == hosts
-    assert first_host(nodelist) == hosts[0]
 
 
 def test_failure_summary_names_each_node():
@@ -170,6 +175,11 @@ def test_failure_summary_names_each_node():
         "pmlm launch: error: exit 137 after 8 s on 2 node(s): n1: torchrun exited 1: rank 0 exit 2, "
         "rank 1 exit 2 after 40 s; n2: no report (its processes were killed, or the node was lost, "
         "before torchrun ended); srun: n2: task 1: Killed | n1: task 0: Exited with exit code 1"
+    )
+    # one process in its srun step (fine-tuning): no torchrun, no node reports to miss; srun's account says it
+    single = LaunchPlan("srun", ["srun"], 1, 1, None, ["n1"], None, {})
+    assert failure_summary(single, 3, 0.4, {}, ["n1: task 0: Exited with exit code 3"]) == (
+        "pmlm launch: error: exit 3 after 0 s on 1 node(s); srun: n1: task 0: Exited with exit code 3"
     )
 
 
@@ -238,14 +248,12 @@ def test_bad_arguments_are_one_line_errors():
      ("rack[1-2]-n[01-04]", "rack1-n01"), ("a1,b[2-3]", "a1"), (" node-x ", "node-x")],
 )  # fmt: skip
 def test_first_host_of_a_hostlist(nodelist, first):
-    # expected values as `scontrol show hostnames` prints them first
-    assert first_host(nodelist) == first
+    # expected values as `scontrol show hostnames` prints them first: the rendezvous host of a multi-node launch
+    assert expand_hostlist(nodelist)[0] == first
 
 
 @pytest.mark.parametrize("nodelist", ["", "[1-2]", "gpu[", "gpu]", "gpu[a-b]", "gpu[[1]]"])
 def test_unreadable_hostlists_are_refused(nodelist):
-    with pytest.raises(ConfigError, match="node list"):
-        first_host(nodelist)
     with pytest.raises(ConfigError, match="node list"):
         expand_hostlist(nodelist)
 
@@ -365,7 +373,7 @@ def test_worker_wrapper_records_a_requeue_exit(tmp_path):
     marker = tmp_path / "markers"
     script = tmp_path / "w.py"
     script.write_text("import sys\nassert sys.argv[1:] == ['a', 'b'], sys.argv\nsys.exit(99)\n")
-    wrapper = [sys.executable, "-m", "pmlm.train.launch", "--requeue-marker", str(marker)]
+    wrapper = [sys.executable, "-m", "pmlm.train.wrapper", "--requeue-marker", str(marker)]
     env = {**os.environ, "RANK": "3"}
     done = subprocess.run([*wrapper, str(script), "a", "b"], capture_output=True, text=True, env=env)
     assert done.returncode == REQUEUE_EXIT_CODE, done.stderr

@@ -1,11 +1,15 @@
 """The Snakemake profiles as Snakemake reads them: `--profile slurm` resolves from the repository root, the
 SLURM profile's keys are the ones in force although the workflow profile (profiles/default) is always loaded
-after it, a local run keeps the demo's settings, and every rule that runs as a job has its resources and a
-benchmark."""
+after it, a local run keeps the demo's settings, one place decides what each job gets (the profile for the GPU
+rules, the rule for the others), and the paper config's jobs get what docs/slurm.md says."""
 
 from __future__ import annotations
 
+import collections
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +17,7 @@ from snakemake.cli import get_profile_dir, parse_args
 from workflow_rules import REPO, commented_block, local_rules, read_rules
 
 SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 WORKFLOW_PROFILE = REPO / "profiles" / "default" / "config.yaml"
 # rule -> resources of the rule's own defaults that make it a GPU job
 GPU_RULES = ("pretrain", "finetune", "evaluate", "evaluate_unsupervised", "score_proteingym_assay")
@@ -92,19 +97,88 @@ def test_gpu_rules_get_the_gpu_partition_and_no_task_count(in_repo):
         assert res["gpu"] >= 1 and res["cpus_per_gpu"] >= 1 and res["mem_mb"] > 0 and res["runtime"] > 0, name
         # plugin 2.x: `tasks` on a GPU job becomes --ntasks-per-gpu
         assert "tasks" not in res and "tasks_per_gpu" not in res, name
-    # pre-training runs its shell in the batch script (`mpi`) and requeues through the plugin's own setting
-    assert per_rule["pretrain"]["mpi"] == "srun" and per_rule["pretrain"]["tasks_per_node"] > 1
-    assert "--requeue" not in per_rule["pretrain"]["slurm_extra"]
-    assert re.search(r"--signal=USR1@\d+", per_rule["pretrain"]["slurm_extra"])
+    # the trainers run in the batch script's own srun step (`mpi`), get SLURM's warning before the time limit and
+    # requeue through the plugin's own setting (sbatch --requeue)
+    for name in ("pretrain", "finetune"):
+        assert per_rule[name]["mpi"] == "srun" and per_rule[name]["tasks_per_node"] > 1, name
+        assert "--requeue" not in per_rule[name]["slurm_extra"], name
+        assert re.search(r"--signal=USR1@\d+", per_rule[name]["slurm_extra"]), name
+    for name in ("evaluate", "evaluate_unsupervised", "score_proteingym_assay"):
+        assert "mpi" not in per_rule[name] and "slurm_extra" not in per_rule[name], name
 
 
-def test_every_job_rule_has_resources_and_a_benchmark():
+def test_one_place_decides_what_each_job_gets():
+    """Under the profile a GPU rule gets its set-resources block, all of it (GPUs, CPUs, memory, time); every other
+    rule that runs as a job decides its own memory and time (growing with its input and attempt), which the profile
+    does not touch. Every job rule has a benchmark."""
     local = local_rules()
     jobs = {name: rule for name, rule in read_rules().items() if name not in local}
     assert {"evaluate_unsupervised", "split_structures", "synthesize_families", "tokenize_families"} <= jobs.keys()
-    missing = {name: sorted({"mem_mb", "runtime"} - rule.resources) for name, rule in jobs.items()}
+    per_rule = _yaml(SLURM_PROFILE)["set-resources"]
+    assert set(per_rule) == set(GPU_RULES) <= jobs.keys()
+    for name in GPU_RULES:
+        assert {"slurm_partition", "gpu", "cpus_per_gpu", "mem_mb", "runtime"} <= per_rule[name].keys(), name
+    # the rule's own one GPU is what a run without the profile uses; our training and evaluation rules say nothing else
+    for name in ("pretrain", "finetune", "evaluate", "evaluate_unsupervised"):
+        assert jobs[name].resources == {"gpu"}, (name, jobs[name].resources)
+    missing = {
+        name: sorted({"mem_mb", "runtime"} - rule.resources) for name, rule in jobs.items() if name not in per_rule
+    }
     assert {name: m for name, m in missing.items() if m} == {}
     assert sorted(name for name, rule in jobs.items() if "benchmark" not in rule.directives) == []
+
+
+# docs/slurm.md's table of what each job of the paper config gets, and the dry run that must show the same
+RESOURCES_DOC = REPO / "docs" / "slurm.md"
+RESOURCES_TABLE_HEADER = "| rule | jobs | partition | GPUs | CPUs per GPU | memory (MB) | time limit (min) |"
+FROM_THE_INPUT = "from the input"
+
+
+def _dry_run_resources(argv: list[str]) -> collections.Counter:
+    """(rule, partition, GPUs, CPUs per GPU, memory, time limit) of every job the dry run plans, counted."""
+    done = subprocess.run([str(SNAKEMAKE), "-n", *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    local, rows, rule = local_rules(), collections.Counter(), None
+    for line in done.stdout.splitlines():
+        start = re.match(r"^(?:local)?rule (\w+):$", line)
+        if start:
+            rule = start.group(1)
+            continue
+        listed = re.match(r"^\s+resources: (.*)$", line)
+        if listed and rule is not None and rule not in local:
+            res = dict(item.split("=", 1) for item in listed.group(1).split(", "))
+            rows[(rule, res["slurm_partition"], res.get("gpu", "-"), res.get("cpus_per_gpu", "-"), res["mem_mb"],
+                  res["runtime"])] += 1  # fmt: skip
+        if listed:
+            rule = None
+    return rows
+
+
+def _documented_resources() -> collections.Counter:
+    """The table under docs/slurm.md's RESOURCES_TABLE_HEADER; a cell's first word is the value (the rest says why),
+    and an amount computed from the job's input when it runs is 'from the input ...' (the dry run's <TBD>)."""
+    lines = RESOURCES_DOC.read_text().splitlines()
+    start = lines.index(RESOURCES_TABLE_HEADER) + 2
+    rows = collections.Counter()
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rule = re.fullmatch(r"`(\w+)`.*", cells[0]).group(1)
+        values = [
+            "<TBD>" if cell.startswith(FROM_THE_INPUT) else cell.split()[0].strip("`").replace(",", "")
+            for cell in cells[2:]
+        ]
+        rows[(rule, *values)] += int(cells[1])
+    return rows
+
+
+def test_the_paper_jobs_get_the_resources_the_docs_state(in_repo):
+    """`snakemake -n --profile slurm --configfile config/paper.yaml`: each job's resources line shows what
+    docs/slurm.md says it gets."""
+    dry_run = _dry_run_resources(["--profile", "slurm", "--configfile", "config/paper.yaml"])
+    assert {row[0] for row in dry_run} >= {"pretrain", "finetune", "evaluate", "split_clusters"}
+    assert _documented_resources() == dry_run
 
 
 def test_the_two_node_block_asks_for_gpus_per_node(in_repo):

@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 from local_cluster import (
+    FAST_STATUS,
     MULTINODE_INTERFACE,
     MULTINODE_NODES,
     MULTINODE_SUBNET,
@@ -46,6 +47,7 @@ from local_cluster import (
     cluster_set_resources,
     multinode_cluster,  # noqa: F401  (module-scoped fixture)
     node_job_pids,
+    release,
     scontrol_job,
     snakemake_command,
     snakemake_env,
@@ -54,8 +56,7 @@ from local_cluster import (
 )
 from workflow_rules import commented_block
 
-from pmlm.train.allocation import expand_hostlist
-from pmlm.train.launch import PORT_BASE, PORT_SPAN
+from pmlm.train.allocation import PORT_BASE, PORT_SPAN, expand_hostlist
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -144,6 +145,7 @@ def _snakemake_args(workdir: Path, configfiles: list[Path], *targets: str) -> li
         "--profile", "slurm",
         "--default-resources", *cluster_default_resources(),
         "--set-resources", *cluster_set_resources(pretrain=TWO_NODES),
+        *FAST_STATUS,
         "--directory", str(workdir),
         "--configfile", str(REPO / "config" / "config.yaml"), *map(str, configfiles),
         "--verbose",  # logs each sbatch call
@@ -390,9 +392,8 @@ def second_run(first_run, site, multinode_cluster: LocalCluster):
             seen["term_pending"] = time.time()
             seen["term_log"] = _rule_log(workdir, STOPPED).read_text()
             seen["term_checkpoints"] = _checkpoints(runs[STOPPED])
-            # SLURM holds a requeued job back for two minutes (its BeginTime); let it start now instead
-            subprocess.run(["scontrol", "update", f"jobid={jobs[STOPPED]}", "StartTime=now"], check=True,
-                           capture_output=True)  # fmt: skip
+            # SLURM holds a requeued job back for two minutes (its BeginTime); let it start in seconds instead
+            release(jobs[STOPPED])
             seen["term_released"] = time.time()
             _wait_for(lambda: RESUMED.search(_rule_log(workdir, STOPPED).read_text()), "resume", process=snakemake)
             seen["term_resumed"] = time.time()

@@ -1,8 +1,9 @@
-"""The demo workflow's data and pre-training stages on a real one-node SLURM cluster (tests/slurm/cluster.sh),
-run as a user runs it: `snakemake --profile slurm` from the repository root, with only the cluster's CPU
-partition and account on the command line. Data rules go as CPU jobs, pre-training as 4-GPU jobs in the GPU
-partition whose trainers `pmlm launch` starts in their own srun step, and a pre-training job stopped with
-SIGUSR1 is resubmitted and resumes from its checkpoint."""
+"""The demo workflow's data and pre-training stages on a real SLURM cluster (tests/slurm/cluster.sh), run as a user
+runs it: `snakemake --profile slurm` from the repository root, with only the cluster's CPU partition and account on
+the command line. Data rules go as CPU jobs, pre-training as 4-GPU jobs in the GPU partition whose trainers `pmlm
+launch` starts in their own srun step. The finished run plans no job for the same config with its keys in another
+order. A pre-training job that meets its time limit again and again (a real one, then SIGUSR1 as `--signal` sends it)
+requeues itself each time and finishes as one SLURM job, no retry spent, with the uninterrupted run's weights."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from safetensors.torch import load_file
+from test_workflow_config import reversed_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 from local_cluster import (
     CLUSTER_ACCOUNT,
     CLUSTER_GPU_PARTITION,
     CLUSTER_PARTITION,
+    FAST_STATUS,
     REPO,
+    SITE_PROFILE,
     LocalCluster,
     cluster_default_resources,
+    release,
     scontrol_job,
     slurm_cluster,  # noqa: F401  (module-scoped fixture)
     snakemake_command,
@@ -38,48 +45,61 @@ RESULTS = "results/demo"
 # The demo DAG up to pre-training (shards, both encoders, the scores table and the KL figure); the
 # fine-tuning stage would add a dozen more jobs of the same kinds and minutes of status polling.
 DEMO_TARGET = "pretraining"
-# The demo, with pre-training cut to seconds. Decontamination against the structure set (an MMseqs2
-# search of ~50 s here) is switched off: the SLURM path changes nothing in it.
+# The demo, with pre-training cut to 30 steps of twice the recipe's batch (about a minute of PMLM training on 2
+# cores, long enough for a time limit to fall inside it, see below). Decontamination against the structure set (an
+# MMseqs2 search of ~50 s here) is switched off: the SLURM path changes nothing in it.
 SHORT = {
     "datasets": {"demo": {"sources": ["uniprot_sample"], "decontaminate": []}},
     "pretrain": {
         "set": {"optim.total_steps": 30, "optim.warmup_steps": 5, "eval_every": 15, "save_every": 15,
-                "eval_batches": 4},
+                "eval_batches": 4, "data.tokens_per_batch": 8192},
         "kl": {"sequences": 8, "pairs": 4},
     },
 }  # fmt: skip
-# A third model, long enough to be stopped mid-run: small batches, a checkpoint every 10 steps.
-RESUME_TOTAL_STEPS = 200
 # the GPUs profiles/slurm gives a pre-training job: one trainer each
 PRETRAIN_GPUS = 4
-RESUME = {
-    "pretrain": {
-        "models": [{"dataset": "demo", "objective": "pmlm_pair_only", "preset": "tiny"}],
-        "set": {"optim.total_steps": RESUME_TOTAL_STEPS, "optim.warmup_steps": 5, "eval_every": 100,
-                "save_every": 10, "eval_batches": 2, "data.tokens_per_batch": 1024},
-    }
-}  # fmt: skip
-RESUME_RUN_DIR = f"{RESULTS}/pretrain_runs/demo/pmlm_pair_only-tiny"
-RESUME_WEIGHTS = f"{RESULTS}/pretrain/demo/pmlm_pair_only-tiny/model.safetensors"
 
-# bounds against a hang only (the demo took ~5 min here, the resume case ~3 min: the profile's first
-# status query comes 40 s after a submission, later ones 10 s further apart each)
+# A third encoder trained exactly as the demo's pmlm-tiny (same recipe, settings and data, under a name of its own),
+# stopped again and again through the literal profile: first by a real time limit, then by SIGUSR1 sent as SLURM's
+# warning sends it (`scancel --signal=USR1`) as soon as each run has resumed. The real limit: once the first run is
+# training, the job's limit is lowered (`scontrol update TimeLimit`, as an administrator or the job's owner may) to
+# LIMIT_AHEAD_S from now, inside the profile's warning (`--signal=USR1@600`): SLURM's time-limit check, every 30 s,
+# then sends the warning itself, while about a minute of training is left. The limit is set back to the profile's
+# before the job runs again, so that only the test's signals stop the later runs.
+REQUEUED_PRESET = "tiny_requeued"
+REQUEUED = {
+    "pretrain": {
+        "recipes": {REQUEUED_PRESET: "config/train/tiny.yaml"},
+        "models": [{"dataset": "demo", "objective": "pmlm", "preset": REQUEUED_PRESET}],
+    }
+}
+REQUEUED_RUN_DIR = f"{RESULTS}/pretrain_runs/demo/pmlm-{REQUEUED_PRESET}"
+REQUEUED_WEIGHTS = f"{RESULTS}/pretrain/demo/pmlm-{REQUEUED_PRESET}/model.safetensors"
+UNINTERRUPTED_WEIGHTS = f"{RESULTS}/pretrain/demo/pmlm-tiny/model.safetensors"
+LIMIT_AHEAD_S = 600  # the profile's warning comes 600 s before the limit, SLURM's check up to 30 s later
+PROGRESS = re.compile(r"^pmlm pretrain: \d+/\d+ steps", re.M)  # the trainers are at it (their handlers installed)
+STOPS_BY_SIGNAL = 5  # after the real time limit: six stops at least
+
+# bounds against a hang only
 DEMO_TIMEOUT_S = 900
-RESUME_TIMEOUT_S = 600
-CHECKPOINT_WAIT_S = 300
-POLL_S = 0.5
+REQUEUE_TIMEOUT_S = 600
+EVENT_WAIT_S = 150
+POLL_S = 0.2
 
 DATA_RULES = {"ingest_sequences", "split_clusters", "tokenize_shards"}
 LOCAL_RULES = {"fetch_source", "tabulate_pretrain_scores"}
-RESUMED = re.compile(r"pmlm pretrain: resuming from (\S+)/checkpoints/step-(\d+) \(step (\d+)\)")
+RESUMED = re.compile(r"^pmlm pretrain: resuming from (\S+)/checkpoints/step-(\d+) \(step (\d+)\)$", re.M)
+SAVED = re.compile(r"^pmlm pretrain: SIGUSR1 received; saved checkpoint at step (\d+); exiting with 99", re.M)
+REQUEUED_LINE = re.compile(r"^pmlm launch: .*; job (\d+) requeued in place \(restart (\d+)\): ", re.M)
 
 
-def _snakemake_args(workdir: Path, configfiles: list[Path], *targets: str) -> list[str]:
-    """`snakemake --profile slurm` as the README gives it, run from the repository root: the profile and the
+def _snakemake_args(workdir: Path, configfiles: list[Path], *targets: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """`snakemake --profile slurm` as docs/slurm.md gives it, run from the repository root: the profile and the
     workflow profile as they are, the cluster's partition and account, and what to run where."""
     return [
         "--profile", "slurm",
         "--default-resources", *cluster_default_resources(),
+        *FAST_STATUS, *extra,
         "--directory", str(workdir),
         "--configfile", str(REPO / "config" / "config.yaml"), *map(str, configfiles),
         "--verbose",  # logs each sbatch call
@@ -94,7 +114,7 @@ def _write_yaml(path: Path, data: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def demo_run(slurm_cluster: LocalCluster, tmp_path_factory):
-    """The demo DAG up to pre-training through the executor, once; the resume case reuses its data."""
+    """The demo DAG up to pre-training through the executor, once; the other tests reuse its data and encoders."""
     root = tmp_path_factory.mktemp("slurm-demo")
     workdir = root / "work"
     short = _write_yaml(root / "short.yaml", SHORT)
@@ -162,68 +182,162 @@ def test_demo_dag_runs_as_slurm_jobs(demo_run, slurm_cluster: LocalCluster):
         steps = [int(s) for s in re.findall(r"^pmlm pretrain: (\d+)/30 steps", rule_log, re.M)]
         assert steps == [3 * k for k in range(1, 11)], rule_log[-3000:]
 
-
-def _first_checkpoint(run_dir: Path, snakemake: subprocess.Popen) -> int:
-    deadline = time.monotonic() + CHECKPOINT_WAIT_S
-    while time.monotonic() < deadline and snakemake.poll() is None:
-        names = [p.name for p in run_dir.glob("checkpoints/step-*")]
-        steps = [int(n.removeprefix("step-")) for n in names if re.fullmatch(r"step-\d+", n)]  # not step-N.tmp
-        if steps:
-            return min(steps)
-        time.sleep(POLL_S)
-    raise AssertionError(f"no checkpoint in {run_dir} after {CHECKPOINT_WAIT_S} s (snakemake exit: {snakemake.poll()})")
+    # every run of a training job is appended to train.log in its run folder: here one run, the rule log's
+    for model in ("mlm-tiny", "pmlm-tiny"):
+        rule_log = (workdir / "logs" / "demo" / "pretrain" / "demo" / f"{model}.log").read_text()
+        assert (workdir / RESULTS / "pretrain_runs" / "demo" / model / "train.log").read_text() == rule_log
 
 
-def _running_job(comment_prefix: str) -> str:
-    squeue = ["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"]  # job id, comment (rule and wildcards)
-    out = subprocess.run(squeue, capture_output=True, text=True, check=True).stdout
-    rows = [line.split() for line in out.splitlines()]
-    ids = [row[0] for row in rows if len(row) > 1 and row[1].startswith(comment_prefix)]
-    assert len(ids) == 1, f"expected one running job with comment {comment_prefix}*:\n{out}"
-    return ids[0]
-
-
-def test_stopped_pretraining_is_resubmitted_and_resumes(demo_run, slurm_cluster: LocalCluster):
+def test_the_same_config_in_another_key_order_plans_no_job(demo_run, slurm_cluster: LocalCluster):
+    """Snakemake reruns a job whose params changed: after the run, the same config files with every mapping's keys
+    reversed must plan nothing (`split_clusters` once saw its options in another order as changed params)."""
     root, workdir, short, first = demo_run
     if first.returncode != 0:
-        pytest.fail("the demo run failed (see test_demo_dag_runs_as_slurm_jobs); its data is needed here")
-    resume = _write_yaml(root / "resume.yaml", RESUME)
-    out_path = root / "resume.out"
-    started = time.monotonic()
+        pytest.fail("the demo run failed (see test_demo_dag_runs_as_slurm_jobs); its outputs are needed here")
+    reordered = []
+    for path in (REPO / "config" / "config.yaml", short):
+        data = reversed_keys(yaml.safe_load(path.read_text()))
+        reordered.append(root / f"reordered-{path.name}")
+        reordered[-1].write_text(yaml.safe_dump(data, sort_keys=False))
+    args = ["--profile", "slurm", "--default-resources", *cluster_default_resources(), "-n", "--directory",
+            str(workdir), "--configfile", *map(str, reordered), "--", DEMO_TARGET]  # fmt: skip
+    dry = subprocess.run(snakemake_command(args, 120), cwd=REPO, capture_output=True, text=True, env=snakemake_env())
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "Nothing to be done" in out, tail(out)
+
+
+# -- a job that meets its time limit again and again ---------------------------------------------------------------
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+class _Requeues:
+    """Watches one pre-training job through the run folder's train.log (every run of the job, appended) and the
+    controller's record; releases each requeue at once; notes when each thing first happened (time.time())."""
+
+    def __init__(self, job: str, train_log: Path, before_release=None):
+        self.job, self.train_log, self.before_release = job, train_log, before_release
+        self.seen: dict[tuple[str, int], float] = {}  # (event, its index from 0) -> when first seen
+        self.released = 0
+        self.state, self.restarts = "", 0
+        self.text = ""
+
+    def _note(self, event: str, count: int) -> None:
+        for index in range(count):
+            self.seen.setdefault((event, index), time.time())
+
+    def poll(self) -> None:
+        self.text = _text(self.train_log)
+        self._note("saved", len(SAVED.findall(self.text)))
+        self._note("requeued", len(REQUEUED_LINE.findall(self.text)))
+        self._note("resumed", len(RESUMED.findall(self.text)))
+        record = scontrol_job(self.job)
+        self.state, self.restarts = record.get("JobState", ""), int(record.get("Restarts", "0"))
+        if self.state == "PENDING" and self.restarts > self.released:
+            self.seen.setdefault(("pending", self.restarts - 1), time.time())
+            if self.before_release is not None:
+                self.before_release(self.restarts)
+            release(self.job)  # instead of SLURM's hold of about two minutes after a requeue
+            self.seen.setdefault(("released", self.restarts - 1), time.time())
+            self.released = self.restarts
+        if self.state == "RUNNING":
+            self._note("running", self.restarts + 1)
+
+    def count(self, event: str) -> int:
+        return sum(1 for kind, _ in self.seen if kind == event)
+
+
+def _lower_time_limit(job: str) -> float:
+    """The job's limit put LIMIT_AHEAD_S from now (whole minutes from its start); when that was done."""
+    started = datetime.fromisoformat(scontrol_job(job)["StartTime"]).timestamp()  # SLURM's records: local time
+    minutes = int((time.time() - started + LIMIT_AHEAD_S) // 60)
+    subprocess.run(["scontrol", "update", f"jobid={job}", f"TimeLimit={minutes}"], check=True, capture_output=True)
+    return time.time()
+
+
+def test_time_limits_requeue_the_job_in_place_and_it_ends_as_if_uninterrupted(demo_run, slurm_cluster: LocalCluster):
+    root, workdir, short, first = demo_run
+    if first.returncode != 0:
+        pytest.fail("the demo run failed (see test_demo_dag_runs_as_slurm_jobs); its data and encoders are needed here")
+    config = _write_yaml(root / "requeued.yaml", REQUEUED)
+    profile_limit = yaml.safe_load((SITE_PROFILE / "config.yaml").read_text())["set-resources"]["pretrain"]["runtime"]
+    args = _snakemake_args(workdir, [short, config], REQUEUED_WEIGHTS)
+    out_path = root / "requeued.out"
+    signals: list[float] = []
+    limit_lowered = None
+    restored: list[float] = []
+
+    def restore_limit(restarts: int) -> None:  # before the second run: the profile's limit again
+        if restarts == 1:
+            subprocess.run(["scontrol", "update", f"jobid={job}", f"TimeLimit={profile_limit}"], check=True,
+                           capture_output=True)  # fmt: skip
+            restored.append(time.time())
+
+    started = time.time()
     with out_path.open("w") as out:
-        snakemake = subprocess.Popen(
-            snakemake_command(_snakemake_args(workdir, [short, resume], RESUME_WEIGHTS), RESUME_TIMEOUT_S),
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, env=snakemake_env(),
-        )  # fmt: skip
+        snakemake = subprocess.Popen(snakemake_command(args, REQUEUE_TIMEOUT_S), cwd=REPO, stdout=out,
+                                     stderr=subprocess.STDOUT, text=True, env=snakemake_env())  # fmt: skip
         try:
-            first_step = _first_checkpoint(workdir / RESUME_RUN_DIR, snakemake)
-            # to the job's steps only: the srun step of `pmlm launch`, i.e. the trainers
-            job_id = _running_job("rule_pretrain_wildcards_demo_pmlm_pair_only_tiny")
-            subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True, text=True)
+            job = None
+            while job is None:
+                assert snakemake.poll() is None and time.time() < started + EVENT_WAIT_S, tail(_text(out_path))
+                job = next((j.job_id for j in submissions(_text(out_path)) if j.rule == "pretrain"), None)
+                time.sleep(POLL_S)
+            watch = _Requeues(job, workdir / REQUEUED_RUN_DIR / "train.log", before_release=restore_limit)
+            while snakemake.poll() is None:
+                if limit_lowered is None and PROGRESS.search(_text(watch.train_log)):
+                    limit_lowered = _lower_time_limit(job)
+                watch.poll()
+                # after the time limit's own stop, SIGUSR1 to each run as soon as it has resumed
+                resumed, stopped = watch.count("resumed"), watch.count("saved")
+                if stopped >= 1 and len(signals) < STOPS_BY_SIGNAL and resumed > len(signals) and resumed == stopped:
+                    subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
+                    signals.append(time.time())
+                assert time.time() < started + REQUEUE_TIMEOUT_S, tail(watch.text)
+                time.sleep(POLL_S)
+            watch.poll()
         finally:
             returncode = snakemake.wait()
-    print(f"stop, resubmission and resume through SLURM: {time.monotonic() - started:.0f} s")
     log = out_path.read_text()
     assert returncode == 0, f"snakemake exited {returncode} (124: timed out)\n{tail(log)}\n{slurm_cluster.log_tails()}"
+    text = watch.text
 
-    # the stopped job failed and Snakemake submitted it again. Its rule's command ended with the requeue exit
-    # 99 (torchrun reports its workers' 99 as 1 for the srun step; `pmlm launch` maps it back from the marker
-    # the workers left), as the job's SLURM log says, which the executor keeps for a failed job
-    jobs = [job for job in submissions(log) if job.rule == "pretrain"]
-    assert [job.job_id for job in jobs][:1] == [job_id] and len(jobs) == 2, jobs
-    stopped, resumed = (slurm_cluster.jobcomp_record(job.job_id) for job in jobs)
-    assert stopped["JobState"] == "FAILED", stopped
-    job_log = jobs[0].log if jobs[0].log.is_absolute() else workdir / jobs[0].log
-    assert "returned non-zero exit status 99" in job_log.read_text(), job_log
-    assert resumed["JobState"] == "COMPLETED", resumed
-    assert "--requeue" in jobs[0].sbatch and "--signal=USR1@" in jobs[0].sbatch
+    # one SLURM job from start to end: submitted once, requeued in place at every stop, no Snakemake retry spent
+    jobs = [j for j in submissions(log) if j.rule == "pretrain"]
+    assert [j.job_id for j in jobs] == [job], jobs
+    assert "Error in rule" not in log, tail(log)
+    assert "--signal=USR1@600" in jobs[0].sbatch and f"-t {profile_limit}" in jobs[0].sbatch, jobs[0].sbatch
+    record = scontrol_job(job)
+    saved = [int(step) for step in SAVED.findall(text)]
+    stops = len(saved)
+    assert stops == 1 + STOPS_BY_SIGNAL, text[-3000:]
+    assert record["JobState"] == "COMPLETED" and int(record["Restarts"]) == stops, record
+    assert slurm_cluster.jobcomp_record(job)["JobState"] == "COMPLETED"
+    assert [(j, int(r)) for j, r in REQUEUED_LINE.findall(text)] == [(job, k) for k in range(1, stops + 1)], text
+    # the first stop was the time limit's: SLURM's own warning after the limit came within its reach, before the test
+    # sent any signal
+    assert limit_lowered < watch.seen[("saved", 0)] < restored[0] < signals[0] and len(restored) == 1
+    # each run resumed from the checkpoint the previous one saved, and made progress
+    resumed = [(path, int(a), int(b)) for path, a, b in RESUMED.findall(text)]
+    assert [(path, step) for path, step, _ in resumed] == [(REQUEUED_RUN_DIR, step) for step in saved], resumed
+    assert saved == sorted(set(saved)), saved
+    scores = json.loads((workdir / RESULTS / f"pretrain/demo/pmlm-{REQUEUED_PRESET}/final_scores.json").read_text())
+    assert scores["step"] == SHORT["pretrain"]["set"]["optim.total_steps"], scores
+    # and ended with the weights of the uninterrupted run (the demo's pmlm-tiny: same recipe, settings, data, world)
+    requeued, uninterrupted = load_file(workdir / REQUEUED_WEIGHTS), load_file(workdir / UNINTERRUPTED_WEIGHTS)
+    assert requeued.keys() == uninterrupted.keys()
+    assert all(bool((requeued[k] == uninterrupted[k]).all()) for k in requeued), "weights differ"
 
-    # the second job's trainer resumed from the checkpoint the stop signal left, not from scratch
-    rule_log = (workdir / "logs" / "demo" / "pretrain" / "demo" / "pmlm_pair_only-tiny.log").read_text()
-    match = RESUMED.search(rule_log)
-    assert match, f"no resume line in the rule log:\n{rule_log[:3000]}"
-    assert match.group(1) == RESUME_RUN_DIR and match.group(2) == match.group(3), match.group(0)
-    assert first_step <= int(match.group(3)) < RESUME_TOTAL_STEPS, (first_step, match.group(0))
-    scores = json.loads((workdir / RESULTS / "pretrain/demo/pmlm_pair_only-tiny/final_scores.json").read_text())
-    assert scores["step"] == RESUME_TOTAL_STEPS, scores
-    assert (workdir / RESUME_WEIGHTS).stat().st_size > 0
+    # the timeline of each stop, from the signal (the first: from the limit's change; SLURM's warning came at its
+    # next check) to the resumed step
+    rows = []
+    for i in range(stops):
+        t0 = signals[i - 1] if i else limit_lowered
+        marks = [(name, watch.seen.get((name, i))) for name in ("saved", "requeued", "pending", "released")]
+        marks += [("running", watch.seen.get(("running", i + 1))), ("resumed", watch.seen.get(("resumed", i)))]
+        row = ", ".join(f"{name} {when - t0:+.1f} s" for name, when in marks if when is not None)
+        rows.append(f"stop {i + 1} at step {saved[i]} ({'time limit' if not i else 'SIGUSR1'}): {row}")
+    print(f"job {job}: {stops} stops, {record['Restarts']} requeues, finished {time.time() - started:.0f} s after "
+          "submission\n" + "\n".join(rows))  # fmt: skip

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+from test_workflow import snakemake
 
 from pmlm.cli import build_parser
 from pmlm.config.workflow import check_references, schema_error
@@ -206,3 +207,37 @@ def test_schema_rejects_unknown_features():
         _finetune_config("M++")
     with pytest.raises(WorkflowError):
         _finetune_config({"d/pmlm-tiny": "mplus"})
+
+
+# -- params are canonical: the same settings in another order plan no job --------------------------------------
+
+
+def reversed_keys(value):
+    """``value`` with the keys of every mapping, at any depth, in reverse order (lists keep theirs)."""
+    if isinstance(value, dict):
+        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [reversed_keys(v) for v in value]
+    return value
+
+
+def _planned_commands(configfile: Path, workdir: Path) -> list[str]:
+    """Every `python -m pmlm` command of the whole DAG, as the dry run prints them (params filled in)."""
+    proc = snakemake("-n", "-p", "--forceall", "--cores", "2", "--directory", str(workdir), "--configfile",
+                     str(configfile))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sorted(line.strip() for line in proc.stdout.splitlines() if "-m pmlm " in line)
+
+
+def test_the_demo_config_in_another_key_order_gives_the_same_params(tmp_path):
+    """Snakemake reruns a job whose params differ from those it recorded: the demo config with every mapping's keys
+    reversed must give every job of the demo the same command, params included (a finished run then plans no job;
+    tests/test_slurm_workflow.py checks that on a finished run)."""
+    demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    reordered = tmp_path / "reordered.yaml"
+    reordered.write_text(yaml.safe_dump(reversed_keys(demo), sort_keys=False))
+    assert list(yaml.safe_load(reordered.read_text())) == list(reversed(list(demo)))
+    same = _planned_commands(REPO / "config" / "config.yaml", tmp_path / "a")
+    other = _planned_commands(reordered, tmp_path / "b")
+    assert len(same) > 20  # the demo's whole DAG: data, pre-training, fine-tuning, evaluation, tables, report
+    assert other == same, "\n".join(sorted(set(other) ^ set(same)))

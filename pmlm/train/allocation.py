@@ -1,9 +1,17 @@
-"""What a launch runs on: the nodes, GPUs and CPUs of a SLURM allocation, read from SLURM's environment or,
-when the variables were stripped, from the job record (``scontrol show job``)."""
+"""The SLURM side of ``pmlm launch``: what a launch runs on (the nodes, GPUs and CPUs of the allocation), the
+port at which a multi-node job's nodes meet, and putting the job back in its queue.
+
+The allocation is read from SLURM's environment or, where the Snakemake executor stripped the variables before
+the rule's shell ran, from the job record (``scontrol show job``). Node lists are read by one parser,
+:func:`expand_hostlist`. :func:`requeue_job` is how a job whose trainers saved a checkpoint after SLURM's
+time-limit warning goes back in the queue under the same job id, instead of failing.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -12,6 +20,15 @@ from pmlm.errors import ConfigError
 
 # CUDA_VISIBLE_DEVICES values that mean "no GPU" (SLURM writes NoDevFiles when a GPU has no device file)
 _NO_GPU_VALUES = {"", "-1", "NoDevFiles", "none", "void"}
+_RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*")
+# Without --port, a multi-node job's rendezvous port is PORT_BASE + job id mod PORT_SPAN: below Linux's
+# ephemeral ports (32768-60999, from which outgoing connections, gloo's many among them, take theirs), and
+# different for jobs that share a first node unless their ids differ by a multiple of PORT_SPAN; the
+# launcher, which runs on the first node, then moves to the next free port.
+PORT_BASE = 29500
+PORT_SPAN = 2000
+DEFAULT_PORT = PORT_BASE  # outside SLURM (no job id)
+PORT_PROBES = 64
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,11 @@ class Allocation:
     def procs_per_node(self) -> int:
         return max(1, self.gpus_per_node)
 
+    @property
+    def in_batch(self) -> bool:
+        """In a SLURM batch script (or salloc), outside any job step: the launcher starts the step itself."""
+        return self.job_id is not None and not self.in_step
+
 
 def count_visible_gpus(value: str | None) -> int:
     """Devices named by CUDA_VISIBLE_DEVICES (indices or UUIDs); 0 when unset or hidden."""
@@ -48,47 +70,29 @@ def count_visible_gpus(value: str | None) -> int:
     return len([d for d in value.split(",") if d.strip()])
 
 
-def first_host(nodelist: str) -> str:
-    """First host of a SLURM hostlist, as `scontrol show hostnames` prints it first:
-    ``gpu[07-08,12],cpu1`` -> ``gpu07``; ``rack[1-2]-n[01-04]`` -> ``rack1-n01``."""
-    bad = ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
-    depth, chars = 0, []
-    for ch in nodelist.strip():
-        if ch == "," and depth == 0:
-            break
-        depth += (ch == "[") - (ch == "]")
-        if depth not in (0, 1):
-            raise bad
-        chars.append(ch)
-    entry = "".join(chars)
-    groups = re.findall(r"\[([^\]]*)\]", entry)
-    if depth != 0 or not entry or entry.startswith("[") or not all(re.match(r"\s*\d", g) for g in groups):
-        raise bad
-    # inside brackets: numbers or ranges; the first range's start, zero padding kept, is the first host
-    return re.sub(r"\[([^\]]*)\]", lambda m: re.match(r"\s*(\d+)", m.group(1)).group(1), entry)
-
-
 def expand_hostlist(nodelist: str) -> list[str]:
     """Every host of a SLURM hostlist in `scontrol show hostnames` order: ``gpu[07-08],cpu1`` -> gpu07, gpu08,
-    cpu1; ``rack[1-2]-n[01-02]`` -> rack1-n01, rack1-n02, rack2-n01, rack2-n02."""
-    hosts = []
-    depth, entry = 0, []
+    cpu1; ``rack[1-2]-n[01-02]`` -> rack1-n01, rack1-n02, rack2-n01, rack2-n02. The first is the job's first node
+    (the rendezvous host of a multi-node launch)."""
+    bad = ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
+    hosts: list[str] = []
+    depth, entry = 0, ""
     for ch in nodelist.strip() + ",":
         if ch == "," and depth == 0:
-            hosts += _expand_entry("".join(entry).strip(), nodelist)
-            entry = []
+            hosts += _expand_entry(entry.strip(), bad)
+            entry = ""
             continue
         depth += (ch == "[") - (ch == "]")
         if depth not in (0, 1):
-            break
-        entry.append(ch)
+            raise bad
+        entry += ch
     if depth != 0 or entry:
-        raise ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
+        raise bad
     return hosts
 
 
-def _expand_entry(entry: str, nodelist: str) -> list[str]:
-    bad = ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
+def _expand_entry(entry: str, bad: ConfigError) -> list[str]:
+    """One comma-free entry: text with bracketed lists of numbers or ranges, zero padding kept."""
     parts = re.split(r"(\[[^\[\]]*\])", entry)
     if not entry or entry.startswith("[") or any(ch in p for p in parts[::2] for ch in "[]"):
         raise bad
@@ -99,30 +103,80 @@ def _expand_entry(entry: str, nodelist: str) -> list[str]:
             continue
         values = []
         for item in part[1:-1].split(","):
-            match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)
-            if not match:
+            match = _RANGE.fullmatch(item)
+            if not match or int(match.group(2) or match.group(1)) < int(match.group(1)):
                 raise bad
             lo, hi = match.group(1), match.group(2) or match.group(1)
-            if int(hi) < int(lo):
-                raise bad
             values += [str(k).zfill(len(lo)) for k in range(int(lo), int(hi) + 1)]
         names = [n + v for n in names for v in values]
     return names
 
 
-def scontrol_job_record(job_id: str) -> dict[str, str]:
-    """`scontrol show job` as key=value pairs (NumNodes, NumCPUs, NodeList, ...)."""
+def same_host(node: str, hostname: str) -> bool:
+    """A SLURM node name and a host name (which some sites give in full: gpu07.cluster.example) name one host."""
+    return node.split(".")[0] == hostname.split(".")[0]
+
+
+def rendezvous_port(job_id: str | None) -> int:
+    """The rendezvous port of a multi-node job without --port: PORT_BASE + job id mod PORT_SPAN."""
+    digits = re.sub(r"\D", "", job_id or "")
+    return PORT_BASE + int(digits) % PORT_SPAN if digits else DEFAULT_PORT
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` on this host now (as torchrun's store will, SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_rendezvous_port(alloc: Allocation) -> tuple[int, str]:
+    """The port from the job id, or the next free one when this host, the rendezvous host, has it in use; with
+    a note on how it was chosen. Elsewhere (e.g. salloc on a login node) it cannot be probed: the job id's."""
+    port = rendezvous_port(alloc.job_id)
+    note = f"from job id {alloc.job_id}"
+    if alloc.nodes < 2 or not alloc.nodelist or not same_host(expand_hostlist(alloc.nodelist)[0], socket.gethostname()):
+        return port, note
+    for candidate in range(port, port + PORT_PROBES):
+        wrapped = PORT_BASE + (candidate - PORT_BASE) % PORT_SPAN
+        if port_is_free(wrapped):
+            return wrapped, note if wrapped == port else f"{note}: {port} was in use here, {wrapped} is free"
+    raise ConfigError(
+        f"no free rendezvous port on {socket.gethostname()} among the {PORT_PROBES} from {port}; give one with --port"
+    )
+
+
+def _scontrol(*args: str) -> str:
+    """`scontrol ARGS`' output; a one-line ConfigError when it is missing or fails."""
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True, check=True
-        ).stdout
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
     except FileNotFoundError:
-        raise ConfigError(
-            f"SLURM job {job_id}: its node list is not in the environment and `scontrol` is not on PATH"
-        ) from None
+        raise ConfigError(f"`scontrol {' '.join(args)}`: scontrol is not on PATH") from None
     except subprocess.CalledProcessError as exc:
-        raise ConfigError(f"`scontrol show job {job_id}` failed: {exc.stderr.strip() or exc.returncode}") from None
+        said = (exc.stderr or "").strip().splitlines()
+        raise ConfigError(f"`scontrol {' '.join(args)}` failed: {said[-1] if said else exc.returncode}") from None
+
+
+def scontrol_job_record(job_id: str) -> dict[str, str]:
+    """`scontrol show job` as key=value pairs (NumNodes, NumCPUs, NodeList, Restarts, ...)."""
+    out = _scontrol("show", "job", "--oneliner", job_id)
     return dict(token.split("=", 1) for token in out.split() if "=" in token)
+
+
+def requeue_job(job_id: str) -> tuple[bool, dict[str, str]]:
+    """Put the running job back in its queue (`scontrol requeue`): SLURM ends this run of it (SIGTERM to what is
+    left, then KillWait) and starts it again under the same id when it is eligible. A job that is no longer running
+    (SLURM requeues or ends it itself: a preemption, a requeue by an administrator, the hard time limit) is left
+    alone. Returns whether it was requeued here, and its record from just before."""
+    record = scontrol_job_record(job_id)
+    if record.get("JobState") != "RUNNING":
+        return False, record
+    _scontrol("requeue", job_id)
+    return True, record
 
 
 def _int_env(env: Mapping[str, str], *names: str) -> int | None:
@@ -166,15 +220,13 @@ def read_allocation(
     nodes = _int_env(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     cpus = _int_env(env, "SLURM_CPUS_ON_NODE")
+    record: Mapping[str, str] = {}
     if nodes is None or not nodelist:
         record = job_record(job_id)  # must answer: the rendezvous needs the nodes
     elif cpus is None:
-        try:  # only for the step's CPU request; srun's default (one CPU per task) is the fallback
+        # only for the step's CPU request; srun's default (one CPU per task) is the fallback
+        with contextlib.suppress(ConfigError):
             record = job_record(job_id)
-        except ConfigError:
-            record = {}
-    else:
-        record = {}
     if nodes is None:
         nodes = _int_env(record, "NumNodes")
     if not nodelist and record.get("NodeList") not in (None, "", "(null)"):

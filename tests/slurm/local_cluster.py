@@ -1,8 +1,8 @@
-"""Helpers for tests that run Snakemake on the SLURM cluster of cluster.sh: the module-scoped fixtures
-``slurm_cluster`` (one node: this host) and ``multinode_cluster`` (three nodes, each a slurmd in a network
-namespace of its own), the command-line values of that cluster (its CPU partition and account, the only
-settings a run gives beside ``--profile slurm``), a bounded Snakemake call, and readers for what SLURM and
-the executor record.
+"""Helpers for tests that run Snakemake on the SLURM cluster of cluster.sh: the fixtures ``slurm_cluster`` (any
+node will do) and ``multinode_cluster`` (three nodes, each a slurmd in a network namespace of its own), both the one
+cluster the session starts once; the command-line values of that cluster (its CPU partition and account, the only
+settings a run gives beside ``--profile slurm``, and the tests' status-query delay), a bounded Snakemake call,
+readers for what SLURM and the executor record, and the release of a requeued job.
 
 Import from a test module with ``sys.path.insert(0, str(Path(__file__).parent / "slurm"))``.
 """
@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,10 @@ SITE_PROFILE = REPO / "profiles" / "slurm"
 CLUSTER_PARTITION = "debug"
 CLUSTER_GPU_PARTITION = "gpu"
 CLUSTER_ACCOUNT = "pmlm-test"
+# The profile's first status query comes 40 s after a submission and each query that finds nothing finished waits
+# 10 s more: a courtesy to a busy controller, and most of the tests' time when they used it. The tests' jobs take
+# seconds, so their Snakemake asks 5 s after a submission; nothing else of the profile changes.
+FAST_STATUS = ["--slurm-init-seconds-before-status-checks", "5"]
 # the snakemake (and python) of the interpreter running the tests: the project's venv
 VENV_BIN = Path(sys.executable).parent
 SNAKEMAKE = VENV_BIN / "snakemake"
@@ -44,6 +49,8 @@ CLUSTER_STOP_TIMEOUT_S = 120
 # after SIGINT, Snakemake cancels its jobs; SIGKILL if that takes longer than this
 SNAKEMAKE_KILL_AFTER_S = 30
 LOG_TAIL_LINES = 40
+# seconds between a requeued job's return to PENDING and its release (see release)
+REQUEUE_SETTLE_S = 2
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,9 @@ class LocalCluster:
         return self.state_dir / "log" / "jobcomp.log"
 
     def jobcomp_record(self, job_id: str) -> dict[str, str]:
-        """The line SLURM appended when the job finished (kept for good, unlike squeue's view)."""
-        for line in self.jobcomp_log.read_text().splitlines():
+        """The line SLURM appended when the job finished (kept for good, unlike squeue's view); a requeued job has
+        one per run (those that ended in a requeue say PENDING): the last."""
+        for line in reversed(self.jobcomp_log.read_text().splitlines()):
             record = fields(line)
             if record.get("JobId") == job_id:
                 return record
@@ -79,33 +87,67 @@ def _cluster(command: str, timeout: int, nodes: int = 1) -> subprocess.Completed
     return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _local_cluster(nodes: int):
-    """Start the local cluster of ``nodes`` nodes (or reuse one already up); stop it afterwards if we started it."""
-    state_dir = Path(os.environ.get("PMLM_SLURM_DIR", "/tmp/pmlm-slurm"))
-    was_running = _cluster("status", CLUSTER_STOP_TIMEOUT_S).returncode == 0
-    start = _cluster("start", CLUSTER_START_TIMEOUT_S, nodes)
-    if start.returncode == UNSUPPORTED_EXIT:
-        pytest.skip(f"no local SLURM cluster: {start.stderr.strip()}")
-    if start.returncode != 0:
-        pytest.fail(f"tests/slurm/cluster.sh start failed:\n{start.stdout}\n{start.stderr}")
-    try:
-        yield LocalCluster(state_dir)
-    finally:
-        if not was_running:
-            stop = _cluster("stop", CLUSTER_STOP_TIMEOUT_S)
-            assert stop.returncode == 0, f"cluster.sh stop failed:\n{stop.stdout}\n{stop.stderr}"
+# The one cluster of this pytest process: started (or found running) by the first module that needs it, stopped at
+# the end of the session if it was started here. Three nodes serve every module: the one-node tests' jobs run on any
+# of them. Where three cannot run (no network namespaces), one node serves the one-node modules and the multi-node
+# module skips.
+_SHARED: dict = {}
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("PMLM_SLURM_DIR", "/tmp/pmlm-slurm"))
+
+
+def _running_nodes() -> int | None:
+    """The node count of the test cluster already up, or None."""
+    if _cluster("status", CLUSTER_STOP_TIMEOUT_S).returncode != 0:
+        return None
+    layout = (_state_dir() / "layout").read_text()
+    return int(re.search(r"^nodes=(\d+)$", layout, re.M).group(1))
+
+
+def _shared_cluster(request: pytest.FixtureRequest) -> tuple[LocalCluster, int]:
+    """The session's cluster and its node count (skips the module when no cluster can run here)."""
+    if "skip" in _SHARED:
+        pytest.skip(_SHARED["skip"])
+    if "nodes" not in _SHARED:
+        nodes = _running_nodes()
+        if nodes is None:
+            for tried in (len(MULTINODE_NODES), 1):
+                start = _cluster("start", CLUSTER_START_TIMEOUT_S, tried)
+                if start.returncode == 0:
+                    nodes = tried
+                    request.session.addfinalizer(_stop_shared)
+                    break
+                if start.returncode != UNSUPPORTED_EXIT:
+                    pytest.fail(f"tests/slurm/cluster.sh start failed:\n{start.stdout}\n{start.stderr}")
+                _SHARED.setdefault("why", []).append(start.stderr.strip())
+            else:
+                _SHARED["skip"] = f"no local SLURM cluster: {' / '.join(_SHARED['why'])}"
+                pytest.skip(_SHARED["skip"])
+        _SHARED["nodes"] = nodes
+    return LocalCluster(_state_dir()), _SHARED["nodes"]
+
+
+def _stop_shared() -> None:
+    stop = _cluster("stop", CLUSTER_STOP_TIMEOUT_S)
+    assert stop.returncode == 0, f"cluster.sh stop failed:\n{stop.stdout}\n{stop.stderr}"
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster():
-    """One node: this host."""
-    yield from _local_cluster(1)
+def slurm_cluster(request):
+    """The session's cluster, of one node or more (a one-node test's jobs run on any node)."""
+    return _shared_cluster(request)[0]
 
 
 @pytest.fixture(scope="module")
-def multinode_cluster():
+def multinode_cluster(request):
     """Three nodes pmlm-n1..3, each a slurmd in a network namespace of its own (tests/slurm/README.md)."""
-    yield from _local_cluster(len(MULTINODE_NODES))
+    cluster, nodes = _shared_cluster(request)
+    if nodes < len(MULTINODE_NODES):
+        why = " / ".join(_SHARED.get("why", [])) or "a one-node test cluster is running"
+        pytest.skip(f"no {len(MULTINODE_NODES)}-node SLURM cluster here ({nodes} node(s)): {why}")
+    return cluster
 
 
 def cluster_default_resources() -> list[str]:
@@ -151,6 +193,19 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     """The controller's record, or {} once it is gone (MinJobAge keeps it 5 minutes after the job ends)."""
     out = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True)
     return fields(out.stdout) if out.returncode == 0 else {}
+
+
+def job_state(job_id: str) -> str:
+    return scontrol_job(job_id).get("JobState", "")
+
+
+def release(job_id: str) -> None:
+    """Start a job that was just requeued (and is PENDING again) in a few seconds instead of after SLURM's hold of
+    about two minutes (its EligibleTime: the lifetime of job credentials, which a requeue revokes). A credential
+    issued in the same second as the revocation is refused ("Killing non-startable batch job: Job credential
+    revoked", and the job fails), hence the wait before the job may start."""
+    time.sleep(REQUEUE_SETTLE_S)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, capture_output=True)
 
 
 def snakemake_command(args: list[str], timeout_s: int) -> list[str]:

@@ -28,8 +28,10 @@ RESULTS = f"results/{RUN}"
 LOGS = f"logs/{RUN}"
 BENCH = f"benchmarks/{RUN}"
 
-# Rules call `python -m pmlm` from this checkout, whichever environment (venv or --sdm conda) runs them.
-shell.prefix(f"export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+# Rules call `python -m pmlm` from this checkout, whichever environment (venv or --sdm conda) runs them. A prefix of
+# our own replaces Snakemake's `set -euo pipefail; `, which is therefore repeated: without pipefail a training rule's
+# `... | tee` would end with tee's 0, whatever the trainers' exit.
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={shlex.quote(workflow.basedir)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
 def one_of(names):
@@ -58,13 +60,35 @@ def output_prefix(wildcards, output):
     return os.path.splitext(output[0])[0]
 
 
+# Params are canonical: a rule's params are built from the config with every mapping in sorted key order, so that
+# the same settings written in another order give the same params and rerun nothing (YAML mappings have no order;
+# lists keep theirs). tests/test_workflow_config.py plans the demo with every mapping's keys reversed.
+
+
+def canonical(value):
+    """``value`` with the keys of its mappings, at any depth, in sorted order."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
 def as_flags(settings):
-    """``key: value`` pairs as ``--key value`` flags (underscores become dashes; lists give several values)."""
+    """``key: value`` pairs as ``--key value`` flags, in the order given (underscores become dashes; lists give
+    several values); a config section goes through ``canonical`` first."""
     flags = []
     for key, value in settings.items():
         values = value if isinstance(value, list) else [value]
         flags.append(f"--{key.replace('_', '-')} " + " ".join(shlex.quote(str(v)) for v in values))
     return " ".join(flags)
+
+
+def as_sets(settings):
+    """``key: value`` pairs as ``--set key=value`` options in sorted key order (booleans as YAML's true / false)."""
+    pairs = canonical(settings).items()
+    return " ".join(f"--set {shlex.quote(f'{k}={str(v).lower() if isinstance(v, bool) else v}')}" for k, v in pairs)
+
 
 def source_url(name):
     """A relative file: URL names a file of this repository (the demo data)."""
@@ -135,13 +159,12 @@ def ingest_formats(wildcards):
 
 
 def ingest_args(wildcards):
-    policy = dataset_setting(wildcards.dataset, "ingest")
-    return " ".join(f"--set {shlex.quote(f'{k}={str(v).lower() if isinstance(v, bool) else v}')}" for k, v in policy.items())
+    return as_sets(dataset_setting(wildcards.dataset, "ingest"))
 
 
 def split_args(wildcards):
     """`pmlm split` flags from the cluster settings (their keys are its flags)."""
-    return as_flags(dataset_setting(wildcards.dataset, "cluster"))
+    return as_flags(canonical(dataset_setting(wildcards.dataset, "cluster")))
 
 
 def shard_setting(dataset, key):
@@ -150,7 +173,7 @@ def shard_setting(dataset, key):
 
 def tokenize_args(wildcards):
     """`pmlm tokenize` flags from the shard layout (its keys are the flags)."""
-    return as_flags(dataset_setting(wildcards.dataset, "shards"))
+    return as_flags(canonical(dataset_setting(wildcards.dataset, "shards")))
 
 
 def shards_dir(dataset):
@@ -186,21 +209,28 @@ def recipe_file(wildcards):
 
 
 def pretrain_overrides(wildcards):
-    sets = [f"objective.name={wildcards.objective}"]
-    sets += [f"{k}={v}" for k, v in PRETRAIN["set"].items()]
-    return " ".join(f"--set {shlex.quote(s)}" for s in sets)
+    return f"--set objective.name={wildcards.objective} {as_sets(PRETRAIN['set'])}".rstrip()
 
 
 def pretrain_launcher(wildcards, resources):
     """`pmlm launch` with the job's GPUs per node: one trainer per GPU on every node of the job (torchrun),
-    through its own srun step in a SLURM batch job, or the trainer itself for one GPU. GPUs per node come
-    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`. The
-    site profile's `launch_env` resource ("NAME=VALUE NAME=VALUE", e.g. NCCL_SOCKET_IFNAME=ib0) becomes
-    `--env` options: set for the trainers on every node."""
+    through its own srun step in a SLURM batch job, or the trainer itself for one GPU; in a batch job it
+    requeues the job in place when the trainers saved after a stop signal (docs/slurm.md). GPUs per node come
+    from `gres: gpu[:type]:N` (a per-node count) or else from `gpu` (the job's total) over `nodes`."""
     nodes = max(1, int(resources.get("nodes", 1) or 1))
     per_node = re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", str(resources.get("gres", "") or ""))
-    gpus = int(per_node.group(1)) if per_node else -(-int(resources.get("gpu", 0) or 0) // nodes)
-    per_node_flag = f" --gpus-per-node {gpus}" if gpus > 0 else ""
+    return launcher(int(per_node.group(1)) if per_node else -(-int(resources.get("gpu", 0) or 0) // nodes), resources)
+
+
+def finetune_launcher(wildcards, resources):
+    """As for pre-training, with one trainer: fine-tuning runs in one process."""
+    return launcher(1, resources)
+
+
+def launcher(gpus_per_node, resources):
+    """The `pmlm launch ... --` prefix. The site profile's `launch_env` resource ("NAME=VALUE NAME=VALUE", e.g.
+    NCCL_SOCKET_IFNAME=ib0) becomes `--env` options: set for the trainers on every node."""
+    per_node_flag = f" --gpus-per-node {gpus_per_node}" if gpus_per_node > 0 else ""
     env = "".join(f" --env {shlex.quote(item)}" for item in str(resources.get("launch_env", "") or "").split())
     return f"python -m pmlm launch{per_node_flag}{env} --"
 
@@ -278,7 +308,7 @@ def kl_args(wildcards, input):
     """Every PMLM encoder on every validation set (one panel per set), and the sampling settings."""
     args = [f"--model {shlex.quote(f'{encoder_label(m)}={pretrained_weights(m)}')}" for m in kl_models()]
     args += [f"--valid {shlex.quote(f'{d}={shards_dir(d)}')}" for d in kl_datasets()]
-    args.append(as_flags({k: v for k, v in PRETRAIN["kl"].items() if k != "datasets"}))
+    args.append(as_flags(canonical({k: v for k, v in PRETRAIN["kl"].items() if k != "datasets"})))
     return " ".join(args)
 
 
@@ -331,7 +361,7 @@ def task_file(data, split):
 
 def runs_for(m):
     """Fine-tuning runs that apply to encoder ``m`` (all, unless a run lists its encoders)."""
-    return [name for name, run in FINETUNE_RUNS.items() if not run["encoders"] or encoder_id(m) in run["encoders"]]
+    return [name for name, run in canonical(FINETUNE_RUNS).items() if not run["encoders"] or encoder_id(m) in run["encoders"]]
 
 
 def structure_source(wildcards):
@@ -340,7 +370,7 @@ def structure_source(wildcards):
 
 def structure_split_args(wildcards):
     """`pmlm split-structures` flags from the task data's split: settings (their keys are its flags)."""
-    return as_flags(TASK_DATA[wildcards.taskdata]["split"])
+    return as_flags(canonical(TASK_DATA[wildcards.taskdata]["split"]))
 
 
 def finetune_recipe(wildcards):
@@ -369,7 +399,7 @@ def finetune_overrides(wildcards):
     features = run_features(model_of(wildcards), wildcards.ft)
     if features != "auto":  # auto: the recipe's own head.features
         sets["head.features"] = features
-    return " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in sets.items())
+    return as_sets(sets)
 
 
 def test_inputs(data, tests):

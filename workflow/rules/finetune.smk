@@ -52,6 +52,9 @@ rule finetune:
         # checkpoints outside the declared outputs: a killed job resumes where it stopped
         run_dir=f"{RESULTS}/finetune_runs/{{dataset}}/{{objective}}-{{preset}}/{{ft}}",
         overrides=finetune_overrides,
+        # as for pre-training: in a SLURM batch job (`mpi`, see profiles/slurm) the trainer runs in its own srun
+        # step, so SLURM's time-limit warning reaches it and not Snakemake, and a saved job is requeued in place
+        launcher=finetune_launcher,
     log:
         f"{LOGS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
@@ -60,17 +63,17 @@ rule finetune:
     # ones (tables, figures) fill the gaps at the end
     priority: 2
     threads: 1
+    # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-        cpus_per_gpu=4,
-        mem_mb=by_encoder(16000, 32000),
-        runtime=by_encoder(240, 720),
     conda:
         "../../envs/pmlm.yaml"
+    # the rule's log holds the job's last run; train.log in the run folder every run of it (tee as for pretrain)
     shell:
-        "OMP_NUM_THREADS={threads} python -m pmlm finetune --config {input.recipe:q} --encoder {input.encoder:q} "
-        "--train {input.train:q} --valid {input.valid:q} --out {params.run_dir:q} --final {output.head:q} "
-        "{params.overrides} > {log:q} 2>&1"
+        "mkdir -p {params.run_dir:q}; OMP_NUM_THREADS={threads} {params.launcher} -m pmlm finetune "
+        "--config {input.recipe:q} --encoder {input.encoder:q} --train {input.train:q} --valid {input.valid:q} "
+        "--out {params.run_dir:q} --final {output.head:q} {params.overrides} 2>&1 "
+        "| (trap '' TERM INT; exec tee -a {params.run_dir:q}/train.log) > {log:q}"
 
 
 rule evaluate:
@@ -89,10 +92,9 @@ rule evaluate:
         ft=r"(?!unsupervised-)[A-Za-z0-9_]+",
     priority: 1
     threads: 1
+    # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-        mem_mb=by_encoder(8000, 16000),
-        runtime=by_encoder(60, 180),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -117,10 +119,9 @@ rule evaluate_unsupervised:
         readout="pair-kl|pair-mi",
     priority: 3
     threads: 1
+    # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-        mem_mb=by_encoder(8000, 16000),
-        runtime=by_encoder(60, 180),
     conda:
         "../../envs/pmlm.yaml"
     shell:

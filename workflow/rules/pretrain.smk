@@ -16,7 +16,7 @@ rule pretrain:
         overrides=pretrain_overrides,
         # `pmlm launch`: one trainer per GPU on every node of the job; in a SLURM batch job (the `mpi`
         # resource, see profiles/slurm) it starts its own srun step, so SLURM's warning signal reaches
-        # the trainers and not the shell or Snakemake around them
+        # the trainers and not the shell or Snakemake around them, and requeues the job when they saved
         launcher=pretrain_launcher,
     log:
         f"{LOGS}/pretrain/{{dataset}}/{{objective}}-{{preset}}.log",
@@ -26,23 +26,27 @@ rule pretrain:
     wildcard_constraints:
         dataset=one_of(DATASETS),
         preset=one_of(PRETRAIN["recipes"]),
-    # A trainer stopped by SIGUSR1/SIGTERM (time limit warning, preemption) saves a checkpoint and exits
-    # with 99; the job fails and is resubmitted with attempt + 1 (a longer runtime), and resumes. Only
-    # the submitting Snakemake retries: inside a SLURM job a retry would rerun the trainer in the same
-    # allocation, right past its time-limit warning.
+    # A trainer stopped by SIGUSR1/SIGTERM (time-limit warning, preemption) saves a checkpoint and exits
+    # with 99; under the SLURM profile `pmlm launch --requeue` then puts the job back in its queue under the
+    # same id and it resumes (docs/slurm.md), as often as it takes. Retries are for real failures (a crash, a
+    # lost node), and only the submitting Snakemake retries: inside a SLURM job a retry would rerun the
+    # trainer in the same allocation, right past its time-limit warning.
     retries: 3 if workflow.is_main_process else 0
     threads: 1
+    # one GPU here (a local run's one trainer); under --profile slurm the profile's set-resources decide
+    # the job's GPUs, CPUs, memory and time (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-        cpus_per_gpu=4,
-        mem_mb=per_attempt(16000),
-        runtime=per_attempt(240),
     conda:
         "../../envs/pmlm.yaml"
+    # the rule's log holds the job's last run; every run of it (each requeue, each retry) is appended to
+    # train.log in the run folder. tee ignores SIGTERM and SIGINT, which SLURM (a requeue, a preemption, the
+    # time limit) or Ctrl-C send it too: it copies until the trainers' last line, the one that says they saved
     shell:
-        "OMP_NUM_THREADS={threads} {params.launcher} -m pmlm pretrain --config {input.recipe:q} "
-        "--shards {input.shards:q} --out {params.run_dir:q} --final {output.weights:q} "
-        "--scores {output.scores:q} {params.overrides} > {log:q} 2>&1"
+        "mkdir -p {params.run_dir:q}; OMP_NUM_THREADS={threads} {params.launcher} -m pmlm pretrain "
+        "--config {input.recipe:q} --shards {input.shards:q} --out {params.run_dir:q} --final {output.weights:q} "
+        "--scores {output.scores:q} {params.overrides} 2>&1 "
+        "| (trap '' TERM INT; exec tee -a {params.run_dir:q}/train.log) > {log:q}"
 
 
 rule tabulate_pretrain_scores:
