@@ -20,8 +20,8 @@ from pmlm.errors import ConfigError
 from pmlm.model.objectives import pretraining_losses
 from pmlm.pretrained import build_model
 from pmlm.train import budget
-from pmlm.train.pretrain import train
 from pmlm.train.planning import pretrain_resources
+from pmlm.train.pretrain import train
 
 RESIDUES = 100  # with mask_prob 0.15 every row has exactly 15 masked residues (floor(15 + u) = 15)
 
