@@ -15,8 +15,10 @@ setup-test:
 demo: setup
 	snakemake --cores $(CORES)
 
+# one worker per core (pytest-xdist), one thread each: each test file whole on one worker, every SLURM test on one
+# worker (tests/conftest.py); the time per test file is printed at the end
 test: setup-test
-	python -m pytest
+	OMP_NUM_THREADS=1 python -m pytest -n $(CORES) --dist loadfile
 
 # ruff's rules and settings are in pyproject.toml ([tool.ruff]); CI runs `make lint` before the tests
 LINTED := pmlm tests bench scripts

@@ -1,5 +1,6 @@
 """Shared fixtures: small Parquet shard folders in the layout `pmlm tokenize` writes; the tolerance for
-comparing floating-point results that differ only in the order of their additions."""
+comparing floating-point results that differ only in the order of their additions. And how `make test` spreads the
+suite over its workers (pytest-xdist, ``--dist loadgroup``), with the time each file took at the end of the report."""
 
 from __future__ import annotations
 
@@ -16,6 +17,75 @@ import torch
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, RESIDUES
 from pmlm.artefacts import SHARDS_FORMAT
+
+# The SLURM tests share the one test cluster of a machine, which one process starts and stops
+# (tests/slurm/local_cluster.py): under `make test`'s two workers they are one work unit, run by one worker one after
+# the other. The scheduler sees test ids only, so it knows them by their files' names.
+SLURM_FILES = "tests/test_slurm_"
+SLURM_UNIT = "slurm"
+# per-file times printed after the run: the slowest files, then the rest as one line
+FILES_SHOWN = 25
+
+
+def pytest_collection_modifyitems(config, items):
+    """SLURM tests live in SLURM_FILES (the scheduler below relies on it). Under pytest-xdist (``make test``) the
+    work units that take longest go out first, so that no long one starts last while the other worker idles: the
+    SLURM tests, then the files with a slow test, then the rest, each tier in collection order, each file whole."""
+    strays = [item.nodeid for item in items if item.get_closest_marker("slurm") and SLURM_FILES not in item.nodeid]
+    if strays:
+        raise pytest.UsageError(f"SLURM tests outside {SLURM_FILES}*.py (they must share one worker): {strays[:3]}")
+    if not hasattr(config, "workerinput"):  # a pytest-xdist worker's collection
+        return
+    tiers: dict[str, int] = {}
+    for item in items:
+        unit = work_unit(item.nodeid)
+        tier = 0 if unit == SLURM_UNIT else 1 if item.get_closest_marker("slow") else 2
+        tiers[unit] = min(tier, tiers.get(unit, tier))
+    items.sort(key=lambda item: tiers[work_unit(item.nodeid)])  # stable: a file's tests stay together, in order
+
+
+def work_unit(nodeid: str) -> str:
+    """A test's work unit under ``make test``: its file (whose module-scoped fixtures are then built once, in one
+    worker), or the one unit of every SLURM test."""
+    path = nodeid.split("::", 1)[0]
+    return SLURM_UNIT if path.startswith(SLURM_FILES) else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` as pytest-xdist has it (a file's tests go to one worker, in order), with every SLURM test
+    in one unit; the units go out in the collection's order, which the hook above sets."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    # imported here: xdist calls this hook only when it runs; a pytest without it (the GPU image) never does
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndSlurm(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection's order (xdist would sort units by test count)
+    return FilesAndSlurm(config, log)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per test file (set-up, call and tear-down of its tests, summed), slowest first: where CI's time goes."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::", 1)[0]
+                seconds[path] = seconds.get(path, 0.0) + report.duration
+    if not seconds:
+        return
+    ranked = sorted(seconds.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("=", f"seconds per test file ({sum(seconds.values()):.0f} s in all)")
+    for path, total in ranked[:FILES_SHOWN]:
+        terminalreporter.write_line(f"{total:8.1f}s {path}")
+    rest = ranked[FILES_SHOWN:]
+    if rest:
+        terminalreporter.write_line(f"{sum(t for _, t in rest):8.1f}s the other {len(rest)} files")
+
 
 # UniProt-like background residue frequencies (ACDEFGHIKLMNPQRSTVWY), so sequences look protein-like
 _FREQ = np.array([8.3, 1.4, 5.5, 6.7, 3.9, 7.1, 2.3, 5.9, 5.8, 9.7, 2.4, 4.1, 4.7, 3.9, 5.3, 6.6, 5.3, 6.9, 1.1, 2.9])

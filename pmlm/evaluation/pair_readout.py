@@ -41,9 +41,26 @@ def residue_joint(pair_logits: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unexpected number of pair classes {k}")
 
 
-def joint_dependence(joint: torch.Tensor, p_i: torch.Tensor | None, p_j: torch.Tensor | None) -> dict:
-    """``kl`` and ``mi`` (P,) of joints (P, 20, 20); marginals (P, 20) or None for the joint's own."""
-    return {"kl": kl_independence(joint, p_i, p_j), "mi": mutual_information(joint)}
+# the dependence measures of a joint: the paper's KL from independence and the joint's mutual information
+KL = "kl"
+MI = "mi"
+MEASURES = (KL, MI)
+
+
+def joint_dependence(
+    joint: torch.Tensor, p_i: torch.Tensor | None, p_j: torch.Tensor | None, measures: tuple[str, ...] = MEASURES
+) -> dict:
+    """The ``measures`` (``kl``, ``mi``: (P,) each) of joints (P, 20, 20); marginals (P, 20) or None for the
+    joint's own. Only the measures asked for are computed: each costs about as much as the pair head's read-out."""
+    unknown = sorted(set(measures) - set(MEASURES))
+    if unknown:
+        raise ValueError(f"unknown dependence measure(s) {unknown}: choose from {list(MEASURES)}")
+    out = {}
+    if KL in measures:
+        out[KL] = kl_independence(joint, p_i, p_j)
+    if MI in measures:
+        out[MI] = mutual_information(joint)
+    return out
 
 
 def all_pairs(length: int) -> np.ndarray:
@@ -77,7 +94,7 @@ def pair_positions(rows: int, pos_i: torch.Tensor, pos_j: torch.Tensor, length: 
     return selected
 
 
-def _masked_chunk(model, tokens, chunk, mirror, device) -> list[dict]:
+def _masked_chunk(model, tokens, chunk, mirror, device, measures) -> list[dict]:
     """Exactly the pair masked, one copy per pair; dependence of the given orders (and the swaps)."""
     copies, pos_i, pos_j = masked_copies(tokens, chunk)  # (p, T)
     n = len(chunk)
@@ -96,13 +113,13 @@ def _masked_chunk(model, tokens, chunk, mirror, device) -> list[dict]:
         # row-major selection and i < j: each row's two logits are (i, j) in that order
         marginals = torch.softmax(out["logits"].float(), dim=-1).view(n, 2, alphabet.NUM_RESIDUES)
         p_i, p_j = marginals[:, 0], marginals[:, 1]
-    parts = [joint_dependence(joint[:n], p_i, p_j)]
+    parts = [joint_dependence(joint[:n], p_i, p_j, measures)]
     if mirror:
-        parts.append(joint_dependence(joint[n:], p_j, p_i))
+        parts.append(joint_dependence(joint[n:], p_j, p_i, measures))
     return parts
 
 
-def _unmasked_chunk(model, reps, p, chunk, mirror, device) -> list[dict]:
+def _unmasked_chunk(model, reps, p, chunk, mirror, device, measures) -> list[dict]:
     """The pair head read at the given pairs of one unmasked pass (``reps`` (1, T, C))."""
     i = torch.as_tensor(chunk[:, 0], device=device)
     j = torch.as_tensor(chunk[:, 1], device=device)
@@ -112,9 +129,9 @@ def _unmasked_chunk(model, reps, p, chunk, mirror, device) -> list[dict]:
     joint = residue_joint(logits.float())  # (p, 20, 20), or (2p, 20, 20) mirrored
     p_i = None if p is None else p[i]
     p_j = None if p is None else p[j]
-    parts = [joint_dependence(joint[:n], p_i, p_j)]
+    parts = [joint_dependence(joint[:n], p_i, p_j, measures)]
     if mirror:
-        parts.append(joint_dependence(joint[n:], p_j, p_i))
+        parts.append(joint_dependence(joint[n:], p_j, p_i, measures))
     return parts
 
 
@@ -128,9 +145,11 @@ def pair_dependence(
     mirror: bool = False,
     batch_pairs: int = 4096,
     device="cpu",
+    measures: tuple[str, ...] = MEASURES,
 ) -> dict[str, torch.Tensor]:
     """KL(P(x_i) P(x_j) || P(x_i, x_j)) and the joint's mutual information for each pair (i, j) of
-    one sequence (``residues`` (L,) token ids), as float32 CPU tensors ``kl`` and ``mi``, (P,).
+    one sequence (``residues`` (L,) token ids), as float32 CPU tensors ``kl`` and ``mi``, (P,): those of
+    ``measures`` only.
 
     ``mirror=True`` also reads the swapped order (j, i) from the same forward pass: the outputs are
     then (2P,), the given orders first. ``batch_pairs`` pairs go through the model at once.
@@ -149,12 +168,12 @@ def pair_dependence(
     for start in range(0, len(pairs), batch_pairs):
         chunk = pairs[start : start + batch_pairs]
         if mask_pairs:
-            parts = _masked_chunk(model, tokens, chunk, mirror, device)
+            parts = _masked_chunk(model, tokens, chunk, mirror, device, measures)
         else:
-            parts = _unmasked_chunk(model, reps, p, chunk, mirror, device)
+            parts = _unmasked_chunk(model, reps, p, chunk, mirror, device, measures)
         given.append(parts[0])
         swapped.extend(parts[1:])
-    return {key: torch.cat([part[key].cpu() for part in given + swapped]) for key in ("kl", "mi")}
+    return {key: torch.cat([part[key].cpu() for part in given + swapped]) for key in MEASURES if key in measures}
 
 
 def unsupervised_contact_scores(
@@ -166,7 +185,14 @@ def unsupervised_contact_scores(
     length = int(residues.size)
     pairs = all_pairs(length)  # (P, 2) rows (i, j), i < j
     values = pair_dependence(
-        model, residues, pairs, mask_pairs=mask_pairs, mirror=True, batch_pairs=pair_batch, device=device
+        model,
+        residues,
+        pairs,
+        mask_pairs=mask_pairs,
+        mirror=True,
+        batch_pairs=pair_batch,
+        device=device,
+        measures=(measure,),
     )[measure].double()  # (2P,): the (i, j) orders, then (j, i)
     scores = torch.zeros(length, length, dtype=torch.float64)
     i, j = torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1])

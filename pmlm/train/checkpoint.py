@@ -22,13 +22,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from pmlm.errors import InputError
 from pmlm.utils import versions
@@ -200,6 +193,10 @@ def gather_states(fsdp_module, model: nn.Module, optimizer) -> tuple[dict, dict 
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in plain["param_groups"]],
         }
         return model.state_dict(), optim
+    # imported here, only where FSDP state is gathered: torch.distributed.checkpoint costs every process ~0.7 s of
+    # CPU at import, and single-process runs (every test subprocess, the demo's jobs) never call it
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = {k.removeprefix("model."): v for k, v in get_model_state_dict(fsdp_module, options=opts).items()}
     optim = get_optimizer_state_dict(fsdp_module, optimizer, options=opts) if optimizer is not None else None
@@ -218,6 +215,9 @@ def load_states(fsdp_module, model: nn.Module, optimizer, weights: dict, optim_s
             }
         )
         return
+    # imported here for the reason gather_states gives
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(fsdp_module, {f"model.{k}": v for k, v in weights.items()}, options=full)
     set_optimizer_state_dict(fsdp_module, optimizer, optim_state, options=full)

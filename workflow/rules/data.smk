@@ -73,6 +73,9 @@ rule split_clusters:
         f"{LOGS}/split/{{dataset}}.log",
     benchmark:
         f"{BENCH}/split/{{dataset}}.tsv"
+    # before split_structures when both are ready: the shards and all of pre-training wait on this split, the
+    # structure split only on pre-training's end
+    priority: 1
     threads: 8
     resources:
         mem_mb=split_mem_mb,
