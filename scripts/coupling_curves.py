@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from pmlm.cli import main as pmlm_main  # noqa: E402
 from pmlm.coevolution.epistasis import family_readouts, summarise_readouts  # noqa: E402
-from pmlm.coevolution.families import StudyConfig, load_families  # noqa: E402
+from pmlm.coevolution.heldout import StudyConfig, load_families  # noqa: E402
 from pmlm.config.pretraining import TrainConfig  # noqa: E402
 from pmlm.synth.parameters import PARAMS_DIR, read_potts  # noqa: E402
 from pmlm.train.loop import TrainHooks, train  # noqa: E402

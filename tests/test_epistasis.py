@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from pmlm import alphabet
-from pmlm.coevolution.epistasis import family_readouts, rank_correlation
+from pmlm.coevolution.epistasis import family_readouts
+from pmlm.coevolution.measures import rank_correlation
 from pmlm.model.objectives import IGNORE_INDEX, masked_pair_loss, upper_pairs
 from pmlm.model.triple import triple_labels, triple_loss
 from pmlm.synth.exact import pair_log_conditional, site_log_conditionals, triple_log_conditional

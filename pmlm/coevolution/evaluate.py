@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from pmlm.coevolution.epistasis import exact_headline, study_readouts
-from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
+from pmlm.coevolution.heldout import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.study import evaluate_models, readout_costs
 from pmlm.errors import ConfigError, InputError
 from pmlm.pretrained import load_encoder, pick_device

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from pmlm.coevolution.families import FamilyData, StudyConfig
+from pmlm.coevolution.heldout import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
     attention_contact_scores,
