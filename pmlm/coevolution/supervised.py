@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from pmlm.coevolution.heldout import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
 from pmlm.model.task_heads import ContactLinearHead, TaskModel, set_contact_prior
-from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS, MLM, PMLM
 
 # (read-out, model, TaskModel features)
 HEADS = (
-    ("supervised_m", "mlm", FEATURES_M),
-    ("supervised_m", "pmlm", FEATURES_M),
-    ("supervised_mplus", "pmlm", FEATURES_M_PLUS),
+    ("supervised_m", MLM, FEATURES_M),
+    ("supervised_m", PMLM, FEATURES_M),
+    ("supervised_mplus", PMLM, FEATURES_M_PLUS),
 )
 PAIR_CHUNK_ELEMENTS = 1 << 26  # one chunk at the study's sizes: no activation checkpointing
 
