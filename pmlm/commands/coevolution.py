@@ -113,7 +113,7 @@ def _curves(args: argparse.Namespace) -> int:
         prefix = Path(args.out) / "curves"
     else:
         results, prefix = Path(args.results), Path(args.out_prefix)
-    res = Results(read_rows(results))
+    res = Results(read_rows(results), results)
     block = markdown(res)
     with atomic_output(prefix.with_suffix(".md")) as tmp:
         Path(tmp).write_text(block)
