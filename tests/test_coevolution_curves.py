@@ -16,7 +16,7 @@ import yaml
 
 from pmlm.cli import main
 from pmlm.coevolution.curve_report import BEGIN, END, Results, doc_block, markdown, write_doc
-from pmlm.coevolution.curves import COLUMNS, read_rows
+from pmlm.coevolution.curves import COLUMNS, read_rows, write_rows
 from pmlm.coevolution.curves_config import CurvesConfig
 from pmlm.coevolution.pseudolikelihood import FittedPotts, fit_pseudolikelihood, pseudolikelihood_objective
 from pmlm.errors import ConfigError, InputError
@@ -102,6 +102,31 @@ def test_config_refuses_bad_input_in_one_line(tmp_path):
             CurvesConfig.from_yaml(path)
         assert main(["coevolution", "curves", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_the_answer_pairs_each_pmlm_arm_with_the_mlm_on_the_same_units(tmp_path):
+    """Five (seed, family) units where PMLM's pair joint beats MLM's substitution by 0.1 on each: the paired mean
+    difference is +0.100 and the exact sign-flip p is 2 / 2^5; a unit only one arm has is left out of the pairing."""
+    rows = [
+        (1, "L40", "-", arm, 0, "training", "flops_per_step", flops) for arm, flops in (("mlm", 2e9), ("pmlm", 3e9))
+    ]
+    rows += [(1, "L40", "-", arm, 100, "training", "cpu_s", cpu) for arm, cpu in (("mlm", 4.0), ("pmlm", 6.0))]
+    for k in range(5):
+        rows.append((k, "L40-strong", f"f{k}", "mlm", 100, "substitution", "spearman_planted", 0.1 * k))
+        rows.append((k, "L40-strong", f"f{k}", "pmlm", 100, "pair_joint", "spearman_planted", 0.1 * k + 0.1))
+        rows.append((k, "L40-strong", f"f{k}", "baseline", 0, "plm", "spearman_planted", 0.8))
+    rows.append((9, "L40-strong", "f9", "pmlm", 100, "pair_joint", "spearman_planted", 1.0))  # no MLM partner
+    path = tmp_path / "curves.tsv"
+    write_rows(path, rows)
+    block = markdown(Results(read_rows(path)))
+    line = next(x for x in block.splitlines() if x.startswith("| epistasis rho, planted pairs: pair joint vs MLM"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "0.200 ± 0.158" and cells[2] == "0.300 ± 0.158"
+    assert cells[3] == "+0.100 (p 0.062; 5/0)"
+    assert "| L40 | pmlm | 3.000 | 1.50 | 0.0600 | 1.50 |" in block
+    assert "| pseudo-likelihood fit: epistasis rho, planted pairs | 0.800 ± 0.000 | 0.800 ± 0.000 |" in block
+    with pytest.raises(InputError, match="mlm arm"):
+        Results([r for r in rows if r[3] != "mlm"], path)
 
 
 def test_doc_markers(tmp_path):

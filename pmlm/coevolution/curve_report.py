@@ -104,7 +104,7 @@ def _mean_std(values) -> str:
 
 
 def _p(value: float) -> str:
-    return f"{value:.2g}" if value < 0.01 else f"{value:.2f}"
+    return f"{value:.2g}"
 
 
 def answer_table(res: Results, step: int) -> list[str]:
