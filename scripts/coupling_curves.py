@@ -34,10 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from pmlm.cli import main as pmlm_main  # noqa: E402
 from pmlm.coevolution.epistasis import family_readouts, summarise_readouts  # noqa: E402
-from pmlm.coevolution.families import StudyConfig, load_families  # noqa: E402
+from pmlm.coevolution.heldout import StudyConfig, load_families  # noqa: E402
 from pmlm.config.pretraining import TrainConfig  # noqa: E402
 from pmlm.synth.parameters import PARAMS_DIR, read_potts  # noqa: E402
 from pmlm.train.pretrain import TrainHooks, train  # noqa: E402
+from pmlm.vocabulary import PMLM  # noqa: E402
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -53,7 +54,7 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--triplet-strength", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1, help="family seed (pmlm synth --seed)")
     p.add_argument("--recipe", default=str(ROOT / "config" / "train" / "coevolution_tiny.yaml"))
-    p.add_argument("--objective", default="pmlm")
+    p.add_argument("--objective", default=PMLM)
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-sequences", type=int, default=8)

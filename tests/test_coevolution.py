@@ -19,7 +19,7 @@ import yaml
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.coevolution.exact_report import exact_rows
-from pmlm.coevolution.families import FamilyData, StudyConfig, heldout_draw, load_families
+from pmlm.coevolution.heldout import FamilyData, StudyConfig, heldout_draw, load_families
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
     attention_probabilities,

@@ -13,10 +13,18 @@ import pytest
 import torch
 
 from pmlm import alphabet
-from pmlm.coevolution.epistasis import family_readouts, rank_correlation
+from pmlm.coevolution.conditionals import (
+    chain_rule_joint,
+    jacobian_epistasis,
+    sequence_outputs,
+    substitution_epistasis,
+    substitution_log_conditionals,
+)
+from pmlm.coevolution.epistasis import family_readouts
+from pmlm.coevolution.measures import rank_correlation
 from pmlm.model.objectives import IGNORE_INDEX, masked_pair_loss, upper_pairs
 from pmlm.model.triple import triple_labels, triple_loss
-from pmlm.synth.exact import pair_log_conditional, site_log_conditionals, triple_log_conditional
+from pmlm.synth.exact import pair_epistasis, pair_log_conditional, site_log_conditionals, triple_log_conditional
 from pmlm.synth.potts import PottsConfig, PottsModel, family_rng, generate_family
 
 Q = alphabet.NUM_RESIDUES
@@ -49,8 +57,9 @@ class Oracle(torch.nn.Module):
         if token_positions is not None:
             rows = []
             for b, pos in token_positions.nonzero().tolist():
-                joint = self._conditional(classes[b], masked[b])
-                axis = masked[b].index(pos - 1)
+                sites = masked[b] or [pos - 1]  # nothing masked (the categorical Jacobian): the site's conditional
+                joint = self._conditional(classes[b], sites)
+                axis = sites.index(pos - 1)
                 rows.append(np.log(np.exp(joint).sum(axis=tuple(a for a in range(joint.ndim) if a != axis))))
             out["logits"] = torch.tensor(np.array(rows), dtype=torch.float32)
         if pair_index is not None:
@@ -121,6 +130,28 @@ def test_an_exact_oracle_scores_one_and_a_transposed_joint_is_caught(family):
     additive = out["epistasis"]["independent"]
     assert additive["score"]["spearman_planted"] == 0.0 and additive["score"]["mean_abs_planted"] == 0.0
     assert out["triple_epistasis"]["independent"]["spearman_planted"] == 0.0
+
+
+def test_substitution_chain_rule_and_jacobian_of_an_exact_oracle_are_exact(family):
+    """The token head's read-outs of an oracle emitting the exact conditionals: substitution epistasis and the
+    categorical Jacobian equal the exact epistasis, the chain rule of the exact conditionals the exact pair joint."""
+    oracle = Oracle(family.model, triple=False)
+    seq = family.sequences[1].astype(np.int64)
+    pairs = np.concatenate([family.model.edges[:4], [[0, 7], [3, 15]]]).astype(np.int64)
+    exact_eps = np.stack([pair_epistasis(family.model, seq, i, j)[0] for i, j in pairs])
+    exact_log = np.stack([pair_log_conditional(family.model, seq, i, j)[0] for i, j in pairs])
+    # fp32 logits: each of the up to 8 terms of a double difference carries ~2^-24 of a log-probability > -32
+    tol = 8 * 32 * float(np.finfo(np.float32).eps)
+    with torch.no_grad():
+        cond = substitution_log_conditionals(oracle, seq, pairs, batch_rows=64)
+        marginals = sequence_outputs(oracle, seq, pairs, np.zeros((0, 3), dtype=np.int64)).pair_marginals
+        jacobian = jacobian_epistasis(oracle, seq, batch_rows=64)
+    np.testing.assert_allclose(substitution_epistasis(cond, seq, pairs), exact_eps, atol=tol)
+    np.testing.assert_allclose(chain_rule_joint(cond, marginals), exact_log, atol=tol)
+    np.testing.assert_allclose(jacobian[pairs[:, 0], pairs[:, 1]], exact_eps, atol=tol)
+    np.testing.assert_allclose(jacobian[pairs[:, 1], pairs[:, 0]], exact_eps.transpose(0, 2, 1), atol=tol)
+    assert np.abs(exact_eps[:4]).max() > 1.0  # planted pairs: the agreement is not of zeros
+    assert np.abs(np.diagonal(jacobian)).max() == 0.0
 
 
 def test_rank_correlation():

@@ -22,8 +22,9 @@ from pmlm.synth.exact import (
     triple_epistasis,
     triple_log_conditional,
 )
+from pmlm.synth.gibbs import gibbs_sample
 from pmlm.synth.parameters import TENSORS, read_potts
-from pmlm.synth.potts import PottsConfig, PottsModel, family_rng, generate_family, gibbs_sample
+from pmlm.synth.potts import PottsConfig, PottsModel, family_rng, generate_family
 
 # float64 sums of a handful of O(1) terms: exact up to a few ulps
 ATOL = 1e-10

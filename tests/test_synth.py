@@ -15,12 +15,12 @@ from pmlm.cli import main
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc, msa_mutual_information, pair_frequencies, site_frequencies
+from pmlm.synth.gibbs import gibbs_sample
 from pmlm.synth.potts import (
     PottsConfig,
     PottsModel,
     family_rng,
     generate_family,
-    gibbs_sample,
     plant_edges,
     read_contacts,
 )

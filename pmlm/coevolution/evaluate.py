@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from pmlm.coevolution.epistasis import exact_headline, study_readouts
-from pmlm.coevolution.families import FAMILIES_FASTA, StudyConfig, load_families, split_records
+from pmlm.coevolution.heldout import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.study import evaluate_models, readout_costs
 from pmlm.errors import ConfigError, InputError
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.utils import atomic_output, versions
+from pmlm.vocabulary import MLM, PMLM, TMLM
 
 
 def summarise(per_family: dict[str, dict]) -> dict:
@@ -112,7 +113,7 @@ def evaluate_study(
     device = str(pick_device(device))
     families = load_families(synth, cfg)
     models, infos = {}, {}
-    for name, weights, head in (("mlm", mlm, "token_head"), ("pmlm", pmlm, "pair_head")):
+    for name, weights, head in ((MLM, mlm, "token_head"), (PMLM, pmlm, "pair_head")):
         model, info, _ = load_encoder(weights, device)
         if getattr(model, head) is None:
             raise InputError(
@@ -142,7 +143,7 @@ def evaluate_study(
                 f"model max_len {model.cfg.max_len} is too short for length-"
                 f"{max(f.length for f in families)} families (+2 specials)",
             )
-        exact_models["tmlm"], infos["tmlm"] = model, info
+        exact_models[TMLM], infos[TMLM] = model, info
     # read-outs run under no_grad (the probe enables grad for its own fit); no process-wide switch
     result = evaluate_models(families, models, cfg)
     exact = study_readouts(families, exact_models, cfg) if cfg.exact else None
@@ -152,7 +153,7 @@ def evaluate_study(
     document = {
         "seed": cfg.seed,
         "config": asdict(cfg),
-        "inputs": {"synth": str(synth), "mlm": str(mlm), "pmlm": str(pmlm), **({"tmlm": str(tmlm)} if tmlm else {})},
+        "inputs": {"synth": str(synth), MLM: str(mlm), PMLM: str(pmlm), **({TMLM: str(tmlm)} if tmlm else {})},
         "device": device,
         "families": {
             f.name: {

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from pmlm.coevolution.report import _get, _stats
 from pmlm.reports.tables import Column, write_table
+from pmlm.vocabulary import MLM, PMLM, TMLM
 
-EXACT_MODELS = ("mlm", "pmlm", "tmlm")
-MODEL_TITLES = {"mlm": "MLM", "pmlm": "PMLM", "tmlm": "Triple MLM"}
+EXACT_MODELS = (MLM, PMLM, TMLM)
+MODEL_TITLES = {MLM: "MLM", PMLM: "PMLM", TMLM: "Triple MLM"}
 
 
 def _summary(doc: dict, *keys):

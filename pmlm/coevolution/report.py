@@ -23,16 +23,17 @@ import numpy as np
 from pmlm.errors import InputError
 from pmlm.figures import pyplot, save_figure
 from pmlm.reports.tables import Column, write_table
+from pmlm.vocabulary import MLM, PMLM
 
-MODELS = ("pmlm", "mlm", "msa")
+MODELS = (PMLM, MLM, "msa")
 MIN_SEEDS = 3  # the study's design; fewer is allowed for quick looks but flagged
 EXACT_MAX_PAIRS = 16  # up to 2^16 sign patterns enumerated
 PERMUTATION_DRAWS = 100_000
 # supervised-protocol rows: (label, read-out, model)
 SUPERVISED_ROWS = (
-    ("PMLM, M+", "supervised_mplus", "pmlm"),
-    ("PMLM, M", "supervised_m", "pmlm"),
-    ("MLM, M", "supervised_m", "mlm"),
+    ("PMLM, M+", "supervised_mplus", PMLM),
+    ("PMLM, M", "supervised_m", PMLM),
+    ("MLM, M", "supervised_m", MLM),
 )
 READOUT_TITLES = {
     "pair_head_mi_apc": "pair head, MI of the joint + APC",
@@ -45,8 +46,8 @@ READOUT_TITLES = {
 METRIC_TITLES = {"p_at_edges": "top-#edges precision", "p_at_l5": "P@L/5"}
 # the KL histogram of each model: (read-out, model, panel title)
 KL_PANELS = (
-    ("pair_head", "pmlm", "PMLM: token-head marginals vs pair-head joint"),
-    ("chain_rule", "mlm", "MLM: token-head marginals vs chain-rule joint"),
+    ("pair_head", PMLM, "PMLM: token-head marginals vs pair-head joint"),
+    ("chain_rule", MLM, "MLM: token-head marginals vs chain-rule joint"),
 )
 
 
@@ -64,11 +65,11 @@ def measures() -> list[tuple[str, dict[str, Callable[[dict], float | None]], str
     rows: list = [
         (
             "Acc_mlm, held-out sequences",
-            {m: (lambda d, m=m: _get(d, "pretraining", m, "acc_mlm")) for m in ("pmlm", "mlm")},
+            {m: (lambda d, m=m: _get(d, "pretraining", m, "acc_mlm")) for m in (PMLM, MLM)},
             None,
         ),
-        ("Acc_pmlm, held-out sequences", {"pmlm": lambda d: _get(d, "pretraining", "pmlm", "acc_pmlm")}, None),
-        ("dAcc = Acc_pmlm - Acc_mlm^2", {"pmlm": lambda d: _get(d, "pretraining", "pmlm", "dacc")}, None),
+        ("Acc_pmlm, held-out sequences", {PMLM: lambda d: _get(d, "pretraining", PMLM, "acc_pmlm")}, None),
+        ("dAcc = Acc_pmlm - Acc_mlm^2", {PMLM: lambda d: _get(d, "pretraining", PMLM, "dacc")}, None),
     ]
     for stat, title in (
         ("median_planted", "median, planted pairs"),
@@ -79,8 +80,8 @@ def measures() -> list[tuple[str, dict[str, Callable[[dict], float | None]], str
             (
                 f"KL {title} (PMLM pair head; MLM chain rule)",
                 {
-                    "pmlm": lambda d, s=stat: _get(d, "dependence", "pair_head", "pmlm", "kl", s),
-                    "mlm": lambda d, s=stat: _get(d, "dependence", "chain_rule", "mlm", "kl", s),
+                    PMLM: lambda d, s=stat: _get(d, "dependence", "pair_head", PMLM, "kl", s),
+                    MLM: lambda d, s=stat: _get(d, "dependence", "chain_rule", MLM, "kl", s),
                 },
                 None,
             )
@@ -88,14 +89,14 @@ def measures() -> list[tuple[str, dict[str, Callable[[dict], float | None]], str
     rows.append(
         (
             "KL ratio of medians, token head chain rule (both)",
-            {m: (lambda d, m=m: _get(d, "dependence", "chain_rule", m, "kl", "ratio")) for m in ("pmlm", "mlm")},
+            {m: (lambda d, m=m: _get(d, "dependence", "chain_rule", m, "kl", "ratio")) for m in (PMLM, MLM)},
             None,
         )
     )
     rows.append(
         (
             "MI ratio of medians, pair-head joint",
-            {"pmlm": lambda d: _get(d, "dependence", "pair_head", "pmlm", "mi", "ratio")},
+            {PMLM: lambda d: _get(d, "dependence", "pair_head", PMLM, "mi", "ratio")},
             None,
         )
     )
@@ -220,7 +221,7 @@ def supervised_rows(docs: list[dict]) -> list[dict]:
     """The supervised-protocol table: each head's mean and std over seeds (of its per-seed mean over
     held-out families), and PMLM's heads paired with MLM's on the same (seed, family) units."""
     rows = []
-    reference = {k: _paired_scores(docs, "supervised_m", "mlm", k) for k in METRIC_TITLES}
+    reference = {k: _paired_scores(docs, "supervised_m", MLM, k) for k in METRIC_TITLES}
     for label, readout, model in SUPERVISED_ROWS:
         row: dict = {"source": "ours", "encoder, features": label, "seeds": len(docs)}
         for metric in METRIC_TITLES:
@@ -229,7 +230,7 @@ def supervised_rows(docs: list[dict]) -> list[dict]:
             )
         scores = _paired_scores(docs, readout, model, "p_at_edges")
         row["families_scored"] = len(scores)
-        if model != "mlm":
+        if model != MLM:
             units = sorted(set(scores) & set(reference["p_at_edges"]))
             test = paired_test(
                 np.array([scores[u] for u in units]), np.array([reference["p_at_edges"][u] for u in units])
@@ -316,7 +317,7 @@ def plot_report(docs: list[dict], prefix: str) -> list[Path]:
         "supervised_mplus": "head on M+",
         "msa_mi_apc": "MSA MI+APC",
     }
-    colours = {"pmlm": "tab:blue", "mlm": "tab:orange", "msa": "tab:green"}
+    colours = {PMLM: "tab:blue", MLM: "tab:orange", "msa": "tab:green"}
     for ax, (metric, metric_title) in zip(axes[1], METRIC_TITLES.items()):
         width = 0.27
         x = np.arange(len(readouts))

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from pmlm.coevolution.families import FamilyData, StudyConfig
+from pmlm.coevolution.heldout import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
     attention_contact_scores,
@@ -20,6 +20,7 @@ from pmlm.coevolution.readouts import (
 from pmlm.coevolution.supervised import supervised_contacts
 from pmlm.evaluation.pair_readout import all_pairs
 from pmlm.evaluation.unsupervised import apc, msa_mi_apc
+from pmlm.vocabulary import PMLM
 
 
 def readout_costs(length: int) -> dict[str, dict[str, float]]:
@@ -87,15 +88,15 @@ def evaluate_models(families: list[FamilyData], models: dict, cfg: StudyConfig) 
     for fam in families:
         rows, ids = fam.evaluation_rows(cfg)
         row: dict[str, dict] = {"msa_mi_apc": {"msa": prec(msa_mi_apc(fam.train), fam)}}
-        maps, values, pair_ids = _dependence_readout(pair_head_dependence, models["pmlm"], fam, cfg.batch_rows, cfg)
+        maps, values, pair_ids = _dependence_readout(pair_head_dependence, models[PMLM], fam, cfg.batch_rows, cfg)
         # contacts from the MI of the pair head's own joint, not the paper's KL: the KL compares the
         # pair head's joint with the *token* head's marginals, so any disagreement between the two
         # heads (calibration, not coupling) inflates it at every pair; the MI measures dependence
         # inside one distribution. With exactly the pair masked, that dependence given all other
         # residues is what a Potts coupling J_ij creates, and it is zero for uncoupled pairs.
-        row["pair_head_mi_apc"] = {"pmlm": prec(apc(maps["mi"]), fam)}
-        row["pair_head_kl_apc"] = {"pmlm": prec(apc(maps["kl"]), fam)}
-        keep_values("pair_head", "pmlm", values)
+        row["pair_head_mi_apc"] = {PMLM: prec(apc(maps["mi"]), fam)}
+        row["pair_head_kl_apc"] = {PMLM: prec(apc(maps["kl"]), fam)}
+        keep_values("pair_head", PMLM, values)
         used[fam.name] = {"pair_head_mi_apc": pair_ids, "pair_head_kl_apc": pair_ids}
         row["attention_apc"] = {}
         for name, model in models.items():

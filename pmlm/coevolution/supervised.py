@@ -14,16 +14,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pmlm.coevolution.families import FamilyData, StudyConfig
+from pmlm.coevolution.heldout import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
 from pmlm.model.task_heads import ContactLinearHead, TaskModel, set_contact_prior
-from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS, MLM, PMLM
 
 # (read-out, model, TaskModel features)
 HEADS = (
-    ("supervised_m", "mlm", FEATURES_M),
-    ("supervised_m", "pmlm", FEATURES_M),
-    ("supervised_mplus", "pmlm", FEATURES_M_PLUS),
+    ("supervised_m", MLM, FEATURES_M),
+    ("supervised_m", PMLM, FEATURES_M),
+    ("supervised_mplus", PMLM, FEATURES_M_PLUS),
 )
 PAIR_CHUNK_ELEMENTS = 1 << 26  # one chunk at the study's sizes: no activation checkpointing
 
@@ -79,16 +79,21 @@ def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: Study
 
 
 @torch.no_grad()
+def family_scores(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tuple[np.ndarray, list[str]]:
+    """The head's contact scores on each evaluation sequence of ``family``, (n, L, L), and their ids."""
+    tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation, model_device(model.encoder))
+    parts = [
+        model(tokens[start : start + cfg.batch_rows], mask[start : start + cfg.batch_rows]).double().cpu().numpy()
+        for start in range(0, len(tokens), cfg.batch_rows)
+    ]
+    return np.concatenate(parts), ids
+
+
 def family_precision(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tuple[dict[str, float], list[str]]:
     """Precisions of the head on each evaluation sequence of ``family``, averaged over the sequences,
     and the ids of those sequences."""
-    tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation, model_device(model.encoder))
-    per_sequence = []
-    for start in range(0, len(tokens), cfg.batch_rows):
-        logits = model(tokens[start : start + cfg.batch_rows], mask[start : start + cfg.batch_rows])  # (b, L, L)
-        per_sequence += [
-            precisions(s.double().cpu().numpy(), family.contacts, cfg.min_separation, cfg.k_divisor) for s in logits
-        ]
+    scores, ids = family_scores(model, family, cfg)
+    per_sequence = [precisions(s, family.contacts, cfg.min_separation, cfg.k_divisor) for s in scores]
     return {key: float(np.mean([p[key] for p in per_sequence])) for key in per_sequence[0]}, ids
 
 

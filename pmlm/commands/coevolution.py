@@ -1,16 +1,18 @@
 """``pmlm coevolution``: planted-coupling read-outs of an MLM and a PMLM encoder on held-out sequences of
 synthetic Potts families, and the supervised contact head on held-out families (``split`` makes the
-training / held-out FASTAs, ``report`` aggregates seeds). Engines: ``pmlm.coevolution.evaluate`` (split, read-outs)
-and ``pmlm.coevolution.report``."""
+training / held-out FASTAs, ``report`` aggregates seeds; ``curves`` runs the learning curves at equal compute and
+``curves-report`` makes their tables, figure and documentation block). Engines: ``pmlm.coevolution.evaluate`` (split,
+read-outs), ``pmlm.coevolution.report``, ``pmlm.coevolution.curves`` and ``pmlm.coevolution.curve_report``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pmlm.errors import ConfigError
 
-# StudyConfig field -> (type, help); defaults live in pmlm.coevolution.families.StudyConfig (run()
+# StudyConfig field -> (type, help); defaults live in pmlm.coevolution.heldout.StudyConfig (run()
 # fills every flag left out), so they are stated once
 STUDY_FLAGS: dict[str, tuple[type, str]] = {
     "seed": (int, "study seed, recorded with the results; orders the contact head's family folds and seeds its fit"),
@@ -33,7 +35,11 @@ STUDY_FLAGS: dict[str, tuple[type, str]] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = "Subcommands: 'split' writes the training / held-out FASTAs; 'report' aggregates seeds."
+    p.epilog = (
+        "Subcommands: 'split' writes the training / held-out FASTAs; 'report' aggregates seeds; 'curves' runs the "
+        "learning curves of MLM and PMLM at equal compute (config/coevolution_curves.yaml); 'curves-report' "
+        "remakes their tables, figure and documentation block from curves.tsv."
+    )
     p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
     p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
     p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
@@ -54,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar=kind.__name__.upper(),
             help=help_text,
         )
-    sub = p.add_subparsers(dest="action", metavar="{split,report}")
+    sub = p.add_subparsers(dest="action", metavar="{split,report,curves,curves-report}")
     s = sub.add_parser("split", help="split pmlm synth sequences into training and held-out FASTAs")
     s.add_argument("--synth", required=True, metavar="DIR", help="pmlm synth output folder")
     s.add_argument("--train", required=True, metavar="FASTA", help="training sequences (cluster=family headers)")
@@ -78,14 +84,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="writes PREFIX.{csv,md,tex,png,svg} and PREFIX_supervised.{csv,md,tex}",
     )
 
+    c = sub.add_parser("curves", help="learning curves of MLM and PMLM at equal compute on exact ground truth")
+    c.add_argument("--config", required=True, metavar="YAML", help="the study (config/coevolution_curves.yaml)")
+    c.add_argument("--out", required=True, metavar="DIR", help="work and results folder (curves.tsv, curves.md, ...)")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    _report_flags(c)
+    cr = sub.add_parser("curves-report", help="tables, figure and documentation block from a curves.tsv")
+    cr.add_argument("--results", required=True, metavar="TSV", help="curves.tsv of pmlm coevolution curves")
+    cr.add_argument("--out-prefix", required=True, metavar="PREFIX", help="writes PREFIX.md, PREFIX.png, PREFIX.svg")
+    _report_flags(cr)
+
+
+def _report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--doc", metavar="MARKDOWN", help="replace the block between the markers of this page")
+    p.add_argument("--figure", metavar="PREFIX", help="also write the figure to PREFIX.png and PREFIX.svg")
+
+
+def _curves(args: argparse.Namespace) -> int:
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.coevolution.curve_report import Results, markdown, plot_curves, write_doc
+    from pmlm.coevolution.curves import read_rows, run_curves
+    from pmlm.coevolution.curves_config import CurvesConfig
+    from pmlm.utils import atomic_output
+
+    if args.action == "curves":
+        cfg = CurvesConfig.from_yaml(args.config, args.set)
+        results = run_curves(cfg, args.out)
+        prefix = Path(args.out) / "curves"
+    else:
+        results, prefix = Path(args.results), Path(args.out_prefix)
+    res = Results(read_rows(results), results)
+    block = markdown(res)
+    with atomic_output(prefix.with_suffix(".md")) as tmp:
+        Path(tmp).write_text(block)
+    paths = [prefix.with_suffix(".md"), *plot_curves(res, prefix)]
+    if args.figure:
+        paths += plot_curves(res, args.figure)
+    if args.doc:
+        changed = write_doc(args.doc, block)
+        paths.append(f"{args.doc} ({'updated' if changed else 'unchanged'})")
+    print(f"coevolution {args.action}: {results} -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0
+
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.coevolution.families import StudyConfig
+    from pmlm.coevolution.heldout import StudyConfig
 
     # the study flags given; a flag left out keeps the StudyConfig default
     given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
     cfg = StudyConfig(**{k: v for k, v in given.items() if v is not None})
+    if args.action in ("curves", "curves-report"):
+        return _curves(args)
     if args.action == "split":
         from pmlm.coevolution.evaluate import split_study
 

@@ -7,8 +7,8 @@ import dataclasses
 import sys
 import time
 
-from pmlm.synth.config import SynthConfig
 from pmlm.synth.potts import PottsConfig
+from pmlm.synth.synth_config import SynthConfig
 
 # CLI flag -> (PottsConfig field, type, help); the field is the option's dest, flags left out keep the dataclass default
 _POTTS_FLAGS = {
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.synth.families import synthesize
+    from pmlm.synth.synthesize import synthesize
 
     # the options named after PottsConfig's fields that were given; the rest keep their defaults
     given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(PottsConfig)}

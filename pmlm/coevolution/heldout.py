@@ -15,9 +15,9 @@ from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError, InputError
 from pmlm.synth.parameters import PARAMS_DIR, read_potts
 from pmlm.synth.potts import PottsModel, read_contacts
+from pmlm.synth.synthesize import CONTACTS_DIR
+from pmlm.synth.synthesize import FASTA_NAME as FAMILIES_FASTA
 
-FAMILIES_FASTA = "families.fasta"
-CONTACTS_DIR = "contacts"
 _LETTER_CLASS = np.full(256, -1, dtype=np.int16)
 _LETTER_CLASS[np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)] = np.arange(len(RESIDUES))
 

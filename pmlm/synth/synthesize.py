@@ -17,9 +17,9 @@ from pmlm.alphabet import RESIDUES
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc
-from pmlm.synth.config import SynthConfig
 from pmlm.synth.parameters import PARAMS_DIR, POTTS_FORMAT, write_potts
 from pmlm.synth.potts import BACKGROUND, Family, family_rng, generate_family
+from pmlm.synth.synth_config import SynthConfig
 from pmlm.version import __version__
 
 FASTA_NAME = "families.fasta"

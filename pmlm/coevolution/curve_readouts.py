@@ -1,0 +1,256 @@
+"""Every read-out of one encoder at one budget point of ``pmlm coevolution curves``, and the classical baselines,
+on the same held-out sequences of each family, as ``(readout, metric, value)`` records.
+
+Epistasis against the exact Potts values (``spearman_planted``: Spearman over every double mutant of the planted
+pairs; ``mean_abs_planted`` / ``mean_abs_unplanted``: the size of the predicted epistasis, exactly 0 off the
+planted edges):
+
+* ``pair_joint_score`` / ``pair_joint``: the pair head's joint, as ``pmlm score`` computes it and as the joint's own
+  double difference (every pair |i-j| >= min_separation);
+* ``substitution`` and ``chain_rule``: the token head by substitution and the token head's chain-rule joint, at
+  the planted pairs and as many pairs no term joins (40 forwards per pair; ``pmlm.coevolution.measures``);
+* ``jacobian``: the token head's categorical Jacobian (unmasked), every pair.
+
+Conditional log-loss (``gap_planted`` / ``gap_unplanted``: KL of the exact pair conditional to the model's joint,
+nats): ``pair_joint``, ``chain_rule`` and ``product`` (the token head's two marginals with the pair masked).
+
+Contacts (``p_edges``: top-#planted-edges precision over |i-j| >= min_separation; ``p_l5``: P@L/5 there;
+``p_edges_long`` / ``p_l5_long``: the same over |i-j| >= long_separation with the long edges' count), score maps
+averaged over the sequences, then APC: ``pair_mi_apc`` / ``pair_kl_apc`` (the pair head's MI, and the paper's KL
+to the token head's marginals), ``attention_apc``, ``jacobian_apc`` or (``token_contacts: masked``)
+``substitution_apc`` (Frobenius norms of the token head's epistasis tensors) and ``chain_rule_mi_apc``; the
+supervised linear head of the paper's protocol (``supervised_m``, ``supervised_mplus``: fitted on the other fold of
+families, precision per sequence averaged, ``pmlm.coevolution.supervised``).
+
+Baselines (``baseline_records``): ``chance``, ``exact_couplings_apc`` (the true couplings' Frobenius norms, the
+ceiling), ``plm_apc`` and ``plm`` (the pseudo-likelihood Potts fit's contacts, epistasis and log-loss gap),
+``msa_mi_apc`` (MI + APC of the training sequences), ``exact`` (the exact conditionals' entropy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pmlm.coevolution.conditionals import (
+    chain_rule_joint,
+    jacobian_epistasis,
+    sequence_outputs,
+    substitution_epistasis,
+    substitution_log_conditionals,
+)
+from pmlm.coevolution.curves_config import CurveEvaluation
+from pmlm.coevolution.heldout import FamilyData, StudyConfig
+from pmlm.coevolution.measures import (
+    epistasis_measures,
+    exact_pair_values,
+    group_losses,
+    pair_groups,
+    predicted_pair_epistasis,
+    product_log_joint,
+    substitution_index,
+)
+from pmlm.coevolution.pseudolikelihood import FittedPotts
+from pmlm.coevolution.readouts import attention_contact_scores, dependence_map
+from pmlm.coevolution.supervised import family_folds, family_scores, fit_contact_head
+from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_precision
+from pmlm.evaluation.pair_readout import joint_dependence
+from pmlm.evaluation.unsupervised import apc, msa_mi_apc, mutual_information
+from pmlm.synth.exact import double_difference
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
+
+Record = tuple[str, str, float]  # (readout, metric, value); NaN where a measure has no value
+EPISTASIS_METRICS = ("spearman_planted", "mean_abs_planted", "mean_abs_unplanted")
+NO_TRIPLES = np.zeros((0, 3), dtype=np.int64)
+# supervised read-outs: (read-out, features, needs a pair head)
+SUPERVISED = (("supervised_m", FEATURES_M, False), ("supervised_mplus", FEATURES_M_PLUS, True))
+
+
+@dataclass
+class FamilyTargets:
+    """One family's evaluation rows and the exact values every read-out is scored against, computed once."""
+
+    family: FamilyData
+    group: str  # the family group of the study config
+    rows: np.ndarray  # (n, L) int64, the first held-out sequences
+    ids: list[str]  # their sequence ids
+    pairs: np.ndarray  # (P, 2) every pair |i-j| >= min_separation, i < j
+    groups: dict[str, np.ndarray]  # planted / unplanted masks over pairs
+    exact_eps: np.ndarray  # (n, P, 20, 20) exact epistasis
+    exact_log: np.ndarray  # (n, P, 20, 20) exact log P(x_i, x_j | the rest)
+    sub_index: np.ndarray  # pairs scored by substitution: every planted pair and as many unplanted
+
+    def subset(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        return {g: m[index] for g, m in self.groups.items()}
+
+
+def family_targets(family: FamilyData, group: str, ev: CurveEvaluation, seed: int) -> FamilyTargets:
+    if family.potts is None:
+        raise ValueError(f"family {family.name} has no Potts model (params/ of pmlm synth)")
+    n = min(ev.sequences, len(family.heldout))
+    rows = family.heldout[:n].astype(np.int64)
+    i, j = np.triu_indices(family.length, k=ev.min_separation)
+    pairs = np.stack([i, j], axis=1).astype(np.int64)
+    every = pair_groups(family.potts, pairs)
+    groups = {"planted": every["planted"], "unplanted": every["unplanted"]}
+    eps, log = exact_pair_values(family.potts, rows, pairs)
+    return FamilyTargets(
+        family, group, rows, family.heldout_ids[:n], pairs, groups, eps, log, substitution_index(groups, seed)
+    )
+
+
+def contact_records(readout: str, scores: np.ndarray, t: FamilyTargets, ev: CurveEvaluation) -> list[Record]:
+    """Top-#edges precision and P@L/k over |i-j| >= min_separation, and the same over the long range."""
+    contacts = t.family.contacts
+    valid = np.ones(t.family.length, dtype=bool)
+    out = []
+    for suffix, min_sep in (("", ev.min_separation), ("_long", ev.long_separation)):
+        edges = int(np.triu(contacts, k=min_sep).sum())
+        top = top_k_precision(scores, contacts, edges, min_sep) if edges else math.nan
+        out.append((readout, f"p_edges{suffix}", top))
+        out.append(
+            (
+                readout,
+                f"p_l5{suffix}",
+                contact_precision(scores, contacts, valid, min_sep=min_sep, k_divisor=ev.k_divisor),
+            )
+        )
+    return out
+
+
+def _epistasis_records(readout: str, measures: dict) -> list[Record]:
+    return [(readout, m, _value(measures.get(m))) for m in EPISTASIS_METRICS]
+
+
+def _gap_records(readout: str, losses: dict) -> list[Record]:
+    return [(readout, f"gap_{g}", losses[g]["gap"]) for g in ("planted", "unplanted") if g in losses]
+
+
+def _value(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _frobenius_map(eps: np.ndarray, pairs: np.ndarray, length: int) -> np.ndarray:
+    """Frobenius norms of epistasis tensors (P, 20, 20) as a symmetric (L, L) map."""
+    return dependence_map(np.sqrt((eps**2).sum(axis=(1, 2))), pairs, length)
+
+
+@torch.no_grad()
+def encoder_records(model, t: FamilyTargets, ev: CurveEvaluation) -> list[Record]:
+    """Every zero-shot read-out of ``model`` on one family (module docstring)."""
+    length, pairs, n = t.family.length, t.pairs, len(t.rows)
+    outs = [sequence_outputs(model, seq, pairs, NO_TRIPLES, ev.batch_rows) for seq in t.rows]
+    records: list[Record] = []
+    if model.pair_head is not None:
+        for kind, readout in (("score", "pair_joint_score"), ("joint", "pair_joint")):
+            eps = np.stack([predicted_pair_epistasis(o, seq, pairs)[kind] for o, seq in zip(outs, t.rows)])
+            records += _epistasis_records(
+                readout, epistasis_measures(eps, t.rows, pairs, t.groups, t.exact_eps, every=False)
+            )
+        joints = np.stack([o.pair_joint for o in outs])  # (n, P, 20, 20) log
+        records += _gap_records("pair_joint", group_losses(t.exact_log, joints, t.groups))
+        maps = {"mi": np.zeros((length, length)), "kl": np.zeros((length, length))}
+        for o in outs:
+            marg = torch.from_numpy(np.exp(o.pair_marginals)) if o.pair_marginals is not None else None
+            dep = joint_dependence(
+                torch.from_numpy(np.exp(o.pair_joint)), *(marg.unbind(1) if marg is not None else (None, None))
+            )
+            for key in maps:
+                maps[key] += dependence_map(dep[key].numpy(), pairs, length) / n
+        records += contact_records("pair_mi_apc", apc(maps["mi"]), t, ev)
+        records += contact_records("pair_kl_apc", apc(maps["kl"]), t, ev)
+    if model.token_head is not None:
+        marginals = np.stack([o.pair_marginals for o in outs])  # (n, P, 2, 20)
+        records += _gap_records("product", group_losses(t.exact_log, product_log_joint(marginals), t.groups))
+        records += _token_records(model, t, ev, marginals)
+    records += contact_records("attention_apc", attention_contact_scores(model, t.rows, ev.batch_rows), t, ev)
+    return records
+
+
+def _token_records(model, t: FamilyTargets, ev: CurveEvaluation, marginals: np.ndarray) -> list[Record]:
+    """The token head's substitution and chain-rule read-outs (sampled pairs, or every pair in ``masked`` mode) and
+    its all-pairs contact map."""
+    length = t.family.length
+    every_pair = ev.token_contacts == "masked"
+    index = np.arange(len(t.pairs)) if every_pair else t.sub_index
+    chosen = t.pairs[index]
+    subs, chains = [], []
+    for k, seq in enumerate(t.rows):
+        cond = substitution_log_conditionals(model, seq, chosen, ev.batch_rows)  # (P', 2, 20, 20)
+        subs.append(substitution_epistasis(cond, seq, chosen))
+        chains.append(chain_rule_joint(cond, marginals[k, index]))
+    subs, chains = np.stack(subs), np.stack(chains)  # (n, P', 20, 20)
+    groups = t.subset(index)
+    sampled = np.isin(index, t.sub_index)  # epistasis and log-loss on the same pairs in both modes
+    sampled_groups = {g: m & sampled for g, m in groups.items()}
+    exact_eps, exact_log = t.exact_eps[:, index], t.exact_log[:, index]
+    records = _epistasis_records(
+        "substitution", epistasis_measures(subs, t.rows, chosen, sampled_groups, exact_eps, every=False)
+    )
+    wild = [t.rows[:, chosen[:, 0]], t.rows[:, chosen[:, 1]]]
+    chain_eps = np.stack([double_difference(c, wi, wj) for c, wi, wj in zip(chains, *wild)])
+    records += _epistasis_records(
+        "chain_rule", epistasis_measures(chain_eps, t.rows, chosen, sampled_groups, exact_eps, every=False)
+    )
+    records += _gap_records("chain_rule", group_losses(exact_log, chains, sampled_groups))
+    if every_pair:
+        frob = np.mean([_frobenius_map(s, chosen, length) for s in subs], axis=0)
+        records += contact_records("substitution_apc", apc(frob), t, ev)
+        mi = np.mean([dependence_map(mutual_information(np.exp(c)), chosen, length) for c in chains], axis=0)
+        records += contact_records("chain_rule_mi_apc", apc(mi), t, ev)
+        return records
+    jac = [jacobian_epistasis(model, seq, ev.batch_rows) for seq in t.rows]  # (L, L, 20, 20) each
+    jac_pairs = np.stack([j[t.pairs[:, 0], t.pairs[:, 1]] for j in jac])  # (n, P, 20, 20)
+    records += _epistasis_records(
+        "jacobian", epistasis_measures(jac_pairs, t.rows, t.pairs, t.groups, t.exact_eps, every=False)
+    )
+    frob = np.mean([_frobenius_map(e, t.pairs, length) for e in jac_pairs], axis=0)
+    records += contact_records("jacobian_apc", apc(frob), t, ev)
+    return records
+
+
+def supervised_records(model, targets: list[FamilyTargets], ev: CurveEvaluation, seed: int) -> dict[str, list[Record]]:
+    """The paper's protocol: a linear contact head on frozen pair features (M; M+ with a pair head) fitted on the
+    planted maps of one half of the families and scored on the other half, then swapped; precision per
+    evaluation sequence, averaged. family name -> records."""
+    cfg = StudyConfig(
+        sequences=ev.sequences, min_separation=ev.min_separation, k_divisor=ev.k_divisor,
+        head_steps=ev.head_steps, head_lr=ev.head_lr, batch_rows=ev.batch_rows, seed=seed,
+    )  # fmt: skip
+    by_name = {t.family.name: t for t in targets}
+    folds = family_folds(list(by_name), seed)
+    out: dict[str, list[Record]] = {name: [] for name in by_name}
+    for k, (fit_on, score_on) in enumerate(((folds[0], folds[1]), (folds[1], folds[0])) if folds else ()):
+        for readout, features, needs_pair in SUPERVISED:
+            if needs_pair and model.pair_head is None:
+                continue
+            head = fit_contact_head(model, features, [by_name[f].family for f in fit_on], cfg, seed=seed * 1000 + k)
+            for name in score_on:
+                scores, _ = family_scores(head, by_name[name].family, cfg)
+                per_sequence = [{m: v for _, m, v in contact_records(readout, s, by_name[name], ev)} for s in scores]
+                out[name] += [(readout, m, float(np.nanmean([p[m] for p in per_sequence]))) for m in per_sequence[0]]
+    return out
+
+
+def baseline_records(t: FamilyTargets, fit: FittedPotts, ev: CurveEvaluation) -> list[Record]:
+    """Chance, the exact couplings (the ceiling), the pseudo-likelihood fit and MSA MI + APC on one family."""
+    contacts, potts = t.family.contacts, t.family.potts
+    records = [
+        ("chance", "p_edges", chance_precision(contacts, ev.min_separation)),
+        ("chance", "p_edges_long", chance_precision(contacts, ev.long_separation)),
+    ]
+    norms = np.zeros((t.family.length, t.family.length))
+    norms[potts.edges[:, 0], potts.edges[:, 1]] = potts.coupling_norms()
+    records += contact_records("exact_couplings_apc", apc(norms + norms.T), t, ev)
+    records += contact_records("plm_apc", fit.contact_scores(), t, ev)
+    records += contact_records("msa_mi_apc", msa_mi_apc(t.family.train), t, ev)
+    measures = epistasis_measures(fit.pair_epistasis(t.rows, t.pairs), t.rows, t.pairs, t.groups, t.exact_eps, False)
+    records += _epistasis_records("plm", measures)
+    records += _gap_records("plm", group_losses(t.exact_log, fit.pair_log_conditional(t.rows, t.pairs), t.groups))
+    exact = group_losses(t.exact_log, t.exact_log, t.groups)
+    records += [("exact", f"entropy_{g}", exact[g]["entropy"]) for g in ("planted", "unplanted")]
+    records += [("exact", "mean_abs_planted", measures["exact_mean_abs_planted"])]
+    return records
