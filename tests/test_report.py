@@ -337,7 +337,7 @@ def test_report_shows_each_table_once_and_the_figures(tmp_path):
 
 
 def test_metrics_log_keeps_the_last_row_of_a_step_logged_twice(tmp_path):
-    from pmlm.reports.curves import read_metrics
+    from pmlm.reports.training_curves import read_metrics
 
     log = tmp_path / "metrics.csv"
     # a run resumed from its step-2 checkpoint logs step 2 again

@@ -48,7 +48,7 @@ from pmlm.synth.potts import PottsConfig
 from pmlm.synth.synth_config import SynthConfig
 from pmlm.synth.synthesize import FASTA_NAME, synthesize
 from pmlm.tokens import batch_tokens
-from pmlm.train.loop import TrainHooks, train
+from pmlm.train.pretrain import TrainHooks, train
 from pmlm.utils import atomic_output
 
 COLUMNS = ("seed", "group", "family", "arm", "step", "readout", "metric", "value")

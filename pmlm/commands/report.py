@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     # engine imports on use, by item: a curve or the run page does not wait for torch, which only contact maps
     # need (and the parsers stay light, pmlm/commands/__init__.py)
     if args.item == "curves":
-        from pmlm.reports.curves import write_curves
+        from pmlm.reports.training_curves import write_curves
 
         paths = write_curves(args.kind, labelled_paths(args.run, "--run"), args.out_prefix)
     elif args.item == "contact-maps":

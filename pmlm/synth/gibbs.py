@@ -4,15 +4,27 @@ colour of a greedy graph colouring updated at once, with burn-in and thinning, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from pmlm.alphabet import NUM_RESIDUES
 from pmlm.errors import ConfigError
 
-if TYPE_CHECKING:  # the sampler reads a model's arrays; pmlm.synth.potts imports this module to draw families
-    from pmlm.synth.potts import PottsModel
+
+class PottsModel(Protocol):
+    """What the sampler reads of a model (``pmlm.synth.potts.PottsModel``, which imports this module to draw its
+    families): sites, fields (L, 20), pair couplings (E, 20, 20) on edges (E, 2), three-body tables (T, 20, 20, 20)
+    on triplets (T, 3), and the unnormalised log-probability of sequences."""
+
+    length: int
+    fields: np.ndarray
+    edges: np.ndarray
+    couplings: np.ndarray
+    triplets: np.ndarray
+    triple_couplings: np.ndarray
+
+    def log_weight(self, sequences: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
