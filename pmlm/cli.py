@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import keyword
+import os
 import sys
 
 from pmlm.errors import PmlmError
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except PmlmError as exc:
         print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(exc, "exit_at_once", False):  # no teardown (pmlm.train.parallel.LostRanks says why)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
         return 2
     except KeyboardInterrupt:
         print(f"pmlm {args.command}: interrupted", file=sys.stderr)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import make_sequences, write_shards
 from safetensors.torch import load_file
 from test_finetune import make_encoder, recipe, write_structures
@@ -262,7 +263,14 @@ def test_a_diverged_run_never_asks_for_a_requeue(tmp_path, shard_dir):
 # -- the same through Snakemake: the demo workflow's pre-training of the PMLM ------------------------------------
 
 SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which("snakemake")
-SHORT = "{optim.total_steps: 16, optim.warmup_steps: 2, eval_every: 0, eval_batches: 2, save_every: 4, log_every: 4}"
+SHORT = {
+    "optim.total_steps": 16,
+    "optim.warmup_steps": 2,
+    "eval_every": 0,
+    "eval_batches": 2,
+    "save_every": 4,
+    "log_every": 4,
+}
 MODEL = "results/demo/pretrain/demo/pmlm-tiny/model.safetensors"
 RUN_DIR = "results/demo/pretrain_runs/demo/pmlm-tiny"
 LOG = "logs/demo/pretrain/demo/pmlm-tiny.log"
@@ -270,11 +278,15 @@ LOG = "logs/demo/pretrain/demo/pmlm-tiny.log"
 
 def _snakemake(workdir: Path, *settings: str, target: str = MODEL, **popen) -> subprocess.CompletedProcess:
     """``snakemake --cores 2 TARGET`` on the repository's Snakefile and demo config in ``workdir``, with
-    ``pretrain.set`` items (``key: value``) added to SHORT. The data stage leaves out the decontamination search (most
-    of its time; tests/test_workflow.py's demo test runs it): what these tests need is the pre-training's shards."""
+    ``pretrain.set`` items (``key: value``) added to SHORT or replacing its own. The data stage leaves out the
+    decontamination search (most of its time; tests/test_workflow.py's demo test runs it): what these tests need is the
+    pre-training's shards."""
+    overrides = dict(SHORT)
+    for setting in settings:
+        key, value = setting.split(": ", 1)
+        overrides[key] = yaml.safe_load(value)
     short = workdir / "short.yaml"
-    pretrain = "pretrain:\n  set: " + SHORT.replace("}", "".join(f", {s}" for s in settings) + "}") + "\n"
-    short.write_text(pretrain + "datasets:\n  demo: {decontaminate: []}\n")
+    short.write_text(yaml.safe_dump({"pretrain": {"set": overrides}, "datasets": {"demo": {"decontaminate": []}}}))
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     args = [SNAKEMAKE, "--cores", "2", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
     args += ["--configfile", str(REPO / "config" / "config.yaml"), str(short), "--", target]
@@ -317,10 +329,16 @@ def test_a_changed_setting_retrains_through_snakemake(demo_run, tmp_path):
 
 @pytest.mark.slow
 def test_snakemake_stopped_mid_training_resumes_to_the_same_weights(demo_run, tmp_path):
-    workdir = tmp_path / "w"
-    # the data stage only: the pre-training's outputs, run folder and log are left behind
-    shutil.copytree(demo_run[0], workdir, symlinks=True, ignore=shutil.ignore_patterns("pretrain", "pretrain_runs"))
-    proc = _snakemake(workdir, popen=True)
+    # a run long enough that the stop at its first checkpoint lands mid-run on a loaded machine too (SHORT's 16
+    # steps can end between the checkpoint and the signal), and its uninterrupted twin
+    longer = "optim.total_steps: 64"
+    reference, workdir = tmp_path / "reference", tmp_path / "w"
+    for folder in (reference, workdir):
+        # the data stage only: the pre-training's outputs, run folder and log are left behind
+        shutil.copytree(demo_run[0], folder, symlinks=True, ignore=shutil.ignore_patterns("pretrain", "pretrain_runs"))
+    done = _snakemake(reference, longer)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    proc = _snakemake(workdir, longer, popen=True)
     checkpoint = workdir / RUN_DIR / "checkpoints" / "step-4"
     deadline = time.monotonic() + 300
     while not checkpoint.is_dir():
@@ -332,7 +350,7 @@ def test_snakemake_stopped_mid_training_resumes_to_the_same_weights(demo_run, tm
     proc.communicate(timeout=120)
     assert not (workdir / MODEL).exists()
 
-    done = _snakemake(workdir)
+    done = _snakemake(workdir, longer)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "pmlm pretrain: resuming from" in (workdir / LOG).read_text()
-    assert _sha256(workdir / MODEL) == demo_run[1]
+    assert _sha256(workdir / MODEL) == _sha256(reference / MODEL)

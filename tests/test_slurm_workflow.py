@@ -89,6 +89,8 @@ POLL_S = 0.2
 DATA_RULES = {"ingest_sequences", "split_clusters", "tokenize_shards"}
 LOCAL_RULES = {"fetch_source", "tabulate_pretrain_scores"}
 RESUMED = re.compile(r"^pmlm pretrain: resuming from (\S+)/checkpoints/step-(\d+) \(step (\d+)\)$", re.M)
+# start-up over, the loop under way: a stop signal from here on is answered after a step, with progress saved
+TRAINING = re.compile(r"^pmlm pretrain: resumed; training from step \d+ of \d+$", re.M)
 SAVED = re.compile(r"^pmlm pretrain: SIGUSR1 received; saved checkpoint at step (\d+); exiting with 99", re.M)
 REQUEUED_LINE = re.compile(r"^pmlm launch: .*; job (\d+) requeued in place \(restart (\d+)\): ", re.M)
 
@@ -233,6 +235,7 @@ class _Requeues:
         self._note("saved", len(SAVED.findall(self.text)))
         self._note("requeued", len(REQUEUED_LINE.findall(self.text)))
         self._note("resumed", len(RESUMED.findall(self.text)))
+        self._note("training", len(TRAINING.findall(self.text)))
         record = scontrol_job(self.job)
         self.state, self.restarts = record.get("JobState", ""), int(record.get("Restarts", "0"))
         if self.state == "PENDING" and self.restarts > self.released:
@@ -290,9 +293,10 @@ def test_time_limits_requeue_the_job_in_place_and_it_ends_as_if_uninterrupted(de
                 if limit_lowered is None and PROGRESS.search(_text(watch.train_log)):
                     limit_lowered = _lower_time_limit(job)
                 watch.poll()
-                # after the time limit's own stop, SIGUSR1 to each run as soon as it has resumed
-                resumed, stopped = watch.count("resumed"), watch.count("saved")
-                if stopped >= 1 and len(signals) < STOPS_BY_SIGNAL and resumed > len(signals) and resumed == stopped:
+                # after the time limit's own stop, SIGUSR1 to each run as soon as its start-up is over (a signal
+                # during start-up would be a stop without progress, which the trainers answer differently)
+                training, stopped = watch.count("training"), watch.count("saved")
+                if stopped >= 1 and len(signals) < STOPS_BY_SIGNAL and training > len(signals) and training == stopped:
                     subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
                     signals.append(time.time())
                 assert time.time() < started + REQUEUE_TIMEOUT_S, tail(watch.text)

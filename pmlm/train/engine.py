@@ -158,6 +158,8 @@ def fit(
         # a stop signal during start-up: nothing new to save (it counts as a stop without progress)
         if step < s.total_steps and agree(stop.received is not None, device, world):
             return stopped()
+        if is_main and resumed_from is not None:  # start-up is over: a stop signal from here on follows a step
+            print(f"pmlm {run.command}: resumed; training from step {step} of {s.total_steps}", file=sys.stderr)
 
         # -- the loop ----------------------------------------------------------------------------------
         saved_step = step if resumed_from is not None else None

@@ -121,7 +121,12 @@ def agree(flag: bool, device: torch.device, world: int) -> bool:
 
 
 class LostRanks(PmlmError):
-    """A collective failed: another rank died, hung past the collective timeout, or became unreachable."""
+    """A collective failed: another rank died, hung past the collective timeout, or became unreachable. The process
+    ends as soon as it has said so (``exit_at_once``): torch's teardown of a process group whose peer is gone can
+    deadlock (DDP's reducer destroys the gloo group, which joins its loop thread while that thread waits for the
+    interpreter lock the destructor holds), and nothing is left to save."""
+
+    exit_at_once = True
 
 
 def collective_timeout() -> timedelta:
