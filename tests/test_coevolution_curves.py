@@ -259,3 +259,44 @@ def test_the_shipped_page_shows_what_the_shipped_run_wrote():
     config's run wrote (config/coevolution_curves.yaml)."""
     assert doc_block(DOC) == markdown(Results(read_rows(SHIPPED_TSV)))
     assert os.path.exists(ROOT / "docs" / "figures" / "coevolution_curves.png")
+
+
+def _table(block: str, title: str) -> list[list[str]]:
+    """The body rows (lists of cells) of the Markdown table after ``title`` in ``block``."""
+    rows: list[list[str]] = []
+    for line in block[block.index(title) :].splitlines()[1:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return [row for row in rows[1:] if not set(row[0]) <= set("-")]  # no header, no rule
+
+
+def test_the_readme_quotes_the_shipped_answer():
+    """The README's answer (its section "Does the pair head beat MLM?") quotes the numbers of docs/coevolution.md's
+    generated tables, which the test above ties to the shipped run's TSV."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Does the pair head beat MLM?") :].split("\n## ", 1)[0]
+    block = doc_block(DOC)
+
+    def mean(cell: str) -> str:
+        return f"{float(cell.split(' ±')[0]):.2f}"
+
+    def p_value(cell: str) -> str:
+        p = float(cell.split("(p ", 1)[1].split(";")[0])
+        return f"{p:.1g}" if p < 0.01 else f"{p:.2f}"
+
+    answer = {row[0]: row[1:] for row in _table(block, "**The answer at 4,000 steps**")}
+    row = answer["epistasis rho, planted pairs: pair joint vs MLM token head by substitution"]
+    mlm, pmlm, pmlm_diff, product, product_diff = row
+    wins, losses = (int(n) for n in pmlm_diff.rstrip(")").split("; ")[1].split("/"))
+    assert wins == 0
+    assert f"{mean(pmlm)} against {mean(mlm)}, p = {p_value(pmlm_diff)}, {losses} of {losses} units" in section
+    assert f"({mean(product)} against {mean(mlm)}, p = {p_value(product_diff)})" in section
+    baselines = {row[0]: row[1:] for row in _table(block, "**Classical baselines**")}
+    assert f"reaches {mean(baselines['pseudo-likelihood fit: epistasis rho, planted pairs'][-1])}" in section
+    contacts = float(baselines["pseudo-likelihood Potts fit, Frobenius + APC: top-#edges"][-1].split(" ±")[0])
+    assert f"{100 * contacts:.0f} % contact precision" in section
+    relative = [float(row[3]) for row in _table(block, "**Cost**") if row[1] != MLM]  # encoder, arm, GFLOPs, ratio
+    assert f"{min(relative):.1f}-{max(relative):.1f}x an MLM step" in section
