@@ -81,21 +81,17 @@ def plot_pretrain(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
         if drawn:
             ax.legend(fontsize=7)
         else:
-            ax.text(
-                0.5,
-                0.5,
-                "no run logs this (MLM runs have no pair head)",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                fontsize=8,
-                color="grey",
-            )
+            _empty(ax, "no run logs this (MLM runs have no pair head)")
     for ax in axes[1]:
         ax.set_xlabel("optimizer step")
     fig.suptitle("Pre-training curves", fontsize=11)
     fig.tight_layout()
     return save_figure(fig, prefix)
+
+
+def _empty(ax, why: str) -> None:
+    """Say in an empty panel why nothing is drawn there."""
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
 
 
 def plot_finetune(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path]:
@@ -126,16 +122,7 @@ def plot_finetune(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
     if metric_drawn:
         metric_ax.legend(fontsize=7)
     else:
-        metric_ax.text(
-            0.5,
-            0.5,
-            "no validation during fine-tuning (eval_every: 0)",
-            ha="center",
-            va="center",
-            transform=metric_ax.transAxes,
-            fontsize=8,
-            color="grey",
-        )
+        _empty(metric_ax, "no validation during fine-tuning (eval_every: 0)")
     fig.suptitle("Fine-tuning curves", fontsize=11)
     fig.tight_layout()
     return save_figure(fig, prefix)
