@@ -51,6 +51,9 @@ WORK=$(cd "$WORK" && pwd)
 START=$SECONDS
 FAILED=0
 export PYTHONUNBUFFERED=1
+# pmlm is not installed on the GPU image: every Python process (bench scripts too, whose own folder is their path)
+# imports it from this checkout
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$DRY" = 1 ]; then
     # the GPU image lacks the data stage's packages: every Python process of the rehearsal fails to import them
@@ -65,6 +68,9 @@ class _Absent(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, _Absent())
+# nor is pmlm installed there: drop an editable install's finder, so pmlm comes from PYTHONPATH as it will there
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if not getattr(h, "__module__", "").startswith("__editable__")]
 EOF
     export PYTHONPATH="$WORK/blocked${PYTHONPATH:+:$PYTHONPATH}"
     export CUDA_VISIBLE_DEVICES=""  # the rehearsal runs the CPU path even where a GPU is present
