@@ -1,9 +1,9 @@
 """The files pmlm hands from one step to the next, each with one writer and one reader.
 
 * encoder: ``model.safetensors`` + ``model.json`` (written by ``pmlm pretrain``): the weights and
-  their description (``model`` and ``objective`` settings, step, final scores, versions);
+  their description (``model`` and ``objective`` settings, step, final scores, precision, versions);
 * head: ``head.safetensors`` + ``head.json`` (written by ``pmlm finetune``): the trained weights
-  (the head, plus the encoder under full fine-tuning) and the run's config, task and encoder;
+  (the head, plus the encoder under full fine-tuning) and the run's config, task, encoder and precision;
 * shard manifest: ``manifest.json`` beside the Parquet shards (written by ``pmlm tokenize``).
 
 Each JSON carries a ``format`` field (``pmlm-encoder/3``, ``pmlm-head/1``, ``pmlm-shards/2``); a
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pmlm.errors import InputError
 from pmlm.utils import atomic_output, file_digest
+from pmlm.vocabulary import BF16, FP32
 
 ENCODER_FORMAT = "pmlm-encoder/3"
 HEAD_FORMAT = "pmlm-head/1"
@@ -35,6 +36,16 @@ MANIFEST = "manifest.json"
 def sidecar_path(weights: str | os.PathLike) -> Path:
     """``x.safetensors`` -> ``x.json``."""
     return Path(weights).with_suffix(".json")
+
+
+def recorded_precision(info: dict, weights: str | os.PathLike) -> str:
+    """The precision, ``fp32`` or ``bf16``, that an encoder's or a head's sidecar ``info`` says its run trained at
+    (key ``precision``); a sidecar without one (runs from before it was recorded, imported released, ESM-2 and
+    ``transformers`` models) counts as fp32. ``weights`` names the artefact in errors."""
+    value = info.get("precision", FP32)
+    if value not in (FP32, BF16):
+        raise InputError(sidecar_path(weights), f"precision {value!r} is neither {FP32} nor {BF16}")
+    return value
 
 
 # -- weights + sidecar, the layout shared by encoders and heads ----------------------------------------

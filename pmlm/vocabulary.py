@@ -1,6 +1,6 @@
 """The names every layer agrees on, from the config files to the tables: the pre-training objectives, the
-features a task head reads, and the devices a run or command computes on. Standard library only, so the
-command layer and the workflow can import it."""
+features a task head reads, the devices a run or command computes on and the precisions it computes in. Standard
+library only, so the command layer and the workflow can import it."""
 
 from __future__ import annotations
 
@@ -18,3 +18,9 @@ FEATURES_PAIR_JOINT = "pair joint"  # no head: the pair head's joint read out as
 
 # where a run or command computes (recipes' ``device``, commands' ``--device``): auto = CUDA when available
 DEVICES = ("auto", "cpu", "cuda")
+
+# the arithmetic of a run's forward passes, as model.json and head.json record it (``precision``; absent: fp32), and
+# the choices of the commands that evaluate, score or embed with a trained model (``--precision``; auto = the record)
+FP32 = "fp32"
+BF16 = "bf16"
+PRECISIONS = ("auto", FP32, BF16)

@@ -6,12 +6,15 @@ argparse cannot, calls the engine functions that do the work and prints the one-
 pandas or Biopython, and ``pmlm.cli`` must build every parser without them (``pmlm fetch`` runs where torch
 is not installed, ``pmlm --help`` answers at once). So a command module imports only the standard library and
 light contracts at module level; tests/test_envs.py checks that, and that the conda env of each rule holds
-what its command's ``run`` imports.
+what its command's ``run`` imports. Options that several commands share are added here (``add_precision``).
 """
 
 from __future__ import annotations
 
+import argparse
+
 from pmlm.errors import ConfigError
+from pmlm.vocabulary import PRECISIONS
 
 
 def labelled_paths(
@@ -30,3 +33,15 @@ def labelled_paths(
         seen.add(label)
         out.append((label, path))
     return out
+
+
+def add_precision(parser: argparse.ArgumentParser, recorded_by: str) -> None:
+    """``--precision``, shared by the commands that evaluate, score or embed with a trained model; ``recorded_by``
+    says whose run's record ``auto`` follows (``the head's``)."""
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help=f"arithmetic of the forward passes: auto (default) = what {recorded_by} run recorded (fp32 if nothing, "
+        "and fp32 off CUDA, said on stderr), or fp32 / bf16 (bf16 needs CUDA); the outputs record which",
+    )

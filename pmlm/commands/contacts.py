@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.commands import add_precision
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "Per sequence: NAME.tsv (pairs i < j, 1-based, highest score first), NAME.npz (scores (L, L)) and with "
         "--png NAME.png. With --head the score is the head's contact probability; without, the pair head's "
-        "unsupervised read-out (KL of the joint from independence, APC), a ranking score."
+        "unsupervised read-out (KL of the joint from independence, APC), a ranking score. NAME.npz also records "
+        "the score kind and the precision the forward passes used."
     )
     p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
     p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz)")
@@ -29,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--png", action="store_true", help="also write a contact-map PNG per sequence")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_precision(p, "the head's (without --head the encoder's)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,9 +40,17 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.inference.contacts import predict_contacts
 
     done = predict_contacts(
-        args.model, args.fasta, args.out, head=args.head, structure=args.structure, png=args.png, device=args.device
+        args.model,
+        args.fasta,
+        args.out,
+        head=args.head,
+        structure=args.structure,
+        png=args.png,
+        device=args.device,
+        precision=args.precision,
     )
     missing = done["without_structure"]
     note = f"; {missing} without a structure in {args.structure}" if missing else ""
-    print(f"pmlm contacts: {done['sequences']} sequences ({done['kind']}) -> {args.out}{note}", file=sys.stderr)
+    summary = f"{done['sequences']} sequences ({done['kind']}, {done['precision']}) -> {args.out}{note}"
+    print(f"pmlm contacts: {summary}", file=sys.stderr)
     return 0

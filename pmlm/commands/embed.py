@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.commands import add_precision
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
 
@@ -12,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "OUT: one row per residue (id, position 1-based, residue, embedding list<float32>); the per-sequence "
         "file: id, length, embedding (mean over the residues). Sequences longer than the model's window are "
-        "read as overlapping windows, each residue averaged over the windows holding it."
+        "read as overlapping windows, each residue averaged over the windows holding it. Both files' schema "
+        "metadata (key pmlm) holds the settings, among them the precision the forward passes used."
     )
     p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
     p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz; residues ACDEFGHIKLMNPQRSTVWY or X)")
@@ -34,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="token budget of a forward pass: rows x padded width (default %(default)s)",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_precision(p, "the encoder's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
         layer=args.layer,
         tokens_per_batch=args.tokens_per_batch,
         device=args.device,
+        precision=args.precision,
     )
     print(
         f"pmlm embed: {done['sequences']} sequences, {done['residues']:,} residues, layer {done['layer']} "
-        f"of {done['num_layers']} -> {args.out}, {done['per_sequence']}",
+        f"of {done['num_layers']}, {done['precision']} -> {args.out}, {done['per_sequence']}",
         file=sys.stderr,
     )
     return 0

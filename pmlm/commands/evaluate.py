@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmlm.commands import labelled_paths
+from pmlm.commands import add_precision, labelled_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Writes one TSV (long format: one metric per row) for this model, task and head over all --test sets. "
         "Contact metrics: P@{L,L/2,L/5}_{short,medium,long,medium_long,tape_s6}, per-protein means, "
         "plus _pooled variants; ss3: Q3 (pooled over residues, as TAPE) and Q3_per_protein; "
-        "remote homology: top1."
+        "remote homology: top1. Every row says in its precision column which arithmetic (fp32, bf16) scored it."
     )
     p.add_argument(
         "--head",
@@ -66,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_precision(p, "the head's (for pair-kl / pair-mi the encoder's)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,5 +88,6 @@ def run(args: argparse.Namespace) -> int:
         contact_atom=args.contact_atom,
         contact_threshold=args.contact_threshold,
         device=args.device,
+        precision=args.precision,
     )
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.commands import add_precision
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
@@ -14,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "of the singles; encoders without a pair head (MLM) give the additive double score. Triples "
         "A23G:L40P:K51E: the Triple MLM's joint with the three sites masked, else the singles plus the three "
         "pairs' epistasis (pairs), else additive. Output TSV: mutant, kind, score, additive, epistasis, "
-        "double_from (pair_joint | additive), triple_from (triple_joint | pairs | additive)."
+        "double_from (pair_joint | additive), triple_from (triple_joint | pairs | additive), precision (fp32 | bf16, "
+        "the arithmetic of the forward passes)."
     )
     p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
     p.add_argument("--sequence", required=True, metavar="FASTA", help="the wild-type sequence (one record)")
@@ -41,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(auto, default)",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_precision(p, "the encoder's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +52,14 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.inference.mutations import score_fasta
 
     done = score_fasta(
-        args.model, args.sequence, args.mutations, args.out, double=args.double, triple=args.triple, device=args.device
+        args.model,
+        args.sequence,
+        args.mutations,
+        args.out,
+        double=args.double,
+        triple=args.triple,
+        device=args.device,
+        precision=args.precision,
     )
     rows = done["rows"]
     parts = [f"{sum(r['kind'] == 'single' for r in rows)} single"]
@@ -57,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
         if chosen:
             sources = sorted({r[f"{kind}_from"] for r in chosen})
             parts.append(f"{len(chosen)} {kind} ({kind}_from {', '.join(sources)})")
-    print(f"pmlm score: {done['id']}: {', '.join(parts)} mutants -> {args.out}", file=sys.stderr)
+    print(f"pmlm score: {done['id']}: {', '.join(parts)} mutants ({done['precision']}) -> {args.out}", file=sys.stderr)
     return 0

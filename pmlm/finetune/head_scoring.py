@@ -23,6 +23,10 @@ the model has one, else from the joint) or the joint's mutual information (``pai
 with the diagonal zeroed and average-product correction (``unsupervised_contact_scores``).
 ``mask_pairs`` instead masks exactly i and j for each pair, as in pre-training: L(L-1)/2 sequence
 copies per protein, affordable for small proteins only.
+
+Precision: the forward passes run in the precision the head's run recorded (the encoder's for a read-out), fp32
+when none is recorded, unless ``precision`` says otherwise; bf16 only on CUDA
+(``pmlm.train.runtime.evaluation_precision``). Every row of the TSV says which in its ``precision`` column.
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics, q3_accuracy, top1_accuracy
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
@@ -46,6 +52,7 @@ from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.tokens import WindowMean
+from pmlm.train.runtime import evaluation_precision
 from pmlm.utils import atomic_output, file_digest, versions
 from pmlm.vocabulary import FEATURES_PAIR_JOINT
 
@@ -59,6 +66,7 @@ TSV_COLUMNS = (
     "metric",
     "value",
     "n_proteins",
+    "precision",
     "config_sha256",
     "encoder_sha256",
     "pmlm_version",
@@ -198,6 +206,7 @@ def score_unsupervised(
     mask_pairs: bool,
     pair_batch: int,
     device,
+    autocast=nullcontext,
     progress=None,
 ) -> tuple[dict[str, tuple[float, int]], int]:
     """Contact metrics of the unsupervised read-out on one test set."""
@@ -206,12 +215,11 @@ def score_unsupervised(
     def row_scores():
         for ((p, start, stop),) in plan.batches:
             residues = plan.proteins[p].residues[start:stop]
-            yield (
-                (p, start, stop),
-                unsupervised_contact_scores(
+            with autocast():
+                scores = unsupervised_contact_scores(
                     model, residues, measure, mask_pairs=mask_pairs, pair_batch=pair_batch, device=device
-                ),
-            )
+                )
+            yield (p, start, stop), scores
 
     def proteins():
         for protein, scores in whole_proteins(plan, row_scores(), pairs=True):
@@ -250,15 +258,16 @@ def evaluate(
     contact_atom: str | None = None,
     contact_threshold: float | None = None,
     device: str = "auto",
+    precision: str = "auto",
 ) -> list[dict]:
     """Score ``head`` (a fine-tuned head file, or ``pair-kl`` / ``pair-mi`` on ``encoder``) on every test set
     (label -> file) and write the rows to ``out`` (TSV_COLUMNS); returns them. ``contact_atom`` /
-    ``contact_threshold`` default to the head's own (``auto`` and 8 A for a read-out)."""
+    ``contact_threshold`` default to the head's own (``auto`` and 8 A for a read-out); ``precision`` (``auto``,
+    ``fp32``, ``bf16``) as the module docstring says."""
     for name, value in (("--batch-size", batch_size), ("--pair-batch", pair_batch)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     dev = pick_device(device)
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if dev.type == "cuda" else nullcontext
 
     unsupervised = head in PAIR_HEADS
     if unsupervised:
@@ -281,10 +290,11 @@ def evaluate(
         }
         window = model.cfg.max_len - 2
         num_classes = None
+        trained, recorded = "the encoder", recorded_precision(info, encoder_path)
     else:
         if not Path(head).is_file():
             raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
-        model, cfg, info, _, encoder_path = load_head(head, dev, encoder=encoder)
+        model, cfg, info, head_path, encoder_path = load_head(head, dev, encoder=encoder)
         task, head_name, features = cfg.task, cfg.head.kind, cfg.head.features
         atom = contact_atom or cfg.data.contact_atom
         threshold = contact_threshold or cfg.data.contact_threshold
@@ -293,8 +303,10 @@ def evaluate(
             settings = {**settings, "evaluation": {"contact_atom": atom, "contact_threshold": threshold}}
         window = model.encoder.cfg.max_len - 2
         num_classes = cfg.num_classes
+        trained, recorded = "the head", recorded_precision(info, head_path)
     if threshold <= 0:
         raise ConfigError(f"--contact-threshold must be > 0 (Angstrom), got {threshold}")
+    arithmetic = evaluation_precision(dev, recorded, precision, trained=trained, command="pmlm evaluate")
     label = model_label or encoder_path.parent.name or encoder_path.stem
     v = versions()
     common = {
@@ -302,6 +314,7 @@ def evaluate(
         "task": task,
         "head": head_name,
         "features": features,
+        "precision": arithmetic.name,
         "config_sha256": canonical_sha256(settings),
         "encoder_sha256": file_digest(encoder_path),
         "pmlm_version": v["pmlm"],
@@ -309,43 +322,26 @@ def evaluate(
         "git_commit": v["git_commit"] or "",
     }
 
+    shared = {"window": window, "too_long": too_long, "threshold": threshold, "device": dev}
+    if unsupervised:
+        measure = PAIR_HEADS[head]
+        score = partial(score_unsupervised, measure=measure, mask_pairs=mask_pairs, pair_batch=pair_batch, **shared)
+    else:
+        score = partial(score_task, batch_size=batch_size, **shared)
+
     rows = []
     for name, path in tests.items():
         data = read_task_data(path, task, fmt=fmt, contact_atom=atom, threshold=threshold, num_classes=num_classes)
         with Progress(f"pmlm evaluate {name}", len(data.examples), unit="proteins") as progress:
-            if unsupervised:
-                metrics, n_long = score_unsupervised(
-                    model,
-                    data,
-                    PAIR_HEADS[head],
-                    window=window,
-                    too_long=too_long,
-                    threshold=threshold,
-                    mask_pairs=mask_pairs,
-                    pair_batch=pair_batch,
-                    device=dev,
-                    progress=progress,
-                )
-            else:
-                metrics, n_long = score_task(
-                    model,
-                    data,
-                    batch_size=batch_size,
-                    window=window,
-                    too_long=too_long,
-                    threshold=threshold,
-                    device=dev,
-                    autocast=autocast,
-                    progress=progress,
-                )
+            metrics, n_long = score(model, data, autocast=arithmetic.autocast, progress=progress)
         metrics["n_too_long"] = (n_long, len(data.examples))
         for metric, (value, n) in metrics.items():
             rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})
         headline, _ = metrics[HEADLINE[task]]
         atom_note = f", contacts by {data.contact_atom}" if data.contact_atom else ""
         print(
-            f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins "
-            f"({n_long} longer than {window}, {too_long}{atom_note}), {HEADLINE[task]} {headline:.4f}",
+            f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins ({n_long} longer than "
+            f"{window}, {too_long}{atom_note}, {arithmetic.name}), {HEADLINE[task]} {headline:.4f}",
             file=sys.stderr,
         )
     write_tsv(out, rows)

@@ -1,7 +1,8 @@
 """``pmlm.load(path)``: a trained encoder (or a fine-tuned contact head with its encoder) as one object with
 ``embed``, ``contacts`` and ``score``, the same computations as ``pmlm embed``, ``pmlm contacts`` and
-``pmlm score``. Sequences are given as strings of residue letters (``ACDEFGHIKLMNPQRSTVWY`` or X); a head's
-encoder is found relative to the head's folder, as the head records it."""
+``pmlm score``, at the same precision (the one the head's or encoder's run recorded, unless asked otherwise).
+Sequences are given as strings of residue letters (``ACDEFGHIKLMNPQRSTVWY`` or X); a head's encoder is found relative
+to the head's folder, as the head records it."""
 
 from __future__ import annotations
 
@@ -12,20 +13,25 @@ import numpy as np
 import torch
 
 from pmlm import alphabet
-from pmlm.artefacts import read_encoder_info
+from pmlm.artefacts import read_encoder_info, recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.inference.contacts import head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
 from pmlm.inference.mutations import parse_mutant, score_mutants
 from pmlm.pretrained import is_head, load_encoder, load_head, pick_device
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
+from pmlm.train.runtime import EvaluationPrecision, evaluation_precision
 
 
 class TrainedModel:
-    """A loaded encoder; ``head`` (a contact TaskModel) when loaded from a fine-tuned contact head."""
+    """A loaded encoder; ``head`` (a contact TaskModel) when loaded from a fine-tuned contact head; ``arithmetic``,
+    the precision of its forward passes (``precision``: its name)."""
 
-    def __init__(self, encoder, info: dict, path: Path, device: torch.device, head=None):
+    def __init__(
+        self, encoder, info: dict, path: Path, device: torch.device, arithmetic: EvaluationPrecision, head=None
+    ):
         self.encoder, self.info, self.path, self.device, self.head = encoder, info, path, device, head
+        self.arithmetic, self.precision = arithmetic, arithmetic.name
 
     def __repr__(self) -> str:
         cfg = self.encoder.cfg
@@ -61,6 +67,7 @@ class TrainedModel:
             layer=layer_index(layer, self.encoder.cfg.num_layers),
             tokens_per_batch=tokens_per_batch,
             device=self.device,
+            autocast=self.arithmetic.autocast,
         )
         if mean:
             out = [e.mean(axis=0, dtype=np.float64).astype(np.float32) for e in out]
@@ -70,39 +77,53 @@ class TrainedModel:
         """(L, L) contact probabilities from the contact head, or the pair head's read-out without one
         (see ``pmlm contacts``); NaN for pairs no window holds."""
         residues = self._residues(sequence)
-        if self.head is not None:
-            return head_map(self.head, residues, self.device)
-        if self.encoder.pair_head is None:
+        if self.head is None and self.encoder.pair_head is None:
             raise ConfigError(
                 f"{self.path}: an encoder without a pair head has no contact read-out; "
                 "load a fine-tuned contact head instead"
             )
-        return readout_map(self.encoder, residues, self.device)
+        with self.arithmetic.autocast():
+            if self.head is not None:
+                return head_map(self.head, residues, self.device)
+            return readout_map(self.encoder, residues, self.device)
 
     def score(self, sequence: str, mutants: list[str], *, double: str = "auto", triple: str = "auto") -> list[dict]:
         """One dict per mutant (``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E``, 1-based): mutant, kind, score,
         additive, epistasis, double_from, triple_from (see ``pmlm score``)."""
         residues = self._residues(sequence)
         parsed = [parse_mutant(m, sequence, "<mutants>", k + 1) for k, m in enumerate(mutants)]
-        return score_mutants(
-            self.encoder,
-            residues,
-            parsed,
-            double=double,
-            triple=triple,
-            device=self.device,
-            path="<mutants>",
-            model_name=str(self.path),
-        )
+        with self.arithmetic.autocast():
+            return score_mutants(
+                self.encoder,
+                residues,
+                parsed,
+                double=double,
+                triple=triple,
+                device=self.device,
+                path="<mutants>",
+                model_name=str(self.path),
+            )
 
 
-def load(path: str | os.PathLike, device: str = "cpu", *, encoder: str | os.PathLike | None = None) -> TrainedModel:
+def load(
+    path: str | os.PathLike,
+    device: str = "cpu",
+    *,
+    encoder: str | os.PathLike | None = None,
+    precision: str = "auto",
+) -> TrainedModel:
     """An encoder (model.safetensors or its folder) or a contact head (head.safetensors or its folder);
     ``encoder`` overrides the encoder a head records (heads written before paths were recorded relative to
-    the head's folder need it outside the folder they were made in); it is checked by sha256."""
+    the head's folder need it outside the folder they were made in); it is checked by sha256. ``precision``:
+    ``auto`` (what the head's or encoder's run recorded; fp32 off CUDA), ``fp32`` or ``bf16`` (CUDA only)."""
     dev = pick_device(device)
     if is_head(path):
         head = load_head(path, dev, encoder=encoder, task="contact")
-        return TrainedModel(head.model.encoder, read_encoder_info(head.encoder_path), head.path, dev, head.model)
+        recorded = recorded_precision(head.info, head.path)
+        arithmetic = evaluation_precision(dev, recorded, precision, trained="the head", command="pmlm.load")
+        encoder_info = read_encoder_info(head.encoder_path)
+        return TrainedModel(head.model.encoder, encoder_info, head.path, dev, arithmetic, head.model)
     encoder, info, weights = load_encoder(path, dev)
-    return TrainedModel(encoder, info, weights, dev)
+    recorded = recorded_precision(info, weights)
+    arithmetic = evaluation_precision(dev, recorded, precision, trained="the encoder", command="pmlm.load")
+    return TrainedModel(encoder, info, weights, dev, arithmetic)

@@ -14,7 +14,9 @@ the TSV, ranked last.
 Out folder (written under a temporary name, renamed at the end), per sequence ``NAME`` (its id, characters
 other than letters, digits, ``._-`` replaced by ``_``): ``NAME.tsv`` with every pair i < j, 1-based, by
 score (highest first): ``i j residue_i residue_j score`` (+ ``contact`` 1/0, empty where unresolved, with
-``--structure``); ``NAME.npz`` with ``scores`` (L, L) float32, ``sequence``, ``id``, ``score_kind``; with
+``--structure``); ``NAME.npz`` with ``scores`` (L, L) float32, ``sequence``, ``id``, ``score_kind``, ``precision``
+(the forward passes' arithmetic: the head's recorded one, or the encoder's without a head, unless asked
+otherwise; ``pmlm.train.runtime.evaluation_precision``); with
 ``--png`` ``NAME.png``: the map, and with ``--structure`` the true contacts in the lower triangle against
 the predicted top L pairs in the upper one.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
@@ -38,6 +41,7 @@ from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tasks.structures import CONTACT_ATOMS, CONTACT_THRESHOLD, read_structure_jsonl
 from pmlm.tokens import WindowMean, batch_tokens, max_residues, window_starts
+from pmlm.train.runtime import evaluation_precision
 from pmlm.utils import atomic_output
 
 PROBABILITY, READOUT = "probability", "pair_kl_apc"
@@ -139,14 +143,17 @@ def predict_contacts(
     structure: str | None = None,
     png: bool = False,
     device: str = "auto",
+    precision: str = "auto",
 ) -> dict:
     """Contact maps of every sequence of ``fasta`` into the folder ``out`` (module docstring), from the contact
-    ``head`` fine-tuned on encoder ``model``, or from ``model``'s pair head without one. Returns the number of
-    sequences, the score kind and how many had no structure in ``structure``."""
+    ``head`` fine-tuned on encoder ``model``, or from ``model``'s pair head without one; ``precision`` as
+    ``--precision``. Returns the number of sequences, the score kind, the precision used and how many had no
+    structure in ``structure``."""
     dev = pick_device(device)
     if head is not None:
-        task_model = load_head(head, dev, encoder=model, task="contact").model
-        kind = PROBABILITY
+        fine_tuned = load_head(head, dev, encoder=model, task="contact")
+        task_model, kind = fine_tuned.model, PROBABILITY
+        trained, recorded = "the head", recorded_precision(fine_tuned.info, fine_tuned.path)
 
         def compute(residues):
             return head_map(task_model, residues, dev)
@@ -158,9 +165,12 @@ def predict_contacts(
                 "pass --head with a fine-tuned contact head"
             )
         kind = READOUT
+        trained, recorded = "the encoder", recorded_precision(info, weights)
 
         def compute(residues):
             return readout_map(encoder, residues, dev)
+
+    arithmetic = evaluation_precision(dev, recorded, precision, trained=trained, command="pmlm contacts")
 
     records = read_fasta_sequences(fasta)
     names = file_names(records, fasta)
@@ -170,7 +180,8 @@ def predict_contacts(
         Progress("pmlm contacts", len(records), unit="sequences") as progress,
     ):
         for record, name in zip(records, names):
-            scores = compute(record.residues)
+            with arithmetic.autocast():
+                scores = compute(record.residues)
             known = truth.get(record.id)
             write_tsv(str(Path(tmp) / f"{name}.tsv"), record, scores, known)
             np.savez(
@@ -179,6 +190,7 @@ def predict_contacts(
                 sequence=np.array(record.letters),
                 id=np.array(record.id),
                 score_kind=np.array(kind),
+                precision=np.array(arithmetic.name),
             )
             if png:
                 plot_map(str(Path(tmp) / f"{name}.png"), record, scores, known, kind)
@@ -189,4 +201,4 @@ def predict_contacts(
                 print(f"pmlm contacts: {record.id}: P@L/5 long range {precision:.3f}", file=sys.stderr)
             progress.advance()
     missing = sum(r.id not in truth for r in records) if structure else 0
-    return {"sequences": len(records), "kind": kind, "without_structure": missing}
+    return {"sequences": len(records), "kind": kind, "precision": arithmetic.name, "without_structure": missing}

@@ -17,12 +17,15 @@ Outputs (written under temporary names, renamed at the end):
 * ``--per-sequence`` (default ``OUT`` with ``.per_sequence.parquet``): ``id``, ``length`` int32,
   ``embedding`` list<float32>, the mean of the sequence's residue embeddings.
 
-Both carry the settings (model sha256, layer, window) as JSON under the schema metadata key ``pmlm``.
+Both carry the settings (model sha256, layer, window, the ``precision`` the forward passes used: the encoder's
+recorded one unless asked otherwise, ``pmlm.train.runtime.evaluation_precision``) as JSON under the schema metadata
+key ``pmlm``.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError
 from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
@@ -45,6 +49,7 @@ from pmlm.tokens import (
     padded_width,
     window_starts,
 )
+from pmlm.train.runtime import evaluation_precision
 from pmlm.utils import atomic_output, file_digest
 from pmlm.version import __version__
 
@@ -129,16 +134,19 @@ def embed_residues(
     layer: int,
     tokens_per_batch: int,
     device: torch.device,
+    autocast=nullcontext,
     on_batch=None,
 ) -> list[np.ndarray]:
-    """(L, C) float32 embeddings of each sequence (token ids, no specials), windows averaged."""
+    """(L, C) float32 embeddings of each sequence (token ids, no specials), windows averaged; ``autocast`` makes a
+    forward pass's precision context."""
     room = max_residues(model.cfg.max_len)
     lengths = [int(s.size) for s in sequences]
     windows = plan_windows(lengths, room)
     out: list[np.ndarray | None] = [None] * len(sequences)
     means = {k: WindowMean(n, (model.cfg.hidden,)) for k, n in enumerate(lengths) if n > room}
     for batch in plan_batches(windows, tokens_per_batch):
-        reps = representations(model, batch_inputs(batch, sequences, room).to(device), layer)
+        with autocast():
+            reps = representations(model, batch_inputs(batch, sequences, room).to(device), layer)
         reps = reps.float().cpu().numpy()  # (B, T, C)
         for row, w in enumerate(batch):
             values = reps[row, RESIDUE_OFFSET : RESIDUE_OFFSET + w.length]  # (n, C)
@@ -219,6 +227,7 @@ def write_embeddings(
     layer: int,
     tokens_per_batch: int,
     device: torch.device,
+    autocast,
     settings: dict,
 ) -> None:
     residue_schema, sequence_schema = schema(settings)
@@ -239,7 +248,12 @@ def write_embeddings(
         residues_per_chunk = max(1, min(CHUNK_BATCHES * tokens_per_batch, (2**31 - 1) // (2 * model.cfg.hidden)))
         for chunk in chunks(records, residues_per_chunk):
             embeddings = embed_residues(
-                model, [r.residues for r in chunk], layer=layer, tokens_per_batch=tokens_per_batch, device=device
+                model,
+                [r.residues for r in chunk],
+                layer=layer,
+                tokens_per_batch=tokens_per_batch,
+                device=device,
+                autocast=autocast,
             )
             rw.write_table(residue_table(chunk, embeddings).cast(residue_schema))
             sw.write_table(sequence_table(chunk, embeddings).cast(sequence_schema))
@@ -256,14 +270,19 @@ def embed_fasta(
     layer: int = -1,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     device: str = "auto",
+    precision: str = "auto",
 ) -> dict:
     """Embeddings of every sequence of ``fasta`` by encoder ``model`` (file or folder): per residue into ``out``,
-    per sequence into ``per_sequence`` (default: OUT with .per_sequence.parquet); ``layer`` as ``--layer``.
-    Returns what was written (sequences, residues, layer, num_layers, per_sequence)."""
+    per sequence into ``per_sequence`` (default: OUT with .per_sequence.parquet); ``layer`` as ``--layer``,
+    ``precision`` as ``--precision``. Returns what was written (sequences, residues, layer, num_layers,
+    per_sequence, precision)."""
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
     dev = pick_device(device)
     encoder, info, weights = load_encoder(model, dev)
+    arithmetic = evaluation_precision(
+        dev, recorded_precision(info, weights), precision, trained="the encoder", command="pmlm embed"
+    )
     layer = layer_index(layer, encoder.cfg.num_layers)
     records = read_fasta_sequences(fasta)  # all checked before anything is computed
     out = Path(out)
@@ -278,6 +297,7 @@ def embed_fasta(
         "num_layers": encoder.cfg.num_layers,
         "window": max_residues(encoder.cfg.max_len),
         "window_stride": max_residues(encoder.cfg.max_len) // 2,
+        "precision": arithmetic.name,
         "pmlm_version": __version__,
     }
     write_embeddings(
@@ -288,6 +308,7 @@ def embed_fasta(
         layer=layer,
         tokens_per_batch=tokens_per_batch,
         device=dev,
+        autocast=arithmetic.autocast,
         settings=settings,
     )
     return {
@@ -296,4 +317,5 @@ def embed_fasta(
         "layer": layer,
         "num_layers": encoder.cfg.num_layers,
         "per_sequence": per_sequence,
+        "precision": arithmetic.name,
     }

@@ -23,7 +23,8 @@ Mutations CSV: a header row with a ``mutant`` column (the ProteinGym / ESM varia
 ``mutation`` is accepted too), one mutant per row, other columns ignored. Output TSV, one row per input row
 in input order: ``mutant``, ``kind`` (single | double), ``score``, ``additive`` (sum of the single scores),
 ``epistasis`` (doubles and triples: score - additive), ``double_from`` (doubles: pair_joint | additive),
-``triple_from`` (triples: triple_joint | pairs | additive).
+``triple_from`` (triples: triple_joint | pairs | additive), ``precision`` (fp32 | bf16: the forward passes'
+arithmetic, the encoder's recorded one unless asked otherwise, ``pmlm.train.runtime.evaluation_precision``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from pmlm import alphabet
+from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import residue_joint
 from pmlm.inference.sequences import read_fasta_sequences
@@ -44,13 +46,14 @@ from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.triple import Q
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
+from pmlm.train.runtime import evaluation_precision
 from pmlm.utils import atomic_output
 
 MUTANT_COLUMNS = ("mutant", "mutation")
 DOUBLE_MODES = ("auto", "pair", "additive")
 TRIPLE_MODES = ("auto", "triple", "pairs", "additive")
 PAIR_JOINT, ADDITIVE, TRIPLE_JOINT, PAIRS = "pair_joint", "additive", "triple_joint", "pairs"
-OUT_COLUMNS = ("mutant", "kind", "score", "additive", "epistasis", "double_from", "triple_from")
+OUT_COLUMNS = ("mutant", "kind", "score", "additive", "epistasis", "double_from", "triple_from", "precision")
 KINDS = {1: "single", 2: "double", 3: "triple"}
 ROWS_PER_PASS = 32  # masked copies of the sequence per forward pass
 _SITE = re.compile(r"^([A-Z])([0-9]+)([A-Z])$")
@@ -360,11 +363,15 @@ def score_fasta(
     double: str = "auto",
     triple: str = "auto",
     device: str = "auto",
+    precision: str = "auto",
 ) -> dict:
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
-    ``model``; writes the TSV ``out``. Returns the wild type's id, the rows and where the doubles came from."""
+    ``model`` at ``precision`` (``--precision``); writes the TSV ``out``. Returns the wild type's id, the rows and
+    the precision."""
     dev = pick_device(device)
-    encoder, _info, weights = load_encoder(model, dev)
+    encoder, info, weights = load_encoder(model, dev)
+    recorded = recorded_precision(info, weights)
+    arithmetic = evaluation_precision(dev, recorded, precision, trained="the encoder", command="pmlm score")
     records = read_fasta_sequences(sequence)
     if len(records) != 1:
         raise InputError(
@@ -374,15 +381,17 @@ def score_fasta(
         )
     wild = records[0]
     mutants = read_mutants(mutations, wild.letters)
-    rows = score_mutants(
-        encoder,
-        wild.residues,
-        mutants,
-        double=double,
-        triple=triple,
-        device=dev,
-        path=mutations,
-        model_name=str(weights),
-    )
+    with arithmetic.autocast():
+        rows = score_mutants(
+            encoder,
+            wild.residues,
+            mutants,
+            double=double,
+            triple=triple,
+            device=dev,
+            path=mutations,
+            model_name=str(weights),
+        )
+    rows = [{**row, "precision": arithmetic.name} for row in rows]
     write_scores(out, rows)
-    return {"id": wild.id, "rows": rows}
+    return {"id": wild.id, "rows": rows, "precision": arithmetic.name}

@@ -2,7 +2,9 @@
 
 Each TSV comes with the table it feeds (``tape_contact``, ``raptorx_contact``, ``secondary_structure``,
 ``remote_homology``, ``unsupervised_contact``); the model column carries ``LABEL@DATASET``. Contact runs of
-every head also feed the ablation table (long-range P@L by model x head x data).
+every head also feed the ablation table (long-range P@L by model x head x data). Each of our rows says in its
+``precision`` column which arithmetic evaluated it (the TSVs' ``precision``: fp32 or bf16; ``–`` for TSVs written
+before evaluation recorded it).
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
             raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
         parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
         features = df["features"].astype(str) if "features" in df else "–"
-        frames.append(df.assign(kind=kind, label=parts[0], data=parts[2], features=features, path=str(path)))
+        precision = df["precision"].astype(str) if "precision" in df else "–"
+        frames.append(
+            df.assign(kind=kind, label=parts[0], data=parts[2], features=features, precision=precision, path=str(path))
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -80,6 +85,13 @@ def _n(rows: pd.DataFrame, metric: str) -> int | None:
 
 # which representation each row's head read: M (encoder outputs) or M+ (the pair head's first block)
 FEATURES_COLUMN = Column("features", "features")
+# the arithmetic that evaluated each of our rows (fp32, bf16), every table's last column; the paper's rows have none
+PRECISION_COLUMN = Column("precision", "evaluated in")
+
+
+def evaluated_in(rows: pd.DataFrame) -> str:
+    """The precision of a row's evaluations: one name, or several joined by ``/`` if its TSVs differ."""
+    return "/".join(sorted(set(rows["precision"])))
 
 
 def contact_tables(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
@@ -111,6 +123,7 @@ def tape_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
                 "data": data,
                 "head": head,
                 "test_set": test_set,
+                "precision": evaluated_in(runs),
                 "features": runs["features"].iloc[0],
                 "p_l5_s12": _metric(runs, "P@L/5_medium_long"),
                 "p_l5_s6": _metric(runs, "P@L/5_tape_s6"),
@@ -128,6 +141,7 @@ def tape_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
         Column("p_l5_s6", "P@L/5, s >= 6 (TAPE's count, %)", "{:.1f}", percent=True),
         Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
         Column("n", "proteins", "{:d}"),
+        PRECISION_COLUMN,
     ]
     return write_table(
         rows,
@@ -159,6 +173,7 @@ def raptorx_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> l
                 "data": data,
                 "head": head,
                 "test_set": test_set,
+                "precision": evaluated_in(runs),
                 "features": runs["features"].iloc[0],
                 "p_l_long": _metric(runs, "P@L_long"),
                 "p_l2_long": _metric(runs, "P@L/2_long"),
@@ -176,6 +191,7 @@ def raptorx_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> l
         Column("p_l2_long", "P@L/2, s >= 24 (%)", "{:.1f}", percent=True),
         Column("p_l5_long", "P@L/5, s >= 24 (%)", "{:.1f}", percent=True),
         Column("n", "proteins", "{:d}"),
+        PRECISION_COLUMN,
     ]
     return write_table(
         rows,
@@ -201,6 +217,7 @@ def ablation_table(df: pd.DataFrame, out_dir: Path) -> list[Path]:
                 "head": head,
                 "data": data,
                 "test_set": test_set,
+                "precision": evaluated_in(runs),
                 "features": runs["features"].iloc[0],
                 "p_l_long": _metric(runs, "P@L_long"),
             }
@@ -212,6 +229,7 @@ def ablation_table(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         FEATURES_COLUMN,
         Column("test_set", "test set"),
         Column("p_l_long", "P@L, s >= 24 (%)", "{:.1f}", percent=True),
+        PRECISION_COLUMN,
     ]
     return write_table(
         rows,
@@ -251,11 +269,13 @@ def per_test_set_table(
                 "data": data,
                 "head": head,
                 "features": features,
+                "precision": evaluated_in(runs),
                 **{s: _metric(runs, metric, s) for s in set(runs["test_set"])},
             }
         )
     cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN]
     cols += [Column(s, s, "{:.3f}") for s in test_sets]
+    cols.append(PRECISION_COLUMN)
     return write_table(rows, cols, out_dir / kind, caption=caption)
 
 
@@ -269,6 +289,7 @@ def unsupervised_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
                 "data": data,
                 "head": head,
                 "test_set": test_set,
+                "precision": evaluated_in(runs),
                 "p_l5_s12": _metric(runs, "P@L/5_medium_long"),
                 "p_l_long": _metric(runs, "P@L_long"),
                 "p_l5_long": _metric(runs, "P@L/5_long"),
@@ -286,6 +307,7 @@ def unsupervised_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
         Column("p_l5_long", "P@L/5 long (%)", "{:.1f}", percent=True),
         Column("p_l_long", "P@L long (%)", "{:.1f}", percent=True),
         Column("n", "proteins", "{:d}"),
+        PRECISION_COLUMN,
     ]
     return write_table(
         rows,

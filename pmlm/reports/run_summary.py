@@ -50,8 +50,8 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
     "precision_by_separation": (Headline("P@L_long", "P@L long (%)", percent=True),),
     "remote_homology": (Headline("fold", "fold"), Headline("superfamily", "superfamily"), Headline("family", "family")),
 }
-# secondary_structure: one Q3 column per test set, the columns after these
-SS3_TABLE, SS3_LEADING = "secondary_structure", ("source", "model", "data", "head", "features")
+# secondary_structure: one Q3 column per test set, every column but these
+SS3_TABLE, SS3_NOT_TEST_SETS = "secondary_structure", ("source", "model", "data", "head", "features", "precision")
 # the order of the screen: the paper's tables as the paper has them, the others after them by name
 ORDER = ("pretrain_scores", "tape_contact", "raptorx_contact", "ablation", SS3_TABLE, "remote_homology")
 
@@ -201,7 +201,7 @@ def _wrap(text: str, indent: int) -> list[str]:
 def _headlines(stem: str, rows: list[dict], shown_rows: list[dict]) -> tuple[Headline, ...]:
     """The columns to show of ``shown_rows`` (for secondary structure: the test sets they have values for)."""
     if stem == SS3_TABLE and rows:
-        tests = [c for c in rows[0] if c not in SS3_LEADING]
+        tests = [c for c in rows[0] if c not in SS3_NOT_TEST_SETS]
         shown = [c for c in tests if any(_number(r.get(c)) is not None for r in shown_rows)] or tests
         return tuple(Headline(c, f"Q3 {c}") for c in shown)
     return HEADLINES.get(stem, ())

@@ -11,7 +11,7 @@ import numpy as np
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS
 from pmlm.figures import pyplot, save_figure
-from pmlm.reports.results import read_results
+from pmlm.reports.results import PRECISION_COLUMN, evaluated_in, read_results
 from pmlm.reports.tables import Column, write_table
 
 RANGES = ("short", "medium", "long")
@@ -37,6 +37,7 @@ def precision_rows(kind_paths: list[tuple[str, str]]) -> list[dict]:
             "data": data,
             "head": head,
             "test_set": test_set,
+            "precision": evaluated_in(runs),
             "n": int(runs["n_proteins"].iloc[0]) if "n_proteins" in runs else None,
         }
         for div in TOP_K_DIVISORS:
@@ -54,7 +55,7 @@ def write_table_files(rows: list[dict], prefix: str | Path) -> list[Path]:
         for div in ("L", "L/5")
         for name in RANGES
     ]
-    cols.append(Column("n", "proteins", "{:d}"))
+    cols += [Column("n", "proteins", "{:d}"), PRECISION_COLUMN]
     ranges = "; ".join(range_label(name) for name in RANGES)
     caption = (
         f"Contact precision by separation s = j - i: {ranges}. Per protein, the top floor(L/k) pairs of the "

@@ -1,15 +1,18 @@
-"""The pieces of a training run around the engine's loop (``train.engine``): autocast precision, the stop
-signals, the divergence stop, the ``metrics.csv`` (+ TensorBoard) log and the per-rank random streams' seeds."""
+"""The pieces of a training run around the engine's loop (``train.engine``): autocast precision (and the precision a
+trained model is evaluated at), the stop signals, the divergence stop, the ``metrics.csv`` (+ TensorBoard) log and the
+per-rank random streams' seeds."""
 
 from __future__ import annotations
 
 import csv
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -17,6 +20,7 @@ import torch
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.train.checkpoint import latest_checkpoint
 from pmlm.utils import atomic_output
+from pmlm.vocabulary import BF16, FP32, PRECISIONS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 METRICS_CSV = "metrics.csv"
@@ -36,12 +40,40 @@ def uses_bf16(device: torch.device, bf16: bool | str) -> bool:
 
 def precision(device: torch.device, bf16: bool | str) -> str:
     """The arithmetic a run's forward passes use, as its fingerprint records it: ``bf16`` or ``fp32``."""
-    return "bf16" if uses_bf16(device, bf16) else "fp32"
+    return BF16 if uses_bf16(device, bf16) else FP32
 
 
 def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
     """A fresh autocast context per forward: bf16 per ``uses_bf16``, else none."""
     return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if uses_bf16(device, bf16) else nullcontext
+
+
+class EvaluationPrecision(NamedTuple):
+    """The precision a trained model's forward passes use when it is evaluated, scored or embedded."""
+
+    name: str  # fp32 or bf16, as the outputs record it
+    autocast: Callable[[], AbstractContextManager]  # a fresh context per forward pass
+
+
+def evaluation_precision(
+    device: torch.device, recorded: str, asked: str = "auto", *, trained: str, command: str
+) -> EvaluationPrecision:
+    """The precision to evaluate at: ``asked`` (``--precision``), or with ``auto`` the one the run ``recorded``
+    (``pmlm.artefacts.recorded_precision``), so a model is read in the arithmetic it was trained in. bf16 runs on
+    CUDA only: asked for on another device it is an error; merely recorded, ``command`` says once on stderr that
+    ``trained`` (``the head``, ``the encoder``) is read in fp32 there."""
+    if asked not in PRECISIONS:
+        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {asked!r}")
+    name = recorded if asked == "auto" else asked
+    if name == BF16 and device.type != "cuda":
+        if asked == BF16:
+            raise ConfigError(f"--precision bf16 needs a CUDA device, and this runs on {device.type}; use fp32 or auto")
+        print(
+            f"{command}: {trained} was trained in bf16, which runs on CUDA only: computing in fp32 on {device.type}",
+            file=sys.stderr,
+        )
+        name = FP32
+    return EvaluationPrecision(name, autocast_factory(device, name == BF16))
 
 
 class StopSignals:
