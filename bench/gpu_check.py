@@ -201,8 +201,9 @@ def pretrain_resume(args) -> dict:
 
 
 def memory(args) -> dict:
-    """A few optimizer steps of a recipe's largest micro-batch (equal rows of its crop length) as the training loop
-    takes them, measured (CUDA: max_memory_allocated; CPU: the allocator's events), beside `pmlm plan`'s estimate."""
+    """A few optimizer steps of a recipe's largest micro-batch (equal rows of its crop length), as many per step as the
+    layout the trainer picks on this device holds (``train.step_layout``), measured (CUDA: max_memory_allocated; CPU:
+    the allocator's events), beside `pmlm plan`'s estimate."""
     import torch
 
     from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, PAD_ID
@@ -210,35 +211,38 @@ def memory(args) -> dict:
     from pmlm.model.objectives import pretraining_losses
     from pmlm.pretrained import build_model
     from pmlm.train import budget
+    from pmlm.train.step_layout import card_memory, choose_layout
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(1 if device.type == "cpu" else torch.get_num_threads())  # the profiler's one thread
     rows = []
     for objective in args.objectives.split(","):
         cfg = TrainConfig.from_yaml(args.recipe, [f"objective.name={objective}", *args.set])
-        batch = budget.largest_micro_batch(cfg)
+        bf16 = device.type == "cuda" and cfg.bf16 is not False
+        precision = budget.Precision(bf16=bf16, device=device.type)
+        layout = choose_layout(cfg, 1, card_memory(device), precision)
+        batch = budget.largest_micro_batch(cfg, 1, layout.accumulation)
         tokens = torch.full((batch.rows, batch.width), PAD_ID, dtype=torch.long)
         tokens[:, 0], tokens[:, batch.residues + 1] = CLS_ID, EOS_ID
         tokens[:, 1 : batch.residues + 1] = torch.randint(
             FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + 20, tokens[:, 1:-1].shape
         )
         tokens = tokens.to(device)
-        bf16 = device.type == "cuda" and cfg.bf16 is not False
 
-        def steps(cfg=cfg, tokens=tokens, bf16=bf16, objective=objective):
+        def steps(cfg=cfg, tokens=tokens, bf16=bf16, accumulation=layout.accumulation):
             model = build_model(cfg.model_config(), cfg.objective).to(device).train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
             generator = torch.Generator(device).manual_seed(0)
             for _ in range(2):
                 optimizer.zero_grad(set_to_none=True)
-                for _ in range(cfg.grad_accum):
+                for _ in range(accumulation):
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         loss = pretraining_losses(model, tokens, cfg.objective, generator)["loss"]
-                    (loss / cfg.grad_accum).backward()
+                    (loss / accumulation).backward()
                 optimizer.step()
 
         measured, _ = budget.measured_bytes(steps, device)
-        estimate = budget.peak_memory(cfg, 1, budget.Precision(bf16=bf16, device=device.type))
+        estimate = budget.peak_memory(cfg, 1, precision, layout.accumulation)
         rows.append(
             {
                 "objective": objective,

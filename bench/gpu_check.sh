@@ -135,12 +135,13 @@ into() { local file=$1; shift; "$@" > "$file"; }
 
 # pretrain_sets STEPS: the --set options of a short run of the base recipe (tiny dims in the dry run)
 pretrain_sets() {
-    local sets=(optim.warmup_steps=2 "optim.total_steps=$1" grad_accum=1 log_every=1 eval_every=0 eval_batches=2
-                save_every=0 keep_last_checkpoints=1 tensorboard=false)
+    # a step of 16,384 tokens (the micro-batch of one GPU: data.tokens_per_batch auto), not the recipe's 262,144
+    local sets=(optim.warmup_steps=2 "optim.total_steps=$1" tokens_per_step=16384 log_every=1 eval_every=0
+                eval_batches=2 save_every=0 keep_last_checkpoints=1 tensorboard=false)
     if [ "$DRY" = 1 ]; then
         # test_train.py's compile test trains these dims: inductor's cache may hold their kernels already
         sets+=(model.preset=tiny model.overrides.num_layers=1 model.overrides.hidden=32 model.overrides.ffn=64
-               model.overrides.heads=2 model.overrides.max_len=64 data.max_len=64 data.tokens_per_batch=512
+               model.overrides.heads=2 model.overrides.max_len=64 data.max_len=64 tokens_per_step=512
                data.num_workers=0)
     fi
     printf -- '--set\n%s\n' "${sets[@]}"
@@ -174,14 +175,17 @@ if [ "$DRY" = 1 ]; then
     step throughput -- "$PY" bench/bench_gpu_throughput.py --smoke --shards "$SHARDS" \
         --peak-tflops 1 --out "$WORK/throughput"
     step memory -- into "$WORK/memory.json" "$PY" bench/gpu_check.py memory --recipe config/train/base.yaml \
-        --set model.preset=tiny --set model.overrides.attention_dropout=0.0 --set data.tokens_per_batch=1024 \
-        --set data.max_len=128 --set grad_accum=2
+        --set model.preset=tiny --set model.overrides.attention_dropout=0.0 --set tokens_per_step=2048 \
+        --set data.tokens_per_batch=1024 --set data.max_len=128
     step pair_memory -- "$PY" bench/bench_pair_memory.py --quick --hidden 64 --ref-lengths 64 --device cpu \
         --out "$WORK/pair_memory.json"
 else
     step throughput -- "$PY" bench/bench_gpu_throughput.py --shards "$SHARDS" \
         --dims base --lengths 512 --layouts auto,padded --batches 8 --warmup 2 --rounds 3 --out "$WORK/throughput"
-    step memory -- into "$WORK/memory.json" "$PY" bench/gpu_check.py memory --recipe config/train/base.yaml
+    # four micro-batches of 16,384 tokens per step, as the recipe's 4-GPU layout had them before the micro-batch was
+    # chosen per card (auto takes far larger ones on an 80 GB card: longer steps than this check's time allows)
+    step memory -- into "$WORK/memory.json" "$PY" bench/gpu_check.py memory --recipe config/train/base.yaml \
+        --set tokens_per_step=65536 --set data.tokens_per_batch=16384
     step pair_memory -- "$PY" bench/bench_pair_memory.py --out "$WORK/pair_memory.json"
 fi
 

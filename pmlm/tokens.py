@@ -38,6 +38,14 @@ def padded_width(residues: int, pad_to_multiple: int = 1) -> int:
     return round_up(residues + SPECIALS_PER_SEQUENCE, pad_to_multiple)
 
 
+def trimmed_width(rows, pad_to_multiple: int = 1) -> int:
+    """Width that holds every token of ``rows`` ((B, L) ids, a NumPy array or a tensor) but their trailing padding,
+    rounded up to ``pad_to_multiple``: the width these rows get when batched on their own."""
+    if len(rows) == 0:
+        return 0
+    return round_up(int((rows != PAD_ID).sum(1).max()), pad_to_multiple)
+
+
 def crop_room(lengths: np.ndarray, max_residues: int) -> np.ndarray:
     """(B,) number of possible window starts of each sequence: a sequence longer than
     ``max_residues`` gets a window starting anywhere in ``[0, room)``, a shorter one starts at 0.

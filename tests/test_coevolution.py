@@ -536,7 +536,7 @@ def test_ci_study_pair_head_ranks_planted_couplings_above_chance(tmp_path):
             f"seed={seed}",
             f"optim.total_steps={steps}",
             f"optim.warmup_steps={steps // 10}",
-            "data.tokens_per_batch=2048",
+            "tokens_per_step=2048",
             "save_every=0",
             "eval_batches=10",
         ]

@@ -1,5 +1,6 @@
 """Two CPU ranks under torchrun (gloo), with DDP, FSDP and FSDP over the packed encoder layout:
-synchronised weights, disjoint data, coordinated stop and bit-identical resume; FSDP on one process."""
+synchronised weights, each step's batch split between the ranks, coordinated stop and bit-identical resume; FSDP
+on one process. (tests/test_step_invariance.py: the same update on any number of ranks.)"""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from pmlm.alphabet import EOS_ID
 from pmlm.config.pretraining import TrainConfig
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.loader import ShardStream
+from pmlm.train.step_layout import StepLayout
 
 STEPS = 6
+MICRO = 256  # tokens per micro-batch: 2 ranks x GRAD_ACCUM of them make a step
 GRAD_ACCUM = 2
 
 # Runs on every rank: train() with hooks that record what each rank saw and its final weights.
@@ -66,8 +69,8 @@ def _config(fsdp: bool = False, attention: str = "auto") -> dict:
         "attention": attention,
         "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
         "optim": {"lr": 3e-3, "warmup_steps": 1, "total_steps": STEPS},
-        "data": {"tokens_per_batch": 256, "buffer_rows": 32, "num_workers": 0},
-        "grad_accum": GRAD_ACCUM,
+        "tokens_per_step": 2 * GRAD_ACCUM * MICRO,
+        "data": {"tokens_per_batch": MICRO, "buffer_rows": 32, "num_workers": 0},
         "log_every": 1,
         "eval_every": 3,
         "eval_batches": 2,
@@ -140,24 +143,28 @@ def test_two_ranks_share_weights_and_split_the_data(ddp_case):
     final = load_file(out / "final" / "model.safetensors")
     assert all(torch.equal(w0[k], w1[k]) and torch.equal(w0[k], final[k]) for k in w0)
 
-    # each rank consumed exactly its own stream: grad_accum micro-batches per step, disjoint rows
+    # each step's batch is the one stream's, the same on both ranks; each rank took its own rows of it, GRAD_ACCUM
+    # micro-batches per step, and the two ranks' rows are the batch's, each once
     cfg = TrainConfig.from_dict(_config())
-    for rank, report in enumerate(reports):
-        assert [b["step"] for b in report["seen"]] == [s for s in range(STEPS) for _ in range(GRAD_ACCUM)]
-        expected = ShardStream(
-            shards,
-            "train",
-            tokens_per_batch=cfg.data.tokens_per_batch,
-            max_len=cfg.max_len,
-            buffer_rows=cfg.data.buffer_rows,
-            seed=cfg.seed,
-            rank=rank,
-            world_size=2,
-            pad_to_multiple=cfg.data.pad_to_multiple,
-        )
-        for b in report["seen"]:
-            assert b["tokens"] == expected.next_batch().tokens.tolist()
-    assert all(b["epoch"] == 0 for r in reports for b in r["seen"])  # so disjointness must hold
+    expected = ShardStream(
+        shards,
+        "train",
+        tokens_per_batch=cfg.tokens_per_step,
+        max_len=cfg.max_len,
+        buffer_rows=cfg.data.buffer_rows,
+        seed=cfg.seed,
+        pad_to_multiple=cfg.data.pad_to_multiple,
+    )
+    layout = StepLayout(cfg.tokens_per_step, MICRO, 2, GRAD_ACCUM)
+    for step in range(STEPS):
+        batch = expected.next_batch().tokens.tolist()
+        for rank, report in enumerate(reports):
+            seen = [_rows(b["tokens"]) for b in report["seen"] if b["step"] == step]
+            parts = [_rows(batch[a:b]) for a, b in layout.rank_parts(len(batch), rank)]
+            assert seen == parts and len(seen) == GRAD_ACCUM
+        both = [row for report in reports for b in report["seen"] if b["step"] == step for row in _rows(b["tokens"])]
+        assert sorted(both) == sorted(_rows(batch))
+    assert all(b["epoch"] == 0 for r in reports for b in r["seen"])
     rows0 = {row for b in reports[0]["seen"] for row in _rows(b["tokens"])}
     rows1 = {row for b in reports[1]["seen"] for row in _rows(b["tokens"])}
     assert rows0 and rows1 and not rows0 & rows1

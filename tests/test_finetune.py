@@ -42,11 +42,20 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_encoder(
-    path: Path, objective: str = "pmlm", hidden: int = 32, max_len: int = 66, dropout: float = 0.0, seed: int = 0
+    path: Path,
+    objective: str = "pmlm",
+    hidden: int = 32,
+    max_len: int = 66,
+    dropout: float = 0.0,
+    seed: int = 0,
+    attention_dropout: float = 0.1,
 ) -> Path:
     """A randomly initialised tiny encoder written like `pmlm pretrain` writes its final weights."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(num_layers=1, hidden=hidden, ffn=2 * hidden, heads=2, max_len=max_len, dropout=dropout)
+    cfg = ModelConfig(
+        num_layers=1, hidden=hidden, ffn=2 * hidden, heads=2, max_len=max_len, dropout=dropout,
+        attention_dropout=attention_dropout,
+    )  # fmt: skip
     objective_cfg = ObjectiveConfig(name=objective)
     model = build_model(cfg, objective_cfg)
     info = {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(objective_cfg)}
@@ -324,6 +333,38 @@ def test_ss3_and_remote_homology_run_from_their_formats(tmp_path, case):
     final = tmp_path / "remote.safetensors"
     assert finetune(cfg, case["encoder"], tape, tmp_path / "remote", final, valid_path=tape) == 0
     assert json.loads(final.with_suffix(".json").read_text())["valid"]["scores"]["top1"] == 1.0
+
+
+@pytest.mark.parametrize("task", ["contact", "ss3"])
+def test_one_update_is_the_same_however_its_proteins_are_micro_batched(tmp_path, case, task):
+    """Four proteins of 24 to 48 residues as one batch, 2 x 2 or 4 x 1 micro-batches: the loss is the mean over the
+    step's pairs (contact) or labelled residues (ss3), so the step's gradient is the same. The micro-batches hold
+    unequal counts (a mean of their means would weigh a short protein's terms more). Bound: the same fp32 sums in
+    another order, a few hundred roundings of the gradient's scale at most (2^-16 of its largest element)."""
+    head = {"kind": "linear", "features": "M", "dropout": 0.0} if task == "contact" else {"dropout": 0.0}
+    # no dropout anywhere (full fine-tuning trains the encoder): its draws follow the batch's shape
+    encoder = make_encoder(tmp_path / "encoder" / "model.safetensors", attention_dropout=0.0)
+    grads = {}
+    for batch_size, accumulation in ((4, 1), (2, 2), (1, 4)):
+        got = {}
+
+        def after_backward(step, model, got=got):
+            got.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+        changes = {"data__batch_size": batch_size, "grad_accum": accumulation, "freeze_encoder": False}
+        cfg = FinetuneConfig.from_dict(
+            recipe(task=task, head=head, optim__total_steps=1, optim__warmup_steps=0, save_every=0, **changes)
+        )
+        hooks = FinetuneHooks(after_backward=after_backward)
+        assert finetune(cfg, encoder, case["train"], tmp_path / f"{batch_size}x{accumulation}", hooks=hooks) == 0
+        grads[batch_size] = got
+    whole = grads[4]
+    assert whole and any("encoder" in name for name in whole)
+    for batch_size in (2, 1):
+        assert grads[batch_size].keys() == whole.keys()
+        for name, g in whole.items():
+            bound = 2.0**-16 * float(g.abs().max())
+            assert float((grads[batch_size][name] - g).abs().max()) <= bound, (batch_size, name)
 
 
 def test_batches_are_a_function_of_seed_and_epoch(case):

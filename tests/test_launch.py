@@ -395,7 +395,7 @@ def test_a_hung_rank_fails_the_run_after_the_collective_timeout(shard_dir, tmp_p
     cfg = {
         "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
         "optim": {"lr": 1e-3, "warmup_steps": 1, "total_steps": 100000},
-        "data": {"tokens_per_batch": 256, "buffer_rows": 32, "num_workers": 0},
+        "tokens_per_step": 256, "data": {"buffer_rows": 32, "num_workers": 0},
         "log_every": 1, "eval_every": 0, "save_every": 5, "tensorboard": False, "device": "cpu",
     }  # fmt: skip
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))

@@ -164,7 +164,7 @@ def test_reads_what_pmlm_tokenize_writes(tmp_path):
 
 
 def test_budget_smaller_than_one_sequence_is_a_config_error(shard_dir):
-    with pytest.raises(ConfigError, match="tokens_per_batch"):
+    with pytest.raises(ConfigError, match="tokens_per_step"):
         _stream(shard_dir, tokens_per_batch=30, max_len=40)
 
 

@@ -22,11 +22,13 @@ from pmlm.pretrained import build_model
 from pmlm.train import budget
 from pmlm.train.planning import pretrain_resources
 from pmlm.train.pretrain import train
+from pmlm.train.step_layout import CARD_HEADROOM, StepLayout, choose_layout
 
 RESIDUES = 100  # with mask_prob 0.15 every row has exactly 15 masked residues (floor(15 + u) = 15)
 
 
-def recipe(objective: str, hidden: int, layers: int, budget_tokens: int, grad_accum: int = 1, **changes) -> dict:
+def recipe(objective: str, hidden: int, layers: int, budget_tokens: int, accumulation: int = 1, **changes) -> dict:
+    """A recipe whose step is ``accumulation`` micro-batches of ``budget_tokens`` on one rank."""
     overrides = {"num_layers": layers, "hidden": hidden, "ffn": 4 * hidden, "heads": 4, "max_len": RESIDUES + 2}
     overrides["attention_dropout"] = 0.0  # CPU attention dropout is not modelled (its blockwise kernel)
     return {
@@ -34,8 +36,8 @@ def recipe(objective: str, hidden: int, layers: int, budget_tokens: int, grad_ac
         "objective": {"name": objective},
         "optim": {"lr": 1e-3, "warmup_steps": 1, "total_steps": 3},
         # pad_to_multiple 1: rows of RESIDUES + 2 tokens exactly, so the largest micro-batch is every batch
+        "tokens_per_step": budget_tokens * accumulation,
         "data": {"tokens_per_batch": budget_tokens, "buffer_rows": 64, "num_workers": 0, "pad_to_multiple": 1},
-        "grad_accum": grad_accum,
         "eval_every": 0,
         "eval_batches": 1,
         "save_every": 0,
@@ -46,7 +48,7 @@ def recipe(objective: str, hidden: int, layers: int, budget_tokens: int, grad_ac
 
 
 def equal_rows(cfg: TrainConfig) -> torch.Tensor:
-    batch = budget.largest_micro_batch(cfg)
+    batch = budget.largest_micro_batch(cfg)  # one micro-batch per step
     tokens = torch.full((batch.rows, batch.width), PAD_ID, dtype=torch.long)
     tokens[:, 0], tokens[:, RESIDUES + 1] = CLS_ID, EOS_ID
     g = torch.Generator().manual_seed(0)
@@ -92,10 +94,11 @@ def test_the_estimate_is_the_measured_peak_of_training_steps(objective, bf16, si
     above); when the step peaks beside them depends on the order in which the backward frees the last layer's
     tensors and allocates gradients, so the working-set term is known to half its size; 1 % covers indices,
     masks and the batch."""
-    cfg = TrainConfig.from_dict(recipe(objective, 48, 3, 2448, grad_accum=1 if bf16 else 2))
+    accumulation = 1 if bf16 else 2
+    cfg = TrainConfig.from_dict(recipe(objective, 48, 3, 2448, accumulation))
     precision = budget.Precision(bf16=bf16, device="cpu")
-    estimate = budget.peak_memory(cfg, 1, precision)
-    batch = budget.largest_micro_batch(cfg)
+    estimate = budget.peak_memory(cfg, 1, precision, accumulation)
+    batch = budget.largest_micro_batch(cfg, 1, accumulation)
     rng = np.random.default_rng(0)
     rows = [(rng.integers(0, 20, RESIDUES) + FIRST_RESIDUE_ID).astype(np.uint8) for _ in range(96)]
     shards = write_shards(tmp_path / "shards", {"train": rows, "valid": rows[:8]})
@@ -130,14 +133,18 @@ def test_counts_and_shapes():
     assert params.per_layer == sum(p.numel() for p in model.encoder.layers[1].parameters())
     batch = budget.largest_micro_batch(cfg)
     assert (batch.rows, batch.width, batch.tokens, batch.pairs) == (24, 102, 2448, 24 * 105)
-    # base: 32 rows of 510 residues, ceil(0.15 x 510) = 77 masked each
-    base = budget.largest_micro_batch(TrainConfig.from_yaml("config/train/base.yaml"))
+    # base: 262,144 tokens per step are 512 rows of 510 residues, ceil(0.15 x 510) = 77 masked each; over 4 GPUs x
+    # 4 micro-batches, 32 rows each; over 3 x 5 (a layout that does not divide the rows), up to ceil(512 / 15) = 35
+    base_cfg = TrainConfig.from_yaml("config/train/base.yaml")
+    base = budget.largest_micro_batch(base_cfg, 4, 4)
     assert (base.rows, base.width, base.masked) == (32, 512, 77)
+    assert budget.largest_micro_batch(base_cfg, 3, 5).rows == 35
 
 
 def test_fsdp_shards_the_static_memory():
     xl = TrainConfig.from_yaml("config/train/xl.yaml", ["objective.name=pmlm_pair_only"])
-    one, four = (budget.peak_memory(xl, world, budget.Precision(bf16=True)) for world in (1, 4))
+    # the same micro-batch: one rank accumulating four, or four ranks one each
+    one, four = (budget.peak_memory(xl, world, budget.Precision(bf16=True), 4 // world) for world in (1, 4))
     params = budget.count_parameters(xl.model_config(), "pmlm_pair_only")
     assert one["bytes"]["adamw_state"] == 8 * params.total and four["bytes"]["adamw_state"] == 2 * params.total
     assert four["bytes"]["layers"] == one["bytes"]["layers"]  # activations are per rank, never sharded
@@ -155,7 +162,7 @@ def test_cpu_attention_dropout_is_not_estimated():
 def write_workflow(tmp_path, models: list[dict]) -> tuple:
     recipe_path = tmp_path / "tiny.yaml"
     cfg = recipe("pmlm", 32, 2, 1020)
-    cfg["optim"]["total_steps"], cfg["grad_accum"] = 5000, 3
+    cfg["optim"]["total_steps"], cfg["tokens_per_step"] = 5000, 1020 * 3 * 2  # 2 GPUs x 3 micro-batches
     recipe_path.write_text(yaml.safe_dump(cfg))
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"pretrain": {"recipes": {"tiny": str(recipe_path)}, "models": models}}))
@@ -204,9 +211,75 @@ def test_plan_of_the_paper_config(capsys):
     resources = pretrain_resources("profiles/slurm")
     for row in jobs.values():
         assert row["throughput_source"].startswith("assumed") and row["gpus"] == resources["gpus"]
-        assert row["segments"] >= 1 and row["peak_gib"] > 0
+        assert row["segments"] >= 1 and all(card["peak_gib"] > 0 for card in row["cards"].values())
     # the paper's base runs took 24 V100 x ~3 weeks: the assumption reproduces that for PMLM-base
     base = jobs["uniref50/pmlm-base"]
     assert base["gpu_hours"] == pytest.approx(24 * 21 * 24, rel=1e-3)
     xl = jobs["uniref50/pmlm_pair_only-xl"]
     assert xl["memory"]["bf16"]["sharded"] and xl["memory"]["bf16"]["world_size"] == resources["gpus"]
+
+
+def test_the_paper_batch_is_the_same_on_any_number_of_gpus(capsys):
+    """The recipe states the step's tokens; the GPU count and the card set only the micro-batch and accumulation."""
+    steps = {}
+    for gpus in (1, 4, 8):
+        assert main(["plan", "--configfile", "config/paper.yaml", "--throughput", "none.yaml", "--gpus", str(gpus),
+                     "--json"]) == 0  # fmt: skip
+        for row in json.loads(capsys.readouterr().out)["jobs"]:
+            steps.setdefault(row["job"], set()).add(row["tokens_per_step"])
+            for card, layout in row["cards"].items():
+                assert layout["micro_batch"] * layout["accumulation"] * gpus == 262_144, (row["job"], card)
+                assert layout["fits"]  # auto: the largest micro-batch the card holds
+    assert all(values == {262_144} for values in steps.values())
+    # the text form prints the same figure
+    assert main(["plan", "--configfile", "config/paper.yaml", "--throughput", "none.yaml", "--gpus", "8"]) == 0
+    assert "| uniref50/pmlm-base | 8 | 2,000,000 | 262,144 |" in capsys.readouterr().out
+
+    # a GPU count that does not divide the batch, and a micro-batch that does not divide a GPU's share: one line each
+    assert main(["plan", "--configfile", "config/paper.yaml", "--throughput", "none.yaml", "--gpus", "24"]) == 2
+    assert "tokens_per_step 262,144 does not split evenly over 24 ranks" in capsys.readouterr().err
+    args = ["plan", "--recipe", "config/train/base.yaml", "--gpus", "4", "--set", "data.tokens_per_batch=24576"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "65,536 tokens per rank, not a multiple of data.tokens_per_batch 24,576; micro-batches that divide it: " \
+           "16,384, 8,192, 4,096" in err  # fmt: skip
+    # an explicit micro-batch a card does not hold is shown as such
+    args = ["plan", "--recipe", "config/train/base.yaml", "--gpus", "1", "--set", "data.tokens_per_batch=131072",
+            "--json"]  # fmt: skip
+    assert main(args) == 0
+    cards = json.loads(capsys.readouterr().out)["jobs"][0]["cards"]
+    assert cards["40 GB"]["accumulation"] == 2 and not cards["40 GB"]["fits"] and cards["80 GB"]["fits"]
+
+
+def test_an_old_recipe_with_grad_accum_is_told_what_replaced_it(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("tokens_per_step: 4096\ngrad_accum: 4\n")
+    with pytest.raises(ConfigError, match=r"old.yaml: grad_accum is derived now: tokens_per_step / "):
+        TrainConfig.from_yaml(old)
+
+
+def test_the_step_layout_splits_rows_and_sizes_the_micro_batch_by_the_card():
+    layout = StepLayout(4096, 1024, 2, 2)
+    # 10 rows over 4 parts: 3, 3, 2, 2, rank 0 the first two; 3 rows: the fourth part is empty
+    assert layout.rank_parts(10, 0) == [(0, 3), (3, 6)] and layout.rank_parts(10, 1) == [(6, 8), (8, 10)]
+    assert layout.rank_parts(3, 1) == [(2, 3), (3, 3)]
+
+    # auto: the largest micro-batch whose estimate leaves CARD_HEADROOM of the card; twice it would not
+    large = TrainConfig.from_yaml("config/train/large.yaml")
+    bf16 = budget.Precision(bf16=True)
+    for card in (40 * budget.GIB, 80 * budget.GIB):
+        chosen = choose_layout(large, 4, card, bf16)
+        assert chosen.micro_tokens * chosen.accumulation * 4 == large.tokens_per_step and not chosen.note
+        fits = budget.peak_memory(large, 4, bf16, chosen.accumulation)["total_bytes"]
+        twice = budget.peak_memory(large, 4, bf16, chosen.accumulation // 2)["total_bytes"]
+        assert fits <= card * (1 - CARD_HEADROOM) < twice
+    # without a card (CPU): one micro-batch per rank; a recipe the estimate does not model: the same, and a note
+    assert choose_layout(large, 4).accumulation == 1
+    tmlm = choose_layout(TrainConfig.from_yaml("config/train/tiny.yaml", ["objective.name=tmlm"]), 2, 80 * budget.GIB)
+    assert tmlm.accumulation == 1 and "does not model the triple head" in tmlm.note
+    # a card too small for one row per micro-batch
+    with pytest.raises(
+        ConfigError, match="no micro-batch of tokens_per_step 262,144 over 4 ranks fits a card of 2 GiB"
+    ):
+        choose_layout(large, 4, 2 * budget.GIB, bf16)

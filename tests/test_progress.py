@@ -129,7 +129,7 @@ def test_pretraining_log_has_a_progress_line_per_tenth(tmp_path):
     cfg = {
         "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
         "optim": {"lr": 3e-3, "warmup_steps": 2, "total_steps": 30},
-        "data": {"tokens_per_batch": 512},
+        "tokens_per_step": 512,
         "log_every": 7,
         "eval_every": 30,
         "eval_batches": 2,

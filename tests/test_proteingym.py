@@ -533,7 +533,7 @@ def train_potts_pmlm(root: Path, weights: Path) -> None:
         "objective.name=pmlm",
         f"optim.total_steps={TRAIN_STEPS}",
         f"optim.warmup_steps={TRAIN_STEPS // 10}",
-        "data.tokens_per_batch=2048",
+        "tokens_per_step=2048",
         "save_every=0",
         "eval_batches=5",
     ]

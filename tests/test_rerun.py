@@ -48,7 +48,8 @@ def _config(*sets: str) -> TrainConfig:
     values = {
         "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 16, "ffn": 32, "heads": 2, "max_len": 64}},
         "optim": {"lr": 3e-3, "warmup_steps": 1, "total_steps": 4},
-        "data": {"tokens_per_batch": 256, "buffer_rows": 32, "num_workers": 0},
+        "tokens_per_step": 256,
+        "data": {"buffer_rows": 32, "num_workers": 0},
         "log_every": 1,
         "eval_every": 0,
         "eval_batches": 1,
@@ -87,16 +88,20 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def test_the_fingerprint_leaves_out_bookkeeping_only():
-    base = run_record(_config().to_dict(), NOT_IN_FINGERPRINT, shards="a", world_size=1)
+    base = run_record(_config().to_dict(), NOT_IN_FINGERPRINT, shards="a", precision="fp32")
     kept = _config(
         "log_every=3", "eval_every=2", "save_every=1", "keep_last_checkpoints=1", "tensorboard=true",
         "data.num_workers=2", "device=auto", "compile=true", "attention=padded", "fsdp=true",
+        "data.tokens_per_batch=128",  # the micro-batch: how the step's batch is split, not what it holds
     )  # fmt: skip
-    assert run_record(kept.to_dict(), NOT_IN_FINGERPRINT, shards="a", world_size=1) == base
-    for item in ("optim.lr=0.001", "optim.total_steps=5", "seed=2", "eval_batches=2", "model.overrides.norm=pre"):
-        changed = run_record(_config(item).to_dict(), NOT_IN_FINGERPRINT, shards="a", world_size=1)
+    assert run_record(kept.to_dict(), NOT_IN_FINGERPRINT, shards="a", precision="fp32") == base
+    for item in (
+        "optim.lr=0.001", "optim.total_steps=5", "seed=2", "eval_batches=2", "model.overrides.norm=pre",
+        "tokens_per_step=512",
+    ):  # fmt: skip
+        changed = run_record(_config(item).to_dict(), NOT_IN_FINGERPRINT, shards="a", precision="fp32")
         assert changed_settings(base, changed) == [item.split("=")[0]]
-    for inputs in ({"shards": "b", "world_size": 1}, {"shards": "a", "world_size": 2}):
+    for inputs in ({"shards": "b", "precision": "fp32"}, {"shards": "a", "precision": "bf16"}):
         changed = run_record(_config().to_dict(), NOT_IN_FINGERPRINT, **inputs)
         assert changed["fingerprint"] != base["fingerprint"]
 
@@ -161,8 +166,8 @@ def test_extend_continues_a_finished_run_under_more_steps_only(tmp_path, shard_d
     assert _logged_steps(out) == [1, 2, 3, 4, 5, 6] and _steps(out) == [2, 4, 6]
     assert json.loads(final.with_suffix(".json").read_text())["step"] == 6
 
-    with pytest.raises(ConfigError, match=r"--extend continues a run under a changed optim.total_steps or world_size "
-                                          r"only; .*step-6 differs in optim.lr 0.003 -> 0.001: restore"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"--extend continues a run under a changed optim.total_steps only; "
+                                          r".*step-6 differs in optim.lr 0.003 -> 0.001: restore"):  # fmt: skip
         train(_config("optim.total_steps=8", "optim.lr=0.001"), shard_dir, out, extend=True)
     with pytest.raises(ConfigError, match=r"--extend: .*empty.*checkpoints holds no checkpoint to continue"):
         train(_config(), shard_dir, tmp_path / "empty", extend=True)

@@ -68,7 +68,7 @@ JOIN_TIMEOUT_S = COLLECTIVE_TIMEOUT_S = 120
 # The demo's data, made locally (its SLURM jobs are test_slurm_workflow's); decontamination off as there.
 DATA = {"datasets": {"demo": {"sources": ["uniprot_sample"], "decontaminate": []}}}
 SET = {"optim.total_steps": STEPS, "optim.warmup_steps": 5, "eval_every": 100, "save_every": SAVE_EVERY,
-       "eval_batches": 2, "data.tokens_per_batch": 1024}  # fmt: skip
+       "eval_batches": 2, "tokens_per_step": 4096}  # fmt: skip
 RECIPE = "config/train/tiny.yaml"
 # Four encoders trained alike under names of their own: PLAIN and TWIN at once (the first run), STOPPED
 # (SIGTERM, requeue) and KILLED (one node's processes killed) at once (the second run).

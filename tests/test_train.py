@@ -40,7 +40,8 @@ def _config(**changes) -> dict:
     cfg = {
         "model": {"preset": "tiny", "overrides": {"num_layers": 1, "hidden": 32, "ffn": 64, "heads": 2, "max_len": 64}},
         "optim": {"lr": 3e-3, "warmup_steps": 2, "total_steps": 10},
-        "data": {"tokens_per_batch": 512, "buffer_rows": 64, "num_workers": 1},
+        "tokens_per_step": 512,
+        "data": {"buffer_rows": 64, "num_workers": 1},
         "log_every": 1,
         "eval_every": 10,
         "eval_batches": 2,

@@ -143,7 +143,7 @@ def step_flops(train_cfg: TrainConfig, families: list[tuple[str, FamilyData]]) -
     total, weight = 0.0, 0
     for _, family in families:
         padded = -(-(family.length + 2) // train_cfg.data.pad_to_multiple) * train_cfg.data.pad_to_multiple
-        rows = max(1, train_cfg.data.tokens_per_batch // padded)
+        rows = max(1, train_cfg.tokens_per_step // padded)
         tokens = torch.from_numpy(batch_tokens(list(residue_ids(family.train[:rows]))).tokens)
         counter = FlopCounterMode(display=False)
         with counter:

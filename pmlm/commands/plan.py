@@ -9,10 +9,11 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
-        "Per pre-training job: optimizer steps, tokens (token budget x grad_accum x GPUs x steps), GPU-hours and wall "
-        "days at a per-GPU throughput, SLURM jobs of the profile's runtime needed, and the peak memory per GPU of the "
-        "recipe's largest micro-batch (bf16 and fp32; sharded when the recipe uses FSDP). docs/gpu.md explains the "
-        "figures and their assumptions."
+        "Per pre-training job: optimizer steps, tokens (the recipe's tokens_per_step x steps, the same on any number "
+        "of GPUs), GPU-hours and wall days at a per-GPU throughput, SLURM jobs of the profile's runtime needed, and "
+        "per card size (40 / 80 GB) the micro-batch, the accumulation (tokens_per_step / (micro-batch x GPUs)) and "
+        "the peak memory per GPU of the largest micro-batch (sharded when the recipe uses FSDP). docs/gpu.md explains "
+        "the figures and their assumptions."
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--configfile", metavar="CONFIG.yaml", help="workflow config, e.g. config/paper.yaml")

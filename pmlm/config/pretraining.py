@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from pmlm.config.optim import PretrainOptimConfig
 from pmlm.config.tree import YamlConfig, require
@@ -11,6 +12,8 @@ from pmlm.model.config import PRESETS, ModelConfig, model_config
 from pmlm.model.encoder import ATTENTION_LAYOUTS
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.vocabulary import DEVICES, PMLM
+
+AUTO = "auto"  # data.tokens_per_batch: the micro-batch chosen for the hardware (pmlm.train.step_layout)
 
 
 @dataclass
@@ -39,14 +42,19 @@ class ModelSection:
 class ShardDataConfig:
     """How shards become batches."""
 
-    tokens_per_batch: int = 8192  # budget per micro-batch: rows * padded length (specials and padding included)
+    # a hardware setting, not the recipe's: the token budget (rows * padded length, specials and padding included)
+    # of one micro-batch on one GPU; auto = the largest that fits the card by the memory estimate (pmlm plan), one
+    # micro-batch per rank on CPU. The batch of an optimizer step is tokens_per_step whatever this is.
+    tokens_per_batch: int | str = "auto"
     max_len: int | None = None  # crop length in tokens incl. <cls>/<eos>; None = the model's max_len
     buffer_rows: int = 16_384  # rows shuffled and length-bucketed together; larger = less padding
     pad_to_multiple: int = 8  # padded batch length rounded up to this (tensor-core friendly shapes)
     num_workers: int = 1  # background threads preparing upcoming shuffle buffers; 0 = inline
 
     def __post_init__(self) -> None:
-        require(self.tokens_per_batch >= 1, "data.tokens_per_batch", "must be >= 1", self.tokens_per_batch)
+        micro = self.tokens_per_batch
+        micro_ok = micro == AUTO or (isinstance(micro, int) and micro >= 1)
+        require(micro_ok, "data.tokens_per_batch", "must be auto or a whole number >= 1", micro)
         max_len_ok = self.max_len is None or self.max_len >= 3
         require(max_len_ok, "data.max_len", "must be >= 3 (it counts <cls> and <eos>) or null", self.max_len)
         require(self.buffer_rows >= 1, "data.buffer_rows", "must be >= 1", self.buffer_rows)
@@ -64,6 +72,9 @@ NOT_IN_FINGERPRINT = (
     "keep_last_checkpoints",  # how many are kept
     "tensorboard",  # whether the rows also go to TensorBoard
     "data.num_workers",  # threads preparing the same batches ahead of time
+    # how the step's batch is cut into micro-batches: the same update up to the order of rounding (the loss is
+    # normalised by the step's sample sizes, pmlm.model.objectives); the number of ranks is not recorded either
+    "data.tokens_per_batch",
     "device",  # where the arithmetic runs (the precision it resolves to is fingerprinted)
     "bf16",  # fingerprinted as the resolved precision
     "compile",  # the same layers compiled: the same arithmetic, up to the order of rounding
@@ -76,14 +87,28 @@ NOT_IN_FINGERPRINT = (
 class TrainConfig(YamlConfig):
     """Everything a pre-training run depends on; saved into every checkpoint as config.json."""
 
+    # keys of earlier recipes, refused with what replaced them
+    RETIRED: ClassVar[dict[str, str]] = {
+        "grad_accum": (
+            "is derived now: tokens_per_step / (data.tokens_per_batch x GPUs); state the recipe's batch as "
+            "tokens_per_step (the old data.tokens_per_batch x grad_accum x GPUs) and leave the micro-batch to the "
+            "hardware (docs/training.md, 'The batch')"
+        )
+    }
+
     model: ModelSection = field(default_factory=ModelSection)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     optim: PretrainOptimConfig = field(default_factory=PretrainOptimConfig)
     data: ShardDataConfig = field(default_factory=ShardDataConfig)
-    grad_accum: int = 1  # micro-batches per optimizer step (per rank)
+    # the recipe's batch: the token budget of one optimizer step, rows * padded length over all its micro-batches
+    # and ranks. It is cut from the length-bucketed stream as one batch and split over ranks x micro-batches
+    # (train.step_layout), so 1, 4 or 8 GPUs train the same model; the accumulation follows from it.
+    tokens_per_step: int = 8192
     log_every: int = 10  # optimizer steps between rows of metrics.csv / TensorBoard
     eval_every: int = 1000  # optimizer steps between validations; 0 = only at the end
-    eval_batches: int = 50  # validation micro-batches per rank (the first ones of the fixed-seed valid stream)
+    # validation batches of tokens_per_step each (the first ones of the fixed-seed valid stream), split over ranks
+    # and micro-batches like a training step's, so the figures do not depend on the hardware
+    eval_batches: int = 50
     save_every: int = 1000  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM/SIGUSR1
     keep_last_checkpoints: int = 3  # older step-N/ folders are deleted
     seed: int = 1  # seeds model init, data order, crops and masks
@@ -98,7 +123,7 @@ class TrainConfig(YamlConfig):
     tensorboard: bool = True  # also write TensorBoard events to <out>/tb
 
     def __post_init__(self) -> None:
-        for name in ("grad_accum", "log_every", "eval_batches", "keep_last_checkpoints"):
+        for name in ("tokens_per_step", "log_every", "eval_batches", "keep_last_checkpoints"):
             require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("eval_every", "save_every", "seed"):
             require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))

@@ -90,6 +90,9 @@ def build_dataclass(cls, values, prefix: str):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {values!r}")
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
+    retired = sorted(set(values) & set(getattr(cls, "RETIRED", {})))
+    if retired:
+        raise ConfigError(f"{prefix}{retired[0]} {cls.RETIRED[retired[0]]}")
     unknown = sorted(set(values) - set(known))
     if unknown:
         names = ", ".join(prefix + k for k in unknown)

@@ -53,31 +53,38 @@ CSV_FIELDS = (
 class FinetuneHooks:
     """Optional callbacks, for tests and monitoring; they must not change the run's state."""
 
+    after_backward: Callable[[int, TaskModel], None] | None = None  # a step's gradients, complete: (step, model)
     after_step: Callable[[int, TaskModel], None] | None = None  # after each optimizer step: (steps done, model)
 
 
-def task_loss(task: str, logits: torch.Tensor, batch: Batch, min_separation: int) -> tuple[torch.Tensor, int]:
-    """Mean loss of one batch and the number of terms it averages.
+def task_terms(task: str, batch: Batch, min_separation: int) -> int:
+    """How many terms ``task_loss`` sums over ``batch``: contact, valid pairs i < j with j - i >= min_separation;
+    ss3, labelled residues; remote homology, proteins."""
+    if task == "contact":
+        return int((batch.valid & _far(batch.valid.shape[-1], min_separation, batch.valid.device)).sum())
+    if task == "ss3":
+        return int(batch.targets.ne(IGNORE_LABEL).sum())
+    return batch.targets.numel()
 
-    contact: BCE over valid pairs i < j with j - i >= min_separation; ss3: CE per labelled
-    residue; remote homology: CE per protein. An empty selection gives 0 (no NaN).
-    """
+
+def _far(length: int, min_separation: int, device) -> torch.Tensor:
+    """(L, L) bool, the upper triangle's pairs with j - i >= min_separation."""
+    idx = torch.arange(length, device=device)
+    return (idx[None, :] - idx[:, None]) >= min_separation
+
+
+def task_loss(task: str, logits: torch.Tensor, batch: Batch, min_separation: int) -> torch.Tensor:
+    """The loss of one batch summed over its ``task_terms``: contact, BCE over valid pairs i < j with j - i >=
+    min_separation; ss3, CE per labelled residue; remote homology, CE per protein. An empty selection gives 0."""
     logits = logits.float()
     if task == "contact":
-        L = logits.shape[-1]
-        idx = torch.arange(L, device=logits.device)
-        far = (idx[None, :] - idx[:, None]) >= min_separation  # (L, L) upper triangle, |i - j| >= s
-        scored = batch.valid & far  # (B, L, L)
-        n = int(scored.sum())
-        loss = F.binary_cross_entropy_with_logits(logits[scored], batch.targets[scored].float(), reduction="sum")
-        return loss / max(n, 1), n
+        scored = batch.valid & _far(logits.shape[-1], min_separation, logits.device)  # (B, L, L)
+        return F.binary_cross_entropy_with_logits(logits[scored], batch.targets[scored].float(), reduction="sum")
     if task == "ss3":
-        n = int(batch.targets.ne(IGNORE_LABEL).sum())
-        loss = F.cross_entropy(
+        return F.cross_entropy(
             logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
         )
-        return loss / max(n, 1), n
-    return F.cross_entropy(logits, batch.targets), batch.targets.numel()
+    return F.cross_entropy(logits, batch.targets, reduction="sum")
 
 
 @dataclass(eq=False)
@@ -94,10 +101,15 @@ class FinetuneRun(TrainingRun):
     encoder_window: int  # residues the encoder takes
     device: torch.device
     autocast: Callable
-    sums: dict = field(default_factory=lambda: {"loss": 0.0, "batches": 0, "proteins": 0})  # since the last row
+    sums: dict = field(default_factory=lambda: {"loss": 0.0, "steps": 0, "proteins": 0})  # since the last row
     proteins: int = 0
+    batches: list[Batch] = field(default_factory=list)  # the current step's micro-batches
+    terms: int = 0  # the terms their loss sums over, its divisor
     valid_scores: dict | None = None  # of the last validation
     command, counted, csv_fields = "finetune", "proteins", CSV_FIELDS
+
+    def __post_init__(self) -> None:
+        self.accumulation = self.cfg.grad_accum
 
     @property
     def validates(self) -> bool:
@@ -113,13 +125,18 @@ class FinetuneRun(TrainingRun):
             group["lr"] = group["peak_lr"] * scale
         return {"lr": o.lr * scale, "head_lr": o.head_lr * scale}
 
-    def micro_batch_loss(self, step: int) -> torch.Tensor:
-        batch = self.loader.next_batch().to(self.device)
+    def begin_step(self, step: int) -> None:
+        self.batches = [self.loader.next_batch().to(self.device) for _ in range(self.accumulation)]
+        # the step's loss is the mean over all its terms, whichever micro-batch holds them
+        self.terms = sum(task_terms(self.cfg.task, b, self.cfg.data.min_separation) for b in self.batches)
+        self.sums["steps"] += 1
+
+    def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
+        batch = self.batches[micro]
         with self.autocast():
             logits = self.module(batch.tokens, batch.mask)
-        loss, _ = task_loss(self.cfg.task, logits, batch, self.cfg.data.min_separation)
+        loss = task_loss(self.cfg.task, logits, batch, self.cfg.data.min_separation) / max(self.terms, 1)
         self.sums["loss"] += float(loss.detach())
-        self.sums["batches"] += 1
         self.sums["proteins"] += len(batch.ids)
         self.proteins += len(batch.ids)
         return loss
@@ -128,7 +145,7 @@ class FinetuneRun(TrainingRun):
         return math.isfinite(self.sums["loss"])
 
     def mean_loss(self) -> float | None:
-        return self.sums["loss"] / self.sums["batches"] if self.sums["batches"] else None
+        return self.sums["loss"] / self.sums["steps"] if self.sums["steps"] else None
 
     def seen(self) -> int:
         return self.proteins
@@ -136,7 +153,7 @@ class FinetuneRun(TrainingRun):
     def log_train(self, log, step: int, lrs: dict[str, float], grad_norm: float) -> None:
         row = {"split": "train", "step": step, "epoch": self.loader.epoch, **lrs}
         log.write({**row, "loss": self.mean_loss(), "grad_norm": grad_norm, "proteins": self.sums["proteins"]})
-        self.sums = {"loss": 0.0, "batches": 0, "proteins": 0}
+        self.sums = {"loss": 0.0, "steps": 0, "proteins": 0}
 
     def validate(self, log, step: int, lrs: dict[str, float]) -> None:
         d = self.cfg.data
@@ -211,7 +228,11 @@ def finetune(
         # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
         run = FinetuneRun(cfg, model, trainable, optimizer, groups, loader, valid_data, window, device, autocast)
         after_step = (lambda step: hooks.after_step(step, model)) if hooks.after_step else None
-        code = fit(run, cfg, out_dir, device, stop, record=record, extend=extend, after_step=after_step)
+        after_backward = (lambda step: hooks.after_backward(step, model)) if hooks.after_backward else None
+        code = fit(
+            run, cfg, out_dir, device, stop, record=record, extend=extend, after_step=after_step,
+            after_backward=after_backward,
+        )  # fmt: skip
         if code != 0:
             return code
 
@@ -227,6 +248,7 @@ def finetune(
                 valid_path,
                 valid_data,
                 run.valid_scores,
+                precision(device, cfg.bf16),
             )
             write_head(final_path, trainable.state_dict(), info, encoder_path)
         return 0
@@ -305,8 +327,10 @@ def _head_info(
     valid_path,
     valid_data: TaskData | None,
     valid_scores: dict | None,
+    trained_in: str,
 ) -> dict:
-    """The head sidecar's description of this run (the encoder's path is added by ``write_head``)."""
+    """The head sidecar's description of this run (the encoder's path is added by ``write_head``); ``trained_in``,
+    the precision its forward passes used, is the one evaluation reads it in (``pmlm.artefacts.recorded_precision``)."""
     return {
         "config": cfg.to_dict(),
         "task": cfg.task,
@@ -323,5 +347,6 @@ def _head_info(
             "read": train_data.counts.as_dict(),
         },
         "valid": None if valid_data is None else {"path": str(valid_path), "scores": valid_scores},
+        "precision": trained_in,
         "versions": versions(),
     }

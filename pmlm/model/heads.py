@@ -155,3 +155,9 @@ class PairHead(nn.Module):
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate chunk outputs (blocks, p, X) along the pair axis; a single chunk is not copied."""
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def loss_precision(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as the losses take them: fp32 at least (bf16 autocast logits are cast up; an fp64 model, as the tests'
+    reference runs, stays fp64)."""
+    return logits if logits.dtype == torch.float64 else logits.float()

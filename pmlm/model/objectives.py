@@ -19,6 +19,11 @@ Objectives (``ObjectiveConfig.name``):
   ``ceil(triples_per_masked * n)`` sampled triples i < j < k of each sequence's n masked standard residues, the
   label of (i, j, k) ``400 x_i + 20 x_j + x_k``.
 
+Normalisation: each term's cross-entropy is summed over its examples and divided by their number in the whole
+optimizer step, every micro-batch of every rank (``sample_sizes``, ``objective_outputs``'s ``sizes``), so "mean"
+above is the mean over the step, however it is split (docs/training.md, "The objective", cites the released code).
+``mask_batch`` draws a step's masks (and triples) at once; ``MaskedBatch.rows`` is one micro-batch of it.
+
 Masking follows fairseq's MaskTokensDataset: per sequence, ``floor(mask_prob * n + u)``
 (u ~ U[0, 1)) of its n residue positions are chosen without replacement (the expected
 rate is exactly ``mask_prob``); of those, ``mask_token_prob`` become ``<mask>``,
@@ -37,8 +42,10 @@ from torch import Tensor
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, X_ID
 from pmlm.errors import ConfigError
+from pmlm.model.heads import loss_precision
 from pmlm.model.pmlm_model import unwrap
 from pmlm.model.triple import sample_triples, triple_labels, triple_loss
+from pmlm.tokens import trimmed_width
 from pmlm.vocabulary import MLM, OBJECTIVES, PMLM, PMLM_PAIR_ONLY, TMLM
 
 IGNORE_INDEX = -100  # target of unmasked positions and of masked non-standard residues
@@ -156,7 +163,7 @@ def pair_labels(pair_index: Tensor, targets: Tensor, pair_vocab: str = "standard
 def _marginal_log_probs(pair_logits: Tensor, pair_vocab: str) -> Tensor:
     """log P(x_i) over residue classes (N, 20) from diagonal pair logits (N, K)."""
     side = NUM_RESIDUES if pair_vocab == "standard" else FULL_PAIR_SIDE
-    joint = pair_logits.float().view(-1, side, side)  # (N, first, second)
+    joint = loss_precision(pair_logits).view(-1, side, side)  # (N, first, second)
     log_marginal = joint.logsumexp(dim=2) - joint.flatten(1).logsumexp(dim=1, keepdim=True)  # (N, side)
     if pair_vocab == "full":
         # only standard residues are scored; mass on other tokens counts as wrong
@@ -179,40 +186,99 @@ def masked_pair_loss(
     targets (B, L) from ``mask_tokens``.
     """
     labels = mirrored_pair_labels(upper, targets, pair_vocab)  # (2P,)
-    ce_sum = F.cross_entropy(pair_logits.float(), labels, reduction="sum")
+    ce_sum = F.cross_entropy(loss_precision(pair_logits), labels, reduction="sum")
     return ce_sum, labels.numel(), (pair_logits.argmax(dim=-1) == labels).sum()
+
+
+@dataclass
+class MaskedBatch:
+    """A batch masked for the objective: what one forward pass of the objective takes. Masks and triples are drawn
+    for a whole optimizer step's batch at once (``mask_batch``) and the step's micro-batches are row ranges of it
+    (``rows``), so a sequence gets the same masks whichever rank and micro-batch it lands on."""
+
+    inputs: Tensor  # (B, L) token ids after masking
+    targets: Tensor  # (B, L) residue class at masked standard residues, IGNORE_INDEX elsewhere
+    triples: Tensor | None = None  # (T, 4) rows (b, i, j, k) of the Triple MLM, sorted by b; None otherwise
+
+    def rows(self, start: int, stop: int, pad_to_multiple: int = 1) -> MaskedBatch:
+        """Rows ``start:stop``, their columns cut to the longest of them (rounded up to ``pad_to_multiple``), the
+        triples of those rows renumbered."""
+        width = trimmed_width(self.inputs[start:stop], pad_to_multiple)
+        triples = None
+        if self.triples is not None:
+            b = self.triples[:, 0]
+            triples = self.triples[(b >= start) & (b < stop)] - torch.tensor([start, 0, 0, 0], device=b.device)
+        return MaskedBatch(self.inputs[start:stop, :width], self.targets[start:stop, :width], triples)
+
+
+def mask_batch(tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> MaskedBatch:
+    """``mask_tokens`` and, for the Triple MLM, the sampled triples: every random draw the objective makes."""
+    inputs, targets, _ = mask_tokens(tokens, cfg, generator)
+    triples = None
+    if cfg.name == TMLM:
+        triples = sample_triples(targets.ne(IGNORE_INDEX), cfg.triples_per_masked, generator)  # (T, 4)
+    return MaskedBatch(inputs, targets, triples)
+
+
+# The loss is a weighted sum of terms, each a cross-entropy summed over its examples and divided by its sample size:
+# the number of those examples in the whole optimizer step, all micro-batches of all ranks together (the released
+# criterion's sample-size normalisation, docs/training.md "The objective"). TERMS orders sample_sizes' entries.
+TERMS = ("mlm", "pair", "triple")
+
+
+def sample_sizes(batch: MaskedBatch, cfg: ObjectiveConfig) -> Tensor:
+    """(3,) int64, the examples of each of TERMS in ``batch``: masked standard residues for the token head; ordered
+    pairs i != j of them for the pair head (plus the diagonal pairs (i, i) under ``pmlm_pair_only``, whose one term
+    averages both); sampled triples for the triple head. Zero for a term the objective does not have."""
+    n = batch.targets.ne(IGNORE_INDEX).sum(dim=1)  # (B,) masked standard residues per row
+    zero = n.new_zeros(())
+    mlm = n.sum() if cfg.name != PMLM_PAIR_ONLY else zero
+    pair = zero if cfg.name == MLM else (n * n).sum() if cfg.name == PMLM_PAIR_ONLY else (n * (n - 1)).sum()
+    triple = n.new_tensor(batch.triples.shape[0]) if cfg.name == TMLM else zero
+    return torch.stack([mlm, pair, triple])
 
 
 def pretraining_losses(
     model: torch.nn.Module, tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator
 ) -> dict[str, Tensor]:
-    """Mask ``tokens`` (B, L), run the model once and return the objective's loss and counters.
+    """Mask ``tokens`` (B, L) and return the objective's loss and counters with ``tokens`` as a whole update (its
+    own sample sizes), as ``objective_outputs`` computes them."""
+    return objective_outputs(model, mask_batch(tokens, cfg, generator), cfg)
 
-    ``model`` may be wrapped (DistributedDataParallel, torch.compile): it is called, never
-    bypassed, so gradient synchronisation hooks run. Keys: ``loss`` (scalar to backward);
-    ``l_mlm``, ``l_pmlm``, ``l_tmlm`` (detached mean CE, 0-dim); ``mlm_correct``, ``mlm_total``,
-    ``pair_correct``, ``pair_total``, ``triple_correct``, ``triple_total`` (detached int64 sums).
+
+def objective_outputs(
+    model: torch.nn.Module, batch: MaskedBatch, cfg: ObjectiveConfig, sizes: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Run the model once on ``batch`` and return its share of the update's loss and its counters.
+
+    ``sizes``: the update's ``sample_sizes`` (default: ``batch``'s own, the batch is the whole update). ``loss`` is
+    ``sum_t weight_t * CE_t(batch) / sizes_t`` over TERMS, so the losses of an update's micro-batches add up to the
+    update's loss however its sequences are split into micro-batches and ranks. ``model`` may be wrapped
+    (DistributedDataParallel, torch.compile): it is called, never bypassed, so gradient synchronisation hooks run.
+    Keys: ``loss`` (scalar to backward); ``l_mlm``, ``l_pmlm``, ``l_tmlm`` (detached mean CE over ``batch``,
+    0-dim); ``mlm_correct``, ``mlm_total``, ``pair_correct``, ``pair_total``, ``triple_correct``, ``triple_total``
+    (detached int64 sums).
     """
     core = unwrap(model)
     uses_token_head = cfg.name != PMLM_PAIR_ONLY
     uses_pair_head = cfg.name != MLM
     uses_triple_head = cfg.name == TMLM
-    if uses_token_head and core.token_head is None:
-        raise ConfigError(
-            f"objective {cfg.name!r} needs a token head; build the model with pmlm.pretrained.build_model()"
-        )
-    if uses_pair_head and core.pair_head is None:
-        raise ConfigError(
-            f"objective {cfg.name!r} needs a pair head; build the model with pmlm.pretrained.build_model()"
-        )
-    if uses_triple_head and core.triple_head is None:
-        raise ConfigError(
-            f"objective {cfg.name!r} needs a triple head; build the model with pmlm.pretrained.build_model()"
-        )
+    for uses, head, name in (
+        (uses_token_head, core.token_head, "token"),
+        (uses_pair_head, core.pair_head, "pair"),
+        (uses_triple_head, core.triple_head, "triple"),
+    ):
+        if uses and head is None:
+            raise ConfigError(
+                f"objective {cfg.name!r} needs a {name} head; build the model with pmlm.pretrained.build_model()"
+            )
     pair_vocab = core.cfg.pair_vocab
-    device = tokens.device
+    targets, triples = batch.targets, batch.triples
+    device = targets.device
+    sizes = sample_sizes(batch, cfg) if sizes is None else sizes
+    # sum / max(n, 1): an empty term gives 0 with zero gradients, never NaN
+    denominators = sizes.clamp(min=1).to(device=device, dtype=torch.float32)
 
-    inputs, targets, _ = mask_tokens(tokens, cfg, generator)
     valid = targets.ne(IGNORE_INDEX)  # (B, L) masked standard residues
     valid_targets = targets[valid]  # (N,) row-major, the order of token_positions outputs
     n_valid = valid_targets.numel()
@@ -221,9 +287,8 @@ def pretraining_losses(
     if cfg.name == PMLM_PAIR_ONLY:
         # diagonal rows ride along; their mirrored copies (identical) are computed and dropped
         pair_index = torch.cat([upper, diagonal_pairs(valid)])  # (P + N, 3)
-    triples = sample_triples(valid, cfg.triples_per_masked, generator) if uses_triple_head else None  # (T, 4)
     out = model(
-        inputs,
+        batch.inputs,
         pair_index=pair_index,
         token_positions=valid if uses_token_head else None,
         mirror_pairs=True,
@@ -237,10 +302,10 @@ def pretraining_losses(
 
     if uses_token_head:
         token_logits = out["logits"]  # (N, 20)
-        # sum / max(n, 1): an empty selection gives 0 with zero gradients, never NaN
-        l_mlm = F.cross_entropy(token_logits.float(), valid_targets, reduction="sum") / max(n_valid, 1)
+        mlm_ce = F.cross_entropy(loss_precision(token_logits), valid_targets, reduction="sum")
+        l_mlm = mlm_ce / max(n_valid, 1)
         mlm_correct = (token_logits.argmax(dim=-1) == valid_targets).sum()
-        loss = l_mlm
+        loss = mlm_ce / denominators[0]
 
     if uses_pair_head:
         n_upper = upper.shape[0]
@@ -252,12 +317,12 @@ def pretraining_losses(
         pair_total = torch.tensor(n_off, device=device)
         l_pmlm = off_ce / max(n_off, 1)
         if cfg.name in (PMLM, TMLM):
-            loss = l_mlm + cfg.pair_weight * l_pmlm
+            loss = loss + cfg.pair_weight * off_ce / denominators[1]
         else:
             diag_logits = logits[n_upper:n_rows]  # (N, K)
             diag_labels = pair_labels(pair_index[n_upper:], targets, pair_vocab)
-            diag_ce = F.cross_entropy(diag_logits.float(), diag_labels, reduction="sum")
-            loss = (off_ce + diag_ce) / max(n_off + n_valid, 1)
+            diag_ce = F.cross_entropy(loss_precision(diag_logits), diag_labels, reduction="sum")
+            loss = (off_ce + diag_ce) / denominators[1]
             log_marginal = _marginal_log_probs(diag_logits, pair_vocab)  # (N, 20)
             l_mlm = F.nll_loss(log_marginal, valid_targets, reduction="sum") / max(n_valid, 1)
             mlm_correct = (log_marginal.argmax(dim=-1) == valid_targets).sum()
@@ -266,7 +331,7 @@ def pretraining_losses(
         tri_ce, n_triples, triple_correct = triple_loss(out["triple_logits"], triple_labels(triples, targets))
         triple_total = torch.tensor(n_triples, device=device)
         l_tmlm = tri_ce / max(n_triples, 1)
-        loss = loss + cfg.triple_weight * l_tmlm
+        loss = loss + cfg.triple_weight * tri_ce / denominators[2]
 
     return {
         "loss": loss,

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from pmlm.alphabet import NUM_RESIDUES
 from pmlm.model.encoder import ACTIVATIONS
+from pmlm.model.heads import loss_precision
 
 Q = NUM_RESIDUES
 NUM_TRIPLE_CLASSES = Q**3
@@ -133,7 +134,7 @@ def triple_labels(triple_index: Tensor, targets: Tensor) -> Tensor:
 
 def triple_loss(triple_logits: Tensor, labels: Tensor) -> tuple[Tensor, int, Tensor]:
     """``(ce_sum, n_triples, n_correct)`` of (T, 8000) logits."""
-    ce_sum = F.cross_entropy(triple_logits.float(), labels, reduction="sum")
+    ce_sum = F.cross_entropy(loss_precision(triple_logits), labels, reduction="sum")
     return ce_sum, labels.numel(), (triple_logits.argmax(dim=-1) == labels).sum()
 
 

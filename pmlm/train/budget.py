@@ -60,11 +60,13 @@ class MicroBatch:
         return self.rows * (self.masked * (self.masked - 1) // 2)
 
 
-def largest_micro_batch(cfg: TrainConfig) -> MicroBatch:
-    """The micro-batch that needs most memory under ``cfg``: rows of the full crop length fill the token budget
-    (the most masked pairs a budget can hold), each with the most masked residues the masking can draw."""
+def largest_micro_batch(cfg: TrainConfig, world_size: int = 1, accumulation: int = 1) -> MicroBatch:
+    """The micro-batch that needs most memory under ``cfg`` when each step's batch is split into ``world_size x
+    accumulation`` parts (``train.step_layout``): rows of the full crop length fill the step's budget (the most
+    masked pairs a budget can hold), a part takes up to ``ceil(rows / parts)`` of them, each with the most masked
+    residues the masking can draw."""
     width = -(-cfg.max_len // cfg.data.pad_to_multiple) * cfg.data.pad_to_multiple
-    rows = max(1, cfg.data.tokens_per_batch // width)
+    rows = max(1, -(-(cfg.tokens_per_step // width) // (world_size * accumulation)))
     residues = cfg.max_len - 2
     # mask_tokens draws floor(mask_prob * n + u), u in [0, 1): at most ceil(mask_prob * n)
     return MicroBatch(rows, width, residues, min(residues, math.ceil(cfg.objective.mask_prob * residues)))
@@ -210,8 +212,11 @@ def backward_working_set(model_cfg: ModelConfig, objective: str, batch: MicroBat
     return working
 
 
-def peak_memory(cfg: TrainConfig, world_size: int = 1, precision: Precision | None = None) -> dict:
-    """Peak bytes per GPU of one training step of ``cfg`` on its largest micro-batch, by component.
+def peak_memory(
+    cfg: TrainConfig, world_size: int = 1, precision: Precision | None = None, accumulation: int = 1
+) -> dict:
+    """Peak bytes per GPU of one training step of ``cfg`` on its largest micro-batch (``world_size x accumulation``
+    micro-batches per step), by component.
 
     ``precision`` defaults to what the recipe runs on a GPU (bf16 autocast unless ``bf16: false``). Parameters,
     gradients and AdamW state are sharded over ``world_size`` under FSDP (then the gathered layers are added);
@@ -225,12 +230,12 @@ def peak_memory(cfg: TrainConfig, world_size: int = 1, precision: Precision | No
     if why is not None:
         raise ConfigError(f"the memory estimate does not model {why}")
     params = count_parameters(model_cfg, objective)
-    batch = largest_micro_batch(cfg)
+    batch = largest_micro_batch(cfg, world_size, accumulation)
     shards = world_size if cfg.fsdp else 1
     static = {
         "weights": FP32 * params.total // shards,
         # gradients persist between the micro-batches of an accumulation (set to None between steps)
-        "gradients": FP32 * params.total // shards if cfg.grad_accum > 1 else 0,
+        "gradients": FP32 * params.total // shards if accumulation > 1 else 0,
         "adamw_state": ADAM_STATE * params.total // shards,
         "bf16_weight_copies": BF16 * params.linear if precision.bf16 else 0,
     }
@@ -246,6 +251,7 @@ def peak_memory(cfg: TrainConfig, world_size: int = 1, precision: Precision | No
         "precision": "bf16" if precision.bf16 else "fp32",
         "device": precision.device,
         "world_size": world_size,
+        "accumulation": accumulation,
         "sharded": bool(cfg.fsdp),
         "parameters": params.total,
         "bytes": parts,

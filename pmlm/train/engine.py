@@ -2,8 +2,12 @@
 build their data, model and optimizer and hand the engine a ``TrainingRun``: what differs between them (their
 batches and loss, their learning rates, their metrics rows, their state to save). The engine runs the rest, in
 this order: resume (only the run's own checkpoint, ``train.run_folder``), then per optimizer step the learning rate,
-forward / backward over the accumulated micro-batches, clipping, the divergence stop, the step, the metrics row,
-validation, checkpoints and the stop -> save -> requeue exit; at the end the last checkpoint and validation.
+the step's batch, forward / backward over its micro-batches, clipping, the divergence stop, the step, the metrics
+row, validation, checkpoints and the stop -> save -> requeue exit; at the end the last checkpoint and validation.
+
+The gradient of a step is the sum of its micro-batches' backward passes: a run returns each micro-batch's share of
+the step's loss, normalised by the step's own counts (``begin_step`` draws the whole step first), so the update
+does not depend on how the step is cut into micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class TrainingRun:
     csv_fields: tuple[str, ...]  # the columns of its metrics.csv
     module: nn.Module  # switched to train() for the loop and back after each validation
     optimizer: torch.optim.Optimizer
+    accumulation: int = 1  # micro-batches per optimizer step on this rank
     validates: bool = True  # whether there is a validation set
     step: int = 0  # optimizer steps done (the engine keeps it current, for the run's error lines)
 
@@ -45,8 +50,13 @@ class TrainingRun:
         """Set the optimizer's learning rates for optimizer step ``step`` (0-based); returns them by name."""
         raise NotImplementedError
 
-    def micro_batch_loss(self, step: int) -> torch.Tensor:
-        """The next micro-batch's forward pass and mean loss (the run adds it to its own sums)."""
+    def begin_step(self, step: int) -> None:
+        """Draw optimizer step ``step``'s batch (all of its micro-batches) and the counts its loss is divided by."""
+        raise NotImplementedError
+
+    def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
+        """Micro-batch ``micro``'s forward pass and its share of the step's loss, the tensor to backward (the run
+        adds it to its own sums)."""
         raise NotImplementedError
 
     def gradient_sync(self, enabled: bool) -> AbstractContextManager:
@@ -88,7 +98,6 @@ class Schedule:
     """The loop's own settings, read from either run's config."""
 
     total_steps: int
-    grad_accum: int
     clip_norm: float
     log_every: int
     eval_every: int
@@ -98,7 +107,6 @@ class Schedule:
     def of(cls, cfg) -> Schedule:
         return cls(
             cfg.optim.total_steps,
-            cfg.grad_accum,
             cfg.optim.clip_norm,
             cfg.log_every,
             cfg.eval_every,
@@ -118,12 +126,14 @@ def fit(
     rank: int = 0,
     world: int = 1,
     after_step: Callable[[int], None] | None = None,
+    after_backward: Callable[[int], None] | None = None,
     tensorboard_dir: Path | None = None,
 ) -> int:
-    """Train ``run`` per ``cfg`` (its ``optim``, ``grad_accum`` and intervals), resuming from the newest checkpoint
-    in ``out_dir`` if it belongs to the run ``record`` describes (``train.run_folder``; ``extend``: or differs from
-    it only in its length); returns 0 when done or REQUEUE_EXIT_CODE after a stop signal (``run.step``: the steps
-    done)."""
+    """Train ``run`` per ``cfg`` (its ``optim`` and intervals), resuming from the newest checkpoint in ``out_dir``
+    if it belongs to the run ``record`` describes (``train.run_folder``; ``extend``: or differs from it only in its
+    length); returns 0 when done or REQUEUE_EXIT_CODE after a stop signal (``run.step``: the steps done).
+    ``after_backward(step)``: called once a step's gradients are complete (reduced across ranks), before clipping;
+    ``after_step(steps done)``: after the optimizer step. Both must leave the run's state alone."""
     s = Schedule.of(cfg)
     is_main = rank == 0
     if is_main:
@@ -170,11 +180,14 @@ def fit(
         while step < s.total_steps:
             lrs = run.learning_rates(step)
             run.optimizer.zero_grad(set_to_none=True)
-            for micro in range(s.grad_accum):
+            run.begin_step(step)
+            for micro in range(run.accumulation):
                 # gradients are reduced across ranks once per optimizer step, on the last micro-batch
-                with run.gradient_sync(micro == s.grad_accum - 1):
-                    loss = run.micro_batch_loss(step)
-                    (loss / s.grad_accum).backward()
+                with run.gradient_sync(micro == run.accumulation - 1):
+                    loss = run.micro_batch_loss(step, micro)
+                    loss.backward()
+            if after_backward is not None:
+                after_backward(step)
             grad_norm = nn.utils.clip_grad_norm_(run.parameters(), s.clip_norm or math.inf)  # inf: measure only
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()  # a sharded (DTensor) norm -> the global value

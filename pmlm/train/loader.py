@@ -146,7 +146,7 @@ class ShardStream:
             raise ConfigError(f"data.max_len must exceed {SPECIALS_PER_SEQUENCE} (room for <cls>/<eos>), got {max_len}")
         if round_up(max_len, pad_to_multiple) > tokens_per_batch:
             raise ConfigError(
-                f"data.tokens_per_batch ({tokens_per_batch}) must hold one sequence of max_len {max_len} "
+                f"a batch of {tokens_per_batch} tokens (tokens_per_step) must hold one sequence of max_len {max_len} "
                 f"padded to a multiple of {pad_to_multiple}"
             )
         self.split = split
@@ -281,14 +281,14 @@ class ShardStream:
             tokens = torch.from_numpy(batches[self.batch]).long()  # (B, L)
             epoch = self.epoch
             self.batch += 1
-            return Batch(tokens=tokens, epoch=epoch, residues=_count_residues(tokens))
+            return Batch(tokens=tokens, epoch=epoch, residues=count_residues(tokens))
 
     def epoch_batches(self, epoch: int = 0):
         """One epoch of this rank's batches from its start; does not move the stream position."""
         for buffer in range(len(self.buffers_of_epoch(epoch))):
             for array in self.make_buffer_batches(epoch, buffer):
                 tokens = torch.from_numpy(array).long()  # (B, L)
-                yield Batch(tokens=tokens, epoch=epoch, residues=_count_residues(tokens))
+                yield Batch(tokens=tokens, epoch=epoch, residues=count_residues(tokens))
 
     # -- resumption ------------------------------------------------------------------------------
 
@@ -329,5 +329,5 @@ class ShardStream:
             self._pool = None
 
 
-def _count_residues(tokens: torch.Tensor) -> int:
+def count_residues(tokens: torch.Tensor) -> int:
     return int(((tokens != PAD_ID) & (tokens != CLS_ID) & (tokens != EOS_ID)).sum())

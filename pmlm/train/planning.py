@@ -1,6 +1,7 @@
-"""How long the pre-training jobs of a workflow config take and whether their micro-batch fits a GPU, before any
-job is submitted (``pmlm plan``): steps and tokens from each recipe, GPU-hours from a per-GPU throughput, the
-number of time-limit segments at the SLURM profile's runtime, and the peak memory per GPU (``train.budget``).
+"""How long the pre-training jobs of a workflow config take and how their batch meets a GPU, before any job is
+submitted (``pmlm plan``): steps and tokens from each recipe (its ``tokens_per_step``, the same on any number of
+GPUs), GPU-hours from a per-GPU throughput, the number of time-limit segments at the SLURM profile's runtime, and per
+card size the micro-batch, the accumulation and the peak memory per GPU (``train.step_layout``, ``train.budget``).
 
 The throughput per GPU is, in this order: ``--tokens-per-second``; the preset's entry in the throughput file
 (``config/throughput.yaml``, filled from bench/gpu_check.sh's figures once a GPU has run them); else an
@@ -16,22 +17,20 @@ from pathlib import Path
 
 import yaml
 
-from pmlm.config.pretraining import TrainConfig
+from pmlm.config.pretraining import AUTO, TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.train.budget import GIB, Precision, flops_per_token, peak_memory
+from pmlm.train.step_layout import CARD_HEADROOM, choose_layout, layout_for, tokens_per_rank
 
 # The paper: MLM-base / PMLM-base "pre-trained on 24 Tesla V100 GPU cards, about three weeks", evaluated at the
 # 60th epoch. 60 epochs of UR50 is what config/train/base.yaml's total_steps estimates: 2,000,000 optimizer steps
-# of 4 GPUs x 16,384 tokens x grad_accum 4. Spread over 24 GPUs x 21 days that is ~12,000 tokens/s per V100 at
-# base dims; its model-FLOP rate, divided by another recipe's FLOPs per token, gives that recipe's tokens/s.
-PAPER_BASE_TOKENS = 2_000_000 * 4 * 16_384 * 4
+# of 262,144 tokens (the recipe's tokens_per_step). Spread over 24 GPUs x 21 days that is ~12,000 tokens/s per V100
+# at base dims; its model-FLOP rate, divided by another recipe's FLOPs per token, gives that recipe's tokens/s.
+PAPER_BASE_TOKENS = 2_000_000 * 262_144
 PAPER_BASE_GPU_SECONDS = 24 * 21 * 86_400
 PAPER_BASE_RECIPE = Path("config/train/base.yaml")
 DEFAULT_WARNING_S = 600  # the profile's --signal=USR1@600: the trainers stop this long before the limit
 CARD_BYTES = {"40 GB": 40 * GIB, "80 GB": 80 * GIB}
-# a card is said to fit when the estimated peak leaves this share free for the CUDA context, cuBLAS / NCCL
-# workspaces and the caching allocator's fragmentation, none of which the estimate counts
-CARD_HEADROOM = 0.1
 
 
 @dataclass(frozen=True)
@@ -117,10 +116,16 @@ def throughput_table(path: str | Path | None) -> dict[str, float]:
 
 
 def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate: tuple[float, str]) -> dict:
-    """One row of the plan: steps, tokens, GPU-hours, wall time, segments, peak memory per GPU."""
+    """One row of the plan: steps, tokens, GPU-hours, wall time, segments; per card size the micro-batch, the
+    accumulation and the peak memory per GPU (``cards``), and the memory by component on the largest card."""
     cfg = job.config
-    tokens_per_step = cfg.data.tokens_per_batch * cfg.grad_accum * gpus
-    tokens = tokens_per_step * cfg.optim.total_steps
+    try:  # whatever the card: the batch must split over the GPUs, and an explicit micro-batch divide their share
+        tokens_per_rank(cfg, gpus) if cfg.data.tokens_per_batch == AUTO else layout_for(
+            cfg, gpus, cfg.data.tokens_per_batch
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{job.name} ({job.recipe}): {exc}") from None
+    tokens = cfg.tokens_per_step * cfg.optim.total_steps
     tokens_per_s, source = rate
     gpu_hours = tokens / tokens_per_s / 3600
     wall_hours = gpu_hours / gpus
@@ -130,7 +135,7 @@ def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate:
         "recipe": str(job.recipe),
         "gpus": gpus,
         "steps": cfg.optim.total_steps,
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_step": cfg.tokens_per_step,
         "tokens": tokens,
         "tokens_per_gpu_second": round(tokens_per_s),
         "throughput_source": source,
@@ -139,19 +144,30 @@ def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate:
         "runtime_min": runtime_min,
         "segments": None if not usable_min or usable_min <= 0 else math.ceil(wall_hours * 60 / usable_min),
     }
-    try:
-        memory = {
-            "bf16": peak_memory(cfg, gpus, Precision(bf16=True)),
-            "fp32": peak_memory(cfg, gpus, Precision(bf16=False)),
+    chosen = Precision(bf16=cfg.bf16 is not False)
+    row["precision"] = "bf16" if chosen.bf16 else "fp32"
+    row["cards"], row["memory"] = {}, None
+    for card, size in CARD_BYTES.items():
+        try:
+            layout = choose_layout(cfg, gpus, size, chosen)
+        except ConfigError as exc:  # no micro-batch fits
+            row["cards"][card] = {"fits": False, "note": str(exc)}
+            continue
+        split = {"micro_batch": layout.micro_tokens, "accumulation": layout.accumulation}
+        try:
+            memory = {
+                p: peak_memory(cfg, gpus, Precision(bf16=p == "bf16"), layout.accumulation) for p in ("bf16", "fp32")
+            }
+        except ConfigError as exc:  # a recipe the estimate does not model
+            row["cards"][card] = {**split, "peak_gib": None, "fits": None, "note": layout.note or str(exc)}
+            continue
+        peak = memory[row["precision"]]["total_bytes"]
+        row["cards"][card] = {
+            **split,
+            "peak_gib": round(peak / GIB, 1),
+            "fits": peak <= size * (1 - CARD_HEADROOM),
         }
-    except ConfigError as exc:
-        row["memory"] = None
-        row["memory_note"] = str(exc)
-        return row
-    row["memory"] = memory
-    chosen = memory["bf16" if cfg.bf16 is not False else "fp32"]["total_bytes"]
-    row["peak_gib"] = round(chosen / GIB, 1)
-    row["fits"] = {card: chosen <= size * (1 - CARD_HEADROOM) for card, size in CARD_BYTES.items()}
+        row["memory"] = memory
     return row
 
 
@@ -182,42 +198,51 @@ def plan(
 
 def render(rows: list[dict]) -> str:
     """The plan as a Markdown table, then what each figure assumes."""
+    cards = list(CARD_BYTES)
     head = (
         "| job | GPUs | steps | tokens/step | tokens | tok/s/GPU | GPU-hours | wall days | segments | "
-        "peak GiB/GPU bf16 (fp32) | fits 40 GB | fits 80 GB |"
+        + " | ".join(f"{card}: micro-batch x accum, peak GiB/GPU" for card in cards)
+        + " |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * (9 + len(cards))]
     for r in rows:
-        memory = r.get("memory")
-        peak = (
-            f"{memory['bf16']['total_bytes'] / GIB:.1f} ({memory['fp32']['total_bytes'] / GIB:.1f})"
-            if memory
-            else "n/a"
-        )
-        fits = r.get("fits") or {}
-        yes_no = [("yes" if fits[c] else "no") if c in fits else "n/a" for c in CARD_BYTES]
         segments = "n/a" if r["segments"] is None else str(r["segments"])
         lines.append(
             f"| {r['job']} | {r['gpus']} | {r['steps']:,} | {r['tokens_per_step']:,} | {r['tokens']:.3g} | "
             f"{r['tokens_per_gpu_second']:,}{'*' if r['throughput_source'].startswith('assumed') else ''} | "
-            f"{r['gpu_hours']:,} | {r['wall_days']} | {segments} | {peak} | {yes_no[0]} | {yes_no[1]} |"
+            f"{r['gpu_hours']:,} | {r['wall_days']} | {segments} | "
+            + " | ".join(_card_cell(r["cards"][card]) for card in cards)
+            + " |"
         )
     notes = [
         "",
-        "tokens: the recipe's token budget per micro-batch x grad_accum x GPUs x steps (padding included).",
+        "tokens/step: the recipe's tokens_per_step, the same on any number of GPUs; tokens: x steps (padding "
+        "included). micro-batch x accum: the tokens one GPU computes at once and the micro-batches it accumulates "
+        "per step (tokens/step = micro-batch x accum x GPUs); data.tokens_per_batch: auto takes the largest "
+        "micro-batch the card holds.",
     ]
     if any(r["throughput_source"].startswith("assumed") for r in rows):
         notes.append(
             "* assumed: the paper's V100 rate (24 V100 x ~3 weeks for 60 epochs of PMLM-base, scaled by each "
-            "recipe's FLOPs per token); no GPU figure of this code exists yet. Give --tokens-per-second or fill "
+            "recipe's FLOPs per token); config/throughput.yaml has no figure for its preset. Give --tokens-per-second or fill "
             "config/throughput.yaml."
         )
     runtime = next((r["runtime_min"] for r in rows if r["runtime_min"]), None)
     if runtime:
         notes.append(f"segments: SLURM jobs of {runtime} min each (the trainers stop before each time limit).")
     notes.append(
-        "peak: the largest micro-batch's weights, gradients, AdamW state and saved activations (pmlm.train.budget); "
-        f"a card fits when it leaves {CARD_HEADROOM:.0%} for the CUDA context and the allocator."
+        "peak: the largest micro-batch's weights, gradients, AdamW state and saved activations (pmlm.train.budget), at "
+        f"the recipe's precision; a card holds it when it leaves {CARD_HEADROOM:.0%} for the CUDA context and the "
+        'allocator. "no": an explicit data.tokens_per_batch the card does not hold.'
     )
-    notes += [f"{r['job']}: {r['memory_note']}" for r in rows if r.get("memory_note")]
+    notes += [f"{r['job']}, {card}: {c['note']}" for r in rows for card, c in r["cards"].items() if c.get("note")]
     return "\n".join(lines + notes) + "\n"
+
+
+def _card_cell(card: dict) -> str:
+    if "micro_batch" not in card:
+        return "does not fit"
+    if card["peak_gib"] is None:
+        return f"{card['micro_batch']:,} x {card['accumulation']}, not estimated"
+    cell = f"{card['micro_batch']:,} x {card['accumulation']}, {card['peak_gib']}"
+    return cell if card["fits"] else cell + " (no)"

@@ -1,6 +1,11 @@
 """Pre-training: process-group set-up, shard streams, the encoder and its objective wrapped in DDP / FSDP, AdamW;
 the loop itself is the engine's (``train.engine``), handed this module's ``PretrainRun``.
 
+Every rank reads the same stream and masks each step's whole batch; its micro-batches are its row ranges of that
+batch (``train.step_layout``), and each returns its share of the step's loss, divided by the step's sample sizes
+(``model.objectives``): the recipe's ``tokens_per_step`` trains the same model whatever the number of ranks and the
+micro-batch.
+
 Runs as a single process or under ``torchrun`` (RANK / WORLD_SIZE / LOCAL_RANK from the
 environment; gloo on CPU, NCCL on CUDA). Resumes from the newest complete checkpoint in
 ``out_dir`` by itself, and on SIGTERM / SIGUSR1 saves at the next step boundary and exits
@@ -13,6 +18,7 @@ import dataclasses
 import gc
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +29,13 @@ from torch import nn
 
 from pmlm.artefacts import manifest_digest, write_encoder
 from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
-from pmlm.model.objectives import pretraining_losses
+from pmlm.model.objectives import MaskedBatch, mask_batch, objective_outputs, sample_sizes
 from pmlm.pretrained import build_model, pick_device
+from pmlm.tokens import trimmed_width
+from pmlm.train.budget import Precision
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
 from pmlm.train.engine import TrainingRun, fit
-from pmlm.train.loader import Batch, ShardStream
+from pmlm.train.loader import Batch, ShardStream, count_residues
 from pmlm.train.parallel import (
     clean_name,
     gradient_sync,
@@ -38,12 +46,14 @@ from pmlm.train.parallel import (
 )
 from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
 from pmlm.train.run_folder import run_record
-from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision
+from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision, uses_bf16
+from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs
 from pmlm.utils import atomic_output, versions
 from pmlm.vocabulary import TMLM
 
 SCORES_JSON = "final_scores.json"
-# independent random streams derived from (seed, rank, stream); 2 is the validation masks' (train.metrics)
+# independent random streams derived from (seed, rank, stream); 2 is the validation masks' (train.reporting). The
+# masks' stream is the same on every rank (rank 0's): each rank masks the whole step's batch
 _DROPOUT_STREAM, _MASK_STREAM = 0, 1
 
 
@@ -51,7 +61,8 @@ _DROPOUT_STREAM, _MASK_STREAM = 0, 1
 class TrainHooks:
     """Optional callbacks, for tests and monitoring; they must not change the run's state."""
 
-    on_batch: Callable[[int, Batch], None] | None = None  # every micro-batch on every rank: (step, batch)
+    on_batch: Callable[[int, Batch], None] | None = None  # every micro-batch on every rank: (step, its rows)
+    after_backward: Callable[[int, nn.Module], None] | None = None  # a step's reduced gradients: (step, model)
     after_step: Callable[[int, nn.Module], None] | None = None  # after each optimizer step: (steps done, model)
 
 
@@ -63,8 +74,11 @@ class PretrainingObjective(nn.Module):
         self.model = model
         self.objective = objective
 
-    def forward(self, tokens: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        return pretraining_losses(self.model, tokens, self.objective, generator)
+    def forward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, triples: torch.Tensor | None, sizes: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """A micro-batch's outputs, its loss divided by the step's sample sizes ``sizes`` (``objective_outputs``)."""
+        return objective_outputs(self.model, MaskedBatch(inputs, targets, triples), self.objective, sizes)
 
 
 @dataclass(eq=False)
@@ -76,7 +90,7 @@ class PretrainRun(TrainingRun):
     module: nn.Module  # what the loop calls: FSDP-sharded, DDP-wrapped or the objective itself
     optimizer: torch.optim.AdamW
     use_fsdp: bool
-    generator: torch.Generator  # this rank's masks
+    generator: torch.Generator  # the masks, the same stream on every rank
     train_stream: ShardStream
     valid_stream: ShardStream
     device: torch.device
@@ -84,13 +98,20 @@ class PretrainRun(TrainingRun):
     rank: int
     world: int
     hooks: TrainHooks
+    layout: StepLayout
     window: TrainWindow = field(init=False)
-    tokens: int = 0  # residues x ranks, as rank 0 counts them
+    tokens: int = 0  # residues of the steps so far
     valid_metrics: dict = field(default_factory=dict)  # of the last validation
+    # the current step: its batch, masked; the sample sizes of its loss terms; this rank's row ranges of it
+    batch: Batch | None = None
+    masked: MaskedBatch | None = None
+    sizes: torch.Tensor | None = None
+    parts: list[tuple[int, int]] = field(default_factory=list)
     command, counted, csv_fields = "pretrain", "tokens", CSV_FIELDS
 
     def __post_init__(self) -> None:
         self.window = TrainWindow(self.device)
+        self.accumulation = self.layout.accumulation
 
     @property
     def fsdp_module(self) -> nn.Module | None:
@@ -105,16 +126,26 @@ class PretrainRun(TrainingRun):
             group["lr"] = lr
         return {"lr": lr}
 
-    def micro_batch_loss(self, step: int) -> torch.Tensor:
-        batch = self.train_stream.next_batch()
-        if self.hooks.on_batch:
-            self.hooks.on_batch(step, batch)
-        tokens = batch.tokens.to(self.device, non_blocking=True)  # (B, L)
-        with self.autocast():
-            out = self.module(tokens, self.generator)
-        self.window.sums += step_sums(out, batch.residues, self.device)
-        self.tokens += batch.residues * self.world
-        return out["loss"]
+    def begin_step(self, step: int) -> None:
+        self.batch = self.train_stream.next_batch()  # the whole step's, the same on every rank
+        tokens = self.batch.tokens.to(self.device, non_blocking=True)  # (B, L)
+        self.masked = mask_batch(tokens, self.cfg.objective, self.generator)
+        self.sizes = sample_sizes(self.masked, self.cfg.objective)  # (3,) the step's, all ranks together
+        self.parts = self.layout.rank_parts(tokens.shape[0], self.rank)
+        self.window.count_step(self.batch.residues if self.rank == 0 else 0)
+        self.tokens += self.batch.residues
+
+    def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
+        rows = self.parts[micro]
+        if self.hooks.on_batch and rows[1] > rows[0]:
+            part = self.batch.tokens[rows[0] : rows[1]]
+            part = part[:, : trimmed_width(part, self.cfg.data.pad_to_multiple)]
+            self.hooks.on_batch(step, Batch(part, self.batch.epoch, count_residues(part)))
+        out, loss = part_outputs(
+            self.module, self.masked, self.sizes, rows, self.cfg.data.pad_to_multiple, self.world, self.autocast
+        )
+        self.window.sums += step_sums(out, loss, self.device)
+        return loss
 
     def gradient_sync(self, enabled: bool):
         return gradient_sync(self.module, enabled, self.world, self.use_fsdp)
@@ -132,13 +163,14 @@ class PretrainRun(TrainingRun):
         # plain module: FSDP's own hooks gather the shards, DDP's hooks are not needed
         cfg = self.cfg
         self.valid_metrics = validation_metrics(
-            self.objective, self.valid_stream, cfg, self.device, self.autocast, self.rank, self.world
+            self.objective, self.valid_stream, cfg, self.device, self.autocast, self.rank, self.layout
         )
         if log is not None:
             log.write(*log_row("valid", step, self.train_stream.epoch, lrs["lr"], self.valid_metrics))
 
     def state(self, step: int) -> tuple[dict, dict] | None:
-        """Every rank contributes its random streams and data position; rank 0 gets the whole state."""
+        """Every rank contributes its random streams and data position (the stream and the masks' generator are
+        the same on every rank, the dropout streams each rank's own); rank 0 gets the whole state."""
         model_state, optim_state = gather_states(self.fsdp_module, self.objective.model, self.optimizer)
         mine = {"rng": capture_rng(), "generator": self.generator.get_state(), "loader": self.train_stream.state_dict()}
         ranks = [None] * self.world
@@ -161,13 +193,19 @@ class PretrainRun(TrainingRun):
         cfg, rank = self.cfg, self.rank
         load_states(self.fsdp_module, self.objective.model, self.optimizer, ckpt.model, ckpt.state["optimizer"])
         ranks = ckpt.state["ranks"]
+        # the stream and the masks are every rank's alike: the run goes on with the same batches on any rank count
+        self.generator.set_state(ranks[0]["generator"])
+        self.train_stream.load_state_dict(ranks[0]["loader"])
         if len(ranks) == self.world:
             restore_rng(ranks[rank]["rng"])
-            self.generator.set_state(ranks[rank]["generator"])
-        else:  # extended onto another number of ranks: fresh per-rank streams (the old cannot be split or merged)
-            self.generator.manual_seed(derived_seed(cfg.seed + ckpt.step, rank, _MASK_STREAM))
+        else:  # resumed on another number of ranks: fresh dropout streams (the old cannot be split or merged)
             torch.manual_seed(derived_seed(cfg.seed + ckpt.step, rank, _DROPOUT_STREAM))
-        self.train_stream.load_state_dict(ranks[rank % len(ranks)]["loader"])
+            if rank == 0:
+                print(
+                    f"pmlm pretrain: step {ckpt.step} was saved by {len(ranks)} rank(s), resumed on {self.world}: "
+                    "the same batches and masks, new dropout streams",
+                    file=sys.stderr,
+                )
 
 
 def train(
@@ -180,7 +218,8 @@ def train(
     extend: bool = False,
 ) -> int:
     """Pre-train per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal. ``extend``: continue
-    the run's checkpoint under a changed ``optim.total_steps`` or number of ranks (``train.run_folder``)."""
+    the run's checkpoint under a changed ``optim.total_steps`` (``train.run_folder``); a checkpoint resumes on any
+    number of ranks by itself."""
     hooks = hooks or TrainHooks()
     out_dir = Path(out_dir)
     scores_path = Path(scores_path) if scores_path else out_dir / SCORES_JSON
@@ -198,11 +237,16 @@ def train(
         if device.type == "cuda":
             torch.set_float32_matmul_precision("high")
 
-        # -- data ------------------------------------------------------------------------------------
-        train_stream, valid_stream = _streams(cfg, shards_dir, rank, world)
-        # what determines the result: the settings, the shards' content, the ranks (the batch), the precision
+        # -- data: the step's batch from the recipe, its micro-batches from the hardware -------------------
+        precise = Precision(bf16=uses_bf16(device, cfg.bf16), device=device.type)
+        layout = choose_layout(cfg, world, card_memory(device), precise)
+        train_stream, valid_stream = _streams(cfg, shards_dir)
+        if rank == 0:
+            print(_layout_line(layout), file=sys.stderr)
+        # what determines the result: the settings (the batch, not how it is split), the shards' content, the
+        # precision
         shards, arithmetic = manifest_digest(shards_dir), precision(device, cfg.bf16)
-        record = run_record(cfg.to_dict(), NOT_IN_FINGERPRINT, shards=shards, world_size=world, precision=arithmetic)
+        record = run_record(cfg.to_dict(), NOT_IN_FINGERPRINT, shards=shards, precision=arithmetic)
 
         # -- model: identical initial weights on every rank, then DDP / FSDP; AdamW ------------------
         torch.manual_seed(cfg.seed)
@@ -211,13 +255,13 @@ def train(
         objective = PretrainingObjective(model, cfg.objective)
         use_fsdp = cfg.fsdp and distributed
         wrapped, optimizer = _wrap(objective, cfg, device, rank, world, use_fsdp)
-        generator = torch.Generator(device).manual_seed(derived_seed(cfg.seed, rank, _MASK_STREAM))
+        generator = mask_generator(cfg, device)
         torch.manual_seed(derived_seed(cfg.seed, rank, _DROPOUT_STREAM))  # dropout differs across ranks
 
         # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
         run = PretrainRun(
             cfg, objective, wrapped, optimizer, use_fsdp, generator, train_stream, valid_stream, device, autocast,
-            rank, world, hooks,
+            rank, world, hooks, layout,
         )  # fmt: skip
         code = fit(
             run,
@@ -230,6 +274,7 @@ def train(
             rank=rank,
             world=world,
             after_step=(lambda step: hooks.after_step(step, model)) if hooks.after_step else None,
+            after_backward=(lambda step: hooks.after_backward(step, model)) if hooks.after_backward else None,
             tensorboard_dir=out_dir / "tb" if cfg.tensorboard else None,
         )
         if code != 0:
@@ -238,7 +283,8 @@ def train(
         # -- finish: the declared outputs --------------------------------------------------------------
         final_state, _ = gather_states(run.fsdp_module, model, None)
         if rank == 0:
-            _write_outputs(cfg, model, run.step, run.valid_metrics, final_state, scores_path, final_path)
+            outputs = (run.step, run.valid_metrics, final_state, arithmetic)
+            _write_outputs(cfg, model, *outputs, scores_path, final_path)
         return 0
     except RuntimeError as exc:
         if distributed and is_communication_failure(exc):
@@ -259,16 +305,27 @@ def train(
             dist.destroy_process_group()
 
 
-def _streams(cfg: TrainConfig, shards_dir: str | Path, rank: int, world: int) -> tuple[ShardStream, ShardStream]:
-    """This rank's train and valid streams."""
+def mask_generator(cfg: TrainConfig, device: torch.device) -> torch.Generator:
+    """The generator of a run's masks at its start: one stream, the same on every rank."""
+    return torch.Generator(device).manual_seed(derived_seed(cfg.seed, 0, _MASK_STREAM))
+
+
+def _layout_line(layout: StepLayout) -> str:
+    return (
+        f"pmlm pretrain: {layout.tokens_per_step:,} tokens per step = {layout.world} rank(s) x "
+        f"{layout.accumulation} micro-batch(es) of {layout.micro_tokens:,} tokens"
+        + (f" ({layout.note})" if layout.note else "")
+    )
+
+
+def _streams(cfg: TrainConfig, shards_dir: str | Path) -> tuple[ShardStream, ShardStream]:
+    """The train and valid streams of whole steps, every rank's alike (``train.step_layout``)."""
     stream_args = {
-        "tokens_per_batch": cfg.data.tokens_per_batch,
+        "tokens_per_batch": cfg.tokens_per_step,
         "max_len": cfg.max_len,
         "buffer_rows": cfg.data.buffer_rows,
         "pad_to_multiple": cfg.data.pad_to_multiple,
         "seed": cfg.seed,
-        "rank": rank,
-        "world_size": world,
     }
     train_stream = ShardStream(shards_dir, "train", num_workers=cfg.data.num_workers, **stream_args)
     return train_stream, ShardStream(shards_dir, "valid", **stream_args)
@@ -307,6 +364,7 @@ def _write_outputs(
     step: int,
     valid_metrics: dict,
     final_state: dict,
+    arithmetic: str,
     scores_path: Path,
     final_path: str | Path | None,
 ) -> None:
@@ -332,6 +390,7 @@ def _write_outputs(
             "step": step,
             "train_config": cfg.to_dict(),
             "final_scores": scores,
+            "precision": arithmetic,  # what the forward passes computed in: evaluation runs at it by default
             "versions": versions(),
         }
         write_encoder(final_path, final_state, info)

@@ -11,8 +11,10 @@ import torch.distributed as dist
 from torch import nn
 
 from pmlm.config.pretraining import TrainConfig
+from pmlm.model.objectives import mask_batch, sample_sizes
 from pmlm.train.loader import ShardStream
 from pmlm.train.runtime import derived_seed
+from pmlm.train.step_layout import StepLayout, part_outputs
 
 CSV_FIELDS = (
     "split",
@@ -32,7 +34,9 @@ CSV_FIELDS = (
     "l_tmlm",
     "acc_tmlm",
 )
-# running sums behind the logged metrics; summed over micro-batches and then over ranks
+# running sums behind the logged metrics; summed over micro-batches and then over ranks. ``loss`` adds each rank's
+# backward loss (its share of the step's loss x ranks) and ``steps`` counts steps on every rank, so their ratio is
+# the mean step loss once summed over the ranks, and a fair estimate of it on one rank before
 SUMS = (
     "loss",
     "l_mlm_x_n",
@@ -42,7 +46,7 @@ SUMS = (
     "pair_correct",
     "pair_total",
     "residues",
-    "batches",
+    "steps",
     "l_tmlm_x_n",
     "triple_correct",
     "triple_total",
@@ -52,20 +56,21 @@ COUNTS = ("mlm_total", "pair_total", "triple_total")
 VALID_STREAM = 2  # random stream (see runtime.derived_seed) of the validation masks
 
 
-def step_sums(out: dict, residues: int, device) -> torch.Tensor:
-    """One micro-batch's contribution to SUMS, without a host sync."""
-    loss = out["loss"].detach().double()
+def step_sums(out: dict, loss: torch.Tensor, device) -> torch.Tensor:
+    """One micro-batch's contribution to SUMS (``loss``: the one it backwards), without a host sync; the step's
+    residues and the step itself are counted by ``count_step``."""
+    nothing = torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack(
         [
-            loss,
+            loss.detach().double(),
             out["l_mlm"].double() * out["mlm_total"],
             out["mlm_correct"].double(),
             out["mlm_total"].double(),
             out["l_pmlm"].double() * out["pair_total"],
             out["pair_correct"].double(),
             out["pair_total"].double(),
-            torch.tensor(float(residues), dtype=torch.float64, device=device),
-            torch.ones((), dtype=torch.float64, device=device),
+            nothing,
+            nothing,
             out["l_tmlm"].double() * out["triple_total"],
             out["triple_correct"].double(),
             out["triple_total"].double(),
@@ -79,7 +84,7 @@ def summarise(values: list[float]) -> dict:
     acc_mlm = s["mlm_correct"] / s["mlm_total"] if s["mlm_total"] else None
     acc_pmlm = s["pair_correct"] / s["pair_total"] if s["pair_total"] else None
     return {
-        "loss": s["loss"] / s["batches"] if s["batches"] else None,
+        "loss": s["loss"] / s["steps"] if s["steps"] else None,
         "l_mlm": s["l_mlm_x_n"] / s["mlm_total"] if s["mlm_total"] else None,
         "l_pmlm": s["l_pmlm_x_n"] / s["pair_total"] if s["pair_total"] else None,
         "acc_mlm": acc_mlm,
@@ -106,26 +111,29 @@ def log_row(split: str, step: int, epoch: int, lr: float, metrics: dict) -> tupl
 
 
 def validation_metrics(
-    module: nn.Module, stream: ShardStream, cfg: TrainConfig, device, autocast, rank: int, world: int
+    module: nn.Module, stream: ShardStream, cfg: TrainConfig, device, autocast, rank: int, layout: StepLayout
 ) -> dict:
     """Validation metrics over the first ``eval_batches`` batches of the fixed-seed valid stream.
 
-    The masks come from a generator re-seeded every time, so each validation sees identical
-    inputs; every rank runs the same number of batches (FSDP's forward is collective).
-    """
-    batches = list(islice(stream.epoch_batches(0), cfg.eval_batches))
-    count = torch.tensor([len(batches)], device=device)
-    if world > 1:
-        dist.all_reduce(count, op=dist.ReduceOp.MIN)
-    generator = torch.Generator(device).manual_seed(derived_seed(cfg.seed, rank, VALID_STREAM))
+    Each batch is a step's worth of tokens, masked whole by a generator re-seeded every time and split over the ranks
+    and micro-batches like a training step (``train.step_layout``), so each validation sees identical inputs and
+    gives the same figures on any number of ranks; every rank runs the same number of micro-batches (FSDP's forward
+    is collective)."""
+    generator = torch.Generator(device).manual_seed(derived_seed(cfg.seed, 0, VALID_STREAM))
     sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
+    steps = torch.zeros_like(sums)
+    steps[SUMS.index("steps")] = 1
     module.eval()
     with torch.no_grad():
-        for batch in batches[: int(count)]:
-            with autocast():
-                out = module(batch.tokens.to(device, non_blocking=True), generator)
-            sums += step_sums(out, batch.residues, device)
-    if world > 1:
+        for batch in islice(stream.epoch_batches(0), cfg.eval_batches):
+            masked = mask_batch(batch.tokens.to(device, non_blocking=True), cfg.objective, generator)
+            sizes = sample_sizes(masked, cfg.objective)
+            for rows in layout.rank_parts(batch.tokens.shape[0], rank):
+                out, loss = part_outputs(module, masked, sizes, rows, cfg.data.pad_to_multiple, layout.world, autocast)
+                sums += step_sums(out, loss, device)
+            sums += steps
+            sums[SUMS.index("residues")] += batch.residues if rank == 0 else 0
+    if layout.world > 1:
         dist.all_reduce(sums)
     return summarise(sums.tolist())
 
@@ -137,8 +145,13 @@ class TrainWindow:
         self.sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
         self.started = time.perf_counter()
 
+    def count_step(self, residues: int) -> None:
+        """A new step, with ``residues`` residues (given on one rank only: the sums add up over ranks)."""
+        self.sums[SUMS.index("steps")] += 1
+        self.sums[SUMS.index("residues")] += residues
+
     def mean_loss(self) -> float:
-        return float(self.sums[0] / self.sums[SUMS.index("batches")])
+        return float(self.sums[0] / self.sums[SUMS.index("steps")])
 
     def flush(self, log, step: int, epoch: int, lr: float, world: int, grad_norm: float) -> None:
         """Sum over ranks, write the row (rank 0 holds ``log``; ``grad_norm``: the window's mean), start a new

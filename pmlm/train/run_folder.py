@@ -5,7 +5,9 @@ inputs that determine the run's result, flattened to dotted keys (``optim.lr``, 
 their sha256, the run's fingerprint. A run resumes from the newest checkpoint only if that checkpoint's settings
 are its own; otherwise it starts afresh, and the other run's checkpoints, ``metrics.csv``, TensorBoard events and
 stop record are moved, not deleted, to ``checkpoints.superseded-<n>/`` beside them. ``--extend`` continues a run
-on purpose under a changed ``optim.total_steps`` (or number of ranks), and nothing else.
+on purpose under a changed ``optim.total_steps``, and nothing else. The number of ranks is not a setting of the run:
+a pre-training step's batch is the recipe's whatever the hardware (``train.step_layout``), so a checkpoint resumes
+on another number of GPUs by itself.
 
 **A requeue only when it can help.** ``stops.json`` records each stop (SIGTERM / SIGUSR1 -> save -> exit 99): the
 step it started from and the step it saved. A stop that saved no newer checkpoint than the stop before it (or,
@@ -33,8 +35,8 @@ from pmlm.utils import atomic_output, file_digest
 NO_PROGRESS_LIMIT = 2  # stops in a row without a newer checkpoint before the trainer gives up on requeues
 STOPS_FILE = "stops.json"
 SUPERSEDED = CHECKPOINTS + ".superseded-{n}"
-# what `--extend` may change: the run's length, and the number of ranks it continues on
-EXTENDABLE = ("optim.total_steps", "world_size")
+# what `--extend` may change: the run's length
+EXTENDABLE = ("optim.total_steps",)
 # besides the checkpoints, what a run folder holds of its run, moved aside with them
 _RUN_RECORDS = ("metrics.csv", "tb", STOPS_FILE)
 _KEPT_STOPS = 20
@@ -58,8 +60,7 @@ def flatten(values: dict, prefix: str = "") -> dict:
 
 def run_record(config: dict, excluded: tuple[str, ...], **inputs) -> dict:
     """What determines a run's result: ``config`` (a config tree's ``to_dict()``) without its ``excluded`` keys
-    (a key excludes the keys under it), plus ``inputs`` (content hashes, the world size, the precision); and its
-    fingerprint."""
+    (a key excludes the keys under it), plus ``inputs`` (content hashes, the precision); and its fingerprint."""
     settings = {k: v for k, v in flatten(config).items() if not any(k == x or k.startswith(x + ".") for x in excluded)}
     settings.update(inputs)
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)

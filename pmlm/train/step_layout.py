@@ -1,0 +1,159 @@
+"""How one optimizer step's batch meets the hardware: the recipe states the batch (``tokens_per_step``), the hardware
+sets the micro-batch (``data.tokens_per_batch``, ``auto``: the largest the card holds by the memory estimate), and
+the accumulation follows: tokens_per_step / (micro-batch x ranks), a whole number or a one-line error.
+
+Every rank reads the same stream and cuts each step's batch from its length-bucketed buffer with the budget
+``tokens_per_step`` (``train.loader``). The batch's rows, shortest first, are split into ``ranks x accumulation``
+contiguous parts as even as rows allow (the first ``rows mod parts`` get one row more); rank r takes parts
+``r * accumulation`` to ``(r + 1) * accumulation - 1``, one per micro-batch, each cut to its own longest row. Masks
+are drawn for the whole batch and the loss is divided by the whole step's sample sizes (``model.objectives``), so
+the sequences, masks and loss of a step do not depend on the number of ranks or the micro-batch: the same recipe
+trains the same model on 1, 4 or 8 GPUs, up to the order of floating-point sums and the dropout draws, which are
+each rank's own. A part holds at most ``ceil(rows / parts)`` rows, so a micro-batch may exceed its budget by up to
+one row; the memory estimate counts that row (``budget.largest_micro_batch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pmlm.config.pretraining import AUTO, TrainConfig
+from pmlm.errors import ConfigError
+from pmlm.model.objectives import MaskedBatch
+from pmlm.tokens import round_up
+from pmlm.train.budget import GIB, Precision, peak_memory
+
+# a card holds a micro-batch when the estimated peak leaves this share free for the CUDA context, cuBLAS / NCCL
+# workspaces and the caching allocator's fragmentation, none of which the estimate counts
+CARD_HEADROOM = 0.1
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """One optimizer step on ``world`` ranks: ``accumulation`` micro-batches of ``micro_tokens`` each per rank."""
+
+    tokens_per_step: int
+    micro_tokens: int
+    world: int
+    accumulation: int
+    note: str = ""  # why ``auto`` could not size the micro-batch by the memory estimate, if it could not
+
+    @property
+    def parts(self) -> int:
+        """Micro-batches of one step over all ranks."""
+        return self.world * self.accumulation
+
+    def rank_parts(self, rows: int, rank: int) -> list[tuple[int, int]]:
+        """Row ranges ``(start, stop)`` of ``rank``'s micro-batches of a step batch of ``rows`` rows (a range is
+        empty when the batch has fewer rows than parts)."""
+        per_part, extra = divmod(rows, self.parts)
+
+        def start(p: int) -> int:
+            return p * per_part + min(p, extra)
+
+        first = rank * self.accumulation
+        return [(start(p), start(p + 1)) for p in range(first, first + self.accumulation)]
+
+
+def row_tokens(cfg: TrainConfig) -> int:
+    """Tokens of one full-length row: the smallest micro-batch that can hold every sequence."""
+    return round_up(cfg.max_len, cfg.data.pad_to_multiple)
+
+
+def tokens_per_rank(cfg: TrainConfig, world: int) -> int:
+    """The step's tokens each rank computes; a one-line error unless the ranks divide them."""
+    total = cfg.tokens_per_step
+    if total % world:
+        raise ConfigError(
+            f"tokens_per_step {total:,} does not split evenly over {world} ranks: use a GPU count that divides it, "
+            f"or a tokens_per_step that {world} divides (e.g. {round_up(total, world):,})"
+        )
+    return total // world
+
+
+def layout_for(cfg: TrainConfig, world: int, micro_tokens: int) -> StepLayout:
+    """The layout of an explicit micro-batch; a one-line error unless it divides the step's batch per rank."""
+    total, row, per_rank = cfg.tokens_per_step, row_tokens(cfg), tokens_per_rank(cfg, world)
+    if micro_tokens < row:
+        raise ConfigError(
+            f"data.tokens_per_batch {micro_tokens:,} must hold one sequence of max_len {cfg.max_len} padded to a "
+            f"multiple of {cfg.data.pad_to_multiple} ({row:,} tokens)"
+        )
+    if per_rank % micro_tokens:
+        fitting = [m for m in _divisors_from_largest(per_rank) if m <= micro_tokens and m >= row][:3]
+        hint = f"; micro-batches that divide it: {', '.join(f'{m:,}' for m in fitting)}" if fitting else ""
+        raise ConfigError(
+            f"tokens_per_step {total:,} over {world} ranks is {per_rank:,} tokens per rank, not a multiple of "
+            f"data.tokens_per_batch {micro_tokens:,}{hint} (or data.tokens_per_batch: auto)"
+        )
+    return StepLayout(total, micro_tokens, world, per_rank // micro_tokens)
+
+
+def _divisors_from_largest(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
+
+
+def choose_layout(
+    cfg: TrainConfig, world: int, card_bytes: int | None = None, precision: Precision | None = None
+) -> StepLayout:
+    """The step layout of ``cfg`` on ``world`` ranks. An explicit ``data.tokens_per_batch`` is checked; ``auto``
+    takes the fewest micro-batches per rank whose estimated peak (``budget.peak_memory`` at ``precision``) fits
+    ``card_bytes`` with CARD_HEADROOM to spare, or one micro-batch per rank without a card (CPU) or where the estimate
+    does not model the recipe (the layout's ``note`` says so)."""
+    if cfg.data.tokens_per_batch != AUTO:
+        return layout_for(cfg, world, int(cfg.data.tokens_per_batch))
+    per_rank = tokens_per_rank(cfg, world)
+    if card_bytes is None:
+        return layout_for(cfg, world, per_rank)
+    usable = card_bytes * (1 - CARD_HEADROOM)
+    peak = None
+    for micro in _divisors_from_largest(per_rank):
+        if micro < row_tokens(cfg):
+            break
+        layout = StepLayout(cfg.tokens_per_step, micro, world, per_rank // micro)
+        try:
+            peak = peak_memory(cfg, world, precision, layout.accumulation)["total_bytes"]
+        except ConfigError as exc:
+            note = f"{exc}: one micro-batch per rank; set data.tokens_per_batch if it does not fit the card"
+            return StepLayout(cfg.tokens_per_step, per_rank, world, 1, note)
+        if peak <= usable:
+            return layout
+    smallest = f"; its smallest micro-batch needs {peak / GIB:.1f} GiB" if peak is not None else ""
+    raise ConfigError(
+        f"no micro-batch of tokens_per_step {cfg.tokens_per_step:,} over {world} ranks fits a card of "
+        f"{card_bytes / GIB:.0f} GiB{smallest}: use more GPUs, FSDP (fsdp: true) or a shorter max_len"
+    )
+
+
+def card_memory(device: torch.device) -> int | None:
+    """Bytes of the GPU a rank trains on; None on CPU, where ``auto`` takes one micro-batch per rank."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def part_outputs(
+    module: nn.Module,
+    batch: MaskedBatch,
+    sizes: torch.Tensor,
+    rows: tuple[int, int],
+    pad_to_multiple: int,
+    world: int,
+    autocast: Callable,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One micro-batch, the ``rows`` (start, stop) of a step's masked ``batch``: (its outputs, the loss to backward).
+
+    The loss is the rows' share of the step's loss times ``world``: DDP and FSDP average the ranks' gradients, and
+    the step's gradient is their sum. A range without rows (a step batch with fewer rows than micro-batches) runs
+    the batch's first row with weight 0 and counts nothing, so that every rank takes part in every collective."""
+    start, stop = rows
+    live = stop > start
+    part = batch.rows(start, stop, pad_to_multiple) if live else batch.rows(0, 1, pad_to_multiple)
+    with autocast():
+        out = module(part.inputs, part.targets, part.triples, sizes)
+    if not live:
+        return {k: v * 0 for k, v in out.items()}, out["loss"] * 0
+    return out, out["loss"] * world
