@@ -149,7 +149,7 @@ def packed(packed_attend):
 
     def attend(q, k, v, p):
         B, H, L, D = q.shape
-        packing = pack(key_mask(LENGTHS, L).view(B, L))
+        packing = pack(key_mask(LENGTHS, L).view(B, L).to(q.device))  # the packing's index on the tensors' device
         rows = [t.transpose(1, 2).reshape(B * L, H, D).index_select(0, packing.index) for t in (q, k, v)]
         return unpack(packed_attend(*rows, packing, p).reshape(-1, H * D), packing).view(B, L, H, D).transpose(1, 2)
 
