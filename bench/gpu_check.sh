@@ -9,7 +9,8 @@
 # overrun it is skipped:
 #   env 10                the card, its bf16 peak, torch, CUDA, the packages (and that Biopython / Snakemake are absent)
 #   inputs 30             only if bench/out/gpu_inputs is missing: `python bench/gpu_check.py prepare` makes it
-#   gpu_tests 30          pytest -m gpu (tests/test_attention.py, tests/test_dropout_attention.py); on a GPU a skip fails
+#   gpu_tests 30          pytest -m gpu (tests/test_attention.py, test_dropout_attention.py, test_eval_precision.py); on a
+#                         GPU a skip fails
 #   pretrain_resume 40    `python -m pmlm pretrain` of PMLM-base (bf16) on the carried shards, SIGTERM after step 5:
 #                         exit 99 and a checkpoint, then the same command resumes from it and finishes step 20
 #   throughput 45         bench_gpu_throughput.py: MLM-base and PMLM-base at L = 512, attention auto vs padded, and HF
@@ -159,6 +160,7 @@ SHARDS=$INPUTS/shards TASKS=$INPUTS/tasks
 gpu_flag=(); [ "$DRY" = 1 ] || gpu_flag=(--gpu)
 run_gpu_tests() {
     "$PY" -m pytest -m gpu -p no:cacheprovider -q tests/test_attention.py tests/test_dropout_attention.py \
+        tests/test_eval_precision.py \
         --junitxml "$WORK/gpu_tests.xml"
     "$PY" bench/gpu_check.py junit "$WORK/gpu_tests.xml" "${gpu_flag[@]}" > "$WORK/gpu_tests.json"
 }

@@ -52,7 +52,7 @@ SHORT = {
     "datasets": {"demo": {"sources": ["uniprot_sample"], "decontaminate": []}},
     "pretrain": {
         "set": {"optim.total_steps": 30, "optim.warmup_steps": 5, "eval_every": 15, "save_every": 15,
-                "eval_batches": 4, "tokens_per_step": 8192},
+                "eval_batches": 4, "tokens_per_step": 4 * 8192},  # 8,192 tokens per rank
         "kl": {"sequences": 8, "pairs": 4},
     },
 }  # fmt: skip
