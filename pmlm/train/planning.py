@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from pmlm.config.pretraining import AUTO, TrainConfig
+from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.train.budget import GIB, Precision, flops_per_token, peak_memory
-from pmlm.train.step_layout import CARD_HEADROOM, choose_layout, layout_for, tokens_per_rank
+from pmlm.train.step_layout import CARD_HEADROOM, choose_layout
 
 # The paper: MLM-base / PMLM-base "pre-trained on 24 Tesla V100 GPU cards, about three weeks", evaluated at the
 # 60th epoch. 60 epochs of UR50 is what config/train/base.yaml's total_steps estimates: 2,000,000 optimizer steps
@@ -120,9 +120,7 @@ def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate:
     accumulation and the peak memory per GPU (``cards``), and the memory by component on the largest card."""
     cfg = job.config
     try:  # whatever the card: the batch must split over the GPUs, and an explicit micro-batch divide their share
-        tokens_per_rank(cfg, gpus) if cfg.data.tokens_per_batch == AUTO else layout_for(
-            cfg, gpus, cfg.data.tokens_per_batch
-        )
+        choose_layout(cfg, gpus)
     except ConfigError as exc:
         raise ConfigError(f"{job.name} ({job.recipe}): {exc}") from None
     tokens = cfg.tokens_per_step * cfg.optim.total_steps

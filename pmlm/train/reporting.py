@@ -121,8 +121,6 @@ def validation_metrics(
     is collective)."""
     generator = torch.Generator(device).manual_seed(derived_seed(cfg.seed, 0, VALID_STREAM))
     sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
-    steps = torch.zeros_like(sums)
-    steps[SUMS.index("steps")] = 1
     module.eval()
     with torch.no_grad():
         for batch in islice(stream.epoch_batches(0), cfg.eval_batches):
@@ -131,7 +129,7 @@ def validation_metrics(
             for rows in layout.rank_parts(batch.tokens.shape[0], rank):
                 out, loss = part_outputs(module, masked, sizes, rows, cfg.data.pad_to_multiple, layout.world, autocast)
                 sums += step_sums(out, loss, device)
-            sums += steps
+            sums[SUMS.index("steps")] += 1
             sums[SUMS.index("residues")] += batch.residues if rank == 0 else 0
     if layout.world > 1:
         dist.all_reduce(sums)
