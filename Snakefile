@@ -3,13 +3,20 @@
 #   snakemake --profile slurm --configfile config/paper.yaml   the paper, on a SLURM cluster (profiles/slurm)
 #   snakemake --report report.html                        tables, figures, configuration and versions in one page
 import os
+import sys
 
 import psutil
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import min_version, validate
-from pmlm.config.workflow import check_references, require_config, schema_error
 from pmlm.reports.run_summary import last_screen
+
+# The workflow's own Python lives in workflow/lib (ARCHITECTURE.md): the config's checks and the names the checks
+# and the rules share. It is workflow code, imported by path; no pmlm module imports it.
+WORKFLOW_LIB = os.path.join(workflow.basedir, "workflow", "lib")
+if WORKFLOW_LIB not in sys.path:
+    sys.path.insert(0, WORKFLOW_LIB)
+from workflow_config import check_references, require_config, schema_error
 
 min_version("9.0")
 
@@ -36,6 +43,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/release.smk"
 include: "workflow/rules/finetune.smk"
+include: "workflow/rules/tasks.smk"
 include: "workflow/rules/coevolution.smk"
 include: "workflow/rules/proteingym.smk"
 include: "workflow/rules/report.smk"
@@ -50,6 +58,7 @@ localrules:
     pretraining,
     tabulate_pretrain_scores,
     aggregate_tables,
+    task_table,
     downstream,
     report_coevolution,
     coevolution,

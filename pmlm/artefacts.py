@@ -16,7 +16,6 @@ moved whole.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -24,7 +23,7 @@ import struct
 from pathlib import Path
 
 from pmlm.errors import InputError
-from pmlm.utils import atomic_output, file_digest
+from pmlm.files import atomic_output, canonical_sha256, file_digest
 from pmlm.vocabulary import BF16, FP32
 
 ENCODER_FORMAT = "pmlm-encoder/3"
@@ -146,11 +145,6 @@ def read_encoder_info(weights: str | os.PathLike) -> dict:
     return info
 
 
-def read_encoder(weights: str | os.PathLike) -> tuple[dict, dict]:
-    """(sidecar info, CPU weights) of a pre-trained encoder."""
-    return read_encoder_info(weights), read_weights(weights)
-
-
 # -- the fine-tuned head -------------------------------------------------------------------------------
 
 
@@ -228,4 +222,4 @@ def manifest_digest(shards_dir: str | os.PathLike) -> str:
     """sha256 of what a shard folder holds: its manifest (which lists every shard's sha256) without ``inputs``,
     the paths of the FASTA files it was made from. The same shards anywhere, however reached, have one digest."""
     manifest = {k: v for k, v in read_manifest(shards_dir).items() if k != "inputs"}
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return canonical_sha256(manifest)

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ingest": "normalise FASTA, Pfam-A FASTA or UniRef XML into clean FASTA plus a stats JSON",
     "split": "cluster with MMseqs2, decontaminate, split train/valid by cluster",
     "split-structures": "train/valid/test split of a structure set by sequence identity",
+    "split-table": "train/valid/test files of a labelled table (your own task), by its split column or identity",
     "contacts-from-pdb": "C-beta contact set (JSONL) of listed PDB chains from coordinate files",
     "tokenize": "write tokenized Parquet shards and a manifest",
     "pretrain": "pre-train an MLM or PMLM encoder from Parquet shards",

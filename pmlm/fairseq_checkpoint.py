@@ -36,10 +36,11 @@ import torch
 from pmlm import alphabet
 from pmlm.artefacts import write_encoder_tensors
 from pmlm.errors import ConfigError, InputError
+from pmlm.files import file_digest
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import ENCODER_FILE, build_model
-from pmlm.utils import file_digest, versions
+from pmlm.version import versions
 from pmlm.vocabulary import MLM, PMLM
 
 # what the pickle may name beyond torch's weights_only defaults (tensors, storages, OrderedDict, dtypes)

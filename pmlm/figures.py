@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pmlm.utils import atomic_output
+from pmlm.files import atomic_output
 
 FORMATS = (".png", ".svg")
 

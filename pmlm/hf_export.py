@@ -40,10 +40,10 @@ from safetensors.torch import save_file
 
 from pmlm import alphabet
 from pmlm.errors import InputError
+from pmlm.files import file_digest
 from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import position_table
 from pmlm.pretrained import ENCODER_FILE, is_esm, load_encoder
-from pmlm.utils import file_digest
 from pmlm.version import __version__
 
 ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from pmlm.artefacts import ENCODER_FORMAT, read_weights, write_encoder
 from pmlm.errors import InputError
+from pmlm.files import file_digest
 from pmlm.hf_export import PROVENANCE_SECTION, described_model, encoder_state, staged_folder
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import ENCODER_FILE, ESM, encoder_configs, encoder_from_state
-from pmlm.utils import file_digest, versions
+from pmlm.version import versions
 from pmlm.vocabulary import MLM
 
 CONFIG_FILE = "config.json"

@@ -28,7 +28,8 @@ from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import position_table
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.pmlm_model import PMLMModel
-from pmlm.model.task_heads import TaskModel, build_head
+from pmlm.model.task_heads import TaskModel
+from pmlm.tasks.registry import task_named
 from pmlm.vocabulary import DEVICES, MLM, PMLM_PAIR_ONLY, TMLM
 
 ENCODER_FILE = "model.safetensors"
@@ -200,9 +201,8 @@ def load_head(
     override = None if encoder is None else artefact_file(encoder, ENCODER_FILE)
     encoder_path = head_encoder_path(head, info, override)
     encoder_model, _, _ = load_encoder(encoder_path)
-    model = TaskModel(
-        encoder_model, build_head(cfg, encoder_model.cfg.hidden), cfg.task, cfg.head.features, cfg.freeze_encoder
-    )
+    head_module = task_named(cfg.task).build_head(cfg, encoder_model.cfg.hidden)
+    model = TaskModel(encoder_model, head_module, cfg.task, cfg.head.features, cfg.freeze_encoder)
     try:
         model.trainable().load_state_dict(state)
     except RuntimeError as exc:

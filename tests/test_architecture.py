@@ -1,18 +1,24 @@
 """The statements of ARCHITECTURE.md that a test can check, read from the source with ast (nothing is imported but
 pmlm.vocabulary): every module sits on one floor of the floors table and imports nothing from a floor above it; the
-import graph has no cycle; module base names are unique outside pmlm/commands/; objective names and features are
-compared through pmlm.vocabulary's constants, never as string literals; no module is over 400 lines and no
-function over 120 unless a docstring says why it must be one piece; every path ARCHITECTURE.md names exists."""
+import graph has no cycle; module base names are unique outside pmlm/commands/; objective names, features and table
+names are compared through pmlm.vocabulary's constants, never as string literals, in pmlm/ and in the workflow (the
+Snakefile, workflow/rules/*.smk and workflow/lib, read as tokens; task names too), and the workflow config schema's
+enums are the vocabulary's; no module is over 400 lines and no function over 120 unless a docstring says why it must
+be one piece; every path ARCHITECTURE.md names exists."""
 
 from __future__ import annotations
 
 import ast
+import io
+import keyword
 import re
+import tokenize
 from collections import Counter
 from functools import cache
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pmlm import vocabulary
 
@@ -170,11 +176,31 @@ def test_module_base_names_are_unique_outside_commands():
     assert not repeated, f"module base names repeated outside pmlm/commands/: {repeated}"
 
 
-def vocabulary_names() -> set[str]:
-    """The objective names and the features, as pmlm.vocabulary spells them."""
+def _features() -> tuple[str, ...]:
     features = {v for k, v in vars(vocabulary).items() if k.startswith("FEATURES") and isinstance(v, str)}
-    features |= set(getattr(vocabulary, "FEATURES", ()))
-    return set(vocabulary.OBJECTIVES) | features
+    return tuple(sorted(features | set(getattr(vocabulary, "FEATURES", ()))))
+
+
+# The vocabularies compared through pmlm.vocabulary's constants, never as string literals: a tuple of names each.
+# In pmlm/ the comparisons are checked; in the workflow every string literal.
+CHECKED_VOCABULARIES = [
+    vocabulary.OBJECTIVES,
+    _features(),
+    # the tables (also checked wherever pmlm/ spells them, test_table_names_are_spelled_once)
+    vocabulary.TABLE_KINDS,
+    (*vocabulary.RESULT_TABLES, vocabulary.TABLE_PRETRAIN_SCORES, vocabulary.TABLE_PRECISION_BY_SEPARATION),
+]
+# the downstream tasks: compared through the constants too (the task types hold their own names)
+CHECKED_VOCABULARIES.append(vocabulary.TASKS)
+WORKFLOW_VOCABULARIES = CHECKED_VOCABULARIES
+WORKFLOW = REPO / "workflow"
+WORKFLOW_SOURCES = [REPO / "Snakefile", *sorted(WORKFLOW.glob("rules/*.smk")), *sorted(WORKFLOW.glob("lib/*.py"))]
+SCHEMA = WORKFLOW / "schemas" / "config.schema.yaml"
+
+
+def vocabulary_names(vocabularies=CHECKED_VOCABULARIES) -> set[str]:
+    """The names of ``vocabularies`` (tuples of pmlm.vocabulary), as it spells them."""
+    return {name for names in vocabularies for name in names}
 
 
 def _string_constants(node: ast.AST):
@@ -187,12 +213,17 @@ def _string_constants(node: ast.AST):
 
 def literal_comparisons(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
     """(line, literal) of every comparison (==, !=, in, not in, ...) with a string literal in ``names``, also one
-    inside a tuple, list or set literal."""
+    inside a tuple, list or set literal, and of every pandas ``.isin(...)`` of such literals."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
-            for operand in (node.left, *node.comparators):
-                found += [(node.lineno, s) for s in _string_constants(operand) if s in names]
+            operands = (node.left, *node.comparators)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "isin":
+            operands = tuple(node.args)
+        else:
+            continue
+        for operand in operands:
+            found += [(node.lineno, s) for s in _string_constants(operand) if s in names]
     return found
 
 
@@ -200,11 +231,19 @@ def test_the_literal_check_finds_what_it_should():
     names = vocabulary_names()
     caught = ast.parse(
         'a == "mlm"\nif "tmlm" != b: pass\nc in ("pmlm", "x")\n"M+" in d\ne == vocabulary.PMLM\nf = {"mlm": 1}\n'
+        'g == "ablation"\nh.isin(["tape_contact"])\n'
     )
-    assert literal_comparisons(caught, names) == [(1, "mlm"), (2, "tmlm"), (3, "pmlm"), (4, "M+")]
+    assert literal_comparisons(caught, names) == [
+        (1, "mlm"),
+        (2, "tmlm"),
+        (3, "pmlm"),
+        (4, "M+"),
+        (7, "ablation"),
+        (8, "tape_contact"),
+    ]
 
 
-def test_objectives_and_features_are_compared_as_constants():
+def test_objectives_features_and_tables_are_compared_as_constants():
     names = vocabulary_names()
     found = [
         f"pmlm/{_relative(name)}:{line}: {literal!r}"
@@ -213,6 +252,136 @@ def test_objectives_and_features_are_compared_as_constants():
         for line, literal in literal_comparisons(_tree(name), names)
     ]
     assert not found, "compare through pmlm.vocabulary's constants:\n" + "\n".join(found)
+
+
+def _subscript(tokens: list[tokenize.TokenInfo], i: int) -> bool:
+    """Whether token ``i`` is alone between the brackets of a subscript (``x["key"]``, not a list ``["name"]``)."""
+    if not (1 < i < len(tokens) - 1 and tokens[i - 1].string == "[" and tokens[i + 1].string == "]"):
+        return False
+    before = tokens[i - 2]
+    return before.string in (")", "]") or (before.type == tokenize.NAME and not keyword.iskeyword(before.string))
+
+
+def _string_value(literal: str) -> str | None:
+    """The value of a plain string literal's token; None for an f-string."""
+    node = ast.parse(literal.strip(), mode="eval").body
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+# Table names are spelled once in pmlm/, whatever the use (a comparison, an argument, a file name): modules where a
+# string equal to one means something else, with the names it spells
+NOT_TABLE_NAMES = {
+    # TAPE's own dataset names, in its archives' member names (secondary_structure/secondary_structure_train.json)
+    "pmlm.tasks.tape": {vocabulary.TABLE_SECONDARY_STRUCTURE, vocabulary.TABLE_REMOTE_HOMOLOGY},
+}
+
+
+def test_table_names_are_spelled_once():
+    """Every string of pmlm/ that names a table is pmlm.vocabulary's constant (the workflow's: the test below)."""
+    names = vocabulary_names(CHECKED_VOCABULARIES[2:4])
+    found = [
+        f"pmlm/{_relative(name)}:{node.lineno}: {node.value!r}"
+        for name in MODULES
+        if name != "pmlm.vocabulary"
+        for node in ast.walk(_tree(name))
+        if isinstance(node, ast.Constant) and node.value in names - NOT_TABLE_NAMES.get(name, set())
+    ]
+    assert not found, "name tables through pmlm.vocabulary's constants:\n" + "\n".join(found)
+
+
+def workflow_literals(text: str, names: set[str], config_keys: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """(line, literal) of every string literal of a Snakefile, .smk or Python text that is a name of ``names`` or a
+    regex alternation naming one (``"mlm|pmlm"``, a wildcard constraint), f-strings' literal parts included; but a
+    subscript that is one of ``config_keys`` is a key of the config (``COEVOLUTION["tmlm"]``), not a name. The
+    workflow's files are not Python, but they are Python's tokens: each string token is parsed on its own."""
+    found = []
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type != tokenize.NL]
+    for i, token in enumerate(tokens):
+        if token.type != tokenize.STRING:
+            continue
+        if _subscript(tokens, i) and _string_value(token.string) in config_keys:
+            continue
+        for node in ast.walk(ast.parse(token.string.strip(), mode="eval")):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            if node.value in names or ("|" in node.value and names & set(node.value.split("|"))):
+                found.append((token.start[0], node.value))
+    return found
+
+
+def test_the_workflow_literal_check_finds_what_it_should():
+    names = vocabulary_names(WORKFLOW_VOCABULARIES)
+    text = (
+        'rule a:\n    wildcard_constraints:\n        objective="mlm|pmlm",\n    shell:\n        "python -m pmlm x"\n'
+        'X = ["tmlm"] if c else f"{d}/contact"\nif t == "ss3": pass\nY = f"{g(\'secondary_structure\')}.tsv"\n'
+        'Z = pmlm.vocabulary.MLM\nif C["tmlm"]: pass\nW = E["mlm"]\n'
+    )
+    assert workflow_literals(text, names, frozenset({"tmlm"})) == [
+        (3, "mlm|pmlm"),
+        (6, "tmlm"),
+        (7, "ss3"),
+        (8, "secondary_structure"),
+        (11, "mlm"),
+    ]
+
+
+def test_the_workflow_spells_no_vocabulary_name():
+    """The Snakefile, the rules and workflow/lib name objectives, features, tables and tasks through pmlm.vocabulary."""
+    names = vocabulary_names(WORKFLOW_VOCABULARIES)
+    keys = frozenset(path[-1] for path in _schema_keys(yaml.safe_load(SCHEMA.read_text())))
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {literal!r}"
+        for path in WORKFLOW_SOURCES
+        for line, literal in workflow_literals(path.read_text(), names, keys)
+    ]
+    assert not found, "use pmlm.vocabulary's constants:\n" + "\n".join(found)
+
+
+def _schema_nodes(node, path=()):
+    """(key path, node) of every node of the schema, the path of property names leading to it."""
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            if key in ("properties", "patternProperties"):
+                for name, child in value.items():
+                    yield from _schema_nodes(child, (*path, name))
+            elif isinstance(value, (dict, list)):
+                yield from _schema_nodes(value, path)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _schema_nodes(child, path)
+
+
+def _schema_keys(schema):
+    """The key path of every config key the schema describes."""
+    return {path for path, _ in _schema_nodes(schema) if path}
+
+
+def _schema_enums(schema):
+    """(key path, enum) of every enum of the schema."""
+    return [(path, tuple(node["enum"])) for path, node in _schema_nodes(schema) if "enum" in node]
+
+
+# config key -> the values its enum must list: the vocabulary's (auto, for features: the recipe's own choice)
+SCHEMA_VOCABULARIES = {
+    "objective": vocabulary.OBJECTIVES,
+    "table": vocabulary.RUN_TABLE_KINDS,
+    "features": ("auto", vocabulary.FEATURES_M, vocabulary.FEATURES_M_PLUS),
+    "device": vocabulary.DEVICES,
+}
+
+
+def test_the_schema_enums_are_the_vocabulary():
+    """The schema is the description users read, so it lists the names itself; they are the vocabulary's, in its
+    order, wherever a key of SCHEMA_VOCABULARIES has an enum (and each of those keys has one)."""
+    enums = list(_schema_enums(yaml.safe_load(SCHEMA.read_text())))
+    seen = set()
+    for path, values in enums:
+        key = path[-1] if path else None
+        if key in SCHEMA_VOCABULARIES:
+            seen.add(key)
+            assert values == SCHEMA_VOCABULARIES[key], f"{SCHEMA.name}: {'.'.join(path)}: {values}"
+    assert seen == set(SCHEMA_VOCABULARIES), f"no enum in {SCHEMA.name} for {set(SCHEMA_VOCABULARIES) - seen}"
 
 
 def _says_one_piece(node: ast.AST) -> bool:
@@ -236,6 +405,12 @@ def test_modules_and_functions_within_the_size_bars():
     )
 
 
-@pytest.mark.parametrize("path", sorted(set(re.findall(r"`(pmlm/[\w/.]+)`", ARCHITECTURE.read_text()))))
+# the repository's folders whose paths ARCHITECTURE.md names (`pmlm/...`, `workflow/lib/...`, `tests/...`; not config/:
+# the page names pmlm/config/ modules as `config/...` too)
+NAMED_ROOTS = ("pmlm", "workflow", "tests", "profiles", "bench", "docs", "envs", "scripts")
+NAMED_PATH = rf"`((?:{'|'.join(NAMED_ROOTS)})/[\w/.-]*)"
+
+
+@pytest.mark.parametrize("path", sorted(set(re.findall(NAMED_PATH, ARCHITECTURE.read_text()))))
 def test_paths_architecture_names_exist(path):
     assert (REPO / path).exists(), f"ARCHITECTURE.md names {path}, which does not exist"

@@ -14,16 +14,17 @@ from pmlm.artefacts import (
     HEAD_FORMAT,
     SHARDS_FORMAT,
     head_encoder_path,
-    read_encoder,
+    read_encoder_info,
     read_head,
     read_manifest,
+    read_weights,
     save_weights,
     write_encoder,
     write_head,
     write_manifest,
 )
 from pmlm.errors import InputError
-from pmlm.utils import file_digest
+from pmlm.files import file_digest
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -42,7 +43,7 @@ def test_final_weights_and_sidecar(tmp_path):
 def test_encoder_round_trip_records_the_format(tmp_path):
     path = tmp_path / "model.safetensors"
     write_encoder(path, _weights(1), {"model": {"hidden": 4}, "objective": {"name": "pmlm"}})
-    info, state = read_encoder(path)
+    info, state = read_encoder_info(path), read_weights(path)  # as pretrained.load_encoder reads them
     assert info["format"] == ENCODER_FORMAT and info["model"] == {"hidden": 4}
     assert all(torch.equal(state[k], v) for k, v in _weights(1).items())
 
@@ -52,7 +53,7 @@ def test_a_sidecar_without_its_format_is_refused(tmp_path):
     path = tmp_path / "model.safetensors"
     save_weights(path, _weights(1), {"model": {"hidden": 4}, "objective": {"name": "mlm"}})
     with pytest.raises(InputError, match=r"model.json: no format field: it is not the 'pmlm-encoder/3' this pmlm"):
-        read_encoder(path)
+        read_encoder_info(path)
 
 
 def test_unknown_format_and_missing_sections_are_one_line_errors(tmp_path):
@@ -62,13 +63,13 @@ def test_unknown_format_and_missing_sections_are_one_line_errors(tmp_path):
         InputError,
         match=r"model.json: format 'pmlm-encoder/9' is not the 'pmlm-encoder/3'",
     ):
-        read_encoder(path)
+        read_encoder_info(path)
     save_weights(path, _weights(1), {"format": ENCODER_FORMAT, "model": {}})
     with pytest.raises(InputError, match=r"model.json: incomplete model description \(no 'objective' section\)"):
-        read_encoder(path)
+        read_encoder_info(path)
     path.with_suffix(".json").unlink()
     with pytest.raises(InputError, match=r"model.json: missing"):
-        read_encoder(path)
+        read_encoder_info(path)
 
 
 def test_head_records_its_encoder_relative_to_its_folder(tmp_path, monkeypatch):

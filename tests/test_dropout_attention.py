@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,24 @@ def explicit_attention(q, k, v, keep_keys, keep, dropout_p):
     return (scores.softmax(-1) * keep / (1 - kernel.rounded_probability(dropout_p))) @ v[:, :, :width]
 
 
+def documented_keep(seed: int, matrices: int, rows: int, width: int, dropout_p: float) -> torch.Tensor:
+    """(matrices, rows, width) bool: the scores a call with this seed keeps, by the rule of the kernel's docstring
+    (matrices = B * H, rows = L, width = the keys left after ``key_layout``): group g's blocks draw, in row order,
+    from NumPy's SFC64 stream (seed, g), four signed 16-bit draws per 64-bit word; a draw below
+    round(p 2^16) - 2^15 drops its score."""
+    group_size, block_rows = kernel.block_shape(matrices, rows, width)
+    threshold = round(dropout_p * 2**16) - 2**15
+    keep = torch.empty(matrices, rows, width, dtype=torch.bool)
+    for group, start in enumerate(range(0, matrices, group_size)):
+        stream = np.random.SFC64([seed, group])
+        for r in range(0, rows, block_rows):
+            block = keep[start : start + group_size, r : r + block_rows]
+            n = block.numel()
+            draws = stream.random_raw(-(-n // 4)).view(np.int16)[:n]
+            block.copy_(torch.from_numpy(draws >= threshold).view(block.shape))
+    return keep
+
+
 def qkv(B, H, L, D, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, L, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
@@ -63,7 +82,7 @@ def test_the_kernel_is_the_explicit_formula_with_the_same_draws(monkeypatch, blo
 
     width, bias = kernel.key_layout(keep_keys, L, q.dtype)
     assert width == 34 and bias is not None
-    keep = kernel.keep_mask(123, B * H, L, width, p).view(B, H, L, width)
+    keep = documented_keep(123, B * H, L, width, p).view(B, H, L, width)
     ref = explicit_attention(q, k, v, keep_keys, keep, p)
     expected = torch.autograd.grad(ref, (q, k, v), grad)
     # the same sums in another order (blocks, bmm vs matmul): fp64 rounding over `width` or L terms
@@ -229,7 +248,7 @@ def test_the_padded_encoder_trains_through_the_kernel_with_seeds_from_torchs_gen
     torch.manual_seed(15)
     seed = int(torch.randint(kernel.SEED_BOUND, ()))  # the one draw the layer makes
     q, k, v = attn.qkv(x).view(3, 50, 3, cfg.heads, cfg.head_dim).permute(2, 0, 3, 1, 4)
-    keep = kernel.keep_mask(seed, 3 * cfg.heads, 50, 50, 0.3).view(3, cfg.heads, 50, 50)
+    keep = documented_keep(seed, 3 * cfg.heads, 50, 50, 0.3).view(3, cfg.heads, 50, 50)
     ref = attn.proj(explicit_attention(q, k, v, mask, keep, 0.3).transpose(1, 2).reshape(3, 50, cfg.hidden))
     torch.testing.assert_close(out, ref, rtol=0, atol=reorder_tolerance(ref, cfg.hidden))
 

@@ -17,9 +17,9 @@ from test_finetune import make_encoder, recipe, write_structures
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
+from pmlm.files import file_digest
 from pmlm.finetune.finetune import finetune
 from pmlm.finetune.head_scoring import TSV_COLUMNS, canonical_sha256
-from pmlm.utils import file_digest
 
 # every test of this module runs torch on one thread (conftest.single_thread)
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -316,9 +316,10 @@ def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path,
     the overlap by a hand-written mean, precision with k = floor(30 / divisor); pairs no window holds are no
     candidates."""
     from pmlm.evaluation.metrics import contact_precision, q3_accuracy
-    from pmlm.finetune.data import evaluation_plan, read_task_data
+    from pmlm.finetune.data import evaluation_plan
     from pmlm.finetune.head_scoring import score_task
     from pmlm.pretrained import load_head
+    from pmlm.tasks.registry import read_task_data
     from pmlm.tokens import batch_tokens
 
     train = write_structures(tmp_path / "train.jsonl", 4, seed=1, lengths=(12, 20))

@@ -23,11 +23,13 @@ from pmlm.alphabet import RESIDUES
 from pmlm.artefacts import write_encoder
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
-from pmlm.finetune.data import TaskLoader, read_task_data
+from pmlm.finetune.data import TaskLoader
 from pmlm.finetune.finetune import FinetuneHooks, finetune
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model, load_head
+from pmlm.tasks.contact_task import CONTACT
+from pmlm.tasks.registry import read_task_data
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from pmlm.train.runtime import TrainingDiverged
@@ -369,7 +371,7 @@ def test_one_update_is_the_same_however_its_proteins_are_micro_batched(tmp_path,
 
 def test_batches_are_a_function_of_seed_and_epoch(case):
     data = read_task_data(case["train"], "contact")
-    first, second = (TaskLoader(data.examples, "contact", 4, 20, seed=3, threshold=8.0) for _ in range(2))
+    first, second = (TaskLoader(data.examples, CONTACT, 4, 20, seed=3, threshold=8.0) for _ in range(2))
     plan = first.epoch_plan(0)
     assert sorted(i for batch in plan for i, _ in batch) == list(range(len(data.examples)))
     assert plan == second.epoch_plan(0) and plan != first.epoch_plan(1)

@@ -10,22 +10,26 @@ from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
+from pmlm.model.symmetry import symmetrize
 from pmlm.model.task_heads import (
     ContactLinearHead,
     ContactResNetHead,
-    RemoteHomologyHead,
     SecondaryStructureHead,
+    SequenceHead,
     TapeConvHead,
     TaskModel,
-    build_head,
     pair_features,
     pair_map,
     resolve_features,
 )
 from pmlm.pretrained import build_model
-from pmlm.utils import symmetrize
+from pmlm.tasks.registry import task_named
 
 HIDDEN = 16
+
+
+def _head(cfg):
+    return task_named(cfg.task).build_head(cfg, HIDDEN)
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +66,7 @@ def test_head_shapes_and_contact_symmetry(training):
         "resnet": ContactResNetHead(HIDDEN, 0.1, channels=4, blocks=2, kernel=3, norm="batch", chunk_elements=1 << 20),
         "ss3": SecondaryStructureHead(HIDDEN, 8, 3, 0.1),
         "ss3_conv": TapeConvHead(HIDDEN, 8, 3, 0.1),
-        "remote": RemoteHomologyHead(HIDDEN, 8, 11, 0.1),
+        "remote": SequenceHead(HIDDEN, 8, 11, 0.1),
     }
     shapes = {"linear": (2, 7, 7), "resnet": (2, 7, 7), "ss3": (2, 7, 3), "ss3_conv": (2, 7, 3), "remote": (2, 11)}
     for name, head in heads.items():
@@ -121,7 +125,7 @@ def test_resnet_head_ignores_padding():
     cfg = FinetuneConfig.from_dict(
         {"task": "contact", "head": {"kind": "resnet", "resnet_blocks": 2, "resnet_channels": 4, "features": "M+"}}
     )
-    task_model = TaskModel(model, build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=True).eval()
+    task_model = TaskModel(model, _head(cfg), "contact", "M+", freeze_encoder=True).eval()
     with torch.no_grad():
         both = task_model(tokens, mask)
         alone = task_model(tokens[:1, :7], mask[:1, :5])
@@ -132,13 +136,13 @@ def test_frozen_task_model_trains_only_the_head():
     model = _tiny_model()
     cfg = FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "linear"}})
     tokens, mask = _tokens([8, 6])
-    frozen = TaskModel(model, build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=True).train()
+    frozen = TaskModel(model, _head(cfg), "contact", "M+", freeze_encoder=True).train()
     frozen(tokens, mask).sum().backward()
     assert all(p.grad is None for p in frozen.encoder.parameters())
     assert all(p.grad is not None for p in frozen.head.parameters())
     assert not frozen.encoder.training and list(frozen.trainable()) == ["head"]
 
-    full = TaskModel(_tiny_model(), build_head(cfg, HIDDEN), "contact", "M+", freeze_encoder=False).train()
+    full = TaskModel(_tiny_model(), _head(cfg), "contact", "M+", freeze_encoder=False).train()
     full(tokens, mask).sum().backward()
     named = dict(full.encoder.named_parameters())
     assert named["encoder.layers.0.attn.qkv.weight"].grad is not None
@@ -148,11 +152,11 @@ def test_frozen_task_model_trains_only_the_head():
 
 
 def test_features_auto_and_mplus_need_a_pair_head():
-    assert resolve_features("auto", "contact", _tiny_model("pmlm")) == "M+"
-    assert resolve_features("auto", "contact", _tiny_model("mlm")) == "M"
-    assert resolve_features("auto", "ss3", _tiny_model("pmlm")) == "M"
+    assert resolve_features("auto", True, _tiny_model("pmlm")) == "M+"
+    assert resolve_features("auto", True, _tiny_model("mlm")) == "M"
+    assert resolve_features("auto", False, _tiny_model("pmlm")) == "M"
     with pytest.raises(ConfigError, match="needs an encoder with a pair head"):
-        resolve_features("M+", "contact", _tiny_model("mlm"))
+        resolve_features("M+", True, _tiny_model("mlm"))
 
 
 def test_tape_conv_head_layers_and_padding_independence():
@@ -182,7 +186,7 @@ def test_tape_conv_head_layers_and_padding_independence():
 
 def test_conv_head_is_an_ss3_option_only():
     cfg = FinetuneConfig.from_dict({"task": "ss3", "head": {"kind": "conv", "conv_hidden": 16}})
-    assert isinstance(build_head(cfg, HIDDEN), TapeConvHead)
-    assert isinstance(build_head(FinetuneConfig.from_dict({"task": "ss3"}), HIDDEN), SecondaryStructureHead)
+    assert isinstance(_head(cfg), TapeConvHead)
+    assert isinstance(_head(FinetuneConfig.from_dict({"task": "ss3"})), SecondaryStructureHead)
     with pytest.raises(ConfigError, match="head.kind must be linear or resnet for task contact"):
         FinetuneConfig.from_dict({"task": "contact", "head": {"kind": "conv"}})

@@ -33,11 +33,11 @@ from test_import import FIXTURE, layer_tolerance, our_tokens
 from test_release_workflow import _chains
 from test_workflow import REPO, job_counts, snakemake
 from transformers.models.esm.configuration_esm import get_default_vocab_list
+from workflow_rules import workflow_config
 
 from pmlm import alphabet
 from pmlm.artefacts import write_encoder
 from pmlm.cli import main
-from pmlm.config.workflow import check_references
 from pmlm.errors import ConfigError
 from pmlm.fairseq_checkpoint import import_checkpoint
 from pmlm.model.config import model_config
@@ -493,7 +493,7 @@ def test_a_transformers_release_must_be_an_mlm_encoder():
         }
     }
     with pytest.raises(ConfigError, match=r"config.pretrain.models\[0\].objective: a transformers model"):
-        check_references(config)
+        workflow_config.check_references(config)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,9 +25,11 @@ from pmlm.train import COLLECTIVE_TIMEOUT_ENV, REQUEUE_EXIT_CODE
 from pmlm.train.allocation import (
     count_visible_gpus,
     expand_hostlist,
+    parse_hostlist,
     pick_rendezvous_port,
     read_allocation,
     rendezvous_port,
+    scontrol_hostnames,
 )
 from pmlm.train.launch import LaunchPlan, failure_summary, plan_launch
 
@@ -151,14 +154,51 @@ def test_a_user_batch_script_keeps_one_task_per_node():
     assert plan.argv[:4] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
 
 
-@pytest.mark.parametrize(
-    "nodelist, hosts",
-    [("gpu07", ["gpu07"]), ("gpu[07-08,12],cpu1", ["gpu07", "gpu08", "gpu12", "cpu1"]), ("n[3,1-2]", ["n3", "n1", "n2"]),
-     ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]), ("pmlm-n[1-3]", ["pmlm-n1", "pmlm-n2", "pmlm-n3"])],
-)  # fmt: skip
-def test_expand_hostlist(nodelist, hosts):
-    # expected values as `scontrol show hostnames` prints them
-    assert expand_hostlist(nodelist) == hosts
+HOSTLISTS = [
+    ("gpu07", ["gpu07"]), ("gpu[07-08,12],cpu1", ["gpu07", "gpu08", "gpu12", "cpu1"]), ("n[3,1-2]", ["n3", "n1", "n2"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("pmlm-n[1-3]", ["pmlm-n1", "pmlm-n2", "pmlm-n3"]),
+]  # fmt: skip
+FIRST_HOSTS = [
+    ("gpu07", "gpu07"), ("gpu[07-08]", "gpu07"), ("gpu[07-08,12],cpu1", "gpu07"), ("n[3,1-2]", "n3"),
+    ("rack[1-2]-n[01-04]", "rack1-n01"), ("a1,b[2-3]", "a1"), (" node-x ", "node-x"),
+]  # fmt: skip
+# a configuration scontrol can start from (`scontrol show hostnames` reads it, contacts no controller)
+MINIMAL_SLURM_CONF = (
+    "ClusterName=pmlm-test\nSlurmctldHost=localhost\nNodeName=localhost\nPartitionName=p Nodes=localhost\n"
+)
+
+
+@pytest.mark.parametrize("nodelist, hosts", HOSTLISTS)
+def test_parse_hostlist(nodelist, hosts):
+    # the parser expand_hostlist falls back on without scontrol; expected values as `scontrol show hostnames` prints
+    # them
+    assert parse_hostlist(nodelist) == hosts
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol is not installed here")
+def test_scontrol_and_the_fallback_parser_expand_alike(tmp_path, monkeypatch):
+    """expand_hostlist's answer where scontrol runs is SLURM's own, and the fallback parser gives the same hosts.
+    scontrol needs a configuration, not a cluster: a minimal one where this host has none."""
+    if scontrol_hostnames("n1") is None:
+        (tmp_path / "slurm.conf").write_text(MINIMAL_SLURM_CONF)
+        monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    lists = [n for n, _ in HOSTLISTS] + [n for n, _ in FIRST_HOSTS] + ["gpu[07-08],cpu[1-3,5]", "x[098-101]"]
+    for nodelist in lists:
+        by_slurm = scontrol_hostnames(nodelist)
+        assert by_slurm is not None, "scontrol show hostnames did not run"
+        assert by_slurm == parse_hostlist(nodelist) == expand_hostlist(nodelist), nodelist
+    for nodelist in ["", "gpu[", "gpu]", "gpu[a-b]", "gpu[[1]]"]:  # what scontrol says it cannot read, or garbles
+        with pytest.raises(ConfigError, match="node list"):
+            expand_hostlist(nodelist)
+
+
+def test_without_scontrol_the_parser_expands_hostlists(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
+    assert scontrol_hostnames("gpu[07-08]") is None
+    assert expand_hostlist("gpu[07-08],cpu1") == ["gpu07", "gpu08", "cpu1"]
+    with pytest.raises(ConfigError, match="node list"):
+        expand_hostlist("[1-2]")  # the parser's refusal (scontrol reads it as hosts 1 and 2)
 
 
 def test_failure_summary_names_each_node():
@@ -242,20 +282,16 @@ def test_bad_arguments_are_one_line_errors():
         read_allocation({"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "two"}, job_record=_no_job_record)
 
 
-@pytest.mark.parametrize(
-    "nodelist, first",
-    [("gpu07", "gpu07"), ("gpu[07-08]", "gpu07"), ("gpu[07-08,12],cpu1", "gpu07"), ("n[3,1-2]", "n3"),
-     ("rack[1-2]-n[01-04]", "rack1-n01"), ("a1,b[2-3]", "a1"), (" node-x ", "node-x")],
-)  # fmt: skip
+@pytest.mark.parametrize("nodelist, first", FIRST_HOSTS)
 def test_first_host_of_a_hostlist(nodelist, first):
     # expected values as `scontrol show hostnames` prints them first: the rendezvous host of a multi-node launch
-    assert expand_hostlist(nodelist)[0] == first
+    assert parse_hostlist(nodelist)[0] == first
 
 
 @pytest.mark.parametrize("nodelist", ["", "[1-2]", "gpu[", "gpu]", "gpu[a-b]", "gpu[[1]]"])
 def test_unreadable_hostlists_are_refused(nodelist):
     with pytest.raises(ConfigError, match="node list"):
-        expand_hostlist(nodelist)
+        parse_hostlist(nodelist)
 
 
 @pytest.mark.parametrize(

@@ -115,8 +115,8 @@ def test_token_budget_and_small_padding_on_skewed_lengths(tmp_path):
     stream = ShardStream(shards, "train", tokens_per_batch=4096, max_len=256, buffer_rows=4096, seed=1)
     padded = residues = specials = 0
     for batch in stream.epoch_batches(0):
-        assert batch.padded_size <= 4096
-        padded += batch.padded_size
+        assert batch.tokens.numel() <= 4096
+        padded += batch.tokens.numel()
         residues += batch.residues
         specials += 2 * batch.tokens.shape[0]
     pad_fraction = 1 - (residues + specials) / padded

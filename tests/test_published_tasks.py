@@ -12,8 +12,8 @@ from archives import tar_bytes
 from pmlm.cli import main
 from pmlm.data.archive import extract_member
 from pmlm.errors import InputError
-from pmlm.finetune.data import detect_format
 from pmlm.tasks.raptorx import read_contact_set
+from pmlm.tasks.registry import detect_task_format
 from pmlm.tasks.structures import ReadCounts
 from pmlm.tasks.tape import read_tape
 
@@ -66,7 +66,7 @@ def test_tape_tarballs_as_distributed(tmp_path):
         )
         out = tmp_path / "members" / member
         extract_member(archive, member, out)
-        assert detect_format(out) == "tape"
+        assert detect_task_format(out) == "tape"
         (record,) = read_tape(out, task)
         assert record.primary == seq and record.id == records[0]["id"]
     assert record.fold_label == 7
@@ -89,7 +89,7 @@ def test_raptorx_pickle_as_distributed(tmp_path):
     ]
     path = tmp_path / "raptorx_test.pkl"
     path.write_bytes(pickle.dumps(proteins, protocol=2))
-    assert detect_format(path) == "raptorx"
+    assert detect_task_format(path) == "raptorx"
     first, second = read_contact_set(path)
     assert first.id == "1abcA" and second.id == "2xyzB"
     assert first.contacts[0, 1] and first.contacts[1, 2] and not first.contacts[0, 2]
@@ -153,7 +153,7 @@ def test_contacts_from_pdb_coordinates(tmp_path, capsys):
     assert obj["cb"][0] == [3.8, -0.8, 1.3] and obj["cb"][4] is None  # C-alpha only: no C-beta to build
     gly = np.array(obj["cb"][1])
     assert abs(np.linalg.norm(gly - np.array([7.6, 0.0, 0.0])) - 1.53) < 0.01  # the ideal C-beta bond
-    assert detect_format(out) == "raptorx"
+    assert detect_task_format(out) == "raptorx"
     (record,) = read_contact_set(out)
     assert not record.valid[4].any() and record.contacts[0, 1]
     chains.write_text("1abcC\n")

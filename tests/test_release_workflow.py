@@ -11,6 +11,7 @@ import shutil
 import pandas as pd
 import pytest
 import yaml
+from archives import tar_bytes
 from loopback_servers import static_http_server
 from test_workflow import REPO, job_counts, snakemake
 
@@ -72,6 +73,19 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
     local.mkdir(parents=True)
     for split, rows in (("train", chains[:14]), ("valid", chains[14:18]), ("test", chains[18:])):
         (local / f"chains_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # TAPE's regression archives in TAPE's layout (<task>/<task>_<split>.json, the value a 1-element list)
+    tape = {}
+    for task, key in (("fluorescence", "log_fluorescence"), ("stability", "stability_score")):
+        members = {
+            f"{task}/{task}_{split}.json": json.dumps(
+                [{"primary": c["seq"], "protein_length": len(c["seq"]), key: [len(c["seq"]) / 50.0], "id": c["id"]}
+                 for c in rows]
+            ).encode()
+            for split, rows in (("train", chains[:14]), ("valid", chains[14:18]), ("test", chains[18:]))
+        }  # fmt: skip
+        archive = served / f"{task}.tar.gz"
+        archive.write_bytes(tar_bytes(members, "w:gz"))
+        tape[task] = hashlib.sha256(archive.read_bytes()).hexdigest()
     with static_http_server(served) as url:
         release = {"url": f"{url}/{FIXTURE.name}", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         config = {
@@ -79,19 +93,32 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
             "pretrain": {
                 "models": [{"dataset": "ur50-release", "objective": "pmlm", "preset": "tiny", "release": release}]
             },
+            "sources": {f"tape_{t}": {"url": f"{url}/{t}.tar.gz", "sha256": sha} for t, sha in tape.items()},
             "task_data": {
                 "chains": {
                     "files": {s: {"path": f"resources/local/chains_{s}.jsonl"} for s in ("train", "valid", "test")}
-                }
+                },
+                **{
+                    f"tape_{t}": {
+                        "files": {
+                            s: {"source": f"tape_{t}", "member": f"{t}/{t}_{s}.json"}
+                            for s in ("train", "valid", "test")
+                        }
+                    }
+                    for t in tape
+                },
             },
             "finetune": {
                 "recipes": {
                     "contact": "config/finetune/contact_linear_tiny.yaml",
                     "ss3": "config/finetune/ss3_tiny.yaml",
+                    "fluorescence": "config/finetune/fluorescence.yaml",
+                    "stability": "config/finetune/stability.yaml",
                 },
                 "runs": {
                     "contact": {"recipe": "contact", "data": "chains", "table": "tape_contact", "tests": {"t": "test"}},
                     "ss3": {"recipe": "ss3", "data": "chains", "table": "secondary_structure", "tests": {"t": "test"}},
+                    **{t: {"recipe": t, "data": f"tape_{t}", "table": "task", "tests": {"t": "test"}} for t in tape},
                 },
                 # the fixture reads 126 residues at a time
                 "set": {
@@ -147,4 +174,11 @@ def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
     assert "| ours | PMLM-tiny | ur50-release | pair-kl | t |" in tables["unsupervised_contact"]
     assert "| ours | PMLM-tiny | ur50-release |" in tables["pretrain_scores"]  # its params and steps; no valid scores
     assert (results / "figures" / "contact_maps" / "ur50-release" / "pmlm-tiny" / "unsupervised-pair-kl.svg").is_file()
+    # TAPE's fluorescence and stability, read from their archives as published, in tables of their own with TAPE's
+    # rows beside ours
+    for task in ("fluorescence", "stability"):
+        tsv = pd.read_csv(results / "evaluation" / "ur50-release" / "pmlm-tiny" / f"{task}.tsv", sep="\t")
+        assert set(tsv["metric"]) == {"spearman", "pearson", "mse", "n_too_long"} and (tsv["task"] == task).all()
+        table = (results / "tables" / f"{task}.md").read_text()
+        assert "| paper | TAPE Transformer |" in table and "| ours | PMLM-tiny | ur50-release | mlp | M | t |" in table
     assert not (results / "figures" / "pretrain_curves.svg").exists()  # no training run to draw

@@ -39,6 +39,7 @@ REPORT_RULES = (
     "plot_pretrain_curves",
     "plot_finetune_curves",
     "plot_contact_maps",
+    "plot_readout_contact_maps",
     "plot_precision_by_separation",
     "record_run_info",
 )
@@ -410,10 +411,11 @@ def test_contact_maps_refuse_an_encoder_without_a_pair_head(tmp_path, capsys):
 
 
 def test_contact_map_runs_must_exist_in_the_config():
-    from pmlm.config.workflow import check_references
+    from workflow_rules import workflow_config
+
     from pmlm.errors import ConfigError
 
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config["report"] = {"contact_maps": {"runs": ["ss3"]}}
     with pytest.raises(ConfigError, match=r"config.report.contact_maps.runs\[0\]: 'ss3' is not a contact run"):
-        check_references(config)
+        workflow_config.check_references(config)

@@ -16,7 +16,7 @@ from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.cli import main
 from pmlm.data.shards import tokenize
 from pmlm.errors import InputError
-from pmlm.utils import file_digest
+from pmlm.files import file_digest
 
 
 def make_split_fasta(path, n, seed, clusters=20):
@@ -113,7 +113,7 @@ def test_outputs_get_the_usual_file_mode(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from pmlm.utils import atomic_output
+    from pmlm.files import atomic_output
 
     umask = os.umask(0o022)
     try:

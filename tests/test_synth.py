@@ -14,7 +14,7 @@ from pmlm.alphabet import FIRST_RESIDUE_ID, NUM_RESIDUES, RESIDUES, encode
 from pmlm.cli import main
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
-from pmlm.evaluation.unsupervised import msa_mi_apc, msa_mutual_information, pair_frequencies, site_frequencies
+from pmlm.evaluation.unsupervised import msa_mi_apc, msa_mutual_information, mutual_information
 from pmlm.synth.gibbs import gibbs_sample
 from pmlm.synth.potts import (
     PottsConfig,
@@ -109,8 +109,8 @@ def test_gibbs_sampler_matches_exact_distribution():
     assert exact_coupling - independent_coupling > 0.3  # the check below can tell couplings apart
 
     seqs, _ = gibbs_sample(model, 20000, rng, chains=200, burn_in=20, thinning=3)
-    emp_pair = pair_frequencies(seqs)[0, 1]
-    np.testing.assert_allclose(site_frequencies(seqs)[0], exact_site, atol=0.02)
+    emp_pair = column_pair_frequencies(seqs, 0, 1)
+    np.testing.assert_allclose(emp_pair.sum(axis=1), exact_site, atol=0.02)
     np.testing.assert_allclose(emp_pair, exact_pair, atol=0.02)
     emp_coupling = float(couplings[0, seqs[:, 0], seqs[:, 1]].mean())
     assert abs(emp_coupling - exact_coupling) < 0.05
@@ -124,14 +124,24 @@ def test_thinning_decorrelates_chains(family):
 # ------------------------------------------------------------------------------------ statistics
 
 
-def test_frequencies_are_consistent(family):
-    seqs = family.sequences[:300, :12]
-    fi = site_frequencies(seqs, pseudocount=0.1)
-    fij = pair_frequencies(seqs, pseudocount=0.1)
-    np.testing.assert_allclose(fi.sum(axis=1), 1.0)
-    np.testing.assert_allclose(fij.sum(axis=3), np.broadcast_to(fi[:, None], fij.shape[:3]), atol=1e-12)
-    np.testing.assert_allclose(fij, fij.transpose(1, 0, 3, 2))
-    np.testing.assert_allclose(fij[4, 4], np.diag(fi[4]))
+def column_pair_frequencies(sequences: np.ndarray, i: int, j: int) -> np.ndarray:
+    """(20, 20) frequencies of (x_i, x_j) = (a, b) over the sequences, counted one by one."""
+    counts = np.zeros((NUM_RESIDUES, NUM_RESIDUES))
+    np.add.at(counts, (sequences[:, i], sequences[:, j]), 1)
+    return counts / len(sequences)
+
+
+@pytest.mark.parametrize("block", [5, 32])  # several row blocks; one
+def test_msa_mutual_information_is_the_mi_of_counted_column_pairs(family, block):
+    """The baseline's documented rule: the MI of each column pair's counted frequencies, mixed with the uniform
+    distribution over the 400 states at the pseudocount's weight; diagonal 0."""
+    seqs, pseudocount = family.sequences[:300, :12], 0.1
+    mi = msa_mutual_information(seqs, pseudocount=pseudocount, block=block)
+    expected = np.zeros((12, 12))
+    for i, j in itertools.permutations(range(12), 2):
+        f = (1 - pseudocount) * column_pair_frequencies(seqs, i, j) + pseudocount / NUM_RESIDUES**2
+        expected[i, j] = mutual_information(f)
+    np.testing.assert_allclose(mi, expected, rtol=1e-6, atol=1e-12)
 
 
 def test_coupled_positions_are_not_independent(family):

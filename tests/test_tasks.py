@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pmlm.errors import InputError, PmlmError
+from pmlm.tasks.pickles import safe_unpickle
 from pmlm.tasks.raptorx import read_contact_set
 from pmlm.tasks.structures import (
     ReadCounts,
@@ -19,7 +20,7 @@ from pmlm.tasks.structures import (
     read_structure_jsonl,
     ss3_to_labels,
 )
-from pmlm.tasks.tape import TEST_SPLITS, read_tape, safe_unpickle
+from pmlm.tasks.tape import TEST_SPLITS, read_tape
 
 CA_STEP = 3.8  # Angstrom between consecutive C-alpha atoms
 

@@ -16,7 +16,7 @@ from pmlm.evaluation.unsupervised import (
     msa_mutual_information,
     mutual_information,
 )
-from pmlm.utils import symmetrize
+from pmlm.model.symmetry import symmetrize
 
 
 def _random_marginal(rng, *shape):

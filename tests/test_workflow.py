@@ -58,9 +58,10 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     proc = snakemake("-n", "-p", "--configfile", "config/paper.yaml")
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    # UniRef50 2018_03, Pfam-A 31.0, TAPE proteinnet / secondary_structure / remote_homology, the released PMLM
-    assert counts["fetch_source"] == 6
-    assert counts["extract_member"] == 14  # uniref50.fasta.gz + 3 + 5 + 5 TAPE split files
+    # UniRef50 2018_03, Pfam-A 31.0, TAPE proteinnet / secondary_structure / remote_homology / fluorescence /
+    # stability, the released PMLM
+    assert counts["fetch_source"] == 8
+    assert counts["extract_member"] == 20  # uniref50.fasta.gz + 3 + 5 + 5 + 3 + 3 TAPE split files
     assert counts["expect_local_file"] == 3  # the RaptorX set has no public archive: the user places it
     for rule in ("ingest_sequences", "split_clusters", "tokenize_shards"):
         assert counts[rule] == 2, (rule, counts)
@@ -68,8 +69,9 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     assert counts["tabulate_pretrain_scores"] == 1 and counts["plot_kl_histogram"] == 1
     assert "results/paper/pretrain/uniref50/pmlm_pair_only-xl/model.safetensors" in proc.stdout
     # TAPE-Contact for all 7 encoders, RaptorX ResNet for 4 and linear for the 4 ablation encoders, SS and RH for
-    # PMLM-base Pfam and the released PMLM
-    assert counts["finetune"] == 19 and counts["evaluate"] == 19
+    # PMLM-base Pfam and the released PMLM; fluorescence and stability for MLM / PMLM-base UR50 and the released PMLM
+    assert counts["finetune"] == 25 and counts["evaluate"] == 25
+    assert counts["task_table"] == 2  # tables/fluorescence and tables/stability
     assert counts["evaluate_unsupervised"] == 5  # the PMLM encoders' pair-head contacts
     assert counts["aggregate_tables"] == 1
     for dataset in ("uniref50", "pfam"):
@@ -92,7 +94,7 @@ def test_paper_config_shows_every_job_of_the_reproduction():
             run = re.search(r"--final results/paper/finetune/(\S+)/head\.safetensors", line).group(1)
             chosen = re.search(r"--set '?head\.features=(M\+?)'?", line)
             features[run] = chosen.group(1) if chosen else "auto"
-    assert len(features) == 19
+    assert len(features) == 25
     assert features["pfam/pmlm-base/tape_contact_linear"] == "M+"
     assert features["uniref50/pmlm-base/tape_contact_linear"] == "M"
     assert features["uniref50/pmlm-large/tape_contact_linear"] == "M+"
@@ -190,7 +192,7 @@ def test_demo_workflow(tmp_path):
         assert re.search(rf"^  demo/{objective}-tiny +\d+\.\d\d -> \d+\.\d\d \(step 10 -> 30\)", screen, re.M), screen
     assert "Tables in results/demo/tables (.csv/.html/.md/.tex):" in screen
     assert sorted(re.findall(r"^  ([a-z_]+) ", screen, re.M)) == sorted(
-        ["pretrain_scores", "precision_by_separation", *TABLES]
+        ["pretrain_scores", "precision_by_separation", "net_charge", *TABLES]
     ), screen
     assert re.search(
         r"^  raptorx_contact +P@L, s >= 24 \(%\)  ours: MLM-tiny \d+\.\d, PMLM-tiny \d+\.\d$", screen, re.M

@@ -18,9 +18,9 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from test_workflow import snakemake
+from workflow_rules import workflow_config
 
 from pmlm.cli import build_parser
-from pmlm.config.workflow import check_references, schema_error
 from pmlm.data.normalise import IngestPolicy
 from pmlm.errors import ConfigError
 
@@ -153,10 +153,12 @@ def test_invalid_config_is_one_line_naming_the_key():
     bad = {"sources": {"a": {"url": "file:x.fa"}}, "datasets": {"d": {"sources": ["a"], "shards": {"num_shards": 0}}}}
     with pytest.raises(WorkflowError):
         validate(copy.deepcopy(bad), str(SCHEMA_PATH), set_default=True)
-    error = schema_error(bad, SCHEMA_PATH)
+    error = workflow_config.schema_error(bad, SCHEMA_PATH)
     assert str(error).startswith("config.datasets.d.shards.num_shards: 0 is less than the minimum")
     with pytest.raises(ConfigError, match=r"config.datasets.d.sources\[0\]: unknown source 'b'"):
-        check_references(_validated({"sources": {"a": {"url": "file:x.fa"}}, "datasets": {"d": {"sources": ["b"]}}}))
+        workflow_config.check_references(
+            _validated({"sources": {"a": {"url": "file:x.fa"}}, "datasets": {"d": {"sources": ["b"]}}})
+        )
 
 
 def _finetune_config(features, table="tape_contact"):
@@ -195,10 +197,10 @@ def _finetune_config(features, table="tape_contact"):
 def test_run_features_are_checked(features, table, message):
     config = _finetune_config(features, table)
     if message is None:
-        check_references(config)
+        workflow_config.check_references(config)
     else:
         with pytest.raises(ConfigError) as error:
-            check_references(config)
+            workflow_config.check_references(config)
         assert str(error.value).startswith(message)
 
 

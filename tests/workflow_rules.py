@@ -3,18 +3,22 @@
 benchmarks, resources). Import with ``from workflow_rules import ...`` (tests/ is on sys.path).
 
 A static reading (the files follow one layout: ``rule name:`` at column 0, directives at 4 spaces, their
-bodies deeper), so it needs no config and runs nothing.
+bodies deeper), so it needs no config and runs nothing. Also the workflow's own Python (workflow/lib), imported
+as the Snakefile imports it: ``from workflow_rules import workflow_config``.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEFILE = REPO / "Snakefile"
 RULE_FILES = [SNAKEFILE, *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+WORKFLOW_LIB = REPO / "workflow" / "lib"  # the workflow's own modules, on the path the Snakefile puts them on
 
 _RULE = re.compile(r"^rule (\w+):\s*$")
 _DIRECTIVE = re.compile(r"^    (\w+):\s*(.*)$")
@@ -93,3 +97,13 @@ def commented_block(path: Path, first_line: str) -> str:
             break
         body.append(line)
     return "\n".join(line[len(prefix) :] for line in [first_line, *body])
+
+
+def workflow_module(name: str):
+    """Module ``name`` of workflow/lib, imported by path as the Snakefile imports it."""
+    if str(WORKFLOW_LIB) not in sys.path:
+        sys.path.insert(0, str(WORKFLOW_LIB))
+    return importlib.import_module(name)
+
+
+workflow_config = workflow_module("workflow_config")

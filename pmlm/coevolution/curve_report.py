@@ -17,7 +17,7 @@ from pmlm.coevolution.curves import ALL, BASELINE_ARM
 from pmlm.coevolution.report import paired_test
 from pmlm.errors import InputError
 from pmlm.figures import pyplot, save_figure
-from pmlm.utils import atomic_output
+from pmlm.files import atomic_output
 from pmlm.vocabulary import MLM
 
 BEGIN, END = "<!-- coevolution-curves:begin -->", "<!-- coevolution-curves:end -->"
@@ -240,12 +240,6 @@ def write_doc(doc: str | Path, block: str) -> bool:
     with atomic_output(doc) as tmp:
         Path(tmp).write_text(new)
     return True
-
-
-def doc_block(doc: str | Path) -> str:
-    """The generated block ``doc`` carries now."""
-    text = Path(doc).read_text()
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].removeprefix("\n")
 
 
 def plot_curves(res: Results, prefix: str | Path) -> list[Path]:

@@ -42,6 +42,7 @@ from pmlm.coevolution.readouts import residue_ids
 from pmlm.config.pretraining import TrainConfig
 from pmlm.data.shards import tokenize
 from pmlm.errors import InputError
+from pmlm.files import atomic_output
 from pmlm.model.objectives import pretraining_losses
 from pmlm.pretrained import build_model
 from pmlm.synth.potts import PottsConfig
@@ -49,7 +50,6 @@ from pmlm.synth.synth_config import SynthConfig
 from pmlm.synth.synthesize import FASTA_NAME, synthesize
 from pmlm.tokens import batch_tokens
 from pmlm.train.pretrain import TrainHooks, train
-from pmlm.utils import atomic_output
 
 COLUMNS = ("seed", "group", "family", "arm", "step", "readout", "metric", "value")
 RESULTS_TSV = "curves.tsv"

@@ -26,8 +26,9 @@ from pmlm.coevolution.epistasis import exact_headline, study_readouts
 from pmlm.coevolution.heldout import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.study import evaluate_models, readout_costs
 from pmlm.errors import ConfigError, InputError
+from pmlm.files import atomic_output
 from pmlm.pretrained import load_encoder, pick_device
-from pmlm.utils import atomic_output, versions
+from pmlm.version import versions
 from pmlm.vocabulary import MLM, PMLM, TMLM
 
 

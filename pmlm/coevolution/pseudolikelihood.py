@@ -88,17 +88,6 @@ def _objective(x: torch.Tensor, fields: torch.Tensor, w: torch.Tensor, lambdas: 
     return nll + lambdas[0] * fields.square().sum() + lambdas[1] * w.square().sum()
 
 
-def pseudolikelihood_objective(
-    sequences: np.ndarray, fields: np.ndarray, couplings: np.ndarray, lambda_fields: float, lambda_couplings: float
-) -> float:
-    """The objective ``fit_pseudolikelihood`` minimises, at fields (L, q) and symmetric couplings (L, L, q, q)."""
-    length, q = fields.shape
-    w = torch.as_tensor(couplings, dtype=torch.float64).permute(1, 3, 0, 2).reshape(length * q, length * q)
-    x = torch.as_tensor(np.asarray(sequences, dtype=np.int64))
-    with torch.no_grad():
-        return float(_objective(x, torch.as_tensor(fields, dtype=torch.float64), w, (lambda_fields, lambda_couplings)))
-
-
 def fit_pseudolikelihood(
     sequences: np.ndarray,
     *,

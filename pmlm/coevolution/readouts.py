@@ -18,8 +18,8 @@ from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_p
 from pmlm.evaluation.pair_readout import joint_dependence, masked_copies, pair_dependence, pair_positions
 from pmlm.evaluation.unsupervised import apc
 from pmlm.model.encoder import key_padding_mask
+from pmlm.model.symmetry import symmetrize
 from pmlm.tokens import batch_tokens
-from pmlm.utils import symmetrize
 
 
 def residue_ids(classes: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pmlm.coevolution.heldout import FamilyData, StudyConfig
 from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
 from pmlm.model.task_heads import ContactLinearHead, TaskModel, set_contact_prior
-from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS, MLM, PMLM
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS, MLM, PMLM, TASK_CONTACT
 
 # (read-out, model, TaskModel features)
 HEADS = (
@@ -58,7 +58,7 @@ def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: Study
     torch.manual_seed(seed)
     device = model_device(encoder)
     head = ContactLinearHead(encoder.cfg.hidden, cfg.head_dropout, PAIR_CHUNK_ELEMENTS).to(device)
-    model = TaskModel(encoder, head, "contact", features, freeze_encoder=True)
+    model = TaskModel(encoder, head, TASK_CONTACT, features, freeze_encoder=True)
     batches = [_batch(f, cfg, cfg.min_separation, device) for f in train]
     positives = sum(float(labels[:, scored].sum()) for _, _, labels, scored, _ in batches)
     total = sum(labels.shape[0] * int(scored.sum()) for _, _, labels, scored, _ in batches)

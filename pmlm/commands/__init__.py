@@ -45,3 +45,30 @@ def add_precision(parser: argparse.ArgumentParser, recorded_by: str) -> None:
         help=f"arithmetic of the forward passes: auto (default) = what {recorded_by} run recorded (fp32 if nothing, "
         "and fp32 off CUDA, said on stderr), or fp32 / bf16 (bf16 needs CUDA); the outputs record which",
     )
+
+
+def add_identity_split(p: argparse.ArgumentParser, fractions: tuple[float, float, float]) -> None:
+    """The options of a train / valid / test split by sequence identity (MMseqs2), as split-structures and
+    split-table take them."""
+    p.add_argument("--fractions", type=float, nargs=3, default=fractions, metavar=("TRAIN", "VALID", "TEST"))
+    p.add_argument("--min-seq-id", type=float, default=0.3, help="identity that makes two sequences 'near'")
+    p.add_argument("--coverage", type=float, default=0.5)
+    p.add_argument("--method", default="cluster", choices=("cluster", "linclust"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--mmseqs", default="mmseqs")
+
+
+def identity_split_config(args: argparse.Namespace):
+    """The SplitConfig of ``add_identity_split``'s options."""
+    from pmlm.data.split import SplitConfig  # on use: building the parsers imports no engine
+
+    return SplitConfig(
+        method=args.method,
+        min_seq_id=args.min_seq_id,
+        coverage=args.coverage,
+        seed=args.seed,
+        threads=args.threads,
+        mmseqs=args.mmseqs,
+        valid_fraction=0.0,
+    )

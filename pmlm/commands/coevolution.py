@@ -105,7 +105,7 @@ def _curves(args: argparse.Namespace) -> int:
     from pmlm.coevolution.curve_report import Results, markdown, plot_curves, write_doc
     from pmlm.coevolution.curves import read_rows, run_curves
     from pmlm.coevolution.curves_config import CurvesConfig
-    from pmlm.utils import atomic_output
+    from pmlm.files import atomic_output
 
     if args.action == "curves":
         cfg = CurvesConfig.from_yaml(args.config, args.set)

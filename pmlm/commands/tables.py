@@ -35,6 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     res.add_argument("--out-dir", required=True, help="writes <table>.csv / .md / .tex / .html for every table")
     res.add_argument("--test-label", default="the configured test sets", help="how captions name our test sets")
+    task = sub.add_parser(
+        "task",
+        help="the table of one task outside the paper's (fluorescence, stability, a task of your own) from its "
+        "evaluation TSVs: the task's metrics per encoder, head and test set",
+    )
+    task.add_argument("--result", action="append", required=True, metavar="TSV", help="an evaluation TSV; repeatable")
+    task.add_argument("--out-prefix", required=True, help="writes PREFIX.csv, PREFIX.md, PREFIX.tex, PREFIX.html")
+    task.add_argument("--title", default=None, help="the table's caption (default: the task and its metrics)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(item, "expected LABEL:DATASET:WEIGHTS")
             entries.append(tuple(parts))
         paths = write_pretrain_scores(entries, args.out_prefix)
+        print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
+    elif args.table == "task":
+        from pmlm.reports.task_tables import write_task_table
+
+        paths = write_task_table(args.result, args.out_prefix, args.title)
         print(f"tables: wrote {', '.join(map(str, paths))}", file=sys.stderr)
     else:
         from pmlm.reports.results import write_all

@@ -1,3 +1,3 @@
-"""Typed configuration: the YAML -> dataclass machinery (``tree``), the pre-training and fine-tuning recipes
-(``pretraining``, ``finetuning``, their ``optim`` sections in ``optim``) and the workflow config's checks
-(``workflow``). Importing this package loads nothing heavy: the Snakefile reads ``pmlm.config.workflow``."""
+"""Typed configuration: the YAML -> dataclass machinery (``tree``) and the pre-training and fine-tuning recipes
+(``pretraining``, ``finetuning``, their ``optim`` sections in ``optim``). Importing this package loads nothing heavy.
+(The workflow config's checks are workflow code: workflow/lib/workflow_config.py.)"""

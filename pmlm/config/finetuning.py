@@ -9,24 +9,16 @@ from dataclasses import dataclass, field
 from pmlm.config.optim import FinetuneOptimConfig
 from pmlm.config.tree import YamlConfig, require
 from pmlm.errors import ConfigError
+from pmlm.tasks.registry import task_named
 from pmlm.tasks.structures import CONTACT_THRESHOLD
-from pmlm.tasks.tape import NUM_FOLDS
-from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS
+from pmlm.tasks.task import FORMATS, ReadOptions
+from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS, TASK_CONTACT
 
-TASKS = ("contact", "ss3", "remote_homology")
-# head kinds each task accepts; the first is what "auto" resolves to
-TASK_HEADS: dict[str, tuple[str, ...]] = {
-    "contact": ("linear", "resnet"),
-    "ss3": ("mlp", "conv"),
-    "remote_homology": ("mlp",),
-}
-# classes a head predicts: one contact logit per pair, H/E/C, or the TAPE folds
-TASK_CLASSES: dict[str, int] = {"contact": 1, "ss3": 3, "remote_homology": NUM_FOLDS}
 # head.features: M (encoder outputs), M+ (the pair head's first block) or auto (M+ where the encoder has a pair
 # head)
 FEATURES = ("auto", FEATURES_M, FEATURES_M_PLUS)
 NORMS = ("instance", "batch")
-DATA_FORMATS = ("auto", "structure_jsonl", "tape", "raptorx")
+DATA_FORMATS = ("auto", *FORMATS)
 CONTACT_ATOM_CHOICES = ("auto", "CA", "CB")
 ON_ERROR = ("raise", "skip")
 
@@ -36,8 +28,9 @@ class HeadConfig:
     """The task head put on top of the encoder."""
 
     # contact: linear (TAPE's shallow decoder) | resnet (2-D ResNet, as for RaptorX);
-    # ss3: mlp (per residue) | conv (TAPE's secondary-structure head, two 1-D convolutions);
-    # remote_homology: mlp; auto picks linear for contact and mlp otherwise
+    # ss3, residue_classification: mlp (per residue) | conv (TAPE's secondary-structure head, two 1-D convolutions);
+    # remote_homology, fluorescence, stability, sequence_classification, sequence_regression: mlp (the residues'
+    # mean through an MLP); auto picks the task's first (pmlm.tasks)
     kind: str = "auto"
     # contact only. M: concat(f_i * f_j, f_i - f_j) of the encoder outputs;
     # M+: the pair head's first-block output (needs a PMLM encoder);
@@ -53,18 +46,13 @@ class HeadConfig:
     resnet_norm: str = "instance"
     mlp_hidden: int = 512  # hidden width of the mlp head (TAPE's SimpleMLP: 512)
     conv_hidden: int = 512  # channels between the conv head's two convolutions (TAPE's SimpleConv: 512)
-    num_classes: int | None = None  # output classes; None = the task's (3 for ss3, 1,195 folds for remote homology)
+    # output classes; None = the task's (3 for ss3, 1,195 folds for remote homology, data.classes for a user's)
+    num_classes: int | None = None
     # upper bound on the elements of one chunk of pair features (B x rows x L x F); bounds the
     # transient memory of L^2 pair features, the only quantity that grows quadratically
     pair_chunk_elements: int = 1 << 24
 
     def __post_init__(self) -> None:
-        require(
-            self.kind in ("auto", "linear", "resnet", "mlp", "conv"),
-            "head.kind",
-            "must be one of auto, linear, resnet, mlp, conv",
-            self.kind,
-        )
         require(self.features in FEATURES, "head.features", f"must be one of {', '.join(FEATURES)}", self.features)
         require(0.0 <= self.dropout < 1.0, "head.dropout", "must be in [0, 1)", self.dropout)
         for name in ("resnet_blocks", "resnet_channels", "mlp_hidden", "conv_hidden", "pair_chunk_elements"):
@@ -88,7 +76,7 @@ class HeadConfig:
 class TaskDataConfig:
     """How task files become labelled, cropped batches."""
 
-    format: str = "auto"  # auto (by file name / content) | structure_jsonl | tape | raptorx
+    format: str = "auto"  # auto (by file name / content) | structure_jsonl | tape | raptorx | table
     batch_size: int = 8  # proteins per micro-batch
     # training crop in residues: longer proteins get a random window of this size (per epoch);
     # null = the encoder's window (max_len - 2). Evaluation always uses full length.
@@ -100,6 +88,13 @@ class TaskDataConfig:
     min_separation: int = 6  # training loss over pairs with |i - j| >= this (TAPE / RaptorX ignore closer pairs)
     on_error: str = "raise"  # bad records: raise (one line naming file and line) | skip (counted, reported)
     max_proteins: int | None = None  # use only the first N proteins of the training file (null = all)
+    # table files (a user's task: CSV, TSV or Parquet, pmlm.tasks.labelled): the columns read
+    sequence_column: str = "sequence"
+    label_column: str = "label"
+    id_column: str = "id"  # optional in the file: the row number names a protein without it
+    # a classification's class names in id order; null = the training file's distinct labels, sorted (the head
+    # records them)
+    classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         require(self.format in DATA_FORMATS, "data.format", f"must be one of {', '.join(DATA_FORMATS)}", self.format)
@@ -140,7 +135,9 @@ NOT_IN_FINGERPRINT = (
 class FinetuneConfig(YamlConfig):
     """Everything a fine-tuning run depends on; saved into every checkpoint and the head's sidecar."""
 
-    task: str = "contact"  # contact | ss3 | remote_homology
+    # contact | ss3 | remote_homology | fluorescence | stability | residue_classification | sequence_classification |
+    # sequence_regression, or a task registered by a plug-in (pmlm.tasks.registry)
+    task: str = TASK_CONTACT
     freeze_encoder: bool = True  # true: train the head only (frozen features); false: full fine-tuning
     head: HeadConfig = field(default_factory=HeadConfig)
     optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
@@ -155,8 +152,8 @@ class FinetuneConfig(YamlConfig):
     bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false (never on CPU)
 
     def __post_init__(self) -> None:
-        require(self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}", self.task)
-        allowed = TASK_HEADS[self.task]
+        task = task_named(self.task)
+        allowed = task.heads
         if self.head.kind == "auto":
             self.head = dataclasses.replace(self.head, kind=allowed[0])
         require(
@@ -165,7 +162,7 @@ class FinetuneConfig(YamlConfig):
             f"must be {' or '.join(allowed)} for task {self.task}",
             self.head.kind,
         )
-        if self.task != "contact" and self.head.features == FEATURES_M_PLUS:
+        if not task.reads_pairs and self.head.features == FEATURES_M_PLUS:
             raise ConfigError(
                 f"head.features M+ describes residue pairs; task {self.task} uses encoder outputs "
                 "(set head.features: M or auto)"
@@ -177,6 +174,23 @@ class FinetuneConfig(YamlConfig):
         require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
         require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
 
+    def read_options(self, **changes) -> ReadOptions:
+        """How this run's task files are read (``data``'s settings and the head's classes); ``changes`` override."""
+        d = self.data
+        options = ReadOptions(
+            fmt=d.format,
+            contact_atom=d.contact_atom,
+            threshold=d.contact_threshold,
+            on_error=d.on_error,
+            num_classes=self.head.num_classes or task_named(self.task).num_classes,
+            classes=d.classes,
+            sequence_column=d.sequence_column,
+            label_column=d.label_column,
+            id_column=d.id_column,
+        )
+        return dataclasses.replace(options, **changes)
+
     @property
     def num_classes(self) -> int:
-        return self.head.num_classes or TASK_CLASSES[self.task]
+        """Output units of the head: ``head.num_classes``, else the task's (``data.classes`` for a user's)."""
+        return task_named(self.task).classes(self)

@@ -146,6 +146,10 @@ def _coerce(value, hint, key: str):
         raise ConfigError(f"{key} must be a string, got {value!r}")
     if origin is tuple:
         items = typing.get_args(hint)
+        if len(items) == 2 and items[1] is Ellipsis:  # tuple[X, ...]: a list of any length
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{key} must be a list, got {value!r}")
+            return tuple(_coerce(v, items[0], f"{key}[{i}]") for i, v in enumerate(value))
         if not isinstance(value, (list, tuple)) or len(value) != len(items):
             raise ConfigError(f"{key} must be a list of {len(items)} values, got {value!r}")
         return tuple(_coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, items)))

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from pmlm.data.fasta import GZIP_ERRORS, GZIP_MAGIC, _gzip_impl
 from pmlm.errors import InputError
-from pmlm.utils import atomic_output
+from pmlm.files import atomic_output
 
 # a member with one of these endings and more path after it is a nested archive to open in place
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")

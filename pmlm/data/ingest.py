@@ -46,8 +46,8 @@ from pmlm.data.formats import (
 )
 from pmlm.data.normalise import STANDARD, IngestPolicy, Normaliser
 from pmlm.errors import ConfigError, InputError
+from pmlm.files import atomic_output
 from pmlm.progress import Progress
-from pmlm.utils import atomic_output
 
 
 class _Origins:

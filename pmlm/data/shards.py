@@ -41,8 +41,8 @@ from pmlm.artefacts import SHARDS_FORMAT, write_manifest
 from pmlm.data.columns import Columns, one_line_columns
 from pmlm.data.formats import WHITESPACE, fasta_blocks
 from pmlm.errors import ConfigError, InputError
+from pmlm.files import atomic_output, file_digest
 from pmlm.progress import Progress
-from pmlm.utils import atomic_output, file_digest
 
 LENGTH_BIN_EDGES = [0, 50, 100, 200, 300, 400, 500, 750, 1000, 1500, 2000, 5000]
 SCHEMA_DOC = {

@@ -21,8 +21,8 @@ import numpy as np
 
 from pmlm.data.fasta import open_binary, read_fasta
 from pmlm.errors import ConfigError, InputError, PmlmError
+from pmlm.files import atomic_output
 from pmlm.progress import Progress
-from pmlm.utils import atomic_output
 
 
 @dataclass

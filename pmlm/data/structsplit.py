@@ -21,8 +21,8 @@ import numpy as np
 from pmlm.data.fasta import open_binary
 from pmlm.data.split import SplitConfig, _run_mmseqs, cluster_members, mmseqs_binary
 from pmlm.errors import ConfigError
+from pmlm.files import atomic_output
 from pmlm.tasks.structures import ReadCounts, read_structure_jsonl
-from pmlm.utils import atomic_output
 
 SIDES = ("train", "valid", "test")
 
@@ -65,45 +65,46 @@ def _hits(exe: str, query: str, target: str, cfg: SplitConfig, workdir: str, log
         return {int(line.split("\t", 1)[0]) for line in fh if line.strip()}
 
 
-def split_structures(
-    path: str, out_dir: str, cfg: SplitConfig, fractions: tuple[float, float, float], log=None
-) -> dict:
-    log = log or sys.stderr
-    exe = mmseqs_binary(cfg.mmseqs)
+def split_settings(cfg: SplitConfig, fractions) -> dict:
+    """The settings of an identity split, as its stats file records them."""
+    keys = ("min_seq_id", "coverage", "cov_mode", "seed", "method")
+    return {**{k: getattr(cfg, k) for k in keys}, "fractions": list(fractions)}
+
+
+def check_fractions(fractions, command: str) -> None:
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ConfigError(
-            f"split-structures: fractions must be three non-negative numbers summing to 1, got {fractions}"
-        )
-    counts = ReadCounts()
-    records = list(read_structure_jsonl(path, on_error="raise", counts=counts))
-    lines = _raw_lines(path)
-    if len(lines) != len(records):
-        raise ConfigError(f"{path}: {len(lines)} lines but {len(records)} records")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="mmseqs.", dir=out)
+        raise ConfigError(f"{command}: fractions must be three non-negative numbers summing to 1, got {fractions}")
+
+
+def assign_sides(
+    names: list[str], seqs: list[str], cfg: SplitConfig, fractions, scratch: Path, log
+) -> tuple[list[str], np.ndarray, dict[str, int]]:
+    """(side of each sequence: train, valid, test or dropped; its cluster representative; the held-out sequences
+    dropped per side as similar to training). Whole clusters go to one side by a draw from the representative's
+    name; then every valid or test sequence that still hits a training one at ``cfg.min_seq_id`` is dropped."""
+    exe = mmseqs_binary(cfg.mmseqs)
+    work = tempfile.mkdtemp(prefix="mmseqs.", dir=scratch)
     try:
         indexed = os.path.join(work, "all.fasta")
         with open(indexed, "w") as fh:
-            for i, rec in enumerate(records):
-                fh.write(f">{i}\n{rec.seq}\n")
-        rep_of = cluster_members(cfg, indexed, len(records), work, log)
-        reps = np.unique(rep_of)
+            for i, seq in enumerate(seqs):
+                fh.write(f">{i}\n{seq}\n")
+        rep_of = cluster_members(cfg, indexed, len(seqs), work, log)
         side_of_rep = {}
-        for r in reps:
-            u = _draw(records[r].name, cfg.seed)
+        for r in np.unique(rep_of):
+            u = _draw(names[r], cfg.seed)
             side_of_rep[int(r)] = (
                 "train" if u < fractions[0] else ("valid" if u < fractions[0] + fractions[1] else "test")
             )
-        side = [side_of_rep[int(rep_of[i])] for i in range(len(records))]
-        # verification: no held-out chain may still resemble a training chain
+        side = [side_of_rep[int(rep_of[i])] for i in range(len(seqs))]
+        # verification: no held-out sequence may still resemble a training one
         fasta = {}
         for name in SIDES:
             fasta[name] = os.path.join(work, f"{name}.fasta")
             with open(fasta[name], "w") as fh:
                 for i, s in enumerate(side):
                     if s == name:
-                        fh.write(f">{i}\n{records[i].seq}\n")
+                        fh.write(f">{i}\n{seqs[i]}\n")
         dropped = {}
         for held_out in ("valid", "test"):
             has_train = any(s == "train" for s in side)
@@ -114,17 +115,27 @@ def split_structures(
                 side[i] = "dropped"
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return side, rep_of, dropped
+
+
+def split_structures(
+    path: str, out_dir: str, cfg: SplitConfig, fractions: tuple[float, float, float], log=None
+) -> dict:
+    log = log or sys.stderr
+    check_fractions(fractions, "split-structures")
+    counts = ReadCounts()
+    records = list(read_structure_jsonl(path, on_error="raise", counts=counts))
+    lines = _raw_lines(path)
+    if len(lines) != len(records):
+        raise ConfigError(f"{path}: {len(lines)} lines but {len(records)} records")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    side, rep_of, dropped = assign_sides([r.name for r in records], [r.seq for r in records], cfg, fractions, out, log)
+    reps = np.unique(rep_of)
 
     stats = {
         "input": path,
-        "config": {
-            "min_seq_id": cfg.min_seq_id,
-            "coverage": cfg.coverage,
-            "cov_mode": cfg.cov_mode,
-            "seed": cfg.seed,
-            "method": cfg.method,
-            "fractions": list(fractions),
-        },
+        "config": split_settings(cfg, fractions),
         "chains": len(records),
         "clusters": len(reps),
         "dropped_similar_to_train": dropped,

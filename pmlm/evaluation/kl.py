@@ -23,9 +23,10 @@ from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.errors import ConfigError
 from pmlm.evaluation.pair_readout import pair_dependence
 from pmlm.figures import pyplot, save_figure
+from pmlm.files import atomic_output
 from pmlm.pretrained import load_encoder
 from pmlm.progress import Progress
-from pmlm.utils import atomic_output
+from pmlm.tokens import max_residues as window_residues  # `max_residues` is kl's crop argument
 
 SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 24"), (24, None, "s >= 24")]
 
@@ -158,7 +159,7 @@ def kl_histograms(
             raise ConfigError(
                 f"model {name!r} has no pair head (objective {info['objective']['name']}): KL needs a PMLM model"
             )
-        max_res = min(max_residues, model.cfg.max_len - 2)
+        max_res = min(max_residues, window_residues(model.cfg.max_len))
         for panel, _, folder in (r for r in readings if r[1] == name):
             seqs = read_shard_sequences(folder, split, sequences, max_res)
             with Progress(f"pmlm kl {name} on {panel}", len(seqs), unit="sequences") as progress:

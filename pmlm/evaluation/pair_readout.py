@@ -22,8 +22,8 @@ import torch
 
 from pmlm import alphabet
 from pmlm.evaluation.unsupervised import apc, kl_independence, mutual_information
+from pmlm.model.symmetry import symmetrize
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, token_positions
-from pmlm.utils import symmetrize
 
 
 def residue_joint(pair_logits: torch.Tensor) -> torch.Tensor:

@@ -134,13 +134,6 @@ def _check_pseudocount(pseudocount: float) -> None:
         raise ValueError(f"pseudocount must be in [0, 1], got {pseudocount}")
 
 
-def site_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
-    """(L, 20) residue frequencies, mixed with the uniform distribution at weight ``pseudocount``."""
-    _check_pseudocount(pseudocount)
-    f = _one_hot(sequences).sum(axis=0, dtype=np.float64) / len(sequences)
-    return (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES
-
-
 def _pair_block(flat: np.ndarray, start: int, stop: int, pseudocount: float) -> np.ndarray:
     """Rows [start, stop) of the pair frequencies, (b, L, 20, 20), from the (N, L*20) one-hot."""
     n, length = flat.shape[0], flat.shape[1] // NUM_RESIDUES
@@ -149,25 +142,12 @@ def _pair_block(flat: np.ndarray, start: int, stop: int, pseudocount: float) -> 
     return (1.0 - pseudocount) * f + pseudocount / NUM_RESIDUES**2
 
 
-def pair_frequencies(sequences: np.ndarray, pseudocount: float = 0.0) -> np.ndarray:
-    """(L, L, 20, 20) pair frequencies f_ij(a, b), mixed with uniform at weight ``pseudocount``.
-
-    The diagonal blocks are diag(f_i), consistent with :func:`site_frequencies`.
-    """
-    _check_pseudocount(pseudocount)
-    oh = _one_hot(sequences)  # (N, L, 20)
-    length = oh.shape[1]
-    f = _pair_block(oh.reshape(oh.shape[0], -1), 0, length, pseudocount)
-    fi = site_frequencies(sequences, pseudocount)
-    f[np.arange(length), np.arange(length)] = fi[:, :, None] * np.eye(NUM_RESIDUES)
-    return f
-
-
 def msa_mutual_information(
     sequences: np.ndarray, pseudocount: float = DEFAULT_PSEUDOCOUNT, block: int = DEFAULT_BLOCK
 ) -> np.ndarray:
     """(L, L) mutual information between the columns of an alignment (nats), diagonal 0: the
-    joint :func:`mutual_information` of each column pair's frequencies. ``block`` rows at a time,
+    joint :func:`mutual_information` of each column pair's frequencies f_ij(a, b), mixed with the
+    uniform distribution over the 400 states at weight ``pseudocount``. ``block`` rows at a time,
     so memory stays O(block * L * 400) for long families."""
     _check_pseudocount(pseudocount)
     oh = _one_hot(sequences)  # (N, L, 20)

@@ -17,23 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pmlm.artefacts import write_head
 from pmlm.config.finetuning import NOT_IN_FINGERPRINT, FinetuneConfig
 from pmlm.errors import ConfigError
-from pmlm.finetune.data import IGNORE_LABEL, Batch, TaskData, TaskLoader, contact_rate, read_task_data
-from pmlm.finetune.head_scoring import HEADLINE, score_task
-from pmlm.model.task_heads import TaskModel, build_head, resolve_features, set_contact_prior
+from pmlm.files import file_digest
+from pmlm.finetune.data import Batch, TaskLoader
+from pmlm.finetune.head_scoring import score_task
+from pmlm.model.task_heads import TaskModel, resolve_features
 from pmlm.pretrained import load_encoder, pick_device
+from pmlm.tasks.registry import read_task_data, task_named
+from pmlm.tasks.task import Task, TaskData
+from pmlm.tokens import max_residues
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
 from pmlm.train.engine import TrainingRun, fit
 from pmlm.train.run_folder import content_digest, run_record
 from pmlm.train.runtime import StopSignals, autocast_factory, precision
-from pmlm.utils import file_digest, versions
+from pmlm.version import versions
 
-PRIOR_PROTEINS = 256  # training proteins whose contact rate initialises a contact head's output bias
 CSV_FIELDS = (
     "split",
     "step",
@@ -57,41 +59,12 @@ class FinetuneHooks:
     after_step: Callable[[int, TaskModel], None] | None = None  # after each optimizer step: (steps done, model)
 
 
-def task_terms(task: str, batch: Batch, min_separation: int) -> int:
-    """How many terms ``task_loss`` sums over ``batch``: contact, valid pairs i < j with j - i >= min_separation;
-    ss3, labelled residues; remote homology, proteins."""
-    if task == "contact":
-        return int((batch.valid & _far(batch.valid.shape[-1], min_separation, batch.valid.device)).sum())
-    if task == "ss3":
-        return int(batch.targets.ne(IGNORE_LABEL).sum())
-    return batch.targets.numel()
-
-
-def _far(length: int, min_separation: int, device) -> torch.Tensor:
-    """(L, L) bool, the upper triangle's pairs with j - i >= min_separation."""
-    idx = torch.arange(length, device=device)
-    return (idx[None, :] - idx[:, None]) >= min_separation
-
-
-def task_loss(task: str, logits: torch.Tensor, batch: Batch, min_separation: int) -> torch.Tensor:
-    """The loss of one batch summed over its ``task_terms``: contact, BCE over valid pairs i < j with j - i >=
-    min_separation; ss3, CE per labelled residue; remote homology, CE per protein. An empty selection gives 0."""
-    logits = logits.float()
-    if task == "contact":
-        scored = batch.valid & _far(logits.shape[-1], min_separation, logits.device)  # (B, L, L)
-        return F.binary_cross_entropy_with_logits(logits[scored], batch.targets[scored].float(), reduction="sum")
-    if task == "ss3":
-        return F.cross_entropy(
-            logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
-        )
-    return F.cross_entropy(logits, batch.targets, reduction="sum")
-
-
 @dataclass(eq=False)
 class FinetuneRun(TrainingRun):
     """What fine-tuning hands the engine: task batches, the task's loss, the trained weights' state."""
 
     cfg: FinetuneConfig
+    task: Task
     module: TaskModel
     trainable: nn.ModuleDict  # the head, plus the encoder under full fine-tuning
     optimizer: torch.optim.AdamW
@@ -128,14 +101,14 @@ class FinetuneRun(TrainingRun):
     def begin_step(self, step: int) -> None:
         self.batches = [self.loader.next_batch().to(self.device) for _ in range(self.accumulation)]
         # the step's loss is the mean over all its terms, whichever micro-batch holds them
-        self.terms = sum(task_terms(self.cfg.task, b, self.cfg.data.min_separation) for b in self.batches)
+        self.terms = sum(self.task.terms(b, self.cfg.data.min_separation) for b in self.batches)
         self.sums["steps"] += 1
 
     def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
         batch = self.batches[micro]
         with self.autocast():
             logits = self.module(batch.tokens, batch.mask)
-        loss = task_loss(self.cfg.task, logits, batch, self.cfg.data.min_separation) / max(self.terms, 1)
+        loss = self.task.loss(logits, batch, self.cfg.data.min_separation, self.module.head) / max(self.terms, 1)
         self.sums["loss"] += float(loss.detach())
         self.sums["proteins"] += len(batch.ids)
         self.proteins += len(batch.ids)
@@ -167,7 +140,7 @@ class FinetuneRun(TrainingRun):
             device=self.device,
             autocast=self.autocast,
         )
-        name = HEADLINE[self.cfg.task]
+        name = self.task.headline
         proteins = len(self.valid_data.examples)
         row = {"split": "valid", "step": step, "epoch": self.loader.epoch, "metric": name, "value": metrics[name][0]}
         log.write({**row, "proteins": proteins})
@@ -210,14 +183,15 @@ def finetune(
 
         # -- data ------------------------------------------------------------------------------------
         d = cfg.data
-        train_data, valid_data = _read_data(cfg, train_path, valid_path)
+        task = task_named(cfg.task)
+        cfg, train_data, valid_data = _read_data(cfg, task, train_path, valid_path)
 
         # -- model: the pre-trained encoder plus a freshly initialised head; AdamW ---------------------
         encoder, encoder_info, _ = load_encoder(encoder_path)
         encoder_sha = file_digest(encoder_path)
-        cfg, model, window, crop = _task_model(cfg, encoder, train_data)
+        cfg, model, window, crop = _task_model(cfg, task, encoder, train_data)
         trainable = model.to(device).trainable()
-        loader = TaskLoader(train_data.examples, cfg.task, d.batch_size, crop, cfg.seed, d.contact_threshold)
+        loader = TaskLoader(train_data.examples, task, d.batch_size, crop, cfg.seed, d.contact_threshold)
         optimizer, groups = _adamw(trainable, cfg, device)
         # what determines the result: the settings (features resolved), the encoder, the data, the precision
         data = {"train": content_digest(train_path), "valid": content_digest(valid_path) if valid_path else None}
@@ -226,7 +200,7 @@ def finetune(
         )
 
         # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
-        run = FinetuneRun(cfg, model, trainable, optimizer, groups, loader, valid_data, window, device, autocast)
+        run = FinetuneRun(cfg, task, model, trainable, optimizer, groups, loader, valid_data, window, device, autocast)
         after_step = (lambda step: hooks.after_step(step, model)) if hooks.after_step else None
         after_backward = (lambda step: hooks.after_backward(step, model)) if hooks.after_backward else None
         code = fit(
@@ -256,18 +230,14 @@ def finetune(
         stop.restore()
 
 
-def _read_data(cfg: FinetuneConfig, train_path, valid_path) -> tuple[TaskData, TaskData | None]:
-    """The training set (at most ``data.max_proteins``) and the optional validation set; skips announced."""
-    d = cfg.data
-    read = {
-        "fmt": d.format,
-        "contact_atom": d.contact_atom,
-        "threshold": d.contact_threshold,
-        "on_error": d.on_error,
-        "num_classes": cfg.num_classes,
-    }
-    train_data = read_task_data(train_path, cfg.task, limit=d.max_proteins, **read)
-    valid_data = read_task_data(valid_path, cfg.task, **read) if valid_path else None
+def _read_data(
+    cfg: FinetuneConfig, task: Task, train_path, valid_path
+) -> tuple[FinetuneConfig, TaskData, TaskData | None]:
+    """(cfg with what the training set decides, e.g. a user's classes; the training set, at most
+    ``data.max_proteins``; the optional validation set, read with the same classes); skips announced."""
+    train_data = read_task_data(train_path, task, cfg.read_options(limit=cfg.data.max_proteins))
+    cfg = task.resolve(cfg, train_data)
+    valid_data = read_task_data(valid_path, task, cfg.read_options()) if valid_path else None
     for data in filter(None, (train_data, valid_data)):
         if data.counts.n_skipped:
             print(
@@ -275,15 +245,17 @@ def _read_data(cfg: FinetuneConfig, train_path, valid_path) -> tuple[TaskData, T
                 f"{dict(data.counts.skipped)}; first: {data.counts.first_skip}",
                 file=sys.stderr,
             )
-    return train_data, valid_data
+    return cfg, train_data, valid_data
 
 
-def _task_model(cfg: FinetuneConfig, encoder, train_data: TaskData) -> tuple[FinetuneConfig, TaskModel, int, int]:
+def _task_model(
+    cfg: FinetuneConfig, task: Task, encoder, train_data: TaskData
+) -> tuple[FinetuneConfig, TaskModel, int, int]:
     """(cfg with the features resolved, the encoder plus a fresh head, the encoder's window, the crop)."""
     d = cfg.data
-    features = resolve_features(cfg.head.features, cfg.task, encoder)
+    features = resolve_features(cfg.head.features, task.reads_pairs, encoder)
     cfg = dataclasses.replace(cfg, head=dataclasses.replace(cfg.head, features=features))
-    window = encoder.cfg.max_len - 2  # residues the encoder takes (max_len counts <cls> and <eos>)
+    window = max_residues(encoder.cfg.max_len)  # residues the encoder takes
     crop = d.crop or window
     if crop > window:
         raise ConfigError(
@@ -291,11 +263,8 @@ def _task_model(cfg: FinetuneConfig, encoder, train_data: TaskData) -> tuple[Fin
             f"{encoder.cfg.max_len} minus <cls> and <eos>), got {crop}"
         )
     torch.manual_seed(cfg.seed)
-    head = build_head(cfg, encoder.cfg.hidden)
-    if cfg.task == "contact":
-        rate = contact_rate(train_data.examples, d.contact_threshold, d.min_separation, PRIOR_PROTEINS)
-        if rate is not None and 0.0 < rate < 1.0:
-            set_contact_prior(head, rate)
+    head = task.build_head(cfg, encoder.cfg.hidden)
+    task.prepare_head(head, train_data, cfg)
     return cfg, TaskModel(encoder, head, cfg.task, features, cfg.freeze_encoder), window, crop
 
 

@@ -4,8 +4,9 @@ writes one long-format TSV per (model, task, head) over all its test sets.
 
 A test protein longer than the encoder's window is scored at its true length by default
 (``too_long="windows"``, see ``pmlm.finetune.data.evaluation_plan``): the model reads overlapping
-windows, and each residue's logits (ss3), each pair's contact logit (contact) or the protein's
-logits (remote homology) are the mean over the windows that hold it (``pmlm.tokens.WindowMean``);
+windows, and each residue's logits (a per-residue task such as ss3), each pair's contact logit (contact) or the
+protein's logits or value (a per-protein task) are the mean over the windows that hold it
+(``pmlm.tokens.WindowMean``);
 for ``pair-kl`` / ``pair-mi`` each window's APC-corrected scores are averaged. Contact precision then
 takes k = floor(L / divisor) with L the protein's length. A pair that no window holds (residues farther
 apart than about half a window) has no score and is no candidate: it ranks after every scored pair, and
@@ -32,8 +33,6 @@ when none is recorded, unless ``precision`` says otherwise; bf16 only on CUDA
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
@@ -45,15 +44,18 @@ import torch
 
 from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError, InputError
-from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics, q3_accuracy, top1_accuracy
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
-from pmlm.finetune.data import EvaluationPlan, Example, evaluation_plan, read_task_data
+from pmlm.files import atomic_output, canonical_sha256, file_digest
+from pmlm.finetune.data import EvaluationPlan, evaluation_plan
 from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
+from pmlm.tasks.contact_task import CONTACT
+from pmlm.tasks.registry import read_task_data, task_named
 from pmlm.tasks.structures import CONTACT_THRESHOLD
-from pmlm.tokens import WindowMean
+from pmlm.tasks.task import PAIR, PROTEIN, Example, ReadOptions
+from pmlm.tokens import WindowMean, max_residues
 from pmlm.train.runtime import evaluation_precision
-from pmlm.utils import atomic_output, file_digest, versions
+from pmlm.version import versions
 from pmlm.vocabulary import FEATURES_PAIR_JOINT
 
 PAIR_HEADS = {"pair-kl": "kl", "pair-mi": "mi"}
@@ -73,46 +75,25 @@ TSV_COLUMNS = (
     "torch_version",
     "git_commit",
 )
-# metric-name label -> range name in pmlm.evaluation.metrics.CONTACT_RANGES
-RANGE_LABELS = {
-    "short": "short",
-    "medium": "medium",
-    "long": "long",
-    "medium_long": "medium_long",
-    "tape_s6": "tape_all",
-}
-HEADLINE = {"contact": "P@L/5_medium_long", "ss3": "Q3", "remote_homology": "top1"}
-
-
-def contact_summary(proteins) -> dict[str, tuple[float, int]]:
-    """(scores, contacts, valid) per protein -> {metric: (value, n_proteins)} for every range x L/k,
-    per-protein means and ``_pooled`` variants."""
-    ranges = {label: CONTACT_RANGES[name] for label, name in RANGE_LABELS.items()}
-    result = contact_metrics(proteins, ranges=ranges)
-    out: dict[str, tuple[float, int]] = {}
-    for label in ranges:
-        for div in TOP_K_DIVISORS:
-            s = result[label][div]
-            out[f"P@{div}_{label}"] = (s.mean, s.n_proteins)
-            out[f"P@{div}_{label}_pooled"] = (s.pooled, s.n_proteins)
-    return out
 
 
 def whole_proteins(
-    plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, int, int], np.ndarray]], pairs: bool
+    plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, int, int], np.ndarray]], level: str
 ) -> Iterator[tuple[Example, np.ndarray]]:
-    """(protein, output over its residues [0, n)) per protein of ``plan``, from the outputs of its rows in plan
-    order: ``(n, ...)`` per residue or, with ``pairs``, ``(n, n, ...)`` per pair; a protein read as several
-    windows gets their mean (NaN where no window holds a pair) and n = its length, else n = its row's length."""
+    """(protein, output over the protein) per protein of ``plan``, from the outputs of its rows in plan order:
+    ``(n, ...)`` per residue, ``(n, n, ...)`` per pair, or ``(1, ...)`` for the whole protein (``level``); a
+    protein read as several windows gets their mean (per pair: NaN where no window holds a pair) and n = its
+    length, else n = its row's length."""
     pending: dict[int, tuple[WindowMean, list[int]]] = {}
+    pairs = level == PAIR
     for (p, start, _stop), out in row_outputs:
         if plan.windows[p] == 1:
             yield plan.proteins[p], out
             continue
-        length = len(plan.proteins[p])
+        length = 1 if level == PROTEIN else len(plan.proteins[p])
         trailing = out.shape[2:] if pairs else out.shape[1:]
         acc, seen = pending.setdefault(p, (WindowMean(length, tuple(trailing), pairs=pairs), [0]))
-        acc.add(start, out)
+        acc.add(0 if level == PROTEIN else start, out)
         seen[0] += 1
         if seen[0] == plan.windows[p]:
             del pending[p]
@@ -131,10 +112,10 @@ def score_task(
     autocast=nullcontext,
     progress=None,
 ) -> tuple[dict[str, tuple[float, int]], int]:
-    """Metrics of a TaskModel on one test set: ({metric: (value, n_proteins)}, proteins too long).
+    """Metrics of a TaskModel on one test set (its task's): ({metric: (value, n)}, proteins too long).
     ``progress`` (a pmlm.progress.Progress) counts the proteins scored."""
     plan = evaluation_plan(data.examples, batch_size, window, too_long)
-    task = data.task
+    task = task_named(data.task)
     was_training = model.training
     model.eval()
 
@@ -145,54 +126,18 @@ def score_task(
                 with autocast():
                     logits = model(batch.tokens, batch.mask).float().cpu().double()
                 for b, row in enumerate(rows):
-                    k = batch.lengths[b]
-                    if task == "contact":
-                        yield row, logits[b, :k, :k].numpy()  # (k, k)
-                    elif task == "ss3":
-                        yield row, logits[b, :k].numpy()  # (k, 3)
-                    else:
-                        yield row, logits[b, None].numpy()  # (1, classes): one "residue" per window, averaged
+                    yield row, task.output(logits[b], batch.lengths[b])
 
     def proteins():
-        for protein, out in whole_proteins(plan, row_outputs(), pairs=task == "contact"):
+        for protein, out in whole_proteins(plan, row_outputs(), task.level):
             if progress is not None:
                 progress.advance()
             yield protein, out
 
     try:
-        if task == "contact":
-            return contact_summary(contact_items(proteins(), threshold)), plan.n_long
-        preds, targets = [], []
-        for protein, out in proteins():
-            if task == "ss3":
-                preds.append(out.argmax(-1))
-                targets.append(protein.labels[: out.shape[0]])
-            else:
-                preds.append(out[0].argmax(-1, keepdims=True))
-                targets.append(np.array([protein.label]))
-        if task == "ss3":
-            acc = q3_accuracy(preds, targets)
-            metrics = {"Q3": (acc.pooled, acc.n_proteins), "Q3_per_protein": (acc.per_protein_mean, acc.n_proteins)}
-            return metrics, plan.n_long
-        pred, labels = np.concatenate(preds), np.concatenate(targets)
-        return {"top1": (top1_accuracy(pred, labels), int(labels.size))}, plan.n_long
+        return task.metrics(proteins(), threshold), plan.n_long
     finally:
         model.train(was_training)
-
-
-def contact_items(proteins: Iterable[tuple[Example, np.ndarray]], threshold: float):
-    """(scores, contacts, valid) per protein for ``contact_summary``: scores (n, n) over residues [0, n); pairs
-    without a score (no window held them) are no candidates (module docstring)."""
-    for protein, scores in proteins:
-        n = scores.shape[0]
-        contacts, valid = protein.contact_window(0, n, threshold)  # (n, n) each
-        held = ~np.isnan(scores)
-        yield np.where(held, scores, 0.0), contacts, valid & held
-
-
-def canonical_sha256(obj) -> str:
-    """sha256 of a JSON value with sorted keys: identical settings give identical digests."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def score_unsupervised(
@@ -222,12 +167,12 @@ def score_unsupervised(
             yield (p, start, stop), scores
 
     def proteins():
-        for protein, scores in whole_proteins(plan, row_scores(), pairs=True):
+        for protein, scores in whole_proteins(plan, row_scores(), PAIR):
             if progress is not None:
                 progress.advance()
             yield protein, scores
 
-    return contact_summary(contact_items(proteins(), threshold)), plan.n_long
+    return CONTACT.metrics(proteins(), threshold), plan.n_long
 
 
 def write_tsv(path: str | Path, rows: list[dict]) -> None:
@@ -279,7 +224,7 @@ def evaluate(
                 f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
                 f"--head {head} needs a PMLM model"
             )
-        task, head_name, features = "contact", head, FEATURES_PAIR_JOINT
+        task, head_name, features = CONTACT, head, FEATURES_PAIR_JOINT
         atom, threshold = contact_atom or "auto", contact_threshold or CONTACT_THRESHOLD
         settings = {
             "head": head,
@@ -288,21 +233,21 @@ def evaluate(
             "contact_atom": atom,
             "contact_threshold": threshold,
         }
-        window = model.cfg.max_len - 2
-        num_classes = None
+        window = max_residues(model.cfg.max_len)
+        read = ReadOptions(fmt, contact_atom=atom, threshold=threshold)
         trained, recorded = "the encoder", recorded_precision(info, encoder_path)
     else:
         if not Path(head).is_file():
             raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
         model, cfg, info, head_path, encoder_path = load_head(head, dev, encoder=encoder)
-        task, head_name, features = cfg.task, cfg.head.kind, cfg.head.features
+        task, head_name, features = task_named(cfg.task), cfg.head.kind, cfg.head.features
         atom = contact_atom or cfg.data.contact_atom
         threshold = contact_threshold or cfg.data.contact_threshold
         settings = info["config"]  # the head's own config, plus any contact definition changed here
         if (atom, threshold) != (cfg.data.contact_atom, cfg.data.contact_threshold):
             settings = {**settings, "evaluation": {"contact_atom": atom, "contact_threshold": threshold}}
-        window = model.encoder.cfg.max_len - 2
-        num_classes = cfg.num_classes
+        window = max_residues(model.encoder.cfg.max_len)
+        read = cfg.read_options(fmt=fmt, contact_atom=atom, threshold=threshold)
         trained, recorded = "the head", recorded_precision(info, head_path)
     if threshold <= 0:
         raise ConfigError(f"--contact-threshold must be > 0 (Angstrom), got {threshold}")
@@ -311,7 +256,7 @@ def evaluate(
     v = versions()
     common = {
         "model": label,
-        "task": task,
+        "task": task.name,
         "head": head_name,
         "features": features,
         "precision": arithmetic.name,
@@ -331,17 +276,17 @@ def evaluate(
 
     rows = []
     for name, path in tests.items():
-        data = read_task_data(path, task, fmt=fmt, contact_atom=atom, threshold=threshold, num_classes=num_classes)
+        data = read_task_data(path, task, read)
         with Progress(f"pmlm evaluate {name}", len(data.examples), unit="proteins") as progress:
             metrics, n_long = score(model, data, autocast=arithmetic.autocast, progress=progress)
         metrics["n_too_long"] = (n_long, len(data.examples))
         for metric, (value, n) in metrics.items():
             rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})
-        headline, _ = metrics[HEADLINE[task]]
+        headline, _ = metrics[task.headline]
         atom_note = f", contacts by {data.contact_atom}" if data.contact_atom else ""
         print(
             f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins ({n_long} longer than "
-            f"{window}, {too_long}{atom_note}, {arithmetic.name}), {HEADLINE[task]} {headline:.4f}",
+            f"{window}, {too_long}{atom_note}, {arithmetic.name}), {task.headline} {headline:.4f}",
             file=sys.stderr,
         )
     write_tsv(out, rows)

@@ -19,8 +19,9 @@ from pmlm.inference.contacts import head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
 from pmlm.inference.mutations import parse_mutant, score_mutants
 from pmlm.pretrained import is_head, load_encoder, load_head, pick_device
-from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
+from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, max_residues
 from pmlm.train.runtime import EvaluationPrecision, evaluation_precision
+from pmlm.vocabulary import TASK_CONTACT
 
 
 class TrainedModel:
@@ -37,7 +38,7 @@ class TrainedModel:
         cfg = self.encoder.cfg
         return (
             f"TrainedModel({self.path}, {self.info['objective']['name']}, {cfg.num_layers} x {cfg.hidden}, "
-            f"window {cfg.max_len - 2}{', contact head' if self.head is not None else ''})"
+            f"window {max_residues(cfg.max_len)}{', contact head' if self.head is not None else ''})"
         )
 
     def _residues(self, sequence: str, what: str = "sequence") -> np.ndarray:
@@ -118,7 +119,7 @@ def load(
     ``auto`` (what the head's or encoder's run recorded; fp32 off CUDA), ``fp32`` or ``bf16`` (CUDA only)."""
     dev = pick_device(device)
     if is_head(path):
-        head = load_head(path, dev, encoder=encoder, task="contact")
+        head = load_head(path, dev, encoder=encoder, task=TASK_CONTACT)
         recorded = recorded_precision(head.info, head.path)
         arithmetic = evaluation_precision(dev, recorded, precision, trained="the head", command="pmlm.load")
         encoder_info = read_encoder_info(head.encoder_path)

@@ -36,13 +36,14 @@ from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.figures import draw_contact_map, pyplot
+from pmlm.files import atomic_output
 from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tasks.structures import CONTACT_ATOMS, CONTACT_THRESHOLD, read_structure_jsonl
 from pmlm.tokens import WindowMean, batch_tokens, max_residues, window_starts
 from pmlm.train.runtime import evaluation_precision
-from pmlm.utils import atomic_output
+from pmlm.vocabulary import TASK_CONTACT
 
 PROBABILITY, READOUT = "probability", "pair_kl_apc"
 LONG_RANGE = 24  # |i - j| of the precision printed with --structure (the paper's long range, P@L/5)
@@ -151,7 +152,7 @@ def predict_contacts(
     structure in ``structure``."""
     dev = pick_device(device)
     if head is not None:
-        fine_tuned = load_head(head, dev, encoder=model, task="contact")
+        fine_tuned = load_head(head, dev, encoder=model, task=TASK_CONTACT)
         task_model, kind = fine_tuned.model, PROBABILITY
         trained, recorded = "the head", recorded_precision(fine_tuned.info, fine_tuned.path)
 

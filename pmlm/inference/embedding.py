@@ -36,6 +36,7 @@ import torch
 
 from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError
+from pmlm.files import atomic_output, file_digest
 from pmlm.inference.sequences import Sequence, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.pretrained import load_encoder, pick_device
@@ -50,7 +51,6 @@ from pmlm.tokens import (
     window_starts,
 )
 from pmlm.train.runtime import evaluation_precision
-from pmlm.utils import atomic_output, file_digest
 from pmlm.version import __version__
 
 # windows planned and batched together: enough batches that sorting by length pays, few enough that the

@@ -41,13 +41,13 @@ from pmlm import alphabet
 from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import residue_joint
+from pmlm.files import atomic_output
 from pmlm.inference.sequences import read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.triple import Q
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
 from pmlm.train.runtime import evaluation_precision
-from pmlm.utils import atomic_output
 
 MUTANT_COLUMNS = ("mutant", "mutation")
 DOUBLE_MODES = ("auto", "pair", "additive")

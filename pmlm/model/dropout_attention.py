@@ -15,7 +15,10 @@ the backward reads them once, with the closed form ``dscores = P * keep * dPk - 
   NumPy ``SFC64`` stream seeded with ``(seed, group)`` (far cheaper per score than ``bernoulli_``),
   and a score is dropped where its integer falls below ``round(p * 2^16)``: the dropout probability is
   rounded to a multiple of 2^-16 (0.1 becomes 0.1000061) and ``1 / (1 - p)`` uses the rounded value, so
-  the expectation stays exact. ``keep_mask`` rebuilds the full mask of a call from its seed.
+  the expectation stays exact. The mask of a call is a function of its seed and shapes alone: group g holds the
+  matrices (batch x head) ``[g G, (g + 1) G)``, its blocks are runs of R query rows (G, R: ``block_shape``), and
+  each block in row order takes the next ``ceil(n / 4)`` 64-bit words of the group's stream, read as n signed
+  16-bit draws in (matrix, row, key) order, n the block's number of scores.
 * **Threads.** The groups run on the calling thread and a pool of ``torch.get_num_threads() - 1`` more
   Python threads, each op single-threaded (torch and NumPy release the GIL inside ops). A group's
   arithmetic is the same whatever the thread count, so results are bit-identical with 1, 2 or 4 threads,
@@ -73,7 +76,7 @@ def dropout_attention(
 ) -> torch.Tensor:
     """Attention with dropout on the probabilities (module docstring): q, k, v (B, H, L, D) -> (B, H, L, D).
 
-    ``seed`` None draws one from torch's default generator; ``keep_mask(seed, ...)`` gives the mask used.
+    ``seed`` None draws one from torch's default generator; a given seed gives the same mask (module docstring).
     """
     B, H, L, D = q.shape
     if seed is None:
@@ -122,20 +125,6 @@ class _Draws:
         n = math.prod(shape)
         words = self.bits.random_raw(-(-n * DRAW_BITS // 64))  # uint64 words, four draws each
         return (words.view(np.int16)[:n] >= self.threshold).reshape(shape)
-
-
-def keep_mask(seed: int, matrices: int, rows: int, width: int, dropout_p: float) -> torch.Tensor:
-    """(matrices, rows, width) bool: the scores ``dropout_attention`` keeps for this seed and shape
-    (matrices = B * H, rows = L, width = the keys left after ``key_layout``)."""
-    group_size, block_rows = block_shape(matrices, rows, width)
-    keep = torch.empty(matrices, rows, width, dtype=torch.bool)
-    for group, start in enumerate(range(0, matrices, group_size)):
-        draws = _Draws(seed, group, rounded_probability(dropout_p))
-        heads = slice(start, min(matrices, start + group_size))
-        for r in range(0, rows, block_rows):
-            block = keep[heads, r : r + block_rows]
-            block.copy_(torch.from_numpy(draws.keep(tuple(block.shape))))
-    return keep
 
 
 def _run(tasks: list) -> None:

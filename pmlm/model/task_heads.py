@@ -1,5 +1,6 @@
-"""Task heads on a pre-trained encoder (contact: linear or 2-D ResNet; secondary structure: per-residue MLP or
-TAPE's convolutional head; remote homology) and ``TaskModel``, the encoder plus one head.
+"""Task heads on a pre-trained encoder (contact: linear or 2-D ResNet; per residue: an MLP or TAPE's convolutional
+head; per protein: the residues' mean through an MLP, for classes or a value) and ``TaskModel``, the encoder plus one
+head. Which task uses which head is the task's (``pmlm.tasks``).
 
 Every head takes residue representations ``reps`` (B, L, C) (``<cls>`` / ``<eos>`` stripped)
 and a residue mask (B, L). Contact heads score all L x L pairs from pair features, either
@@ -28,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from pmlm.errors import ConfigError
 from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel
-from pmlm.utils import symmetrize
+from pmlm.model.symmetry import symmetrize
 from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 
 NORM_EPS = 1e-5  # variance floor of the masked norms (torch's BatchNorm / InstanceNorm default)
@@ -170,15 +171,15 @@ def _mlp(hidden: int, mlp_hidden: int, classes: int, dropout: float) -> nn.Seque
 
 
 class SecondaryStructureHead(nn.Module):
-    """Per-residue MLP -> 3 classes (H, E, C); each residue is classified from its own representation only
-    (not TAPE's head: that is ``TapeConvHead``)."""
+    """Per-residue MLP -> classes (3 for secondary structure: H, E, C); each residue is classified from its own
+    representation only (not TAPE's head: that is ``TapeConvHead``)."""
 
     def __init__(self, hidden: int, mlp_hidden: int, classes: int, dropout: float):
         super().__init__()
         self.mlp = _mlp(hidden, mlp_hidden, classes, dropout)
 
     def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
-        return self.mlp(reps)  # (B, L, 3)
+        return self.mlp(reps)  # (B, L, classes)
 
 
 class TapeConvHead(nn.Module):
@@ -209,8 +210,8 @@ class TapeConvHead(nn.Module):
         return self.conv2(x).transpose(1, 2)  # (B, L, classes)
 
 
-class RemoteHomologyHead(nn.Module):
-    """Mean over the real residues -> MLP -> fold classes."""
+class SequenceHead(nn.Module):
+    """Mean over the real residues -> MLP -> one logit per class (remote homology's folds, a user's classes)."""
 
     def __init__(self, hidden: int, mlp_hidden: int, classes: int, dropout: float):
         super().__init__()
@@ -220,6 +221,25 @@ class RemoteHomologyHead(nn.Module):
         m = mask.to(reps.dtype).unsqueeze(-1)  # (B, L, 1)
         pooled = (reps * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)  # (B, C)
         return self.mlp(pooled)  # (B, classes)
+
+
+class SequenceRegressionHead(SequenceHead):
+    """Mean over the real residues -> MLP -> one value per protein on the training values' scale:
+    ``mean + scale * z``, with the training set's mean and standard deviation kept as buffers (saved with the
+    weights), so the MLP learns a standardised value whatever the unit of the measurement."""
+
+    def __init__(self, hidden: int, mlp_hidden: int, dropout: float):
+        super().__init__(hidden, mlp_hidden, 1, dropout)
+        self.register_buffer("target_mean", torch.zeros(()))
+        self.register_buffer("target_scale", torch.ones(()))
+
+    def set_scale(self, mean: float, scale: float) -> None:
+        self.target_mean.fill_(mean)
+        self.target_scale.fill_(scale)
+
+    def forward(self, reps: torch.Tensor, mask: torch.Tensor, pair_block: PairHead | None = None) -> torch.Tensor:
+        z = super().forward(reps, mask, pair_block)[:, 0]  # (B,)
+        return self.target_mean + self.target_scale * z  # (B,)
 
 
 def set_contact_prior(head: nn.Module, rate: float) -> None:
@@ -232,24 +252,9 @@ def set_contact_prior(head: nn.Module, rate: float) -> None:
         head.out.bias.fill_(math.log(rate / (1.0 - rate)))
 
 
-def build_head(cfg, hidden: int) -> nn.Module:
-    """The head a FinetuneConfig describes, for an encoder of width ``hidden``."""
-    h = cfg.head
-    if h.kind == "linear":
-        return ContactLinearHead(hidden, h.dropout, h.pair_chunk_elements)
-    if h.kind == "resnet":
-        return ContactResNetHead(
-            hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel, h.resnet_norm, h.pair_chunk_elements
-        )
-    if h.kind == "conv":
-        return TapeConvHead(hidden, h.conv_hidden, cfg.num_classes, h.dropout)
-    head_cls = SecondaryStructureHead if cfg.task == "ss3" else RemoteHomologyHead
-    return head_cls(hidden, h.mlp_hidden, cfg.num_classes, h.dropout)
-
-
-def resolve_features(requested: str, task: str, encoder: PMLMModel) -> str:
-    """``auto`` -> M+ for contact heads on encoders with a pair head, else M; M+ is checked."""
-    if task != "contact":
+def resolve_features(requested: str, reads_pairs: bool, encoder: PMLMModel) -> str:
+    """``auto`` -> M+ for heads that read pair features on encoders with a pair head, else M; M+ is checked."""
+    if not reads_pairs:
         return FEATURES_M
     has_pair_head = encoder.pair_head is not None
     if requested == "auto":
@@ -297,8 +302,8 @@ class TaskModel(nn.Module):
         return nn.ModuleDict(parts)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """tokens (B, L + 2) with <cls> first; mask (B, L) real residues. Returns contact (B, L, L),
-        ss3 (B, L, 3) or remote homology (B, classes) logits."""
+        """tokens (B, L + 2) with <cls> first; mask (B, L) real residues. Returns the head's output: per pair
+        (B, L, L), per residue (B, L, classes) or per protein (B, classes) logits, or (B,) values."""
         length = mask.shape[1]
         with torch.no_grad() if self.freeze_encoder else nullcontext():
             reps = self.encoder.encode(tokens)[:, 1 : 1 + length]  # (B, L, C) without <cls> / <eos>

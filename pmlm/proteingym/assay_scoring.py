@@ -39,6 +39,7 @@ from pmlm import alphabet
 from pmlm.data.ziparchive import ZipMembers
 from pmlm.errors import ConfigError
 from pmlm.evaluation.fitness import fitness_metrics, spearman, spearman_permutation_p
+from pmlm.files import atomic_output
 from pmlm.inference import mutations
 from pmlm.inference.mutations import ADDITIVE, DOUBLE_MODES, PAIR_JOINT, pair_log_joints, site_log_probs
 from pmlm.model.pmlm_model import PMLMModel
@@ -46,7 +47,7 @@ from pmlm.pretrained import load_encoder, pick_device
 from pmlm.proteingym.assays import AssayMutant, read_assay
 from pmlm.proteingym.reference import find_assay, read_selection
 from pmlm.tokens import max_residues
-from pmlm.utils import atomic_output, versions
+from pmlm.version import versions
 
 SCORE_COLUMNS = ("mutant", "depth", "DMS_score", "DMS_score_bin", "score", "additive", "double_from")
 # subsets of an assay's mutants by number of sites (ProteinGym's Depth_1, Depth_2, ...; 3+ pooled here)

@@ -23,7 +23,7 @@ from typing import TextIO
 from pmlm import alphabet
 from pmlm.data.ziparchive import ZipMembers
 from pmlm.errors import ConfigError, InputError
-from pmlm.utils import atomic_output
+from pmlm.files import atomic_output
 
 CATEGORY_COLUMN = "coarse_selection_type"
 REFERENCE_COLUMNS = ("DMS_id", "DMS_filename", "UniProt_ID", "target_seq", CATEGORY_COLUMN)

@@ -29,9 +29,9 @@ from pathlib import Path
 import pandas as pd
 
 from pmlm.errors import InputError
+from pmlm.files import atomic_output
 from pmlm.proteingym import published
 from pmlm.proteingym.reference import read_selection
-from pmlm.utils import atomic_output
 
 METRICS = ("spearman", "auc", "mcc", "ndcg")
 LEVEL_COLUMNS = (

@@ -17,10 +17,14 @@ from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.figures import draw_contact_map, pyplot, save_figure
-from pmlm.finetune.data import evaluation_plan, read_task_data
+from pmlm.finetune.data import evaluation_plan
 from pmlm.finetune.head_scoring import PAIR_HEADS
 from pmlm.pretrained import load_encoder, load_head
+from pmlm.tasks.contact_task import CONTACT
+from pmlm.tasks.registry import read_task_data
 from pmlm.tasks.structures import CONTACT_THRESHOLD
+from pmlm.tokens import max_residues
+from pmlm.vocabulary import TASK_CONTACT
 
 # records read from the test file to find ``chains`` that fit the window (reading a whole test set is not needed)
 READ_LIMIT_PER_CHAIN = 20
@@ -42,15 +46,16 @@ def predicted_maps(
                 f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
                 f"--head {head} needs a PMLM model"
             )
-        atom, threshold, window = "auto", CONTACT_THRESHOLD, model.cfg.max_len - 2
+        atom, threshold, window = "auto", CONTACT_THRESHOLD, max_residues(model.cfg.max_len)
     else:
         if not Path(head).is_file():
             raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
         model, cfg, *_ = load_head(head, encoder=encoder)
-        if cfg.task != "contact":
+        if cfg.task != TASK_CONTACT:
             raise ConfigError(f"{head}: a {cfg.task} head has no contact map")
-        atom, threshold, window = cfg.data.contact_atom, cfg.data.contact_threshold, model.encoder.cfg.max_len - 2
-    data = read_task_data(test, "contact", contact_atom=atom, threshold=threshold, limit=chains * READ_LIMIT_PER_CHAIN)
+        atom, threshold = cfg.data.contact_atom, cfg.data.contact_threshold
+        window = max_residues(model.encoder.cfg.max_len)
+    data = read_task_data(test, CONTACT, contact_atom=atom, threshold=threshold, limit=chains * READ_LIMIT_PER_CHAIN)
     chosen = [ex for ex in data.examples if len(ex) <= window][:chains]
     if not chosen:
         raise InputError(
@@ -60,7 +65,7 @@ def predicted_maps(
     out = []
     with torch.no_grad():
         for rows in plan.batches:
-            batch = plan.collate(rows, "contact", threshold)
+            batch = plan.collate(rows, CONTACT, threshold)
             k = batch.lengths[0]
             if unsupervised:
                 scores = unsupervised_contact_scores(model, batch.tokens[0, 1 : k + 1].numpy(), PAIR_HEADS[head])

@@ -17,24 +17,21 @@ import pandas as pd
 from pmlm.errors import InputError
 from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
+from pmlm.vocabulary import (
+    CONTACT_TABLE_KINDS,
+    RESULT_TABLES,
+    TABLE_ABLATION,
+    TABLE_KINDS,
+    TABLE_RAPTORX_CONTACT,
+    TABLE_REMOTE_HOMOLOGY,
+    TABLE_SECONDARY_STRUCTURE,
+    TABLE_TAPE_CONTACT,
+    TABLE_UNSUPERVISED_CONTACT,
+)
 
-KINDS = (
-    "tape_contact",
-    "raptorx_contact",
-    "contact_ablation",
-    "secondary_structure",
-    "remote_homology",
-    "unsupervised_contact",
-)
+KINDS = TABLE_KINDS
 # the tables `write_all` writes (OUT_DIR/<name>.md, .csv, .tex); the workflow declares its outputs from this
-TABLES = (
-    "tape_contact",
-    "raptorx_contact",
-    "ablation",
-    "secondary_structure",
-    "remote_homology",
-    "unsupervised_contact",
-)
+TABLES = RESULT_TABLES
 
 
 def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
@@ -115,7 +112,7 @@ def tape_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
         }
         for r in paper.TAPE_CONTACT_P_L5
     ]
-    for label, data, head, test_set, runs in _runs(df, ("tape_contact",)):
+    for label, data, head, test_set, runs in _runs(df, (TABLE_TAPE_CONTACT,)):
         rows.append(
             {
                 "source": "ours",
@@ -146,7 +143,7 @@ def tape_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
     return write_table(
         rows,
         cols,
-        out_dir / "tape_contact",
+        out_dir / TABLE_TAPE_CONTACT,
         caption=(
             f"TAPE-Contact: precision of the top L/5 medium + long-range contacts (s >= 12), linear head on the outer "
             f"product and difference of pair representations; per protein, averaged. Ours on {test_label}."
@@ -165,7 +162,7 @@ def raptorx_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> l
         }
         for r in paper.RAPTORX_LONG_P_L
     ]
-    for label, data, head, test_set, runs in _runs(df, ("raptorx_contact",)):
+    for label, data, head, test_set, runs in _runs(df, (TABLE_RAPTORX_CONTACT,)):
         rows.append(
             {
                 "source": "ours",
@@ -196,7 +193,7 @@ def raptorx_contact_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> l
     return write_table(
         rows,
         cols,
-        out_dir / "raptorx_contact",
+        out_dir / TABLE_RAPTORX_CONTACT,
         caption=(
             f"RaptorX-Contact: long-range (s >= 24) precision at L with an 8-block 2-D ResNet head; per protein, averaged. "
             f"Ours on {test_label}."
@@ -209,7 +206,7 @@ def ablation_table(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         {"source": "paper", **r, "p_l_long": r["p_l_long"] / 100, "test_set": "RaptorX test"}
         for r in paper.ABLATION_LONG_P_L
     ]
-    for label, data, head, test_set, runs in _runs(df, ("tape_contact", "raptorx_contact", "contact_ablation")):
+    for label, data, head, test_set, runs in _runs(df, CONTACT_TABLE_KINDS):
         rows.append(
             {
                 "source": "ours",
@@ -234,7 +231,7 @@ def ablation_table(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     return write_table(
         rows,
         cols,
-        out_dir / "ablation",
+        out_dir / TABLE_ABLATION,
         caption=("Ablation: long-range precision at L by pre-training objective, head and data (paper: RaptorX test)."),
     )
 
@@ -281,7 +278,7 @@ def per_test_set_table(
 
 def unsupervised_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list[Path]:
     rows = []
-    for label, data, head, test_set, runs in _runs(df, ("unsupervised_contact",)):
+    for label, data, head, test_set, runs in _runs(df, (TABLE_UNSUPERVISED_CONTACT,)):
         rows.append(
             {
                 "source": "ours",
@@ -312,7 +309,7 @@ def unsupervised_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
     return write_table(
         rows,
         cols,
-        out_dir / "unsupervised_contact",
+        out_dir / TABLE_UNSUPERVISED_CONTACT,
         caption=(
             "Unsupervised contacts from the pair head, no fine-tuning: KL(P(x_i)P(x_j) || P(x_i,x_j)) (or mutual "
             f"information) of the predicted joint, symmetrised, APC-corrected; same metrics as above, on {test_label}. "
@@ -331,7 +328,7 @@ def write_all(
     written = contact_tables(df, out_dir, test_label)
     written += per_test_set_table(
         df,
-        "secondary_structure",
+        TABLE_SECONDARY_STRUCTURE,
         "Q3",
         paper.SECONDARY_STRUCTURE_Q3,
         ("cb513", "casp12", "ts115"),
@@ -340,7 +337,7 @@ def write_all(
     )
     written += per_test_set_table(
         df,
-        "remote_homology",
+        TABLE_REMOTE_HOMOLOGY,
         "top1",
         paper.REMOTE_HOMOLOGY,
         ("fold", "superfamily", "family"),

@@ -10,8 +10,9 @@ from pathlib import Path
 import yaml
 
 from pmlm.errors import ConfigError
+from pmlm.files import atomic_output
 from pmlm.reports.tables import HTML_STYLE
-from pmlm.utils import atomic_output, versions
+from pmlm.version import versions
 
 
 def collect(config_json: str, snakemake_version: str | None) -> dict:

@@ -23,6 +23,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pmlm.vocabulary import (
+    TABLE_ABLATION,
+    TABLE_PRECISION_BY_SEPARATION,
+    TABLE_PRETRAIN_SCORES,
+    TABLE_RAPTORX_CONTACT,
+    TABLE_REMOTE_HOMOLOGY,
+    TABLE_SECONDARY_STRUCTURE,
+    TABLE_TAPE_CONTACT,
+    TABLE_UNSUPERVISED_CONTACT,
+)
+
 DEFAULT_REPORT_COMMAND = "snakemake --report report.html"
 TABLE_DIRS = ("tables", "coevolution")  # under the results folder, where the rules write tables
 WIDTH = 118  # of the screen's lines
@@ -42,18 +53,32 @@ class Headline:
 
 LOSS = 2  # decimals of a loss
 HEADLINES: dict[str, tuple[Headline, ...]] = {
-    "pretrain_scores": (Headline("l_mlm", "validation L_mlm", digits=LOSS), Headline("l_pmlm", "L_pmlm", digits=LOSS)),
-    "tape_contact": (Headline("p_l5_s12", "P@L/5, s >= 12 (%)", percent=True),),
-    "raptorx_contact": (Headline("p_l_long", "P@L, s >= 24 (%)", percent=True),),
-    "ablation": (Headline("p_l_long", "P@L, s >= 24 (%)", percent=True),),
-    "unsupervised_contact": (Headline("p_l5_s12", "P@L/5, s >= 12 (%)", percent=True),),
-    "precision_by_separation": (Headline("P@L_long", "P@L long (%)", percent=True),),
-    "remote_homology": (Headline("fold", "fold"), Headline("superfamily", "superfamily"), Headline("family", "family")),
+    TABLE_PRETRAIN_SCORES: (
+        Headline("l_mlm", "validation L_mlm", digits=LOSS),
+        Headline("l_pmlm", "L_pmlm", digits=LOSS),
+    ),
+    TABLE_TAPE_CONTACT: (Headline("p_l5_s12", "P@L/5, s >= 12 (%)", percent=True),),
+    TABLE_RAPTORX_CONTACT: (Headline("p_l_long", "P@L, s >= 24 (%)", percent=True),),
+    TABLE_ABLATION: (Headline("p_l_long", "P@L, s >= 24 (%)", percent=True),),
+    TABLE_UNSUPERVISED_CONTACT: (Headline("p_l5_s12", "P@L/5, s >= 12 (%)", percent=True),),
+    TABLE_PRECISION_BY_SEPARATION: (Headline("P@L_long", "P@L long (%)", percent=True),),
+    TABLE_REMOTE_HOMOLOGY: (
+        Headline("fold", "fold"),
+        Headline("superfamily", "superfamily"),
+        Headline("family", "family"),
+    ),
 }
 # secondary_structure: one Q3 column per test set, every column but these
-SS3_TABLE, SS3_NOT_TEST_SETS = "secondary_structure", ("source", "model", "data", "head", "features", "precision")
+SS3_TABLE, SS3_NOT_TEST_SETS = TABLE_SECONDARY_STRUCTURE, ("source", "model", "data", "head", "features", "precision")
 # the order of the screen: the paper's tables as the paper has them, the others after them by name
-ORDER = ("pretrain_scores", "tape_contact", "raptorx_contact", "ablation", SS3_TABLE, "remote_homology")
+ORDER = (
+    TABLE_PRETRAIN_SCORES,
+    TABLE_TAPE_CONTACT,
+    TABLE_RAPTORX_CONTACT,
+    TABLE_ABLATION,
+    SS3_TABLE,
+    TABLE_REMOTE_HOMOLOGY,
+)
 
 
 def format_duration(seconds: float) -> str:

@@ -13,6 +13,7 @@ from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS
 from pmlm.figures import pyplot, save_figure
 from pmlm.reports.results import PRECISION_COLUMN, evaluated_in, read_results
 from pmlm.reports.tables import Column, write_table
+from pmlm.vocabulary import TASK_CONTACT
 
 RANGES = ("short", "medium", "long")
 
@@ -25,7 +26,7 @@ def range_label(name: str) -> str:
 def precision_rows(kind_paths: list[tuple[str, str]]) -> list[dict]:
     """One row per (model, data, head, test set) of the contact task: P@L/k per range, as fractions."""
     df = read_results(kind_paths)
-    df = df[df["task"] == "contact"] if "task" in df else df.iloc[0:0]
+    df = df[df["task"] == TASK_CONTACT] if "task" in df else df.iloc[0:0]
     if df.empty:
         raise InputError(kind_paths[0][1] if kind_paths else "-", "no contact results among the given TSVs")
     rows = []

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pmlm.utils import atomic_output
+from pmlm.files import atomic_output
 
 
 @dataclass(frozen=True)

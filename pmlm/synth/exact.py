@@ -50,12 +50,6 @@ def local_fields(model: PottsModel, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def site_log_conditionals(model: PottsModel, x: np.ndarray) -> np.ndarray:
-    """log P(x_s = a | x_-s) of every site, (N, L, q)."""
-    f = local_fields(model, x)
-    return f - _logsumexp(f, axis=-1)[..., None]
-
-
 def double_difference(table: np.ndarray, wi: np.ndarray, wj: np.ndarray) -> np.ndarray:
     """``T(a,b) - T(a,w_j) - T(w_i,b) + T(w_i,w_j)`` of tables (N, q, q) around the backgrounds' residues (N,)."""
     n = np.arange(len(table))

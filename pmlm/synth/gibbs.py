@@ -12,10 +12,11 @@ from pmlm.alphabet import NUM_RESIDUES
 from pmlm.errors import ConfigError
 
 
-class PottsModel(Protocol):
-    """What the sampler reads of a model (``pmlm.synth.potts.PottsModel``, which imports this module to draw its
-    families): sites, fields (L, 20), pair couplings (E, 20, 20) on edges (E, 2), three-body tables (T, 20, 20, 20)
-    on triplets (T, 3), and the unnormalised log-probability of sequences."""
+class PottsLike(Protocol):
+    """What the sampler reads of a Potts model (``pmlm.synth.potts.PottsModel``, whose module imports this one to
+    draw its families, or any object with these fields): sites, fields (L, 20), pair couplings (E, 20, 20) on edges
+    (E, 2), three-body tables (T, 20, 20, 20) on triplets (T, 3), and the unnormalised log-probability of
+    sequences."""
 
     length: int
     fields: np.ndarray
@@ -60,7 +61,7 @@ class _GroupUpdate:
     the conditional logits are one gather and one sum over K.
     """
 
-    def __init__(self, model: PottsModel, sites: np.ndarray):
+    def __init__(self, model: PottsLike, sites: np.ndarray):
         self.sites = sites  # (S,)
         local = {int(s): k for k, s in enumerate(sites)}
         per_site: list[list[tuple[np.ndarray, int]]] = [[] for _ in sites]
@@ -83,7 +84,7 @@ class _GroupUpdate:
         self.base = np.arange(degree * len(sites)).reshape(degree, len(sites)) * NUM_RESIDUES  # (K, S)
         self._triple_tables(model, local)
 
-    def _triple_tables(self, model: PottsModel, local: dict[int, int]) -> None:
+    def _triple_tables(self, model: PottsLike, local: dict[int, int]) -> None:
         """The same for three-body terms: per site, tables [x_other1, x_other2, own] padded to the largest
         triplet degree D, gathered at row base + 20 * x_other1 + x_other2."""
         per_site: list[list[tuple[np.ndarray, int, int]]] = [[] for _ in local]
@@ -129,7 +130,7 @@ def _sample_categorical(logits: np.ndarray, rng: np.random.Generator) -> np.ndar
 
 
 def gibbs_sample(
-    model: PottsModel,
+    model: PottsLike,
     num_sequences: int,
     rng: np.random.Generator,
     *,

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from pmlm.alphabet import RESIDUES
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc
+from pmlm.files import atomic_output
 from pmlm.synth.parameters import PARAMS_DIR, POTTS_FORMAT, write_potts
 from pmlm.synth.potts import BACKGROUND, Family, family_rng, generate_family
 from pmlm.synth.synth_config import SynthConfig
@@ -49,24 +48,10 @@ def validation_summary(family: Family, config: SynthConfig) -> dict:
     }
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary name beside ``path``, then rename over it, so readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        # mkstemp creates 0600; give the file the permissions an ordinary open() would
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _write_text(path: Path, text: str) -> None:
+    """``text`` as ``path``, replaced whole (``atomic_output``), so readers never see half a file."""
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8", newline="\n")
 
 
 def fasta_text(families: list[Family]) -> str:
@@ -132,24 +117,15 @@ def params_document(config: SynthConfig, families: list[Family]) -> dict:
 
 
 def _swap_in_folder(out: Path, name: str, families: list[Family], write) -> None:
-    """Write one file per family into a fresh folder, then swap it in for ``out/name`` as a whole."""
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.", suffix=".tmp"))
-    try:
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp creates 0700
+    """Write one file per family into a fresh folder, then swap it in for ``out/name`` as a whole (a rerun with
+    fewer families leaves no stale files behind)."""
+    with atomic_output(out / name, directory=True) as staging:
         for fam in families:
-            write(staging, fam)
-        for written in staging.iterdir():  # some writers (safetensors) create private files
-            os.chmod(written, 0o666 & ~_umask())
-        final = out / name
-        # a rerun with fewer families must not leave stale files behind
-        if final.exists():
-            retired = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.", suffix=".old"))
-            os.replace(final, retired / name)
-            shutil.rmtree(retired)
-        os.replace(staging, final)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+            write(Path(staging), fam)
+        umask = os.umask(0)
+        os.umask(umask)
+        for written in Path(staging).iterdir():  # some writers (safetensors) create private files
+            os.chmod(written, 0o666 & ~umask)
 
 
 def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> None:
@@ -162,8 +138,8 @@ def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> Non
         lambda d, fam: (d / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8"),
     )
     _swap_in_folder(out, PARAMS_DIR, families, lambda d, fam: write_potts(d / f"{fam.name}.safetensors", fam.model))
-    _atomic_write(out / FASTA_NAME, fasta_text(families))
-    _atomic_write(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")
+    _write_text(out / FASTA_NAME, fasta_text(families))
+    _write_text(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")
 
 
 def synthesize(config: SynthConfig, out: str | Path) -> list[Family]:

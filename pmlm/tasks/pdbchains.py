@@ -25,7 +25,7 @@ from Bio.PDB import MMCIFParser, PDBParser
 from Bio.PDB.PDBExceptions import PDBConstructionWarning
 
 from pmlm.errors import InputError
-from pmlm.utils import atomic_output
+from pmlm.files import atomic_output
 
 _CHAIN = re.compile(r"^([0-9][A-Za-z0-9]{3})[\s_.:]?([A-Za-z0-9]{1,4})$")
 _SUFFIXES = ("{id}.cif", "{id}.pdb", "pdb{id}.ent", "{ID}.cif", "{ID}.pdb")

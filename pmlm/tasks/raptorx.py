@@ -35,6 +35,7 @@ import numpy as np
 
 from pmlm.alphabet import RESIDUES, UNKNOWN_RESIDUE
 from pmlm.errors import InputError
+from pmlm.tasks.pickles import safe_unpickle
 from pmlm.tasks.structures import (
     CONTACT_THRESHOLD,
     ON_ERROR_CHOICES,
@@ -44,7 +45,6 @@ from pmlm.tasks.structures import (
     jsonl_records,
     parse_coords,
 )
-from pmlm.tasks.tape import safe_unpickle
 
 _SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
 PER_PROTEIN_SUFFIXES = (".npz", ".pkl")

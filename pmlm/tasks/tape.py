@@ -1,4 +1,4 @@
-"""Readers for TAPE's task data (ProteinNet contacts, secondary structure, remote homology)
+"""Readers for TAPE's task data (ProteinNet contacts, secondary structure, remote homology, fluorescence, stability)
 from its JSON archives, or from its LMDB files when the optional ``lmdb`` package is installed.
 
 Layout (TAPE's archives unpack to one folder per task)::
@@ -21,6 +21,10 @@ Record keys read (others, e.g. ``evolutionary``, are ignored):
   residue, so it is kept on the record but not applied by the reader).
 - remote_homology: ``primary``, ``fold_label`` (int, 1,195 folds), optional
   ``superfamily_label``, ``family_label``, ``class_label``.
+- fluorescence: ``primary``, ``log_fluorescence`` (one number, or a 1-element list as TAPE's
+  files hold it), optional ``num_mutations``; splits train, valid, test.
+- stability: ``primary``, ``stability_score`` (one number or a 1-element list), optional
+  ``topology``, ``parent``; splits train, valid, test.
 
 Every record may carry ``id`` (default: its 0-based index) and ``protein_length`` (checked
 against ``primary``). Lowercase residues are uppercased and the non-standard letters of
@@ -30,12 +34,8 @@ an allow-list (dicts, lists, numbers, strings, numpy arrays) so no code runs on 
 
 from __future__ import annotations
 
-import codecs
-import functools
-import io
 import json
 import os
-import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
-from pmlm.errors import InputError, PmlmError
+from pmlm.errors import InputError
+from pmlm.tasks.pickles import lmdb_items
 from pmlm.tasks.structures import (
     CONTACT_THRESHOLD,
     ON_ERROR_CHOICES,
@@ -54,16 +55,28 @@ from pmlm.tasks.structures import (
     open_text,
 )
 
+# TAPE's task names, as its archives and split files spell them
+PROTEINNET = "proteinnet"
+SECONDARY_STRUCTURE = "secondary_structure"
+REMOTE_HOMOLOGY = "remote_homology"
+FLUORESCENCE = "fluorescence"
+STABILITY = "stability"
 TASK_SPLITS: dict[str, tuple[str, ...]] = {
-    "proteinnet": ("train", "train_unfiltered", "valid", "test"),
-    "secondary_structure": ("train", "valid", "casp12", "ts115", "cb513"),
-    "remote_homology": ("train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
+    PROTEINNET: ("train", "train_unfiltered", "valid", "test"),
+    SECONDARY_STRUCTURE: ("train", "valid", "casp12", "ts115", "cb513"),
+    REMOTE_HOMOLOGY: ("train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
+    FLUORESCENCE: ("train", "valid", "test"),
+    STABILITY: ("train", "valid", "test"),
 }
 TEST_SPLITS: dict[str, tuple[str, ...]] = {
-    "proteinnet": ("test",),
-    "secondary_structure": ("cb513", "casp12", "ts115"),
-    "remote_homology": ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
+    PROTEINNET: ("test",),
+    SECONDARY_STRUCTURE: ("cb513", "casp12", "ts115"),
+    REMOTE_HOMOLOGY: ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
+    FLUORESCENCE: ("test",),
+    STABILITY: ("test",),
 }
+# the key of each regression task's value: a number or a 1-element list, as TAPE stores it
+REGRESSION_KEYS = {FLUORESCENCE: "log_fluorescence", STABILITY: "stability_score"}
 NUM_FOLDS = 1195  # remote homology fold classes
 _SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
 # Consecutive resolved C-alpha atoms sit ~3.8 A apart (2.9 A for cis peptides); a median far
@@ -95,6 +108,13 @@ class SecondaryStructureRecord:
 
 
 @dataclass
+class RegressionRecord:
+    id: str
+    primary: str
+    value: float  # log_fluorescence (fluorescence) or stability_score (stability)
+
+
+@dataclass
 class RemoteHomologyRecord:
     id: str
     primary: str
@@ -111,6 +131,20 @@ def _primary(item: dict, counts: ReadCounts) -> str:
     seq = item.get("primary")
     if not isinstance(seq, str) or not seq:
         raise RecordError("'primary' must be a non-empty amino-acid string", "bad sequence")
+    mapped = residue_string(seq, counts, field="'primary'")
+    length = item.get("protein_length")
+    if length is not None:
+        length = int(np.asarray(length).reshape(-1)[0])  # TAPE stores it as int or a 1-element array
+        if length != len(mapped):
+            raise RecordError(f"'protein_length' {length} != length of 'primary' {len(mapped)}", "length mismatch")
+    return mapped
+
+
+def residue_string(seq: str, counts: ReadCounts, field: str = "the sequence") -> str:
+    """``seq`` uppercased with the non-standard letters mapped (counted repairs); another letter or an empty
+    string is a RecordError."""
+    if not seq:
+        raise RecordError(f"{field} is empty", "bad sequence")
     upper = seq.upper()
     if upper != seq:
         counts.repaired["lowercase residues uppercased"] += sum(c.islower() for c in seq)
@@ -119,12 +153,7 @@ def _primary(item: dict, counts: ReadCounts) -> str:
         counts.repaired["non-standard residues mapped"] += sum(a != b for a, b in zip(mapped, upper))
     bad = next((i for i, c in enumerate(mapped) if c not in _SEQ_LETTERS), None)
     if bad is not None:
-        raise RecordError(f"'primary' has non-residue letter {seq[bad]!r} at position {bad + 1}", "bad sequence")
-    length = item.get("protein_length")
-    if length is not None:
-        length = int(np.asarray(length).reshape(-1)[0])  # TAPE stores it as int or a 1-element array
-        if length != len(mapped):
-            raise RecordError(f"'protein_length' {length} != length of 'primary' {len(mapped)}", "length mismatch")
+        raise RecordError(f"{field} has non-residue letter {seq[bad]!r} at position {bad + 1}", "bad sequence")
     return mapped
 
 
@@ -242,46 +271,31 @@ def parse_remote_homology(item: dict, counts: ReadCounts) -> RemoteHomologyRecor
     )
 
 
+def _regression_parser(task: str):
+    key = REGRESSION_KEYS[task]
+
+    def parse(item: dict, counts: ReadCounts) -> RegressionRecord:
+        primary = _primary(item, counts)
+        if item.get(key) is None:
+            raise RecordError(f"missing key '{key}'", "missing key")
+        value = _numeric(item[key], key, np.float64).reshape(-1)
+        if value.size != 1 or not np.isfinite(value[0]):
+            raise RecordError(f"'{key}' must be one finite number, got {item[key]!r}", "bad field")
+        return RegressionRecord(id=str(item.get("id")), primary=primary, value=float(value[0]))
+
+    return parse
+
+
 PARSERS = {
-    "proteinnet": parse_proteinnet,
-    "secondary_structure": parse_secondary_structure,
-    "remote_homology": parse_remote_homology,
+    PROTEINNET: parse_proteinnet,
+    SECONDARY_STRUCTURE: parse_secondary_structure,
+    REMOTE_HOMOLOGY: parse_remote_homology,
+    FLUORESCENCE: _regression_parser(FLUORESCENCE),
+    STABILITY: _regression_parser(STABILITY),
 }
 
 
 # ---------------------------------------------------------------- containers
-
-
-@functools.cache
-def _unpickle_allow_list() -> dict[tuple[str, str], object]:
-    # numpy 2 pickles name numpy._core, numpy 1 pickles numpy.core: both resolve to the
-    # installed module without importing the deprecated alias
-    multiarray = getattr(getattr(np, "_core", None), "multiarray", None) or np.core.multiarray
-    allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
-    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        allowed[(module, "_reconstruct")] = multiarray._reconstruct
-        allowed[(module, "scalar")] = multiarray.scalar
-    allowed[("_codecs", "encode")] = codecs.encode  # protocol-2 pickles of bytes
-    return allowed
-
-
-class _AllowListUnpickler(pickle.Unpickler):
-    """Unpickler that resolves only numpy's array / dtype / scalar constructors."""
-
-    def find_class(self, module: str, name: str):
-        obj = _unpickle_allow_list().get((module, name))
-        if obj is None:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} (only plain data and numpy arrays)")
-        return obj
-
-
-def safe_unpickle(data: bytes):
-    """Unpickle plain data and numpy arrays; anything else raises pickle.UnpicklingError.
-
-    Python 2 pickles (RaptorX's cPickle files) store array data and text as 8-bit ``str``: they are
-    read as Latin-1, which gives numpy the original bytes.
-    """
-    return _AllowListUnpickler(io.BytesIO(data), encoding="latin1").load()
 
 
 def _json_items(path: Path) -> Iterator[tuple[int, object]]:
@@ -297,43 +311,9 @@ def _json_items(path: Path) -> Iterator[tuple[int, object]]:
     yield from enumerate(records)
 
 
-def _lmdb_items(path: Path) -> Iterator[tuple[int, object]]:
-    try:
-        import lmdb  # optional dependency: only TAPE's LMDB archives need it
-    except ImportError:
-        raise PmlmError(
-            f"{path}: reading TAPE LMDB files needs the optional package 'lmdb' (pip install lmdb); "
-            "or use TAPE's JSON archives"
-        ) from None
-    try:
-        env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, meminit=False, subdir=path.is_dir())
-    except lmdb.Error as exc:
-        raise InputError(path, f"cannot open LMDB: {exc}") from None
-    try:
-        with env.begin(write=False) as txn:
-            raw = txn.get(b"num_examples")
-            if raw is None:
-                raise InputError(path, "LMDB has no 'num_examples' key (not a TAPE LMDB file)")
-            num = _unpickle(path, raw, "num_examples")
-            for index in range(int(num)):
-                raw = txn.get(str(index).encode())
-                if raw is None:
-                    raise InputError(path, f"record {index} missing (num_examples is {num})")
-                yield index, _unpickle(path, raw, f"record {index}")
-    finally:
-        env.close()
-
-
-def _unpickle(path: Path, raw: bytes, what: str):
-    try:
-        return safe_unpickle(raw)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
-        raise InputError(path, f"{what}: cannot decode: {exc}") from None
-
-
 def read_tape(
     path: str | os.PathLike, task: str, *, on_error: str = "raise", counts: ReadCounts | None = None
-) -> Iterator[ProteinNetRecord | SecondaryStructureRecord | RemoteHomologyRecord]:
+) -> Iterator[ProteinNetRecord | SecondaryStructureRecord | RemoteHomologyRecord | RegressionRecord]:
     """Yield validated records of one TAPE split file (``.json``/``.json.gz`` or ``.lmdb``).
 
     Bad records raise InputError naming the file and the 0-based record index, or with
@@ -349,7 +329,7 @@ def read_tape(
         raise InputError(path, "no such file or directory")
     counts = ReadCounts() if counts is None else counts
     parse = PARSERS[task]
-    items = _lmdb_items(path) if path.suffix == ".lmdb" else _json_items(path)
+    items = lmdb_items(path) if path.suffix == ".lmdb" else _json_items(path)
     for index, item in items:
         try:
             if not isinstance(item, dict):

@@ -1,6 +1,7 @@
-"""Pre-training engine: Parquet shard loader, training loop, checkpoints, the multi-GPU launcher; the loop is
-:func:`pmlm.train.pretrain.train` (``pmlm pretrain``). This package's own module holds only light constants that
-the command layer reads."""
+"""Training: the loop every run goes through, :func:`pmlm.train.engine.fit`, handed pre-training's run by
+:func:`pmlm.train.pretrain.train` (``pmlm pretrain``) and fine-tuning's by :func:`pmlm.finetune.finetune.finetune`
+(``pmlm finetune``); the Parquet shard loader, checkpoints, run folders and the multi-GPU launcher. This package's
+own module holds only light constants that the command layer reads."""
 
 from __future__ import annotations
 
@@ -26,5 +27,9 @@ RESUME_NOTE = (
 # what `--extend` says in `pmlm pretrain --help` and `pmlm finetune --help`
 EXTEND_HELP = (
     "continue the run in OUT from its newest checkpoint although optim.total_steps changed (e.g. raised to train "
-    "longer) or, pre-training, the number of ranks; any other changed setting is an error"
+    "longer); any other changed setting is an error (the number of ranks is no setting: a checkpoint resumes on "
+    "any by itself)"
 )
+# the metrics log every training run writes in its run folder (train.runtime.MetricsLog), read by the training
+# curves; here, free of torch, because the workflow declares it as the training rules' output
+METRICS_CSV = "metrics.csv"

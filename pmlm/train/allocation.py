@@ -2,9 +2,10 @@
 port at which a multi-node job's nodes meet, and putting the job back in its queue.
 
 The allocation is read from SLURM's environment or, where the Snakemake executor stripped the variables before
-the rule's shell ran, from the job record (``scontrol show job``). Node lists are read by one parser,
-:func:`expand_hostlist`. :func:`requeue_job` is how a job whose trainers saved a checkpoint after SLURM's
-time-limit warning goes back in the queue under the same job id, instead of failing.
+the rule's shell ran, from the job record (``scontrol show job``). Node lists are expanded by SLURM itself,
+``scontrol show hostnames`` (:func:`expand_hostlist`); :func:`parse_hostlist` reads the same syntax where scontrol
+cannot run. :func:`requeue_job` is how a job whose trainers saved a checkpoint after SLURM's time-limit warning
+goes back in the queue under the same job id, instead of failing.
 """
 
 from __future__ import annotations
@@ -71,10 +72,43 @@ def count_visible_gpus(value: str | None) -> int:
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
-    """Every host of a SLURM hostlist in `scontrol show hostnames` order: ``gpu[07-08],cpu1`` -> gpu07, gpu08,
-    cpu1; ``rack[1-2]-n[01-02]`` -> rack1-n01, rack1-n02, rack2-n01, rack2-n02. The first is the job's first node
-    (the rendezvous host of a multi-node launch)."""
-    bad = ConfigError(f"cannot read the SLURM node list {nodelist!r} (expected e.g. gpu[07-08],cpu1)")
+    """Every host of a SLURM hostlist, in order: ``gpu[07-08],cpu1`` -> gpu07, gpu08, cpu1. The first is the job's
+    first node (the rendezvous host of a multi-node launch). SLURM's own expansion, ``scontrol show hostnames``;
+    where scontrol cannot run (not installed, or no SLURM configuration on this host: a launch outside SLURM given
+    SLURM_JOB_NODELIST by hand, the tests without SLURM), :func:`parse_hostlist`."""
+    hosts = scontrol_hostnames(nodelist)
+    return parse_hostlist(nodelist) if hosts is None else hosts
+
+
+def scontrol_hostnames(nodelist: str) -> list[str] | None:
+    """`scontrol show hostnames NODELIST`; None where scontrol cannot run. A list scontrol cannot read (it says so
+    on stderr, yet exits 0, or lets a bracket through) is a one-line ConfigError."""
+    if not nodelist.strip():  # scontrol would expand SLURM_JOB_NODELIST instead
+        raise _unreadable(nodelist)
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist.strip()], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:  # e.g. "Could not establish a configuration source": no SLURM here
+        return None
+    hosts = done.stdout.split()
+    if not hosts or any(ch in host for host in hosts for ch in "[]"):
+        said = done.stderr.strip().splitlines()
+        raise _unreadable(nodelist, f"scontrol: {said[-1]}" if said else None)
+    return hosts
+
+
+def _unreadable(nodelist: str, why: str | None = None) -> ConfigError:
+    return ConfigError(f"cannot read the SLURM node list {nodelist!r} ({why or 'expected e.g. gpu[07-08],cpu1'})")
+
+
+def parse_hostlist(nodelist: str) -> list[str]:
+    """:func:`expand_hostlist` where scontrol cannot run: the hostlist syntax read here, hosts in the order
+    ``scontrol show hostnames`` gives them (``rack[1-2]-n[01-02]`` -> rack1-n01, rack1-n02, rack2-n01, rack2-n02;
+    zero padding kept). Stricter than scontrol in places: ``[1-2]`` (no name) and ``a,,b`` are refused."""
+    bad = _unreadable(nodelist)
     hosts: list[str] = []
     depth, entry = 0, ""
     for ch in nodelist.strip() + ",":

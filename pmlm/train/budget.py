@@ -31,7 +31,7 @@ from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
-from pmlm.tokens import round_up
+from pmlm.tokens import max_residues, round_up
 from pmlm.vocabulary import MLM, PMLM_PAIR_ONLY, TMLM
 
 FP32, BF16, INT64 = 4, 2, 8
@@ -68,7 +68,7 @@ def largest_micro_batch(cfg: TrainConfig, world_size: int = 1, accumulation: int
     residues the masking can draw."""
     width = round_up(cfg.max_len, cfg.data.pad_to_multiple)
     rows = max(1, -(-(cfg.tokens_per_step // width) // (world_size * accumulation)))
-    residues = cfg.max_len - 2
+    residues = max_residues(cfg.max_len)
     # mask_tokens draws floor(mask_prob * n + u), u in [0, 1): at most ceil(mask_prob * n)
     return MicroBatch(rows, width, residues, min(residues, math.ceil(cfg.objective.mask_prob * residues)))
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pmlm.errors import InputError
-from pmlm.utils import versions
+from pmlm.version import versions
 
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"

@@ -46,10 +46,6 @@ class Batch:
     epoch: int
     residues: int  # non-special, non-pad tokens in the batch
 
-    @property
-    def padded_size(self) -> int:
-        return int(self.tokens.numel())
-
 
 def split_row_groups(shards_dir: str | Path, split: str) -> list[RowGroup]:
     """Row groups of one split, checked against the manifest (files present, row counts agree)."""

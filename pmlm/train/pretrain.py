@@ -29,6 +29,7 @@ from torch import nn
 
 from pmlm.artefacts import manifest_digest, write_encoder
 from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
+from pmlm.files import atomic_output
 from pmlm.model.objectives import MaskedBatch, mask_batch, objective_outputs, sample_sizes
 from pmlm.pretrained import build_model, pick_device
 from pmlm.tokens import trimmed_width
@@ -48,7 +49,7 @@ from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, va
 from pmlm.train.run_folder import run_record
 from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision, uses_bf16
 from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs
-from pmlm.utils import atomic_output, versions
+from pmlm.version import versions
 from pmlm.vocabulary import TMLM
 
 SCORES_JSON = "final_scores.json"

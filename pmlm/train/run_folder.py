@@ -28,9 +28,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pmlm.errors import ConfigError, PmlmError
+from pmlm.files import atomic_output, canonical_sha256, file_digest
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import CHECKPOINTS, RUN_FILE, checkpoint_root, latest_checkpoint
-from pmlm.utils import atomic_output, file_digest
 
 NO_PROGRESS_LIMIT = 2  # stops in a row without a newer checkpoint before the trainer gives up on requeues
 STOPS_FILE = "stops.json"
@@ -63,8 +63,7 @@ def run_record(config: dict, excluded: tuple[str, ...], **inputs) -> dict:
     (a key excludes the keys under it), plus ``inputs`` (content hashes, the precision); and its fingerprint."""
     settings = {k: v for k, v in flatten(config).items() if not any(k == x or k.startswith(x + ".") for x in excluded)}
     settings.update(inputs)
-    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
-    return {"fingerprint": hashlib.sha256(canonical.encode()).hexdigest(), "settings": settings}
+    return {"fingerprint": canonical_sha256(settings, default=str), "settings": settings}
 
 
 def content_digest(path: str | Path) -> str:

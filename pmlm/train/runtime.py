@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from pmlm.errors import ConfigError, PmlmError
+from pmlm.files import atomic_output
+from pmlm.train import METRICS_CSV as METRICS_CSV  # the log's name, re-exported for train.engine
 from pmlm.train.checkpoint import latest_checkpoint
-from pmlm.utils import atomic_output
 from pmlm.vocabulary import BF16, FP32, PRECISIONS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-METRICS_CSV = "metrics.csv"
 
 
 class TrainingDiverged(PmlmError):

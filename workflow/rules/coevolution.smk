@@ -69,7 +69,7 @@ rule pretrain_coevolution:
     benchmark:
         f"{BENCH}/coevolution/seed{{seed}}/pretrain_{{objective}}.tsv"
     wildcard_constraints:
-        objective="mlm|pmlm|tmlm",  # the study compares these (tmlm when coevolution.tmlm is true)
+        objective=one_of(COEVOLUTION_OBJECTIVES),  # the study compares these (tmlm when coevolution.tmlm is true)
     threads: 1
     resources:
         mem_mb=per_attempt(4000),

@@ -8,9 +8,20 @@ from urllib.parse import urlparse
 
 from snakemake import __version__ as SNAKEMAKE_VERSION
 
-from pmlm.reports.results import TABLES as RESULT_TABLES
-from pmlm.config.workflow import CONTACT_TABLES, is_transformers_release, release_source
-from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY, TMLM
+from pmlm.train import METRICS_CSV
+from pmlm.vocabulary import (
+    CONTACT_TABLE_KINDS,
+    MLM,
+    PMLM,
+    PMLM_PAIR_ONLY,
+    RESULT_TABLES,
+    TABLE_PRECISION_BY_SEPARATION,
+    TABLE_PRETRAIN_SCORES,
+    TABLE_TASK,
+    TABLE_UNSUPERVISED_CONTACT,
+    TMLM,
+)
+from workflow_config import is_transformers_release, readout_run, release_source
 
 RUN = config["run"]
 # encoders given by a released checkpoint (pretrain.models entries with release:) instead of a pre-training run
@@ -21,7 +32,9 @@ SOURCES = {**config["sources"], **{release_source(m): {"url": m["release"]["url"
 DATASETS = config["datasets"]
 TASK_DATA = config["task_data"]
 # task data that split-structures derives (the others are files named in the config)
-DERIVED_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("split")]
+DERIVED_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("split") and not spec.get("table")]
+# labelled tables of one's own task, split by split-table (by their split column or by identity)
+TABLE_TASK_DATA = [name for name, spec in TASK_DATA.items() if spec.get("table")]
 OBJECTIVE_LABEL = {MLM: "MLM", PMLM: "PMLM", PMLM_PAIR_ONLY: "PMLM-pair", TMLM: "TMLM"}
 PAIR_OBJECTIVES = [o for o in OBJECTIVE_LABEL if o != MLM]  # the objectives with a pair head
 RESULTS = f"results/{RUN}"
@@ -44,10 +57,20 @@ wildcard_constraints:
     # encoders' folders: a configured dataset, or the name a release gives (rule pretrain reads configured ones only)
     dataset=one_of(list(dict.fromkeys([*DATASETS, *(m["dataset"] for m in RELEASED)]))),
     taskdata=one_of(DERIVED_TASK_DATA),
+    tabledata=one_of(TABLE_TASK_DATA),
     split="train|valid",
     objective=one_of(OBJECTIVE_LABEL),
     preset=r"[A-Za-z0-9_]+",
     seed=r"\d+",
+    # a fine-tuning run (finetune.runs) and an unsupervised read-out of the pair head (finetune.unsupervised.readouts):
+    # two wildcards, so that no rule or input function tells them apart by the name's spelling
+    ft=one_of(config["finetune"]["runs"]),
+    readout=one_of(config["finetune"]["unsupervised"]["readouts"]),
+
+
+def table_prefix(name):
+    """A table's path without its extension: the table writers add .md, .csv, .tex and .html."""
+    return f"{RESULTS}/tables/{name}"
 
 
 def output_dir(wildcards, output):
@@ -194,12 +217,58 @@ PRETRAIN = config["pretrain"]
 PRETRAIN_MODELS = PRETRAIN["models"]
 
 
+# Every folder of an encoder or a run is named by one helper below. A rule's paths call the same helper with the
+# wildcards' names (ENCODER_WILDCARDS, "{ft}"), which gives the rule's pattern; the input functions call it with a
+# configured encoder's values.
+ENCODER_WILDCARDS = ("{dataset}", "{objective}", "{preset}")
+
+
+def encoder_path(dataset, objective, preset):
+    """DATASET/OBJECTIVE-PRESET: the encoder's part of its folders' paths (and its id in the config)."""
+    return f"{dataset}/{objective}-{preset}"
+
+
+def encoder_parts(m):
+    """(dataset, objective, preset) of a pretrain.models entry, the arguments of the path helpers."""
+    return m["dataset"], m["objective"], m["preset"]
+
+
+def encoder_dir(encoder):
+    """The folder of encoder ``encoder`` (encoder_path, or a rule's {release}): weights, model.json, scores."""
+    return f"{RESULTS}/pretrain/{encoder}"
+
+
 def model_dir(dataset, objective, preset):
-    return f"{RESULTS}/pretrain/{dataset}/{objective}-{preset}"
+    return encoder_dir(encoder_path(dataset, objective, preset))
+
+
+def pretrain_run_dir(dataset, objective, preset):
+    """A pre-training run's folder: checkpoints, metrics.csv, tb/, train.log; a killed or requeued job resumes here."""
+    return f"{RESULTS}/pretrain_runs/{encoder_path(dataset, objective, preset)}"
+
+
+def finetune_dir(dataset, objective, preset, ft):
+    """The folder of fine-tuning run ``ft``'s head on an encoder: head.safetensors, head.json."""
+    return f"{RESULTS}/finetune/{encoder_path(dataset, objective, preset)}/{ft}"
+
+
+def finetune_run_dir(dataset, objective, preset, ft):
+    """A fine-tuning run's folder: checkpoints, metrics.csv, train.log."""
+    return f"{RESULTS}/finetune_runs/{encoder_path(dataset, objective, preset)}/{ft}"
+
+
+def evaluation_path(dataset, objective, preset, name):
+    """The evaluation TSV of run or read-out ``name`` (readout_run) on an encoder."""
+    return f"{RESULTS}/evaluation/{encoder_path(dataset, objective, preset)}/{name}.tsv"
+
+
+def contact_map_prefix(dataset, objective, preset, name):
+    """The contact-map figure of run or read-out ``name`` on an encoder, without its extension (.png, .svg)."""
+    return f"{RESULTS}/figures/contact_maps/{encoder_path(dataset, objective, preset)}/{name}"
 
 
 def pretrained_weights(m):
-    return f"{model_dir(m['dataset'], m['objective'], m['preset'])}/model.safetensors"
+    return f"{model_dir(*encoder_parts(m))}/model.safetensors"
 
 
 def recipe_file(wildcards):
@@ -315,7 +384,7 @@ def kl_args(wildcards, input):
 def pretraining_targets():
     if not PRETRAIN_MODELS:
         return []
-    targets = pretrained_targets() + [f"{RESULTS}/tables/pretrain_scores.html"]
+    targets = pretrained_targets() + [f"{table_prefix(TABLE_PRETRAIN_SCORES)}.html"]
     if kl_models() and kl_datasets():
         targets.append(f"{RESULTS}/figures/kl_histogram.svg")
     return targets
@@ -329,7 +398,7 @@ UNSUPERVISED = FINETUNE["unsupervised"]
 
 
 def encoder_id(m):
-    return f"{m['dataset']}/{m['objective']}-{m['preset']}"
+    return encoder_path(*encoder_parts(m))
 
 
 def encoder_label(m):
@@ -351,6 +420,8 @@ def model_of(wildcards):
 def task_file(data, split):
     """A split of a task dataset: derived by split-structures, or a file (archive member / local path) from config."""
     spec = TASK_DATA[data]
+    if spec.get("table"):
+        return f"{RESULTS}/tasks/{data}/{split}.parquet"
     if spec.get("split"):
         return f"{RESULTS}/tasks/{data}/{split}.jsonl"
     entry = spec["files"][split]
@@ -368,6 +439,21 @@ def structure_source(wildcards):
     return source_file(TASK_DATA[wildcards.taskdata]["source"])
 
 
+def table_source(wildcards):
+    return source_file(TASK_DATA[wildcards.tabledata]["source"])
+
+
+def table_split_args(wildcards):
+    """`pmlm split-table` flags: the table's sequence and split columns, else its split: settings."""
+    spec = canonical(TASK_DATA[wildcards.tabledata])
+    flags = {"sequence_column": spec["table"]["sequence_column"]}
+    if spec["table"]["split_column"]:
+        flags["split_column"] = spec["table"]["split_column"]
+    else:
+        flags.update(spec.get("split") or {})
+    return as_flags(flags)
+
+
 def structure_split_args(wildcards):
     """`pmlm split-structures` flags from the task data's split: settings (their keys are its flags)."""
     return as_flags(canonical(TASK_DATA[wildcards.taskdata]["split"]))
@@ -381,7 +467,7 @@ def finetune_recipe(wildcards):
 def finetune_inputs(wildcards):
     run = FINETUNE_RUNS[wildcards.ft]
     return {
-        "encoder": f"{model_dir(wildcards.dataset, wildcards.objective, wildcards.preset)}/model.safetensors",
+        "encoder": pretrained_weights(model_of(wildcards)),
         "train": task_file(run["data"], "train"),
         "valid": task_file(run["data"], "valid"),
         "recipe": finetune_recipe(wildcards),
@@ -399,6 +485,9 @@ def finetune_overrides(wildcards):
     features = run_features(model_of(wildcards), wildcards.ft)
     if features != "auto":  # auto: the recipe's own head.features
         sets["head.features"] = features
+    table = TASK_DATA[FINETUNE_RUNS[wildcards.ft]["data"]].get("table")
+    if table:  # a labelled table: the columns the recipe reads
+        sets.update({f"data.{k}": v for k, v in table.items() if k != "split_column"})
     return as_sets(sets)
 
 
@@ -408,12 +497,12 @@ def test_inputs(data, tests):
 
 def evaluate_inputs(wildcards):
     run = FINETUNE_RUNS[wildcards.ft]
-    return {"head": finetuned_head(wildcards.dataset, wildcards.objective, wildcards.preset, wildcards.ft),
+    return {"head": finetuned_head(model_of(wildcards), wildcards.ft),
             **{f"test_{k}": v for k, v in test_inputs(run["data"], run["tests"]).items()}}
 
 
 def unsupervised_inputs(wildcards):
-    return {"encoder": f"{model_dir(wildcards.dataset, wildcards.objective, wildcards.preset)}/model.safetensors",
+    return {"encoder": pretrained_weights(model_of(wildcards)),
             **{f"test_{k}": v for k, v in test_inputs(UNSUPERVISED["data"], UNSUPERVISED["tests"]).items()}}
 
 
@@ -428,12 +517,12 @@ def test_args(wildcards, input):
     return " ".join(args)
 
 
-def finetuned_head(dataset, objective, preset, ft):
-    return f"{RESULTS}/finetune/{dataset}/{objective}-{preset}/{ft}/head.safetensors"
+def finetuned_head(m, ft):
+    return f"{finetune_dir(*encoder_parts(m), ft)}/head.safetensors"
 
 
 def evaluation_tsv(m, name):
-    return f"{RESULTS}/evaluation/{m['dataset']}/{m['objective']}-{m['preset']}/{name}.tsv"
+    return evaluation_path(*encoder_parts(m), name)
 
 
 def evaluation_results():
@@ -441,10 +530,11 @@ def evaluation_results():
     out = []
     for m in PRETRAIN_MODELS:
         for ft in runs_for(m):
-            out.append((FINETUNE_RUNS[ft]["table"], evaluation_tsv(m, ft)))
+            if FINETUNE_RUNS[ft]["table"] != TABLE_TASK:  # a table of its own: task_table_runs
+                out.append((FINETUNE_RUNS[ft]["table"], evaluation_tsv(m, ft)))
         if m["objective"] in PAIR_OBJECTIVES:
             for readout in UNSUPERVISED["readouts"]:
-                out.append(("unsupervised_contact", evaluation_tsv(m, f"unsupervised-{readout}")))
+                out.append((TABLE_UNSUPERVISED_CONTACT, evaluation_tsv(m, readout_run(readout))))
     return out
 
 
@@ -454,13 +544,31 @@ def table_args(wildcards, input):
 
 def downstream_tables():
     """Every file `pmlm tables results` writes: each of its tables as Markdown, CSV and LaTeX."""
-    return [f"{RESULTS}/tables/{t}.{ext}" for t in RESULT_TABLES for ext in ("md", "csv", "tex")]
+    return [f"{table_prefix(t)}.{ext}" for t in RESULT_TABLES for ext in ("md", "csv", "tex")]
 
 
 def downstream_targets():
+    targets = [f"{table_prefix(run)}.html" for run in task_table_runs()]
     if not evaluation_results():
-        return []
-    return [f"{RESULTS}/tables/{t}.html" for t in RESULT_TABLES]
+        return targets
+    return [f"{table_prefix(t)}.html" for t in RESULT_TABLES] + targets
+
+
+def task_table_runs():
+    """The runs with a table of their own (table: task), fine-tuned on at least one encoder."""
+    return [ft for ft in FINETUNE_RUNS if FINETUNE_RUNS[ft]["table"] == TABLE_TASK and task_table_tsvs(ft)]
+
+
+def task_table_tsvs(ft):
+    return [evaluation_tsv(m, ft) for m in PRETRAIN_MODELS if ft in runs_for(m)]
+
+
+def task_table_inputs(wildcards):
+    return task_table_tsvs(wildcards.taskrun)
+
+
+def task_table_args(wildcards, input):
+    return " ".join(f"--result {shlex.quote(path)}" for path in input)
 
 
 # --- the report's figures and pages -------------------------------------------------------------
@@ -470,66 +578,66 @@ CONTACT_MAPS = REPORT["contact_maps"]
 REPORT_DIR = f"{RESULTS}/report"
 
 
-def pretrain_run_dir(m):
-    return f"{RESULTS}/pretrain_runs/{encoder_id(m)}"
-
-
-def finetune_run_dir(m, ft):
-    return f"{RESULTS}/finetune_runs/{encoder_id(m)}/{ft}"
-
-
 def finetuned_runs():
     """(encoder, run) for every fine-tuning the config asks for."""
     return [(m, ft) for m in PRETRAIN_MODELS for ft in runs_for(m)]
 
 
-def pretrain_curve_args(wildcards):
-    # metrics.csv sits beside the checkpoints, outside the declared outputs (see the pretrain step); the final
-    # weights are the inputs that say the log is complete
-    runs = [f"{encoder_label(m)}={pretrain_run_dir(m)}/metrics.csv" for m in trained_models()]
+def pretrain_metrics(m):
+    """The metrics log of encoder ``m``'s pre-training run (an output of rule pretrain)."""
+    return f"{pretrain_run_dir(*encoder_parts(m))}/{METRICS_CSV}"
+
+
+def finetune_metrics(m, ft):
+    """The metrics log of fine-tuning run ``ft`` on encoder ``m`` (an output of rule finetune)."""
+    return f"{finetune_run_dir(*encoder_parts(m), ft)}/{METRICS_CSV}"
+
+
+def pretrain_curve_args(wildcards, input):
+    """--run LABEL=metrics.csv for every pre-training run, in the order of the rule's input."""
+    runs = [f"{encoder_label(m)}={path}" for m, path in zip(trained_models(), input.metrics)]
     return " ".join(f"--run {shlex.quote(r)}" for r in runs)
 
 
-def finetune_curve_args(wildcards):
-    runs = [f"{encoder_label(m)} {ft}={finetune_run_dir(m, ft)}/metrics.csv" for m, ft in finetuned_runs()]
+def finetune_curve_args(wildcards, input):
+    """--run 'LABEL RUN=metrics.csv' for every fine-tuning run, in the order of the rule's input."""
+    runs = [f"{encoder_label(m)} {ft}={path}" for (m, ft), path in zip(finetuned_runs(), input.metrics)]
     return " ".join(f"--run {shlex.quote(r)}" for r in runs)
 
 
-def contact_map_runs(m):
-    """Contact runs and unsupervised read-outs of encoder ``m`` to draw (report.contact_maps.runs, else all)."""
-    names = [ft for ft in runs_for(m) if FINETUNE_RUNS[ft]["table"] in CONTACT_TABLES]
-    if m["objective"] != MLM:
-        names += [f"unsupervised-{r}" for r in UNSUPERVISED["readouts"]]
+def contact_map_figures(m):
+    """The contact maps of encoder ``m`` to draw: its contact runs' (rule plot_contact_maps) and, with a pair head,
+    its read-outs' (rule plot_readout_contact_maps); those report.contact_maps.runs names, else all."""
+    names = [ft for ft in runs_for(m) if FINETUNE_RUNS[ft]["table"] in CONTACT_TABLE_KINDS]
+    if m["objective"] in PAIR_OBJECTIVES:
+        names += [readout_run(r) for r in UNSUPERVISED["readouts"]]
     wanted = CONTACT_MAPS.get("runs")
-    return names if wanted is None else [n for n in names if n in wanted]
+    return [f"{contact_map_prefix(*encoder_parts(m), n)}.svg" for n in names if wanted is None or n in wanted]
 
 
-def contact_map_figure(m, name):
-    return f"{RESULTS}/figures/contact_maps/{encoder_id(m)}/{name}.svg"
+def first_test(data, tests):
+    """The first test set of a run or of the read-outs: the chains a contact map draws."""
+    return next(iter(test_inputs(data, tests).values()))
 
 
 def contact_map_inputs(wildcards):
-    """The head (or, for a read-out, the encoder) and the first test set of the run."""
-    m = model_of(wildcards)
-    if wildcards.ft.startswith("unsupervised-"):
-        tests = test_inputs(UNSUPERVISED["data"], UNSUPERVISED["tests"])
-        model = pretrained_weights(m)
-    else:
-        run = FINETUNE_RUNS[wildcards.ft]
-        tests = test_inputs(run["data"], run["tests"])
-        model = finetuned_head(wildcards.dataset, wildcards.objective, wildcards.preset, wildcards.ft)
-    return {"model": model, "test": next(iter(tests.values()))}
+    """A contact run's head and its first test set."""
+    run = FINETUNE_RUNS[wildcards.ft]
+    return {"head": finetuned_head(model_of(wildcards), wildcards.ft), "test": first_test(run["data"], run["tests"])}
 
 
-def contact_map_head(wildcards, input):
-    if wildcards.ft.startswith("unsupervised-"):
-        return f"--head {wildcards.ft[len('unsupervised-'):]} --encoder {shlex.quote(input.model)}"
-    return f"--head {shlex.quote(input.model)}"
+def readout_map_inputs(wildcards):
+    """The encoder whose pair head is read out and the read-outs' first test set."""
+    return {
+        "encoder": pretrained_weights(model_of(wildcards)),
+        "test": first_test(UNSUPERVISED["data"], UNSUPERVISED["tests"]),
+    }
 
 
 def contact_results():
     """(table kind, TSV) of the evaluations that score contacts."""
-    return [(kind, tsv) for kind, tsv in evaluation_results() if kind in CONTACT_TABLES + ("unsupervised_contact",)]
+    kinds = (*CONTACT_TABLE_KINDS, TABLE_UNSUPERVISED_CONTACT)
+    return [(kind, tsv) for kind, tsv in evaluation_results() if kind in kinds]
 
 
 def separation_args(wildcards, input):
@@ -549,5 +657,5 @@ def report_targets():
         targets.append(f"{RESULTS}/figures/finetune_curves.svg")
     if contact_results():
         targets.append(f"{RESULTS}/figures/precision_by_separation.svg")
-    targets += [contact_map_figure(m, name) for m in PRETRAIN_MODELS for name in contact_map_runs(m)]
+    targets += [figure for m in PRETRAIN_MODELS for figure in contact_map_figures(m)]
     return targets

@@ -44,9 +44,13 @@ def coevolution_pretrain_overrides(wildcards):
     return " ".join(f"--set {shlex.quote(s)}" for s in sets)
 
 
+# the objectives the study can compare (rule pretrain_coevolution's objective wildcard); coevolution_objectives picks
+COEVOLUTION_OBJECTIVES = (MLM, PMLM, TMLM)
+
+
 def coevolution_objectives():
     """The encoders trained per seed: MLM and PMLM, and the Triple MLM when coevolution.tmlm is true."""
-    return ["mlm", "pmlm"] + (["tmlm"] if COEVOLUTION["tmlm"] else [])
+    return [MLM, PMLM] + ([TMLM] if COEVOLUTION["tmlm"] else [])
 
 
 def coevolution_encoders(wildcards):
@@ -55,9 +59,9 @@ def coevolution_encoders(wildcards):
 
 
 def coevolution_tmlm_flag(wildcards):
-    if "tmlm" not in coevolution_objectives():
+    if TMLM not in coevolution_objectives():
         return ""
-    return f"--tmlm {shlex.quote(coevolution_encoders(wildcards)['tmlm'])}"
+    return f"--tmlm {shlex.quote(coevolution_encoders(wildcards)[TMLM])}"
 
 
 def coevolution_results():

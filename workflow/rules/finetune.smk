@@ -46,11 +46,13 @@ rule finetune:
     input:
         unpack(finetune_inputs),
     output:
-        head=protected(f"{RESULTS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}/head.safetensors"),
-        info=protected(f"{RESULTS}/finetune/{{dataset}}/{{objective}}-{{preset}}/{{ft}}/head.json"),
+        head=protected(f"{finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.safetensors"),
+        info=protected(f"{finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.json"),
+        # the run's metrics log, updated in place as pre-training's (see rule pretrain)
+        metrics=update(f"{finetune_run_dir(*ENCODER_WILDCARDS, '{ft}')}/{METRICS_CSV}"),
     params:
         # checkpoints outside the declared outputs: a killed job resumes where it stopped
-        run_dir=f"{RESULTS}/finetune_runs/{{dataset}}/{{objective}}-{{preset}}/{{ft}}",
+        run_dir=finetune_run_dir(*ENCODER_WILDCARDS, "{ft}"),
         overrides=finetune_overrides,
         # as for pre-training: in a SLURM batch job (`mpi`, see profiles/slurm) the trainer runs in its own srun
         # step, so SLURM's time-limit warning reaches it and not Snakemake, and a saved job is requeued in place
@@ -80,7 +82,7 @@ rule evaluate:
     input:
         unpack(evaluate_inputs),
     output:
-        f"{RESULTS}/evaluation/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv",
+        evaluation_path(*ENCODER_WILDCARDS, "{ft}"),
     params:
         tests=test_args,
         label=model_label,
@@ -88,8 +90,6 @@ rule evaluate:
         f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
         f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
-    wildcard_constraints:
-        ft=r"(?!unsupervised-)[A-Za-z0-9_]+",
     priority: 1
     threads: 1
     # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
@@ -106,17 +106,16 @@ rule evaluate_unsupervised:
     input:
         unpack(unsupervised_inputs),
     output:
-        f"{RESULTS}/evaluation/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.tsv",
+        evaluation_path(*ENCODER_WILDCARDS, readout_run("{readout}")),
     params:
         tests=test_args,
         label=model_label,
     log:
-        f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.log",
+        f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{readout_run('{readout}')}.log",
     benchmark:
-        f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/unsupervised-{{readout}}.tsv"
+        f"{BENCH}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{readout_run('{readout}')}.tsv"
     wildcard_constraints:
         objective=one_of(PAIR_OBJECTIVES),
-        readout="pair-kl|pair-mi",
     priority: 3
     threads: 1
     # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
@@ -137,7 +136,7 @@ rule aggregate_tables:
         # the form the report shows (each table once; Markdown, CSV and LaTeX stay outputs)
         [
             report(
-                f"{RESULTS}/tables/{t}.html",
+                f"{table_prefix(t)}.html",
                 caption="../report/downstream_tables.rst",
                 category="Downstream tasks",
                 labels={"item": f"table: {t.replace('_', ' ')}"},

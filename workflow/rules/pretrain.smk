@@ -6,13 +6,18 @@ rule pretrain:
         shards=dataset_shards,
         recipe=recipe_file,
     output:
-        weights=protected(f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/model.safetensors"),
-        info=protected(f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/model.json"),
-        scores=f"{RESULTS}/pretrain/{{dataset}}/{{objective}}-{{preset}}/final_scores.json",
+        weights=protected(f"{model_dir(*ENCODER_WILDCARDS)}/model.safetensors"),
+        info=protected(f"{model_dir(*ENCODER_WILDCARDS)}/model.json"),
+        scores=f"{model_dir(*ENCODER_WILDCARDS)}/final_scores.json",
+        # the run's metrics log, which the training curves read. The trainers append to it, and a resumed run keeps
+        # the rows up to its checkpoint: update() keeps Snakemake from removing it before a job (a rerun, a retry,
+        # a requeued job) and from write-protecting it. A job that fails gets back the log it started with
+        # (Snakemake's backup; none: removed); its checkpoints stay, and so its steps' rows are missing
+        metrics=update(f"{pretrain_run_dir(*ENCODER_WILDCARDS)}/{METRICS_CSV}"),
     params:
-        # checkpoints, metrics.csv and TensorBoard events live outside the declared outputs, so a
-        # killed or requeued job resumes from its last step-N/ checkpoint instead of starting over
-        run_dir=f"{RESULTS}/pretrain_runs/{{dataset}}/{{objective}}-{{preset}}",
+        # checkpoints and TensorBoard events live outside the declared outputs, so a killed or requeued job
+        # resumes from its last step-N/ checkpoint instead of starting over
+        run_dir=pretrain_run_dir(*ENCODER_WILDCARDS),
         overrides=pretrain_overrides,
         # `pmlm launch`: one trainer per GPU on every node of the job; in a SLURM batch job (the `mpi`
         # resource, see profiles/slurm) it starts its own srun step, so SLURM's warning signal reaches
@@ -53,10 +58,10 @@ rule tabulate_pretrain_scores:
     input:
         weights=pretrained_targets(),
     output:
-        multiext(f"{RESULTS}/tables/pretrain_scores", ".md", ".csv", ".tex"),
+        multiext(table_prefix(TABLE_PRETRAIN_SCORES), ".md", ".csv", ".tex"),
         # the form the report shows (each table once; Markdown, CSV and LaTeX stay outputs)
         html=report(
-            f"{RESULTS}/tables/pretrain_scores.html",
+            f"{table_prefix(TABLE_PRETRAIN_SCORES)}.html",
             caption="../report/pretrain_scores.rst",
             category="Pre-training",
             labels={"figure": "table: validation losses and accuracies"},

@@ -13,8 +13,8 @@ rule import_release:
     input:
         released_checkpoint,
     output:
-        weights=protected(f"{RESULTS}/pretrain/{{release}}/model.safetensors"),
-        info=protected(f"{RESULTS}/pretrain/{{release}}/model.json"),
+        weights=protected(f"{encoder_dir('{release}')}/model.safetensors"),
+        info=protected(f"{encoder_dir('{release}')}/model.json"),
     params:
         out_dir=output_dir,
         objective=release_objective,
@@ -37,8 +37,8 @@ rule import_huggingface:
     input:
         transformers_inputs,
     output:
-        weights=protected(f"{RESULTS}/pretrain/{{release}}/model.safetensors"),
-        info=protected(f"{RESULTS}/pretrain/{{release}}/model.json"),
+        weights=protected(f"{encoder_dir('{release}')}/model.safetensors"),
+        info=protected(f"{encoder_dir('{release}')}/model.json"),
     params:
         model=transformers_model,
         revision=transformers_revision,

@@ -5,7 +5,8 @@
 
 rule plot_pretrain_curves:
     input:
-        weights=[pretrained_weights(m) for m in trained_models()],
+        # the runs' metrics logs, outputs of rule pretrain: complete once its job is done
+        metrics=[pretrain_metrics(m) for m in trained_models()],
     output:
         png=f"{RESULTS}/figures/pretrain_curves.png",
         svg=report(
@@ -27,7 +28,7 @@ rule plot_pretrain_curves:
 
 rule plot_finetune_curves:
     input:
-        heads=[finetuned_head(m["dataset"], m["objective"], m["preset"], ft) for m, ft in finetuned_runs()],
+        metrics=[finetune_metrics(m, ft) for m, ft in finetuned_runs()],
     output:
         png=f"{RESULTS}/figures/finetune_curves.png",
         svg=report(
@@ -47,30 +48,26 @@ rule plot_finetune_curves:
         "python -m pmlm report curves --kind finetune {params.runs} --out-prefix {params.prefix:q} 2> {log:q}"
 
 
+# a contact run's head on the first chains of its first test set
 rule plot_contact_maps:
     input:
         unpack(contact_map_inputs),
     output:
-        png=f"{RESULTS}/figures/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.png",
+        png=f"{contact_map_prefix(*ENCODER_WILDCARDS, '{ft}')}.png",
         svg=report(
-            f"{RESULTS}/figures/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.svg",
+            f"{contact_map_prefix(*ENCODER_WILDCARDS, '{ft}')}.svg",
             caption="../report/contact_maps.rst",
             category="Contact maps",
             labels={"encoder": "{objective}-{preset}@{dataset}", "run": "{ft}"},
         ),
     params:
-        head=contact_map_head,
-        chains=CONTACT_MAPS.get("chains", 3),
-        label=lambda wildcards: encoder_label(model_of(wildcards)),
+        chains=CONTACT_MAPS["chains"],
+        label=model_label,
         prefix=output_prefix,
     log:
         f"{LOGS}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
         f"{BENCH}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
-    wildcard_constraints:
-        objective="mlm|pmlm|pmlm_pair_only|tmlm",
-        preset=r"[A-Za-z0-9_]+",
-        ft=r"[A-Za-z0-9_]+|unsupervised-pair-(kl|mi)",
     threads: 1
     resources:
         mem_mb=by_encoder(4000, 16000),
@@ -78,8 +75,43 @@ rule plot_contact_maps:
     conda:
         "../../envs/pmlm.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} python -m pmlm report contact-maps {params.head} --test {input.test:q} "
+        "OMP_NUM_THREADS={threads} python -m pmlm report contact-maps --head {input.head:q} --test {input.test:q} "
         "--chains {params.chains} --label {params.label:q} --out-prefix {params.prefix:q} 2> {log:q}"
+
+
+# an unsupervised read-out of the encoder's pair head (no fine-tuning) on the first chains of the read-outs' first
+# test set; named beside the contact runs' maps (readout_run: unsupervised-pair-kl)
+rule plot_readout_contact_maps:
+    input:
+        unpack(readout_map_inputs),
+    output:
+        png=f"{contact_map_prefix(*ENCODER_WILDCARDS, readout_run('{readout}'))}.png",
+        svg=report(
+            f"{contact_map_prefix(*ENCODER_WILDCARDS, readout_run('{readout}'))}.svg",
+            caption="../report/contact_maps.rst",
+            category="Contact maps",
+            labels={"encoder": "{objective}-{preset}@{dataset}", "run": readout_run("{readout}")},
+        ),
+    params:
+        chains=CONTACT_MAPS["chains"],
+        label=model_label,
+        prefix=output_prefix,
+    log:
+        f"{LOGS}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{readout_run('{readout}')}.log",
+    benchmark:
+        f"{BENCH}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{readout_run('{readout}')}.tsv"
+    wildcard_constraints:
+        objective=one_of(PAIR_OBJECTIVES),
+    threads: 1
+    resources:
+        mem_mb=by_encoder(4000, 16000),
+        runtime=by_encoder(20, 60),
+    conda:
+        "../../envs/pmlm.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pmlm report contact-maps --head {wildcards.readout} "
+        "--encoder {input.encoder:q} --test {input.test:q} --chains {params.chains} --label {params.label:q} "
+        "--out-prefix {params.prefix:q} 2> {log:q}"
 
 
 rule plot_precision_by_separation:
@@ -93,9 +125,9 @@ rule plot_precision_by_separation:
             category="Contact maps",
             labels={"encoder": "all", "run": "precision by separation"},
         ),
-        table=multiext(f"{RESULTS}/tables/precision_by_separation", ".csv", ".md", ".tex"),
+        table=multiext(table_prefix(TABLE_PRECISION_BY_SEPARATION), ".csv", ".md", ".tex"),
         html=report(
-            f"{RESULTS}/tables/precision_by_separation.html",
+            f"{table_prefix(TABLE_PRECISION_BY_SEPARATION)}.html",
             caption="../report/precision_by_separation.rst",
             category="Downstream tasks",
             labels={"item": "table: precision by separation"},

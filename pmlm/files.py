@@ -1,19 +1,16 @@
-"""Small shared helpers: atomic outputs, file digests, run provenance, and the symmetrisation of pair maps
-that contact heads and contact read-outs share."""
+"""Files as every floor writes and identifies them: outputs that appear whole or not at all, the digest of a file,
+and the digest of a JSON value in one canonical form."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
-import platform
 import shutil
-import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-
-from pmlm.version import __version__
 
 
 @contextlib.contextmanager
@@ -56,36 +53,7 @@ def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int =
     return h.hexdigest()
 
 
-def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
-    """The checkout's commit (with '-dirty' when modified), or None outside a git checkout."""
-    cwd = cwd or Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{commit}-dirty" if dirty else commit
-
-
-def versions() -> dict:
-    """Versions recorded into every checkpoint and results table."""
-    out = {"pmlm": __version__, "python": platform.python_version(), "git_commit": git_commit()}
-    for name in ("torch", "numpy", "pyarrow", "pandas"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = None
-    return out
-
-
-def symmetrize(matrix):
-    """(..., L, L) -> (M + M^T) / 2 over the last two axes (NumPy arrays or torch tensors)."""
-    return (matrix + matrix.swapaxes(-1, -2)) / 2
+def canonical_sha256(obj, *, default: Callable | None = None) -> str:
+    """sha256 (hex) of a JSON value with sorted keys and no spaces: identical settings give identical digests.
+    ``default`` is json.dumps' own (how values JSON has no form for are written, e.g. ``str``)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=default).encode()).hexdigest()

@@ -1,10 +1,14 @@
-"""Checks of the workflow configuration that report one actionable line naming the offending key.
+"""Checks of the workflow configuration that report one actionable line naming the offending key, and the names
+the checks and the rules share.
 
 The JSON schema (workflow/schemas/config.schema.yaml) is the single description of the keys and their
 defaults; the Snakefile validates the config against it once (Snakemake's ``validate``, which also fills
 the defaults). This module turns a violation into ``config.<path>: <message>`` (``schema_error``) and
 adds the cross-references a schema cannot express (``check_references``: a dataset naming an undefined
 source).
+
+Workflow code, not package code: the Snakefile imports it by path (workflow/lib is put on ``sys.path``), and no
+``pmlm`` module imports it. It reads the package's names (``pmlm.vocabulary``) and errors (``pmlm.errors``).
 """
 
 from __future__ import annotations
@@ -15,10 +19,16 @@ import jsonschema
 import yaml
 
 from pmlm.errors import ConfigError
-from pmlm.vocabulary import FEATURES_M_PLUS, MLM
+from pmlm.vocabulary import CONTACT_TABLE_KINDS, FEATURES_M_PLUS, MLM
 
-# finetune.runs.<name>.table values whose runs predict contacts
-CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
+# what an unsupervised read-out's results and contact maps are named beside the fine-tuning runs' (``pair-kl`` ->
+# ``unsupervised-pair-kl``: evaluation/<encoder>/unsupervised-pair-kl.tsv, report.contact_maps.runs)
+READOUT_PREFIX = "unsupervised-"
+
+
+def readout_run(readout: str) -> str:
+    """The name of read-out ``readout`` among the runs (``pair-kl`` -> ``unsupervised-pair-kl``)."""
+    return f"{READOUT_PREFIX}{readout}"
 
 
 def _where(path) -> str:
@@ -125,17 +135,14 @@ def check_references(config: dict) -> None:
                 raise ConfigError(f"config.finetune.unsupervised.tests.{label}: no split {split!r}")
     _check_proteingym(config)
     maps = ((config.get("report") or {}).get("contact_maps") or {}).get("runs") or []
-    contact_runs = {name for name, run in (finetune.get("runs") or {}).items() if run["table"] in CONTACT_TABLES}
-    drawable = contact_runs | {f"unsupervised-{r}" for r in unsupervised.get("readouts") or []}
+    contact_runs = {name for name, run in (finetune.get("runs") or {}).items() if run["table"] in CONTACT_TABLE_KINDS}
+    drawable = contact_runs | {readout_run(r) for r in unsupervised.get("readouts") or []}
     for i, name in enumerate(maps):
         if name not in drawable:
             raise ConfigError(
                 f"config.report.contact_maps.runs[{i}]: {name!r} is not a contact run or unsupervised "
                 f"read-out of this config (have: {', '.join(sorted(drawable)) or 'none'})"
             )
-
-
-CONTACT_TABLES = ("tape_contact", "raptorx_contact", "contact_ablation")
 
 
 def is_transformers_release(model: dict) -> bool:
@@ -185,7 +192,7 @@ def _check_features(where: str, run: dict, models: list[dict]) -> None:
     else:
         chosen = dict.fromkeys(applies, spec)
     for encoder, features in chosen.items():
-        if features == FEATURES_M_PLUS and run.get("table") not in CONTACT_TABLES:
+        if features == FEATURES_M_PLUS and run.get("table") not in CONTACT_TABLE_KINDS:
             raise ConfigError(
                 f"{where}.features: M+ describes residue pairs; table {run.get('table')} reads encoder outputs (M)"
             )

@@ -1,0 +1,183 @@
+"""A user's labelled sequences as a table: CSV, TSV (either optionally gzipped) or Parquet, one protein per row.
+
+Columns (names set by ``data.sequence_column``, ``data.label_column``, ``data.id_column``):
+
+* the sequence: amino-acid letters; lowercase is uppercased and the non-standard letters of
+  ``pmlm.alphabet.NONSTANDARD_MAP`` mapped (counted repairs); any other letter is a bad record;
+* the label, by task:
+  - a value (``sequence_regression``, ``fluorescence``, ``stability``): a finite number;
+  - a class (``sequence_classification``): any text or integer;
+  - per-residue classes (``residue_classification``): a string with one class letter per residue, or a list with
+    one class per residue (a Parquet list column, or a JSON list such as ``[0, 1, null]`` in a CSV cell), where
+    null marks a residue without a label;
+* the id (optional): the protein's name; the 1-based row number when the column is absent.
+
+Classes are named by their text. A classification head's classes are the training file's distinct labels, sorted
+(numerically when every label is an integer), recorded in the head's config (``data.classes``); a label outside
+them in another file is a bad record. Other columns (a ``split`` column, measurements) are ignored here.
+
+A bad record raises one line naming the file and its line (CSV / TSV: the header is line 1) or row (Parquet), or
+with ``data.on_error: skip`` is counted by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pmlm import alphabet
+from pmlm.errors import InputError
+from pmlm.evaluation.metrics import IGNORE_LABEL
+from pmlm.tasks.structures import RecordError
+from pmlm.tasks.tape import residue_string
+from pmlm.tasks.task import Example
+
+VALUE = "value"  # one number per protein
+CLASS = "class"  # one class per protein
+RESIDUE_LABELS = "residue labels"  # one class per residue
+TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")
+
+
+def is_table(path: str | Path) -> bool:
+    return Path(path).name.lower().endswith(TABLE_SUFFIXES)
+
+
+def _where(path: Path, row: int) -> tuple[str, int | None]:
+    """The place of 0-based data row ``row``: (``row N``, None) in Parquet, ("", line) in a text table."""
+    if path.name.lower().endswith((".parquet", ".pq")):
+        return f"row {row + 1}: ", None
+    return "", row + 2  # the header is line 1
+
+
+def load_table(path: str | Path, columns: list[str] | None, required: list[str]):
+    """The named columns (None: all) of a table file as a pandas DataFrame of Python objects (absent optional
+    columns left out); an unreadable file or a missing required column is one InputError."""
+    import pandas as pd  # only table tasks read tables; the other readers never need pandas
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    name = path.name.lower()
+    try:
+        if name.endswith((".parquet", ".pq")):
+            import pyarrow.parquet as pq  # as pandas, on use only
+
+            present = set(pq.read_schema(path).names)
+            wanted = None if columns is None else [c for c in columns if c in present]
+            frame = pq.read_table(path, columns=wanted).to_pandas()
+        else:
+            sep = "\t" if name.endswith((".tsv", ".tsv.gz")) else ","
+            frame = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, na_values=[""])
+    except (OSError, EOFError, ValueError, pd.errors.ParserError) as exc:
+        raise InputError(path, f"cannot read the table: {exc}") from None
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        found = ", ".join(map(str, frame.columns)) or "none"
+        raise InputError(path, f"no column {missing[0]!r} (set data.{_setting(missing[0], required)}; found: {found})")
+    return frame[[c for c in (columns or frame.columns) if c in frame.columns]].astype(object)
+
+
+def _setting(column: str, required: list[str]) -> str:
+    return "sequence_column" if column == required[0] else "label_column"
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _class_text(value) -> str:
+    """A class label's name: integers as integers (2.0 -> '2'), text stripped."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def _residue_classes(value, length: int | None) -> list:
+    """Per-residue labels of one cell: a string (a class per letter) or a list (null = no label); ``length``, the
+    residues they must match (None: any)."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"the label is not a JSON list ({exc.msg})", "bad label") from None
+    items = list(value) if isinstance(value, (str, list, tuple, np.ndarray)) else None
+    if items is None:
+        raise RecordError(f"per-residue labels must be a string or a list, got {value!r}", "bad label")
+    if length is not None and len(items) != length:
+        raise RecordError(f"{len(items)} per-residue labels for {length} residues", "length mismatch")
+    return [None if _missing(v) else _class_text(v) for v in items]
+
+
+def _sorted_classes(names: set[str]) -> tuple[str, ...]:
+    if names and all(n.lstrip("-").isdigit() for n in names):
+        return tuple(sorted(names, key=int))
+    return tuple(sorted(names))
+
+
+def table_classes(path: str | Path, label_kind: str, options) -> tuple[str, ...]:
+    """The distinct class names of a table file's label column (of its first ``options.limit`` rows)."""
+    frame = load_table(path, [options.sequence_column, options.label_column], [options.label_column])
+    labels = frame[options.label_column].tolist()[: options.limit or None]
+    names: set[str] = set()
+    for value in labels:
+        if _missing(value):
+            continue
+        if label_kind == RESIDUE_LABELS:
+            names.update(c for c in _residue_classes(value, None) if c is not None)
+        else:
+            names.add(_class_text(value))
+    if not names:
+        raise InputError(path, f"no labels in column {options.label_column!r}")
+    return _sorted_classes(names)
+
+
+def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
+    """Yield ``Example``s of a table file; labels as ``label_kind`` (VALUE, CLASS or RESIDUE_LABELS), classes
+    by ``options.classes`` (their index is the class id)."""
+    path = Path(path)
+    seq_col, label_col, id_col = options.sequence_column, options.label_column, options.id_column
+    frame = load_table(path, [id_col, seq_col, label_col], [seq_col, label_col])
+    ids = frame[id_col].tolist() if id_col in frame.columns else None
+    class_ids = {name: i for i, name in enumerate(options.classes or ())}
+    for row, (seq, value) in enumerate(zip(frame[seq_col].tolist(), frame[label_col].tolist())):
+        name = str(ids[row]) if ids is not None and not _missing(ids[row]) else str(row + 1)
+        try:
+            if _missing(seq):
+                raise RecordError("empty sequence", "bad sequence")
+            residues = residue_string(str(seq).strip(), counts)
+            example = Example(name, alphabet.encode(residues))
+            if _missing(value):
+                raise RecordError(f"no label in column {label_col!r}", "missing label")
+            if label_kind == VALUE:
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    raise RecordError(f"label {value!r} is not a number", "bad label") from None
+                if not math.isfinite(number):
+                    raise RecordError(f"label {value!r} is not a finite number", "bad label")
+                example.value = number
+            elif label_kind == CLASS:
+                example.label = _class_id(_class_text(value), class_ids)
+            else:
+                cells = _residue_classes(value, len(residues))
+                ids_ = [IGNORE_LABEL if c is None else _class_id(c, class_ids) for c in cells]
+                example.labels = np.asarray(ids_, dtype=np.int64)
+        except RecordError as exc:
+            where, line = _where(path, row)
+            counts.reject(InputError(path, f"{where}protein {name}: {exc}", line=line), exc.reason, options.on_error)
+            continue
+        counts.read += 1
+        yield example
+
+
+def _class_id(name: str, class_ids: dict[str, int]) -> int:
+    if name not in class_ids:
+        known = ", ".join(list(class_ids)[:10]) + (", ..." if len(class_ids) > 10 else "")
+        raise RecordError(f"class {name!r} is not one of the head's classes ({known})", "unknown class")
+    return class_ids[name]
