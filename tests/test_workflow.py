@@ -222,6 +222,8 @@ def test_demo_workflow(tmp_path):
         assert scores["step"] == 30 and scores["objective"] == objective
         run_dir = results / "pretrain_runs" / "demo" / f"{objective}-tiny"
         assert (run_dir / "checkpoints").is_dir() and (run_dir / "metrics.csv").is_file()
+        # the declared copy the curves read, beside the weights: the finished run's log, whole
+        assert (weights.parent / "metrics.csv").read_bytes() == (run_dir / "metrics.csv").read_bytes()
     table = (results / "tables" / "pretrain_scores.md").read_text()
     assert "| ours | MLM-tiny | demo |" in table and "| ours | PMLM-tiny | demo |" in table
     assert "| paper | PMLM-base | UR50 |" in table

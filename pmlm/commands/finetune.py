@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--train",
         required=True,
         metavar="PATH",
-        help="training set: structure JSONL, TAPE JSON/LMDB split or RaptorX-style contact set",
+        help="training set: structure JSONL, TAPE JSON/LMDB split, RaptorX-style contact set or a labelled table "
+        "(CSV, TSV, Parquet; docs/tasks.md)",
     )
     parser.add_argument("--valid", metavar="PATH", help="validation set, scored every eval_every steps and at the end")
     parser.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoints/, metrics.csv")
@@ -29,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="PATH",
         help="final head weights (.safetensors); config, encoder path and sha256 go beside it as .json",
+    )
+    parser.add_argument(
+        "--metrics",
+        metavar="PATH",
+        help="a copy of the run's metrics.csv, written when the run finishes (what the workflow declares and draws)",
     )
     parser.add_argument("--extend", action="store_true", help=EXTEND_HELP)
     parser.add_argument(
@@ -47,5 +53,12 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = FinetuneConfig.from_yaml(args.config, args.set)
     return finetune(
-        cfg, args.encoder, args.train, args.out, final_path=args.final, valid_path=args.valid, extend=args.extend
+        cfg,
+        args.encoder,
+        args.train,
+        args.out,
+        final_path=args.final,
+        valid_path=args.valid,
+        extend=args.extend,
+        metrics_path=args.metrics,
     )

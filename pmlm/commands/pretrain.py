@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="final weights (.safetensors); the model config goes beside it as .json",
     )
     parser.add_argument("--scores", metavar="PATH", help="last validation metrics (default: OUT/final_scores.json)")
+    parser.add_argument(
+        "--metrics",
+        metavar="PATH",
+        help="a copy of the run's metrics.csv, written when the run finishes (what the workflow declares and draws)",
+    )
     parser.add_argument("--extend", action="store_true", help=EXTEND_HELP)
     parser.add_argument(
         "--set",
@@ -39,4 +44,12 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.train.pretrain import train
 
     cfg = TrainConfig.from_yaml(args.config, args.set)
-    return train(cfg, args.shards, args.out, final_path=args.final, scores_path=args.scores, extend=args.extend)
+    return train(
+        cfg,
+        args.shards,
+        args.out,
+        final_path=args.final,
+        scores_path=args.scores,
+        extend=args.extend,
+        metrics_path=args.metrics,
+    )

@@ -32,7 +32,7 @@ from pmlm.tasks.task import Task, TaskData
 from pmlm.tokens import max_residues
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
 from pmlm.train.engine import TrainingRun, fit
-from pmlm.train.run_folder import content_digest, run_record
+from pmlm.train.run_folder import content_digest, publish_metrics, run_record
 from pmlm.train.runtime import StopSignals, autocast_factory, precision
 from pmlm.version import versions
 
@@ -171,9 +171,11 @@ def finetune(
     valid_path: str | Path | None = None,
     hooks: FinetuneHooks | None = None,
     extend: bool = False,
+    metrics_path: str | Path | None = None,
 ) -> int:
     """Fine-tune per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal. ``extend``: continue
-    the run's checkpoint under a changed ``optim.total_steps`` (``train.run_folder``)."""
+    the run's checkpoint under a changed ``optim.total_steps`` (``train.run_folder``); ``metrics_path``: where the
+    finished run's metrics log is copied (``train.run_folder.publish_metrics``)."""
     hooks = hooks or FinetuneHooks()
     out_dir = Path(out_dir)
     device = pick_device(cfg.device, option="device:")
@@ -225,6 +227,8 @@ def finetune(
                 precision(device, cfg.bf16),
             )
             write_head(final_path, trainable.state_dict(), info, encoder_path)
+        if metrics_path is not None:
+            publish_metrics(out_dir, metrics_path)
         return 0
     finally:
         stop.restore()

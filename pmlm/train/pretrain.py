@@ -46,7 +46,7 @@ from pmlm.train.parallel import (
     replicate,
 )
 from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
-from pmlm.train.run_folder import run_record
+from pmlm.train.run_folder import publish_metrics, run_record
 from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision, uses_bf16
 from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs
 from pmlm.version import versions
@@ -217,10 +217,11 @@ def train(
     scores_path: str | Path | None = None,
     hooks: TrainHooks | None = None,
     extend: bool = False,
+    metrics_path: str | Path | None = None,
 ) -> int:
     """Pre-train per ``cfg``; returns 0 when done or REQUEUE_EXIT_CODE after a stop signal. ``extend``: continue
     the run's checkpoint under a changed ``optim.total_steps`` (``train.run_folder``); a checkpoint resumes on any
-    number of ranks by itself."""
+    number of ranks by itself. ``metrics_path``: the finished run's log, copied (``run_folder.publish_metrics``)."""
     hooks = hooks or TrainHooks()
     out_dir = Path(out_dir)
     scores_path = Path(scores_path) if scores_path else out_dir / SCORES_JSON
@@ -286,6 +287,8 @@ def train(
         if rank == 0:
             outputs = (run.step, run.valid_metrics, final_state, arithmetic)
             _write_outputs(cfg, model, *outputs, scores_path, final_path)
+            if metrics_path is not None:
+                publish_metrics(out_dir, metrics_path)
         return 0
     except RuntimeError as exc:
         if distributed and is_communication_failure(exc):

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.files import atomic_output, canonical_sha256, file_digest
-from pmlm.train import REQUEUE_EXIT_CODE
+from pmlm.train import METRICS_CSV, REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import CHECKPOINTS, RUN_FILE, checkpoint_root, latest_checkpoint
 
 NO_PROGRESS_LIMIT = 2  # stops in a row without a newer checkpoint before the trainer gives up on requeues
@@ -221,6 +221,14 @@ def stop_exit(
             file=sys.stderr,
         )
     return REQUEUE_EXIT_CODE
+
+
+def publish_metrics(out_dir: Path, dest: str | Path) -> None:
+    """A finished run's metrics log, copied whole to ``dest`` (atomically): the file the workflow declares and the
+    training curves read. The run folder's own log stays undeclared, so a failed or requeued job (which Snakemake
+    answers by restoring or removing its outputs) never loses rows of the steps its checkpoints keep."""
+    with atomic_output(dest) as tmp:
+        shutil.copyfile(out_dir / METRICS_CSV, tmp)
 
 
 def finished(out_dir: Path) -> None:

@@ -583,14 +583,24 @@ def finetuned_runs():
     return [(m, ft) for m in PRETRAIN_MODELS for ft in runs_for(m)]
 
 
+def pretrain_metrics_path(dataset, objective, preset):
+    """A finished pre-training run's metrics log, beside its weights (the trainer copies it from the run folder)."""
+    return f"{model_dir(dataset, objective, preset)}/{METRICS_CSV}"
+
+
+def finetune_metrics_path(dataset, objective, preset, ft):
+    """A finished fine-tuning run's metrics log, beside its head."""
+    return f"{finetune_dir(dataset, objective, preset, ft)}/{METRICS_CSV}"
+
+
 def pretrain_metrics(m):
     """The metrics log of encoder ``m``'s pre-training run (an output of rule pretrain)."""
-    return f"{pretrain_run_dir(*encoder_parts(m))}/{METRICS_CSV}"
+    return pretrain_metrics_path(*encoder_parts(m))
 
 
 def finetune_metrics(m, ft):
     """The metrics log of fine-tuning run ``ft`` on encoder ``m`` (an output of rule finetune)."""
-    return f"{finetune_run_dir(*encoder_parts(m), ft)}/{METRICS_CSV}"
+    return finetune_metrics_path(*encoder_parts(m), ft)
 
 
 def pretrain_curve_args(wildcards, input):

@@ -48,8 +48,8 @@ rule finetune:
     output:
         head=protected(f"{finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.safetensors"),
         info=protected(f"{finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.json"),
-        # the run's metrics log, updated in place as pre-training's (see rule pretrain)
-        metrics=update(f"{finetune_run_dir(*ENCODER_WILDCARDS, '{ft}')}/{METRICS_CSV}"),
+        # the finished run's metrics log, copied from its run folder at the end (see rule pretrain)
+        metrics=finetune_metrics_path(*ENCODER_WILDCARDS, "{ft}"),
     params:
         # checkpoints outside the declared outputs: a killed job resumes where it stopped
         run_dir=finetune_run_dir(*ENCODER_WILDCARDS, "{ft}"),
@@ -74,7 +74,7 @@ rule finetune:
     shell:
         "mkdir -p {params.run_dir:q}; OMP_NUM_THREADS={threads} {params.launcher} -m pmlm finetune "
         "--config {input.recipe:q} --encoder {input.encoder:q} --train {input.train:q} --valid {input.valid:q} "
-        "--out {params.run_dir:q} --final {output.head:q} {params.overrides} 2>&1 "
+        "--out {params.run_dir:q} --final {output.head:q} --metrics {output.metrics:q} {params.overrides} 2>&1 "
         "| (trap '' TERM INT; exec tee -a {params.run_dir:q}/train.log) > {log:q}"
 
 

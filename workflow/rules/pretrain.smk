@@ -9,11 +9,10 @@ rule pretrain:
         weights=protected(f"{model_dir(*ENCODER_WILDCARDS)}/model.safetensors"),
         info=protected(f"{model_dir(*ENCODER_WILDCARDS)}/model.json"),
         scores=f"{model_dir(*ENCODER_WILDCARDS)}/final_scores.json",
-        # the run's metrics log, which the training curves read. The trainers append to it, and a resumed run keeps
-        # the rows up to its checkpoint: update() keeps Snakemake from removing it before a job (a rerun, a retry,
-        # a requeued job) and from write-protecting it. A job that fails gets back the log it started with
-        # (Snakemake's backup; none: removed); its checkpoints stay, and so its steps' rows are missing
-        metrics=update(f"{pretrain_run_dir(*ENCODER_WILDCARDS)}/{METRICS_CSV}"),
+        # the finished run's metrics log, which the training curves read: the trainer copies its run folder's log
+        # here at the end (--metrics). The run folder's own log, which it appends to across resumes and requeues,
+        # stays undeclared, so a failed or requeued job (Snakemake restores or removes its outputs) loses no row
+        metrics=pretrain_metrics_path(*ENCODER_WILDCARDS),
     params:
         # checkpoints and TensorBoard events live outside the declared outputs, so a killed or requeued job
         # resumes from its last step-N/ checkpoint instead of starting over
@@ -50,7 +49,7 @@ rule pretrain:
     shell:
         "mkdir -p {params.run_dir:q}; OMP_NUM_THREADS={threads} {params.launcher} -m pmlm pretrain "
         "--config {input.recipe:q} --shards {input.shards:q} --out {params.run_dir:q} --final {output.weights:q} "
-        "--scores {output.scores:q} {params.overrides} 2>&1 "
+        "--scores {output.scores:q} --metrics {output.metrics:q} {params.overrides} 2>&1 "
         "| (trap '' TERM INT; exec tee -a {params.run_dir:q}/train.log) > {log:q}"
 
 
