@@ -197,6 +197,10 @@ def test_demo_workflow(tmp_path):
     assert re.search(
         r"^  raptorx_contact +P@L, s >= 24 \(%\)  ours: MLM-tiny \d+\.\d, PMLM-tiny \d+\.\d$", screen, re.M
     )
+    # the demo's task of one's own: its table's headline, the task's first metric on its test set
+    assert re.search(
+        r"^  net_charge +spearman demo_test  ours: MLM-tiny -?\d\.\d{3}, PMLM-tiny -?\d\.\d{3}$", screen, re.M
+    )
     configs = f"--configfile {REPO / 'config' / 'config.yaml'} short.yaml"
     assert f"cd {tmp_path} && snakemake --report report.html -s {REPO / 'Snakefile'} {configs}" in screen
     data = tmp_path / "results" / "demo" / "data" / "demo"

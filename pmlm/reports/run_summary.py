@@ -38,6 +38,7 @@ DEFAULT_REPORT_COMMAND = "snakemake --report report.html"
 TABLE_DIRS = ("tables", "coevolution")  # under the results folder, where the rules write tables
 WIDTH = 118  # of the screen's lines
 NAME_WIDTH = 26  # table names are padded to this
+TASK_TABLE_COLUMNS = {"test_set", "n", "precision"}  # what marks a task's own table (its metrics between)
 MISSING = "–"
 
 
@@ -229,6 +230,12 @@ def _headlines(stem: str, rows: list[dict], shown_rows: list[dict]) -> tuple[Hea
         tests = [c for c in rows[0] if c not in SS3_NOT_TEST_SETS]
         shown = [c for c in tests if any(_number(r.get(c)) is not None for r in shown_rows)] or tests
         return tuple(Headline(c, f"Q3 {c}") for c in shown)
+    if stem not in HEADLINES and rows and set(rows[0]) >= TASK_TABLE_COLUMNS:
+        # a table of a task of its own (pmlm.reports.task_tables): its first metric, the task's headline
+        columns = list(rows[0])
+        first = columns[columns.index("test_set") + 1]
+        tests = "/".join(sorted({r["test_set"] for r in shown_rows}))
+        return (Headline(first, f"{first} {tests}".rstrip()),)
     return HEADLINES.get(stem, ())
 
 
