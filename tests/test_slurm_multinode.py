@@ -138,6 +138,15 @@ def _rule_log(workdir: Path, preset: str) -> Path:
     return workdir / "logs" / "demo" / "pretrain" / "demo" / f"pmlm-{preset}.log"
 
 
+def _rule_log_so_far(workdir: Path, preset: str) -> str:
+    """The rule log's text while a job runs, "" while there is none: Snakemake removes a rule's log before the job
+    runs it again, so a requeued job's log is missing for a moment when it starts."""
+    try:
+        return _rule_log(workdir, preset).read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def _snakemake_args(workdir: Path, configfiles: list[Path], *targets: str) -> list[str]:
     """`snakemake --profile slurm` from the repository root, with the cluster's partition and account, and the
     `pretrain` resources asking for two nodes."""
@@ -379,7 +388,7 @@ def second_run(first_run, site, multinode_cluster: LocalCluster):
 
             # the killed job: over, with one line saying why (read now: its resubmission starts the rule log anew)
             failed = re.compile(r"^pmlm launch: error: .*$", re.M)
-            seen["kill_reason"] = _wait_for(lambda: failed.search(_rule_log(workdir, KILLED).read_text()),
+            seen["kill_reason"] = _wait_for(lambda: failed.search(_rule_log_so_far(workdir, KILLED)),
                                             "failure line", process=snakemake).group(0)  # fmt: skip
             seen["kill_reason_seen"] = time.time()
             seen["kill_log"] = _rule_log(workdir, KILLED).read_text()
@@ -395,7 +404,7 @@ def second_run(first_run, site, multinode_cluster: LocalCluster):
             # SLURM holds a requeued job back for two minutes (its BeginTime); let it start in seconds instead
             release(jobs[STOPPED])
             seen["term_released"] = time.time()
-            _wait_for(lambda: RESUMED.search(_rule_log(workdir, STOPPED).read_text()), "resume", process=snakemake)
+            _wait_for(lambda: RESUMED.search(_rule_log_so_far(workdir, STOPPED)), "resume", process=snakemake)
             seen["term_resumed"] = time.time()
         finally:
             returncode = snakemake.wait()
