@@ -34,6 +34,7 @@ PUBLISHED: dict[str, list[dict]] = {
         {"model": "one-hot", "spearman": 0.19},
     ],
 }
+ERROR_FORMAT = {"mse": "{:.3g}"}
 REQUIRED = ("model", "task", "head", "features", "test_set", "metric", "value", "n_proteins")
 
 
@@ -88,7 +89,8 @@ def write_task_table(paths: list[str | Path], prefix: str | Path, title: str | N
             }
         )
     cols = [Column("model", "model"), Column("data", "data"), Column("head", "head"), FEATURES_COLUMN]
-    cols += [Column("test_set", "test set")] + [Column(m, m, "{:.3f}") for m in task.metric_names]
+    # correlations and accuracies to 3 decimals; an error in the value's own unit to 3 significant digits
+    cols += [Column("test_set", "test set")] + [Column(m, m, ERROR_FORMAT.get(m, "{:.3f}")) for m in task.metric_names]
     cols += [Column("n", "proteins"), PRECISION_COLUMN]
     caption = title or f"{task.name} ({task.kind}): {', '.join(task.metric_names)} on each test set"
     return write_table(rows, cols, prefix, caption=caption)
