@@ -38,7 +38,7 @@ class ChargedResidues(Task):
     num_classes = 2
 
     def read(self, path, options, counts):
-        frame = load_table(path, [options.sequence_column], [options.sequence_column])
+        frame = load_table(path, [options.sequence_column], {options.sequence_column: "data.sequence_column"})
         for row, seq in enumerate(frame[options.sequence_column].tolist()):
             labels = np.array([int(c in CHARGED) for c in seq], dtype=np.int64)
             counts.read += 1

@@ -193,4 +193,4 @@ class FinetuneConfig(YamlConfig):
     @property
     def num_classes(self) -> int:
         """Output units of the head: ``head.num_classes``, else the task's (``data.classes`` for a user's)."""
-        return task_named(self.task).classes(self)
+        return task_named(self.task).head_outputs(self)

@@ -18,9 +18,8 @@ import pyarrow.parquet as pq
 
 from pmlm.data.split import SplitConfig
 from pmlm.data.structsplit import SIDES, assign_sides, check_fractions, split_settings
-from pmlm.errors import InputError
 from pmlm.files import atomic_output
-from pmlm.tasks.labelled import load_table
+from pmlm.tasks.labelled import load_table, row_error
 from pmlm.tasks.structures import ReadCounts, RecordError
 from pmlm.tasks.tape import residue_string
 
@@ -36,22 +35,15 @@ def split_table(
     log=None,
 ) -> dict:
     log = log or sys.stderr
-    columns = [sequence_column] + ([split_column] if split_column else [])
-    frame = load_table(path, None, columns)
+    required = {sequence_column: "--sequence-column"} | ({split_column: "--split-column"} if split_column else {})
+    frame = load_table(path, None, required)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text_table = not Path(path).name.lower().endswith((".parquet", ".pq"))
     if split_column:
         side = []
         for row, value in enumerate(frame[split_column].tolist()):
             if value not in SIDES:
-                where = {"line": row + 2} if text_table else {}
-                raise InputError(
-                    path,
-                    f"{'' if text_table else f'row {row + 1}: '}{split_column} is {value!r}, expected one of "
-                    f"{', '.join(SIDES)}",
-                    **where,
-                )
+                raise row_error(path, row, f"{split_column} is {value!r}, expected one of {', '.join(SIDES)}")
             side.append(value)
         method, dropped, clusters = {"split_column": split_column}, {"valid": 0, "test": 0}, None
     else:
@@ -62,8 +54,7 @@ def split_table(
             try:
                 seqs.append(residue_string("" if seq is None else str(seq).strip(), counts))
             except RecordError as exc:
-                where = {"line": row + 2} if text_table else {}
-                raise InputError(path, f"{'' if text_table else f'row {row + 1}: '}{exc}", **where) from None
+                raise row_error(path, row, str(exc)) from None
         names = [str(i) for i in range(len(seqs))]
         side, rep_of, dropped = assign_sides(names, seqs, cfg, fractions, out, log)
         clusters = len(set(rep_of.tolist()))

@@ -34,24 +34,28 @@ KINDS = TABLE_KINDS
 TABLES = RESULT_TABLES
 
 
+def read_evaluation(path, required=("model", "head", "test_set", "metric", "value")) -> pd.DataFrame:
+    """One evaluation TSV with its rows' ``label`` and ``data`` (the model column's LABEL@DATASET), ``features``
+    and ``precision`` (``–`` where the TSV has none) and ``path``; a missing ``required`` column is an error."""
+    try:
+        df = pd.read_csv(path, sep="\t")
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InputError(path, f"cannot read results TSV ({exc})") from None
+    missing = set(required) - set(df.columns)
+    if missing:
+        raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
+    parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
+    features = df["features"].astype(str) if "features" in df else "–"
+    precision = df["precision"].astype(str) if "precision" in df else "–"
+    return df.assign(label=parts[0], data=parts[2], features=features, precision=precision, path=str(path))
+
+
 def read_results(kind_paths: list[tuple[str, str]]) -> pd.DataFrame:
     frames = []
     for kind, path in kind_paths:
         if kind not in KINDS:
             raise InputError(path, f"unknown table {kind!r}; one of {', '.join(KINDS)}")
-        try:
-            df = pd.read_csv(path, sep="\t")
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-            raise InputError(path, f"cannot read results TSV ({exc})") from None
-        missing = {"model", "head", "test_set", "metric", "value"} - set(df.columns)
-        if missing:
-            raise InputError(path, f"results TSV lacks column(s) {', '.join(sorted(missing))}")
-        parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
-        features = df["features"].astype(str) if "features" in df else "–"
-        precision = df["precision"].astype(str) if "precision" in df else "–"
-        frames.append(
-            df.assign(kind=kind, label=parts[0], data=parts[2], features=features, precision=precision, path=str(path))
-        )
+        frames.append(read_evaluation(path).assign(kind=kind))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from pmlm.errors import InputError
-from pmlm.reports.results import FEATURES_COLUMN, PRECISION_COLUMN, evaluated_in
+from pmlm.reports.results import FEATURES_COLUMN, PRECISION_COLUMN, evaluated_in, read_evaluation
 from pmlm.reports.tables import Column, write_table
 from pmlm.tasks.registry import task_named
 from pmlm.vocabulary import TASK_FLUORESCENCE, TASK_STABILITY
@@ -39,21 +39,9 @@ REQUIRED = ("model", "task", "head", "features", "test_set", "metric", "value", 
 
 
 def read_task_results(paths: list[str | Path]) -> pd.DataFrame:
-    frames = []
-    for path in paths:
-        try:
-            df = pd.read_csv(path, sep="\t")
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-            raise InputError(path, f"cannot read results TSV ({exc})") from None
-        missing = sorted(set(REQUIRED) - set(df.columns))
-        if missing:
-            raise InputError(path, f"results TSV lacks column(s) {', '.join(missing)}")
-        parts = df["model"].astype(str).str.partition("@")  # LABEL@DATASET
-        precision = df["precision"].astype(str) if "precision" in df else "–"
-        frames.append(df.assign(label=parts[0], data=parts[2], precision=precision, path=str(path)))
-    if not frames:
+    if not paths:
         raise InputError("--result", "no results given")
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([read_evaluation(path, REQUIRED) for path in paths], ignore_index=True)
 
 
 def _value(rows: pd.DataFrame, metric: str) -> float | None:

@@ -39,6 +39,7 @@ from pmlm.tasks.task import Example
 VALUE = "value"  # one number per protein
 CLASS = "class"  # one class per protein
 RESIDUE_LABELS = "residue labels"  # one class per residue
+SEQUENCE_SETTING, LABEL_SETTING = "data.sequence_column", "data.label_column"  # the recipe keys naming the columns
 TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")
 
 
@@ -46,16 +47,18 @@ def is_table(path: str | Path) -> bool:
     return Path(path).name.lower().endswith(TABLE_SUFFIXES)
 
 
-def _where(path: Path, row: int) -> tuple[str, int | None]:
-    """The place of 0-based data row ``row``: (``row N``, None) in Parquet, ("", line) in a text table."""
-    if path.name.lower().endswith((".parquet", ".pq")):
-        return f"row {row + 1}: ", None
-    return "", row + 2  # the header is line 1
+def row_error(path: str | Path, row: int, message: str) -> InputError:
+    """The error of 0-based data row ``row``: at its line in a text table (the header is line 1), as ``row N`` in
+    Parquet."""
+    if Path(path).name.lower().endswith((".parquet", ".pq")):
+        return InputError(path, f"row {row + 1}: {message}")
+    return InputError(path, message, line=row + 2)
 
 
-def load_table(path: str | Path, columns: list[str] | None, required: list[str]):
+def load_table(path: str | Path, columns: list[str] | None, required: dict[str, str]):
     """The named columns (None: all) of a table file as a pandas DataFrame of Python objects (absent optional
-    columns left out); an unreadable file or a missing required column is one InputError."""
+    columns left out); an unreadable file or a missing required column is one InputError. ``required``: column ->
+    the setting that names it (what the error tells to set)."""
     import pandas as pd  # only table tasks read tables; the other readers never need pandas
 
     path = Path(path)
@@ -77,12 +80,8 @@ def load_table(path: str | Path, columns: list[str] | None, required: list[str])
     missing = [c for c in required if c not in frame.columns]
     if missing:
         found = ", ".join(map(str, frame.columns)) or "none"
-        raise InputError(path, f"no column {missing[0]!r} (set data.{_setting(missing[0], required)}; found: {found})")
+        raise InputError(path, f"no column {missing[0]!r} (set {required[missing[0]]}; found: {found})")
     return frame[[c for c in (columns or frame.columns) if c in frame.columns]].astype(object)
-
-
-def _setting(column: str, required: list[str]) -> str:
-    return "sequence_column" if column == required[0] else "label_column"
 
 
 def _missing(value) -> bool:
@@ -122,7 +121,7 @@ def _sorted_classes(names: set[str]) -> tuple[str, ...]:
 
 def table_classes(path: str | Path, label_kind: str, options) -> tuple[str, ...]:
     """The distinct class names of a table file's label column (of its first ``options.limit`` rows)."""
-    frame = load_table(path, [options.sequence_column, options.label_column], [options.label_column])
+    frame = load_table(path, [options.sequence_column, options.label_column], {options.label_column: LABEL_SETTING})
     labels = frame[options.label_column].tolist()[: options.limit or None]
     names: set[str] = set()
     for value in labels:
@@ -142,7 +141,7 @@ def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
     by ``options.classes`` (their index is the class id)."""
     path = Path(path)
     seq_col, label_col, id_col = options.sequence_column, options.label_column, options.id_column
-    frame = load_table(path, [id_col, seq_col, label_col], [seq_col, label_col])
+    frame = load_table(path, [id_col, seq_col, label_col], {seq_col: SEQUENCE_SETTING, label_col: LABEL_SETTING})
     ids = frame[id_col].tolist() if id_col in frame.columns else None
     class_ids = {name: i for i, name in enumerate(options.classes or ())}
     for row, (seq, value) in enumerate(zip(frame[seq_col].tolist(), frame[label_col].tolist())):
@@ -169,8 +168,7 @@ def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
                 ids_ = [IGNORE_LABEL if c is None else _class_id(c, class_ids) for c in cells]
                 example.labels = np.asarray(ids_, dtype=np.int64)
         except RecordError as exc:
-            where, line = _where(path, row)
-            counts.reject(InputError(path, f"{where}protein {name}: {exc}", line=line), exc.reason, options.on_error)
+            counts.reject(row_error(path, row, f"protein {name}: {exc}"), exc.reason, options.on_error)
             continue
         counts.read += 1
         yield example

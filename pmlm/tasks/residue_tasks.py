@@ -6,8 +6,6 @@ residue; accuracy pooled over all scored residues (what TAPE reports as Q3) and 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch.nn.functional as F
 
@@ -35,20 +33,14 @@ class ResidueClassification(Task):
     def read(self, path, options: ReadOptions, counts):
         yield from read_table(path, RESIDUE_LABELS, options, counts)
 
-    def file_classes(self, path, options: ReadOptions) -> tuple[str, ...]:
-        return table_classes(path, RESIDUE_LABELS, options)
-
-    def resolve(self, cfg, train):
-        return resolve_classes(cfg, train)
-
-    def classes(self, cfg) -> int:
-        return cfg.head.num_classes or len(cfg.data.classes or ()) or 1
+    def file_classes(self, path, options: ReadOptions) -> tuple[str, ...] | None:
+        return None if self.num_classes else table_classes(path, RESIDUE_LABELS, options)
 
     def build_head(self, cfg, hidden: int):
         h = cfg.head
         if h.kind == "conv":
-            return TapeConvHead(hidden, h.conv_hidden, self.classes(cfg), h.dropout)
-        return SecondaryStructureHead(hidden, h.mlp_hidden, self.classes(cfg), h.dropout)
+            return TapeConvHead(hidden, h.conv_hidden, self.head_outputs(cfg), h.dropout)
+        return SecondaryStructureHead(hidden, h.mlp_hidden, self.head_outputs(cfg), h.dropout)
 
     def targets(self, examples, windows, length, threshold):
         return padded_labels(examples, windows, length), None
@@ -97,22 +89,6 @@ class SecondaryStructure(ResidueClassification):
             for rec in read_tape(path, SECONDARY_STRUCTURE, on_error=options.on_error, counts=counts):
                 labels = np.where(rec.valid_mask, rec.ss3, IGNORE_LABEL).astype(np.int64)
                 yield Example(rec.id, alphabet.encode(rec.primary), labels=labels)
-
-    def file_classes(self, path, options: ReadOptions) -> None:
-        return None  # fixed classes
-
-    def resolve(self, cfg, train):
-        return cfg
-
-    def classes(self, cfg) -> int:
-        return cfg.head.num_classes or self.num_classes
-
-
-def resolve_classes(cfg, train):
-    """``cfg`` with ``data.classes`` set to the training file's classes when the recipe names none."""
-    if cfg.data.classes is not None:
-        return cfg
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, classes=tuple(train.classes)))
 
 
 RESIDUE_CLASSIFICATION = ResidueClassification()

@@ -27,7 +27,6 @@ from pmlm.evaluation.fitness import spearman
 from pmlm.evaluation.metrics import top1_accuracy
 from pmlm.model.task_heads import SequenceHead, SequenceRegressionHead
 from pmlm.tasks.labelled import CLASS, VALUE, read_table, table_classes
-from pmlm.tasks.residue_tasks import resolve_classes
 from pmlm.tasks.tape import FLUORESCENCE, NUM_FOLDS, REMOTE_HOMOLOGY, STABILITY, read_tape
 from pmlm.tasks.task import PROTEIN, TABLE, TAPE, Example, ReadOptions, Task
 from pmlm.vocabulary import (
@@ -52,43 +51,43 @@ def macro_f1(pred: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(scores))
 
 
-class SequenceClassification(Task):
-    name = TASK_SEQUENCE_CLASSIFICATION
-    kind = "protein class"
+class PerProtein(Task):
+    """What every per-protein task shares: the residues' mean through an MLP head, one term per protein, the
+    protein's output over its windows."""
+
     heads = ("mlp",)
-    formats = (TABLE,)
-    headline = "accuracy"
-    metric_names = ("accuracy", "macro_F1")
     level = PROTEIN
-
-    def read(self, path, options: ReadOptions, counts):
-        yield from read_table(path, CLASS, options, counts)
-
-    def file_classes(self, path, options: ReadOptions) -> tuple[str, ...]:
-        return table_classes(path, CLASS, options)
-
-    def resolve(self, cfg, train):
-        return resolve_classes(cfg, train)
-
-    def classes(self, cfg) -> int:
-        return cfg.head.num_classes or self.num_classes or len(cfg.data.classes or ()) or 1
-
-    def build_head(self, cfg, hidden: int):
-        return SequenceHead(hidden, cfg.head.mlp_hidden, self.classes(cfg), cfg.head.dropout)
-
-    def targets(self, examples, windows, length, threshold):
-        return np.array([ex.label for ex in examples], dtype=np.int64), None
 
     def terms(self, batch, min_separation: int) -> int:
         """Proteins."""
         return batch.targets.numel()
 
+    def output(self, logits, k: int) -> np.ndarray:
+        return logits[None].numpy()  # (1, classes) or (1,)
+
+
+class SequenceClassification(PerProtein):
+    name = TASK_SEQUENCE_CLASSIFICATION
+    kind = "protein class"
+    formats = (TABLE,)
+    headline = "accuracy"
+    metric_names = ("accuracy", "macro_F1")
+
+    def read(self, path, options: ReadOptions, counts):
+        yield from read_table(path, CLASS, options, counts)
+
+    def file_classes(self, path, options: ReadOptions) -> tuple[str, ...] | None:
+        return None if self.num_classes else table_classes(path, CLASS, options)
+
+    def build_head(self, cfg, hidden: int):
+        return SequenceHead(hidden, cfg.head.mlp_hidden, self.head_outputs(cfg), cfg.head.dropout)
+
+    def targets(self, examples, windows, length, threshold):
+        return np.array([ex.label for ex in examples], dtype=np.int64), None
+
     def loss(self, logits, batch, min_separation: int, head=None):
         """Cross-entropy per protein."""
         return F.cross_entropy(logits.float(), batch.targets, reduction="sum")
-
-    def output(self, logits, k: int) -> np.ndarray:
-        return logits[None].numpy()  # (1, classes)
 
     def metrics(self, proteins, threshold: float):
         preds, labels = [], []
@@ -117,21 +116,13 @@ class RemoteHomology(SequenceClassification):
                 )
             yield Example(rec.id, alphabet.encode(rec.primary), label=rec.fold_label)
 
-    def file_classes(self, path, options: ReadOptions) -> None:
-        return None
 
-    def resolve(self, cfg, train):
-        return cfg
-
-
-class SequenceRegression(Task):
+class SequenceRegression(PerProtein):
     name = TASK_SEQUENCE_REGRESSION
     kind = "protein value"
-    heads = ("mlp",)
     formats = (TABLE,)
     headline = "spearman"
     metric_names = ("spearman", "pearson", "mse")
-    level = PROTEIN
     num_classes = 1
 
     def read(self, path, options: ReadOptions, counts):
@@ -149,16 +140,9 @@ class SequenceRegression(Task):
     def targets(self, examples, windows, length, threshold):
         return np.array([ex.value for ex in examples], dtype=np.float32), None
 
-    def terms(self, batch, min_separation: int) -> int:
-        """Proteins."""
-        return batch.targets.numel()
-
     def loss(self, logits, batch, min_separation: int, head=None):
         """Squared error in units of the training set's standard deviation (the head's scale), per protein."""
         return torch.sum(((logits.float() - batch.targets.float()) / head.target_scale.float()) ** 2)
-
-    def output(self, logits, k: int) -> np.ndarray:
-        return logits[None].numpy()  # (1,)
 
     def metrics(self, proteins, threshold: float):
         preds, values = [], []

@@ -14,6 +14,7 @@ The task's data reaches it as ``Example``s: a protein's residues and its label, 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -118,12 +119,16 @@ class Task:
         return None
 
     def resolve(self, cfg, train: TaskData):
-        """``cfg`` with what the training data decides filled in (a user's classes); the default keeps it."""
-        return cfg
+        """``cfg`` with what the training data decides: ``data.classes``, the training file's classes, when the file
+        defined them (``file_classes``) and the recipe names none."""
+        if cfg.data.classes is not None or train.classes is None:
+            return cfg
+        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, classes=tuple(train.classes)))
 
-    def classes(self, cfg) -> int:
-        """Output units of the head: ``head.num_classes``, else the task's own."""
-        return cfg.head.num_classes or self.num_classes or 1
+    def head_outputs(self, cfg) -> int:
+        """Output units of the head: ``head.num_classes``, else the task's own classes, else those recorded from the
+        training file (``data.classes``), else one."""
+        return cfg.head.num_classes or self.num_classes or len(cfg.data.classes or ()) or 1
 
     def build_head(self, cfg, hidden: int):
         raise NotImplementedError
