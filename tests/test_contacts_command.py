@@ -1,6 +1,8 @@
-"""`pmlm contacts`: the unsupervised read-out and a fine-tuned head's probabilities against the engines'
-own functions, windows for long sequences, TSV / NPZ / PNG outputs and the true map; `pmlm.load` on a head
-folder moved elsewhere; one-line refusals with no output."""
+"""`pmlm contacts`: the pair read-out, the categorical Jacobian (against a direct computation) and a fine-tuned
+head's probabilities against the engines' own functions, windows for long sequences; the rows (separation, top,
+no pairs beyond the windows), TSV / NPZ / PNG in a folder and the one Parquet table; outputs that never destroy
+(a folder of the user's, the working folder, a file); `pmlm.load` on a head folder moved elsewhere; one-line
+refusals with no output."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from test_finetune import recipe, write_structures
@@ -24,6 +27,7 @@ from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.finetune.finetune import finetune
+from pmlm.outputs import MANIFEST
 from pmlm.pretrained import load_encoder, load_head
 from pmlm.tokens import batch_tokens
 
@@ -65,51 +69,234 @@ def _tsv(path) -> list[dict]:
         return list(csv.DictReader(fh, delimiter="\t"))
 
 
-def test_readout_maps_match_the_evaluation_readout(tmp_path, case):
+def _contacts(*args, device: str = "cpu") -> int:
+    return main(["contacts", *map(str, args), "--device", device])
+
+
+def test_readout_maps_match_the_evaluation_readout(tmp_path, case, capsys):
     out = tmp_path / "maps"
-    assert (
-        main(
-            [
-                "contacts",
-                str(case["encoder"]),
-                str(case["fasta"]),
-                "-o",
-                str(out),
-                "--png",
-                "--structure",
-                str(case["structures"]),
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    assert _contacts(case["encoder"], case["fasta"], "-o", out, "--png", "--structure", case["structures"]) == 0
     names = sorted(case["seqs"])
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.{ext}" for n in names for ext in ("tsv", "npz", "png"))
+    expected = sorted(f"{n}.{ext}" for n in names for ext in ("tsv", "npz", "png"))
+    assert sorted(p.name for p in out.iterdir()) == sorted([*expected, MANIFEST])
+    assert json.loads((out / MANIFEST).read_text()) == {"command": "pmlm contacts", "files": expected}
     model, *_ = load_encoder(case["encoder"])
+    beyond = 0
     for name, letters in case["seqs"].items():
         npz = np.load(out / f"{name}.npz")
         scores = npz["scores"]
         assert scores.shape == (len(letters),) * 2 and str(npz["score_kind"]) == "pair_kl_apc"
         assert str(npz["sequence"]) == letters
+        assert json.loads(str(npz["settings"]))["min_separation"] == 6
         rows = _tsv(out / f"{name}.tsv")
-        assert len(rows) == len(letters) * (len(letters) - 1) // 2
+        i, j = np.triu_indices(len(letters), k=6)
+        held = np.isfinite(scores[i, j])
+        beyond += int((~held).sum())
+        # one row per pair j - i >= 6 that a window holds, highest score first, ties by (i, j)
+        assert len(rows) == int(held.sum())
         values = np.array([float(r["score"]) for r in rows])
-        finite = values[np.isfinite(values)]
-        assert np.all(np.diff(finite) <= 0) and np.isnan(values[len(finite) :]).all()  # highest first, NaN last
-        for r in rows[:5]:
+        assert np.isfinite(values).all() and np.all(np.diff(values) <= 0)
+        assert all(int(r["separation"]) == int(r["j"]) - int(r["i"]) >= 6 for r in rows)
+        assert all(r["contact"] in ("0", "1", "") for r in rows)  # --structure: the column for every sequence
+        for r in rows:
             i, j = int(r["i"]) - 1, int(r["j"]) - 1
             assert (r["residue_i"], r["residue_j"]) == (letters[i], letters[j])
-            assert float(r["score"]) == pytest.approx(float(scores[i, j]), rel=1e-6)
+            assert np.float32(r["score"]) == scores[i, j]  # the TSV holds the NPZ's float32 value
         if name == "long":  # 4 windows of 24: pairs farther apart than any window holds have no value
-            assert np.isnan(scores[0, 59]) and np.isfinite(scores[30, 40]) and "contact" not in rows[0]
+            assert np.isnan(scores[0, 59]) and np.isfinite(scores[30, 40])
+            assert {r["contact"] for r in rows} == {""}  # no structure
             window = unsupervised_contact_scores(model, alphabet.encode(letters[:24]), "kl")
             # residues 0..11 lie only in the first window: their pairs are that window's values
             np.testing.assert_allclose(scores[:12, :12], window[:12, :12], rtol=1e-5, atol=1e-6)
         else:
             want = unsupervised_contact_scores(model, alphabet.encode(letters), "kl")
             np.testing.assert_allclose(scores, want, rtol=1e-6, atol=1e-7)
-            assert {r["contact"] for r in rows} <= {"0", "1", ""} and any(r["contact"] == "1" for r in rows)
+            assert any(r["contact"] == "1" for r in rows)
+    assert beyond > 0
+    err = capsys.readouterr().err
+    assert f"{beyond:,} pairs beyond the windows left out" in err
+    assert "long range mean over 2 chains: P@L" in err and "1 without a structure" in err
+
+
+def test_top_and_min_separation_choose_the_rows(tmp_path, case):
+    fasta = write_fasta(tmp_path / "one.fasta", {"s": case["seqs"]["long"][:23]})  # one window: every pair held
+    length = 23
+    counts = {}
+    for extra in ([], ["--top", "L/5"], ["--top", "L"], ["--top", "7"], ["--min-separation", "10"]):
+        out = tmp_path / f"maps{len(counts)}"
+        assert _contacts(case["encoder"], fasta, "-o", out, *extra) == 0
+        rows = _tsv(out / "s.tsv")
+        counts[" ".join(extra)] = len(rows)
+        assert min(int(r["separation"]) for r in rows) >= (10 if "--min-separation" in extra else 6)
+        if extra:
+            full = _tsv(tmp_path / "maps0" / "s.tsv")
+            if "--top" in extra:  # the top rows are the first rows of the full list
+                assert rows == full[: len(rows)]
+    pairs = lambda s: (length - s) * (length - s + 1) // 2  # noqa: E731 (pairs j - i >= s)
+    assert counts == {
+        "": pairs(6),
+        "--top L/5": length // 5,
+        "--top L": length,
+        "--top 7": 7,
+        "--min-separation 10": pairs(10),
+    }
+
+
+def test_a_parquet_table_holds_the_folders_rows(tmp_path, case):
+    folder, table = tmp_path / "maps", tmp_path / "all.parquet"
+    common = [case["encoder"], case["fasta"], "--structure", case["structures"], "--top", "L"]
+    assert _contacts(common[0], common[1], "-o", folder, *common[2:]) == 0
+    assert _contacts(common[0], common[1], "-o", table, *common[2:]) == 0
+    read = pq.read_table(table)
+    assert [str(t) for t in read.schema.types] == [
+        "string",
+        "int32",
+        "int32",
+        "string",
+        "string",
+        "int32",
+        "float",
+        "int8",
+    ]
+    assert read.column_names == ["id", "i", "j", "residue_i", "residue_j", "separation", "score", "contact"]
+    settings = json.loads(read.schema.metadata[b"pmlm"])
+    assert settings["score_kind"] == "pair_kl_apc" and settings["top"] == "L" and settings["min_separation"] == 6
+    assert {"model_sha256", "window", "precision", "pmlm_version"} <= settings.keys() and settings["window"] == 24
+    got = read.to_pylist()
+    want = []
+    for name in case["seqs"]:  # FASTA order, each sequence's rows as in its TSV
+        for r in _tsv(folder / f"{name}.tsv"):
+            row = {"id": name, **{k: int(r[k]) for k in ("i", "j", "separation")}, "contact": None}
+            row |= {"residue_i": r["residue_i"], "residue_j": r["residue_j"], "score": float(np.float32(r["score"]))}
+            row["contact"] = int(r["contact"]) if r["contact"] else None
+            want.append(row)
+    assert got == want and len(got) > 0
+    assert os.stat(table).st_mode & 0o044 == 0o044
+
+
+def _direct_jacobian_scores(model, letters: str) -> np.ndarray:
+    """The categorical Jacobian contact map by its definition, one forward pass per substitution, loops over pairs:
+    D = l_i(a | x_j = b) - l_i(a | x); J = D - D[a = w_i] (the mean over a at X); the Frobenius norm of
+    (J[i, j] + J[j, i]^T) / 2; APC over the off-diagonal entries."""
+    ids = alphabet.encode(letters)
+    length, q = len(letters), alphabet.NUM_RESIDUES
+
+    def log_probs(row: np.ndarray) -> np.ndarray:
+        tokens = torch.from_numpy(batch_tokens([row]).tokens)
+        with torch.no_grad():
+            logits = model(tokens)["logits"][0, 1 : length + 1]
+        return torch.log_softmax(logits.double(), dim=-1).numpy()  # (L, 20)
+
+    wild = log_probs(ids)
+    table = np.zeros((length, q, length, q))  # [j, b, i, a]
+    for j in range(length):
+        for b in range(q):
+            row = ids.copy()
+            row[j] = alphabet.FIRST_RESIDUE_ID + b
+            table[j, b] = log_probs(row)
+    jac = np.zeros((length, length, q, q))
+    for i in range(length):
+        for j in range(length):
+            d = (table[j, :, i, :] - wild[i][None, :]).T  # [a, b]
+            w = ids[i] - alphabet.FIRST_RESIDUE_ID
+            jac[i, j] = d - (d[w] if w < q else d.mean(axis=0))[None, :]
+    norms = np.zeros((length, length))
+    for i in range(length):
+        for j in range(length):
+            if i != j:
+                norms[i, j] = np.linalg.norm(0.5 * (jac[i, j] + jac[j, i].T))
+    off = ~np.eye(length, dtype=bool)
+    row_mean = np.array([norms[k][off[k]].mean() for k in range(length)])
+    corrected = norms - np.outer(row_mean, row_mean) / norms[off].mean()
+    corrected[~off] = 0.0
+    return corrected
+
+
+def test_the_jacobian_readout_of_an_mlm_is_its_definition(tmp_path, case):
+    letters = "MKTAXYIAKQ"  # an X: its reference is the mean over the 20 residues
+    fasta = write_fasta(tmp_path / "q.fasta", {"q": letters, "long": case["seqs"]["long"]})
+    out = tmp_path / "maps"
+    # auto: an MLM has no pair head, so the Jacobian; 5 copies of 12 tokens per forward pass
+    assert _contacts(case["mlm"], fasta, "-o", out, "--tokens-per-batch", "60", "--min-separation", "1") == 0
+    npz = np.load(out / "q.npz")
+    scores = npz["scores"]
+    assert str(npz["score_kind"]) == "jacobian_apc" and np.isfinite(scores).all()
+    np.testing.assert_array_equal(scores, scores.T)
+    model, *_ = load_encoder(case["mlm"])
+    np.testing.assert_allclose(scores, _direct_jacobian_scores(model, letters), rtol=1e-4, atol=1e-5)
+    assert len(_tsv(out / "q.tsv")) == len(letters) * (len(letters) - 1) // 2
+    long = np.load(out / "long.npz")["scores"]
+    assert np.isnan(long[0, 59]) and np.isfinite(long[30, 40]) and np.isfinite(np.diagonal(long)).all()
+    # the same map through pmlm.load, and the Jacobian of a PMLM encoder on request
+    np.testing.assert_array_equal(pmlm.load(case["mlm"]).contacts(letters).astype(np.float32), scores)
+    pair_model = pmlm.load(case["encoder"])
+    jac = pair_model.contacts(letters, readout="jacobian")
+    np.testing.assert_allclose(jac, _direct_jacobian_scores(pair_model.encoder, letters), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(jac, pair_model.contacts(letters))  # auto: the pair read-out
+
+
+def test_an_imported_esm_encoder_gets_the_jacobian(tmp_path):
+    pytest.importorskip("transformers")
+    from test_huggingface import make_esm2
+
+    source = make_esm2(tmp_path / "esm2_tiny")
+    assert main(["import", str(source), "-o", str(tmp_path / "encoder"), "--objective", "mlm"]) == 0
+    fasta = write_fasta(tmp_path / "q.fasta", {"q": random_letters(12, seed=2)})
+    table = tmp_path / "q.parquet"
+    assert _contacts(tmp_path / "encoder", fasta, "-o", table) == 0
+    read = pq.read_table(table)
+    assert json.loads(read.schema.metadata[b"pmlm"])["score_kind"] == "jacobian_apc"
+    assert read.num_rows == (12 - 6) * (12 - 5) // 2 and np.isfinite(read.column("score").to_numpy()).all()
+
+
+def _snapshot(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_outputs_never_destroy(tmp_path, case, capsys, monkeypatch):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine\n")
+    assert _contacts(case["encoder"], case["fasta"], "-o", keep) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "did not write (notes.txt)" in err and "--overwrite" in err, err
+    assert _snapshot(keep) == {"notes.txt": b"mine\n"}
+
+    # --overwrite: its own files beside the user's, which stay as they were
+    assert _contacts(case["encoder"], case["fasta"], "-o", keep, "--overwrite") == 0
+    assert (keep / "notes.txt").read_text() == "mine\n" and (keep / MANIFEST).is_file()
+    own = sorted(f"{n}.{ext}" for n in case["seqs"] for ext in ("tsv", "npz"))
+    assert sorted(p.name for p in keep.iterdir()) == sorted([*own, MANIFEST, "notes.txt"])
+    for name in [*own, MANIFEST]:
+        assert os.stat(keep / name).st_mode & 0o044 == 0o044, name  # group and others may read
+
+    # its own folder: a rerun needs no --overwrite, and removes its own files it did not write again
+    maps = tmp_path / "maps"
+    assert _contacts(case["encoder"], case["fasta"], "-o", maps) == 0
+    first = next(iter(case["seqs"]))
+    fewer = write_fasta(tmp_path / "one.fasta", {first: case["seqs"][first]})
+    assert _contacts(case["encoder"], fewer, "-o", maps) == 0
+    assert sorted(p.name for p in maps.iterdir()) == sorted([f"{first}.tsv", f"{first}.npz", MANIFEST])
+    capsys.readouterr()
+
+    # the working folder, an existing file, a file-like name: refused in one line, nothing changed
+    monkeypatch.chdir(keep)
+    before = _snapshot(keep)
+    notes = keep / "notes.txt"
+    for target, message in (
+        (".", "is the working folder"),
+        (notes, "exists and is a file"),
+        (keep / "maps.tsv", "-o DIR writes per-sequence files, -o NAME.parquet one table"),
+        (notes.with_suffix(".parquet"), None),
+    ):
+        if message is None:  # a .parquet name holding something else than Parquet
+            target.write_text("not a table\n")
+            before = _snapshot(keep)
+            message = "exists and is not a .parquet file"
+        assert _contacts(case["encoder"], case["fasta"], "-o", target) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert _snapshot(keep) == before
 
 
 def test_head_probabilities_and_a_moved_head(tmp_path, case):
@@ -171,20 +358,39 @@ def test_import_pmlm_does_not_load_torch():
 
 @pytest.mark.parametrize(
     "problem",
-    ["mlm_no_head", "other_encoder", "unknown_residue", "not_contact_head", "missing_head", "sequence_differs"],
+    [
+        "mlm_no_pair_head",
+        "readout_with_head",
+        "bad_top",
+        "png_in_a_table",
+        "other_encoder",
+        "unknown_residue",
+        "not_contact_head",
+        "missing_head",
+        "sequence_differs",
+    ],
 )
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
     encoder, fasta, extra = case["encoder"], case["fasta"], []
-    if problem == "mlm_no_head":
-        encoder = case["mlm"]
-        expected = f"{encoder}: this encoder has no pair head (objective mlm); pass --head"
+    if problem == "mlm_no_pair_head":
+        encoder, extra = case["mlm"], ["--readout", "pair"]
+        expected = f"{encoder}: this encoder has no pair head; --readout jacobian (or auto) reads its token head"
+    elif problem == "readout_with_head":
+        extra = ["--head", str(case["head"]), "--readout", "jacobian"]
+        expected = "--readout jacobian reads the encoder without a head"
+    elif problem == "bad_top":
+        extra = ["--top", "L/0"]
+        expected = "--top 'L/0': expected L, L/K or a number of pairs N"
+    elif problem == "png_in_a_table":
+        extra = ["--png"]
+        expected = "--png writes a PNG per sequence into a folder"
     elif problem == "other_encoder":
         extra = ["--head", str(case["head"])]
         encoder = case["mlm"]
         expected = "the head was fine-tuned on an encoder with sha256"
     elif problem == "unknown_residue":
         fasta = write_fasta(tmp_path / "bad.fasta", {"a": "ACDEFG", "b": "AC*DE"})
-        expected = f"{fasta}:3: record 'b': character '*' at position 3"
+        expected = "record 'b': character '*' at position 3"  # named with its file and line (sequences.py)
     elif problem == "not_contact_head":
         head = tmp_path / "ss3" / "head.safetensors"
         head.parent.mkdir()
@@ -203,8 +409,10 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
         fasta = write_fasta(tmp_path / "x.fasta", {first: "ACDEFGHIKLMN"})
         extra = ["--structure", str(case["structures"])]
         expected = f"sequence differs from FASTA record {first!r}"
-    out = tmp_path / "out" / "maps"
+    out = tmp_path / "out" / ("maps.parquet" if problem == "png_in_a_table" else "maps")
     assert main(["contacts", str(encoder), str(fasta), "-o", str(out), "--device", "cpu", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("pmlm contacts: error: ") and expected in err, err
+    if problem == "unknown_residue":
+        assert err.startswith(f"pmlm contacts: error: {fasta}:"), err
     assert not out.exists() and (not out.parent.exists() or list(out.parent.iterdir()) == [])

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from pmlm import alphabet
-from pmlm.coevolution.readouts import model_device, sequence_tokens
+from pmlm.coevolution.readouts import model_device, residue_ids, sequence_tokens
+from pmlm.evaluation.jacobian import categorical_jacobian
 from pmlm.evaluation.pair_readout import residue_joint
 
 Q = alphabet.NUM_RESIDUES
@@ -172,33 +173,11 @@ def chain_rule_joint(log_conditionals: np.ndarray, log_marginals: np.ndarray) ->
     return np.logaddexp(i_first, j_first) - np.log(2.0)
 
 
-@torch.no_grad()
 def jacobian_epistasis(model, sequence: np.ndarray, batch_rows: int = 1024) -> np.ndarray:
-    """The token head's categorical Jacobian, (L, L, 20, 20) indexed [i, j, a, b]: nothing masked, site j set to
-    each residue b (L x 20 forwards), the double difference of log P(x_i = a) at every other site i,
+    """The token head's categorical Jacobian, (L, L, 20, 20) float64 indexed [i, j, a, b]
+    (``pmlm.evaluation.jacobian.categorical_jacobian``): nothing masked, site j set to each residue b (L x 20
+    forwards), the double difference of log P(x_i = a) at every other site i,
     ``[l_i(a | x_j=b) - l_i(w_i | x_j=b)] - [the same at x_j = w_j]``, averaged with its transpose [j, i, b, a];
     zero on the diagonal."""
-    device = model_device(model)
-    length = len(sequence)
-    base = sequence_tokens(sequence[None])[0]  # (T,)
-    sites = np.repeat(np.arange(length), Q)  # row r substitutes site r // 20 with residue r % 20
-    letters = np.tile(np.arange(Q), length)
-    logp = np.zeros((length * Q, length, Q))  # [row, i, a]
-    for start in range(0, len(sites), batch_rows):
-        stop = min(start + batch_rows, len(sites))
-        tokens = base.repeat(stop - start, 1)  # (r, T)
-        tokens[torch.arange(stop - start), torch.as_tensor(sites[start:stop] + 1)] = torch.as_tensor(
-            letters[start:stop] + alphabet.FIRST_RESIDUE_ID
-        )
-        selected = torch.zeros(tokens.shape, dtype=torch.bool)
-        selected[:, 1 : length + 1] = True  # every residue position, row-major
-        logits = model(tokens.to(device), token_positions=selected.to(device))["logits"]
-        logp[start:stop] = torch.log_softmax(logits.float(), dim=-1).double().cpu().view(-1, length, Q).numpy()
-    table = logp.reshape(length, Q, length, Q).transpose(2, 0, 3, 1)  # [i, j, a, b] = l_i(a | x_j = b)
-    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
-    w_i, w_j = sequence[i], sequence[j]  # (L, 1), (1, L)
-    eps = table - table[i, j, w_i, :][:, :, None, :]  # minus a = w_i
-    eps = eps - eps[i, j, :, w_j].transpose(0, 1, 2)[:, :, :, None]  # minus b = w_j
-    eps = 0.5 * (eps + eps.transpose(1, 0, 3, 2))
-    eps[np.arange(length), np.arange(length)] = 0.0
-    return eps
+    ids = residue_ids(sequence)
+    return categorical_jacobian(model, ids, rows_per_batch=batch_rows, device=model_device(model)).cpu().numpy()

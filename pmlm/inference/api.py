@@ -15,7 +15,7 @@ import torch
 from pmlm import alphabet
 from pmlm.artefacts import read_encoder_info, recorded_precision
 from pmlm.errors import ConfigError, InputError
-from pmlm.inference.contacts import head_map, readout_map
+from pmlm.inference.contacts import choose_readout, head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
 from pmlm.inference.mutations import parse_mutant, score_mutants
 from pmlm.pretrained import is_head, load_encoder, load_head, pick_device
@@ -74,19 +74,20 @@ class TrainedModel:
             out = [e.mean(axis=0, dtype=np.float64).astype(np.float32) for e in out]
         return out[0] if single else out
 
-    def contacts(self, sequence: str) -> np.ndarray:
-        """(L, L) contact probabilities from the contact head, or the pair head's read-out without one
-        (see ``pmlm contacts``); NaN for pairs no window holds."""
+    def contacts(
+        self, sequence: str, *, readout: str = "auto", tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH
+    ) -> np.ndarray:
+        """(L, L) contact probabilities from the contact head, or without one the encoder's unsupervised read-out
+        (``readout``: ``pair``, ``jacobian`` or ``auto``, as ``pmlm contacts --readout``); NaN for pairs no window
+        holds."""
         residues = self._residues(sequence)
-        if self.head is None and self.encoder.pair_head is None:
-            raise ConfigError(
-                f"{self.path}: an encoder without a pair head has no contact read-out; "
-                "load a fine-tuned contact head instead"
-            )
+        if self.head is not None and readout != "auto":
+            raise ConfigError(f"{self.path}: readout={readout!r} reads an encoder; this is a contact head")
+        kind = None if self.head is not None else choose_readout(self.encoder, readout, self.path)
         with self.arithmetic.autocast():
             if self.head is not None:
                 return head_map(self.head, residues, self.device)
-            return readout_map(self.encoder, residues, self.device)
+            return readout_map(self.encoder, residues, self.device, kind, tokens_per_batch)
 
     def score(self, sequence: str, mutants: list[str], *, double: str = "auto", triple: str = "auto") -> list[dict]:
         """One dict per mutant (``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E``, 1-based): mutant, kind, score,

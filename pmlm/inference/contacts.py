@@ -1,53 +1,100 @@
-"""``pmlm contacts``: a contact map per FASTA sequence, from a fine-tuned contact head or, without one, from the
-pair head's unsupervised read-out.
+"""``pmlm contacts``: the contact pairs of every FASTA sequence, from a fine-tuned contact head or, without one,
+from an unsupervised read-out of the encoder.
 
-* ``--head``: the head's contact probability, sigmoid of its (symmetrised) logit, for every pair.
-* no head: the read-out of ``pmlm evaluate --head pair-kl``: KL(P(x_i) P(x_j) || P(x_i, x_j)) of the pair
-  head's joint on the unmasked sequence, symmetrised, with average-product correction. A ranking score,
-  not a probability (it can be negative after APC).
+Scores (``score_kind``):
 
-Sequences longer than the window are read as overlapping windows (``pmlm.tokens.window_starts``) and a
-pair's value is the mean over the windows that hold both residues (``WindowMean``, per window after APC);
-a pair no window holds (farther apart than about half a window) has no value: NaN in the NPZ, ``nan`` in
-the TSV, ranked last.
+* ``probability`` (``--head``): the head's contact probability, sigmoid of its (symmetrised) logit.
+* ``pair_kl_apc`` (``--readout pair``, auto for an encoder with a pair head, PMLM): the read-out of ``pmlm evaluate
+  --head pair-kl``, KL(P(x_i) P(x_j) || P(x_i, x_j)) of the pair head's joint on the unmasked sequence, both orders,
+  symmetrised, with average-product correction (``pmlm.evaluation.pair_readout``).
+* ``jacobian_apc`` (``--readout jacobian``, auto for an encoder without a pair head: an MLM, an imported ESM model):
+  the token head's categorical Jacobian, the Frobenius norm of each pair's symmetrised 20 x 20 block, then APC
+  (``pmlm.evaluation.jacobian``): L x 20 + 1 forward passes per window, ``--tokens-per-batch`` tokens at a time.
 
-Out folder (written under a temporary name, renamed at the end), per sequence ``NAME`` (its id, characters
-other than letters, digits, ``._-`` replaced by ``_``): ``NAME.tsv`` with every pair i < j, 1-based, by
-score (highest first): ``i j residue_i residue_j score`` (+ ``contact`` 1/0, empty where unresolved, with
-``--structure``); ``NAME.npz`` with ``scores`` (L, L) float32, ``sequence``, ``id``, ``score_kind``, ``precision``
-(the forward passes' arithmetic: the head's recorded one, or the encoder's without a head, unless asked
-otherwise; ``pmlm.train.runtime.evaluation_precision``); with
-``--png`` ``NAME.png``: the map, and with ``--structure`` the true contacts in the lower triangle against
-the predicted top L pairs in the upper one.
+The unsupervised scores rank pairs; they are not probabilities (they can be negative after APC). Sequences longer
+than the window are read as overlapping windows (``pmlm.tokens.window_starts``) and a pair's value is the mean over
+the windows that hold both residues (``WindowMean``, per window after APC); a pair no window holds (farther apart
+than about half a window) has no value: NaN in the NPZ, no row in the tables (the summary counts them).
+
+Rows: pairs with ``j - i >= min_separation`` (default 6; the field's ranges: short 6-11, medium 12-23, long >= 24),
+the highest scores first (ties by i, then j), with ``top`` the first ``L``, ``L/K`` (floor(L / K)) or ``N`` of
+them per sequence. ``i``, ``j`` are 1-based, ``separation`` is ``j - i``; with ``--structure``, ``contact`` 1/0,
+empty (null) where a residue is unresolved or the sequence has no structure.
+
+``-o DIR`` writes per-sequence files; ``-o NAME.parquet`` writes one table of every sequence's pairs
+(``pmlm.outputs``: a folder holding files this command did not write is refused, ``--overwrite`` replaces only its
+own; nothing is written unless the command succeeds). In a folder, per sequence ``NAME`` (its id, characters other
+than letters, digits, ``._-`` replaced by ``_``): ``NAME.tsv`` (``i j residue_i residue_j separation score`` (+
+``contact``)), ``NAME.npz`` (``scores`` (L, L) float32, every pair, NaN where no window holds it; ``sequence``,
+``id``, ``score_kind``, ``precision``, ``settings``) and with ``--png`` ``NAME.png`` (the map; with ``--structure``
+the true contacts in the lower triangle against the predicted top L pairs in the upper one). The Parquet table:
+``id``, ``i``, ``j`` (int32), ``residue_i``, ``residue_j``, ``separation`` (int32), ``score`` (float32) (+
+``contact`` int8), written a sequence at a time, with the settings (model sha256, score_kind, window, precision,
+min_separation, top, pmlm_version) as JSON under the schema metadata key ``pmlm``. ``precision`` is the forward
+passes' arithmetic (the head's recorded one, or the encoder's without a head, unless asked otherwise;
+``pmlm.train.runtime.evaluation_precision``).
 """
 
 from __future__ import annotations
 
-import csv
 import re
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pmlm.artefacts import recorded_precision
-from pmlm.errors import ConfigError, InputError
+from pmlm.errors import ConfigError
+from pmlm.evaluation.jacobian import jacobian_contact_scores
 from pmlm.evaluation.metrics import contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
-from pmlm.figures import draw_contact_map, pyplot
-from pmlm.files import atomic_output
-from pmlm.inference.sequences import Sequence, read_fasta_sequences
+from pmlm.files import file_digest
+from pmlm.inference.contact_tables import ContactWriter, Pairs, file_names, true_contacts
+from pmlm.inference.sequences import read_fasta_sequences
 from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
-from pmlm.tasks.structures import CONTACT_ATOMS, CONTACT_THRESHOLD, read_structure_jsonl
-from pmlm.tokens import WindowMean, batch_tokens, max_residues, window_starts
+from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, WindowMean, batch_tokens, max_residues, padded_width, window_starts
 from pmlm.train.runtime import evaluation_precision
+from pmlm.version import __version__
 from pmlm.vocabulary import TASK_CONTACT
 
-PROBABILITY, READOUT = "probability", "pair_kl_apc"
-LONG_RANGE = 24  # |i - j| of the precision printed with --structure (the paper's long range, P@L/5)
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+PROBABILITY, PAIR_READOUT, JACOBIAN_READOUT = "probability", "pair_kl_apc", "jacobian_apc"
+AUTO, PAIR, JACOBIAN = "auto", "pair", "jacobian"
+READOUTS = (AUTO, PAIR, JACOBIAN)  # --readout
+MIN_SEPARATION = 6  # the field's short range starts here (short 6-11, medium 12-23, long >= 24)
+LONG_RANGE = 24  # |i - j| of the precision printed with --structure (the paper's long range)
+_TOP = re.compile(r"L(?:/([1-9][0-9]*))?|([1-9][0-9]*)")
+
+
+def top_count(top: str | None, length: int) -> int | None:
+    """Rows ``--top`` keeps of a sequence of ``length`` residues: ``L``, ``L/K`` (floor(L / K)), ``N``; None: all."""
+    if top is None:
+        return None
+    match = _TOP.fullmatch(top.strip())
+    if match is None:
+        raise ConfigError(f"--top {top!r}: expected L, L/K or a number of pairs N (K and N positive integers)")
+    divisor, count = match.groups()
+    if count is not None:
+        return int(count)
+    return length // int(divisor or 1)
+
+
+def choose_readout(encoder, readout: str, where) -> str:
+    """The score kind of ``readout`` (auto, pair, jacobian) on ``encoder``; a one-line error where it cannot."""
+    if readout not in READOUTS:
+        raise ConfigError(f"--readout {readout!r}: choose from {', '.join(READOUTS)}")
+    has_pair, has_tokens = encoder.pair_head is not None, encoder.token_head is not None
+    if readout == AUTO:
+        readout = PAIR if has_pair else JACOBIAN
+    if readout == PAIR and not has_pair:
+        raise ConfigError(
+            f"{where}: this encoder has no pair head; --readout jacobian (or auto) reads its token head, "
+            "--head a fine-tuned contact head"
+        )
+    if readout == JACOBIAN and not has_tokens:
+        raise ConfigError(f"{where}: this encoder has no token head for the categorical Jacobian; --readout pair")
+    return PAIR_READOUT if readout == PAIR else JACOBIAN_READOUT
 
 
 @torch.no_grad()
@@ -66,73 +113,83 @@ def head_map(task_model, residues: np.ndarray, device: torch.device) -> np.ndarr
 
 
 @torch.no_grad()
-def readout_map(model, residues: np.ndarray, device: torch.device) -> np.ndarray:
-    """(L, L) unsupervised contact scores of the pair head (APC per window), windows averaged."""
+def readout_map(
+    model,
+    residues: np.ndarray,
+    device: torch.device,
+    kind: str = PAIR_READOUT,
+    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+) -> np.ndarray:
+    """(L, L) unsupervised contact scores of ``kind`` (``pair_kl_apc``, ``jacobian_apc``; APC per window), windows
+    averaged; the Jacobian's substituted copies go ``tokens_per_batch`` tokens at a time."""
     room = max_residues(model.cfg.max_len)
     length = int(residues.size)
     mean = WindowMean(length, pairs=True)
     for start in window_starts(length, room):
         window = residues[start : start + room]
-        mean.add(start, unsupervised_contact_scores(model, window, "kl", device=device))
+        if kind == PAIR_READOUT:
+            values = unsupervised_contact_scores(model, window, "kl", device=device)
+        elif kind == JACOBIAN_READOUT:
+            rows = max(1, tokens_per_batch // padded_width(len(window)))
+            values = jacobian_contact_scores(model, window, rows_per_batch=rows, device=device)
+        else:
+            raise ValueError(f"unknown read-out {kind!r}")
+        mean.add(start, values)
     return mean.mean()
 
 
-def file_names(records: list[Sequence], fasta: str) -> list[str]:
-    names, seen = [], {}
-    for r in records:
-        name = _UNSAFE.sub("_", r.id)
-        if name in seen:
-            raise InputError(fasta, f"ids {seen[name]!r} and {r.id!r} give the same file name {name!r}", line=r.line)
-        seen[name] = r.id
-        names.append(name)
-    return names
+def ranked_pairs(scores: np.ndarray, min_separation: int, top: str | None) -> Pairs:
+    """The rows of one map (module docstring): pairs j - i >= ``min_separation`` that a window holds, highest score
+    first (float32, ties by i then j), the first ``top``; with the count of pairs left out as beyond the windows."""
+    length = scores.shape[0]
+    i, j = np.triu_indices(length, k=min_separation)
+    values = scores[i, j].astype(np.float32)
+    held = ~np.isnan(values)
+    i, j, values = i[held], j[held], values[held]
+    order = np.lexsort((j, i, -values))[: top_count(top, length)]
+    return Pairs(i=i[order], j=j[order], score=values[order], beyond_windows=int((~held).sum()))
 
 
-def true_contacts(path: str | None, records: list[Sequence]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{sequence id: (contacts, valid)} for the FASTA records found in a structure JSONL (by ``id_chain`` or
-    ``id``, with the same sequence); C-beta, 8 A."""
-    if path is None:
-        return {}
-    wanted = {r.id: r for r in records}
-    found = {}
-    for record in read_structure_jsonl(path):
-        for key in (record.name, record.id):
-            if key in wanted and key not in found:
-                if record.seq != wanted[key].letters:
-                    raise InputError(path, f"{record.name}: sequence differs from FASTA record {key!r}")
-                found[key] = record.contacts(CONTACT_ATOMS["structure_jsonl"], CONTACT_THRESHOLD)
-    return found
+def _mean(values: list[float]) -> float | None:
+    """The mean of the defined values (a chain shorter than K residues has no P@L/K), None if there are none."""
+    defined = [v for v in values if not np.isnan(v)]
+    return float(np.mean(defined)) if defined else None
 
 
-def write_tsv(path: str, record: Sequence, scores: np.ndarray, truth) -> None:
-    i, j = np.triu_indices(len(record.letters), k=1)
-    values = scores[i, j]
-    order = np.lexsort((j, i, np.where(np.isnan(values), np.inf, -values)))  # highest first, NaN last
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
-        writer.writerow(["i", "j", "residue_i", "residue_j", "score"] + (["contact"] if truth else []))
-        for k in order:
-            a, b = int(i[k]), int(j[k])
-            row = [a + 1, b + 1, record.letters[a], record.letters[b], repr(float(values[k]))]
-            if truth:
-                contacts, valid = truth
-                row.append(int(contacts[a, b]) if valid[a, b] else "")
-            writer.writerow(row)
+@dataclass
+class Model:
+    """What computes a map: the function, its score kind, and the settings it records."""
+
+    compute: object
+    kind: str
+    arithmetic: object
+    settings: dict
 
 
-def plot_map(path: str, record: Sequence, scores: np.ndarray, truth, kind: str) -> None:
-    plt = pyplot()  # matplotlib loads only with --png (the GPU image may lack it)
-    length = len(record.letters)
-    fig, ax = plt.subplots(figsize=(5, 5))
-    contacts, valid = truth if truth is not None else (None, None)
-    draw_contact_map(ax, scores, contacts, valid, min_sep=6, label=kind)
-    if truth is None:
-        ax.set_title(f"{record.id} (L = {length}): {kind}", fontsize=9)
+def _model(model, head, readout, device, precision, tokens_per_batch) -> Model:
+    """Loads the head (with its encoder) or the encoder, and picks the read-out and the arithmetic."""
+    if head is not None:
+        if readout != AUTO:
+            raise ConfigError(f"--readout {readout} reads the encoder without a head; drop --head or --readout")
+        fine_tuned = load_head(head, device, encoder=model, task=TASK_CONTACT)
+        kind, trained, recorded = PROBABILITY, "the head", recorded_precision(fine_tuned.info, fine_tuned.path)
+        weights, encoder = fine_tuned.encoder_path, fine_tuned.model.encoder
+        extra = {"head": str(fine_tuned.path), "head_sha256": file_digest(fine_tuned.path)}
+
+        def compute(residues):
+            return head_map(fine_tuned.model, residues, device)
     else:
-        ax.set_title(f"{record.id} (L = {length}): predicted (upper) vs true (lower), |i-j| >= 6", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)  # inside the output folder's temp name (run)
-    plt.close(fig)
+        encoder, info, weights = load_encoder(model, device)
+        kind = choose_readout(encoder, readout, weights)
+        trained, recorded, extra = "the encoder", recorded_precision(info, weights), {}
+
+        def compute(residues):
+            return readout_map(encoder, residues, device, kind, tokens_per_batch)
+
+    arithmetic = evaluation_precision(device, recorded, precision, trained=trained, command="pmlm contacts")
+    settings = {"model": str(weights), "model_sha256": file_digest(weights), **extra, "score_kind": kind}
+    settings |= {"window": max_residues(encoder.cfg.max_len), "precision": arithmetic.name}
+    return Model(compute, kind, arithmetic, settings)
 
 
 def predict_contacts(
@@ -141,65 +198,61 @@ def predict_contacts(
     out: str,
     *,
     head: str | None = None,
+    readout: str = AUTO,
     structure: str | None = None,
     png: bool = False,
     device: str = "auto",
     precision: str = "auto",
+    min_separation: int = MIN_SEPARATION,
+    top: str | None = None,
+    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+    overwrite: bool = False,
 ) -> dict:
-    """Contact maps of every sequence of ``fasta`` into the folder ``out`` (module docstring), from the contact
-    ``head`` fine-tuned on encoder ``model``, or from ``model``'s pair head without one; ``precision`` as
-    ``--precision``. Returns the number of sequences, the score kind, the precision used and how many had no
-    structure in ``structure``."""
-    dev = pick_device(device)
-    if head is not None:
-        fine_tuned = load_head(head, dev, encoder=model, task=TASK_CONTACT)
-        task_model, kind = fine_tuned.model, PROBABILITY
-        trained, recorded = "the head", recorded_precision(fine_tuned.info, fine_tuned.path)
-
-        def compute(residues):
-            return head_map(task_model, residues, dev)
-    else:
-        encoder, info, weights = load_encoder(model, dev)
-        if encoder.pair_head is None:
-            raise ConfigError(
-                f"{weights}: this encoder has no pair head (objective {info['objective']['name']}); "
-                "pass --head with a fine-tuned contact head"
-            )
-        kind = READOUT
-        trained, recorded = "the encoder", recorded_precision(info, weights)
-
-        def compute(residues):
-            return readout_map(encoder, residues, dev)
-
-    arithmetic = evaluation_precision(dev, recorded, precision, trained=trained, command="pmlm contacts")
-
+    """The contact pairs of every sequence of ``fasta`` into ``out`` (a folder, or a ``.parquet`` table; module
+    docstring), from the contact ``head`` fine-tuned on encoder ``model``, or from ``model``'s ``readout`` without
+    one; ``precision`` as ``--precision``. The target is checked before anything is read. Returns the counts of
+    sequences, rows, pairs beyond the windows and sequences without a structure, the score kind, the precision
+    and the mean long-range P@L and P@L/5 over the sequences with a structure (None without)."""
+    writer = ContactWriter(out, overwrite=overwrite, png=png, structure=structure is not None)
+    top_count(top, 1)  # the form of --top, checked before any work
+    if min_separation < 1:
+        raise ConfigError(f"--min-separation {min_separation}: must be at least 1 (pairs j - i >= S)")
+    if tokens_per_batch < 1:
+        raise ConfigError(f"--tokens-per-batch {tokens_per_batch}: must be positive")
     records = read_fasta_sequences(fasta)
-    names = file_names(records, fasta)
+    names = file_names(records, fasta) if writer.folder else None
     truth = true_contacts(structure, records)
-    with (
-        atomic_output(out, directory=True) as tmp,
-        Progress("pmlm contacts", len(records), unit="sequences") as progress,
-    ):
-        for record, name in zip(records, names):
-            with arithmetic.autocast():
-                scores = compute(record.residues)
+    dev = pick_device(device)
+    used = _model(model, head, readout, dev, precision, tokens_per_batch)
+    settings = used.settings | {"min_separation": min_separation, "top": top, "pmlm_version": __version__}
+    rows = beyond = 0
+    precisions = []
+    with writer.open(settings) as write, Progress("pmlm contacts", len(records), unit="sequences") as progress:
+        for k, record in enumerate(records):
+            with used.arithmetic.autocast():
+                scores = used.compute(record.residues)
+            pairs = ranked_pairs(scores, min_separation, top)
             known = truth.get(record.id)
-            write_tsv(str(Path(tmp) / f"{name}.tsv"), record, scores, known)
-            np.savez(
-                Path(tmp) / f"{name}.npz",
-                scores=scores.astype(np.float32),
-                sequence=np.array(record.letters),
-                id=np.array(record.id),
-                score_kind=np.array(kind),
-                precision=np.array(arithmetic.name),
-            )
-            if png:
-                plot_map(str(Path(tmp) / f"{name}.png"), record, scores, known, kind)
+            write(record, None if names is None else names[k], scores, pairs, known)
+            rows, beyond = rows + len(pairs.i), beyond + pairs.beyond_windows
             if known is not None:
-                precision = contact_precision(
-                    np.nan_to_num(scores, nan=-np.inf), *known, min_sep=LONG_RANGE, k_divisor=5
+                ranked = np.nan_to_num(scores, nan=-np.inf)
+                at = [contact_precision(ranked, *known, min_sep=LONG_RANGE, k_divisor=d) for d in (1, 5)]
+                precisions.append(at)
+                print(
+                    f"pmlm contacts: {record.id}: long range (|i-j| >= {LONG_RANGE}) P@L {at[0]:.3f}, P@L/5 {at[1]:.3f}",
+                    file=sys.stderr,
                 )
-                print(f"pmlm contacts: {record.id}: P@L/5 long range {precision:.3f}", file=sys.stderr)
             progress.advance()
-    missing = sum(r.id not in truth for r in records) if structure else 0
-    return {"sequences": len(records), "kind": kind, "precision": arithmetic.name, "without_structure": missing}
+    means = [_mean([at[k] for at in precisions]) for k in (0, 1)]
+    return {
+        "sequences": len(records),
+        "rows": rows,
+        "beyond_windows": beyond,
+        "kind": used.kind,
+        "precision": used.settings["precision"],
+        "without_structure": sum(r.id not in truth for r in records) if structure else 0,
+        "with_structure": len(precisions),
+        "p_at_l": means[0],
+        "p_at_l5": means[1],
+    }
