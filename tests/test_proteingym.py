@@ -1,8 +1,8 @@
 """ProteinGym zero-shot benchmark: the metrics on hand-computed cases, ProteinGym's aggregation worked by hand,
 assays read as published (bad input: one line naming file and line, nothing written), every score equal to
-`pmlm score`'s engine (singles, pair-joint doubles, windows) or the sum of its singles (3+ sites, far doubles),
-the Potts fixture's scores exact, and the whole rule chain on the Potts assay served over loopback HTTP, scored
-by a tiny PMLM trained on that family."""
+`pmlm score`'s engine (singles, pair-joint doubles, windows) or the sum of its singles (mutants wider than the
+window), the Potts fixture's scores exact, and the whole rule chain on the Potts assay served over loopback HTTP,
+scored by a tiny PMLM trained on that family."""
 
 from __future__ import annotations
 
@@ -284,7 +284,8 @@ def select_and_score(
 
 def test_scores_are_the_score_engines_and_sums_of_singles(tmp_path, case):
     """Singles and in-window doubles equal `pmlm score`'s engine (itself checked against brute force); a double
-    wider than the window and every 3+ site mutant get the sum of the singles' masked marginals."""
+    and a triple wider than the window get the sum of the singles' masked marginals (test_score.py checks that
+    in-window triples and 4+ site mutants follow `pmlm score`'s rule too)."""
     target, mutants = case["target"], case["mutants"]
     rc, prefix = select_and_score(tmp_path, case, {"ONE_TEST_2020.csv": assay_text(target, mutants)})
     assert rc == 0
@@ -310,7 +311,7 @@ def test_scores_are_the_score_engines_and_sums_of_singles(tmp_path, case):
             assert float(row["score"]) == float(row["additive"])
     summary = json.loads(Path(f"{prefix}.json").read_text())
     # rows of the forward passes: one per distinct site (1, 2, 3, 10, 20, 35, 40) and per in-window pair (2)
-    assert summary["cost"]["forward_rows"] == {"sites": 7, "pairs": 2}
+    assert summary["cost"]["forward_rows"] == {"sites": 7, "pairs": 2, "triples": 0}
     assert summary["counts"]["doubles_from"] == {"pair_joint": 2, "additive": 1}
     assert set(summary["metrics"]) == {"pair_joint", "additive"}
     assert summary["metrics"]["pair_joint"]["depth2"]["n"] == 3 and summary["metrics"]["additive"]["depth3+"]["n"] == 1

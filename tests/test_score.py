@@ -1,11 +1,14 @@
 """`pmlm score`: single mutants by masked marginal and double mutants from the pair head's joint, both against
 references computed by hand from the model's own logits (both pair vocabularies, pair classes labelled as the
-objective labels them); triple mutants from a Triple MLM's triple joint, from a PMLM's pairs or additively;
-epistasis exactly zero for an MLM encoder; one-line refusals with no output."""
+objective labels them); triple mutants from a Triple MLM's triple joint, from a PMLM's pairs or additively, and
+mutants of 4+ sites from the pairs, by the same rule as the ProteinGym scorer; mutants wider than the window
+additive row by row; epistasis exactly zero for an MLM encoder; the input's columns kept, lowercase accepted;
+one-line refusals with no output, and outputs checked before anything runs."""
 
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 
 import numpy as np
@@ -16,9 +19,12 @@ from tiny_models import random_letters, tiny_encoder, write_fasta
 import pmlm
 from pmlm import alphabet
 from pmlm.cli import main
+from pmlm.inference import mutant_table, mutations
 from pmlm.model.objectives import pair_labels
 from pmlm.model.triple import triple_labels
 from pmlm.pretrained import load_encoder
+from pmlm.proteingym.assay_scoring import score_assay
+from pmlm.proteingym.assays import read_assay
 from pmlm.tokens import batch_tokens
 
 # log-probabilities are fp32 softmaxes of logits of size ~10-100: differences agree to a few fp32 ulps of them
@@ -259,15 +265,17 @@ def test_pair_only_singles_and_the_python_api(case):
         "outside",
         "no_column",
         "malformed",
-        "quadruple",
+        "quadruple_triple_head",
+        "column_clash",
         "not_a_residue",
         "same_site",
         "mlm_pair",
         "two_records",
-        "far_apart",
+        "far_apart_pair",
         "missing_model",
         "triple_joint",
         "triple_far_apart",
+        "pairs_far_apart",
     ],
 )
 def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, problem):
@@ -288,17 +296,21 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     elif problem == "malformed":
         lines.append(f"{first};{wild[1]}2A,0.3")
         expected = "m.csv:3: "
-    elif problem == "quadruple":
+    elif problem == "quadruple_triple_head":
+        model, extra = case["tmlm"], ["--triple", "triple"]
         lines.append(f"{first}:{wild[1]}2A:{wild[2]}3A:{wild[3]}4A,0.3")
-        expected = "m.csv:3: " + repr(lines[-1].split(",")[0]) + ": only single, double and triple mutants are scored"
+        expected = "m.csv:3: " + repr(lines[-1].split(",")[0]) + ": 4 sites, and the triple head's joint holds three"
+    elif problem == "column_clash":
+        lines = ["mutant,score", f"{first},0.1"]
+        expected = "m.csv:1: column 'score' is one that pmlm score adds (kind, score, additive, "
     elif problem == "triple_joint":
         extra = ["--triple", "triple"]
         lines.append(f"{first}:{wild[4]}5A:{wild[8]}9A,0.3")
         expected = f"{case['pmlm']}: no triple head"
-    elif problem == "triple_far_apart":
+    elif problem in ("triple_far_apart", "pairs_far_apart"):
         long_wild = random_letters(40, seed=9)
         fasta = write_fasta(tmp_path / "long.fasta", {"wt": long_wild})
-        model = case["tmlm"]
+        model, extra = case["tmlm"], ["--triple", "triple" if problem == "triple_far_apart" else "pairs"]
         lines = ["mutant", f"{long_wild[0]}1A:{long_wild[5]}6A:{long_wild[39]}40A"]
         expected = "m.csv:2: " + repr(lines[-1]) + ": sites 1 and 40 do not fit in one window of 16 residues"
     elif problem == "not_a_residue":
@@ -314,9 +326,10 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     elif problem == "two_records":
         fasta = write_fasta(tmp_path / "two.fasta", {"a": wild, "b": wild})
         expected = f"{fasta}:3: expected one sequence (the wild type), found 2"
-    elif problem == "far_apart":
+    elif problem == "far_apart_pair":
         long_wild = random_letters(40, seed=9)
         fasta = write_fasta(tmp_path / "long.fasta", {"wt": long_wild})
+        extra = ["--double", "pair"]
         lines = ["mutant", f"{long_wild[0]}1A:{long_wild[39]}40A"]
         expected = "m.csv:2: " + repr(lines[-1]) + ": sites 1 and 40 do not fit in one window of 16 residues"
     else:
@@ -331,3 +344,151 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("pmlm score: error: ") and expected in err, err
     assert not out.parent.exists()
+
+
+def _run_score(model, fasta, csv_path, out, *extra) -> int:
+    return main(["score", str(model), "--sequence", str(fasta), "--mutations", str(csv_path), "-o", str(out), *extra])
+
+
+def test_the_input_columns_are_kept_and_letters_may_be_lowercase(tmp_path, case):
+    """Every column of the CSV, in order and as given (the mutant text too), then the score columns; a lowercase
+    mutant and a lowercase wild type score as their uppercase forms."""
+    wild = case["wild"]
+    upper = _mutants(wild)[:3]
+    lower = [m.lower() for m in upper]
+    csv_path = tmp_path / "m.csv"
+    csv_path.write_text(
+        "name,mutant,DMS_score,note\n"
+        + "".join(f'v{k},{m},{0.5 * k},"a, quoted\tcell"\n' for k, m in enumerate(upper + lower))
+    )
+    out = tmp_path / "scores.tsv"
+    assert _run_score(case["pmlm"], case["fasta"], csv_path, out) == 0
+    with open(out, newline="") as fh:
+        table = list(csv.reader(fh, delimiter="\t"))
+    header, rows = table[0], table[1:]
+    assert header == ["name", "mutant", "DMS_score", "note", *mutant_table.SCORE_COLUMNS]
+    assert [r[:4] for r in rows] == [[f"v{k}", m, str(0.5 * k), "a, quoted\tcell"] for k, m in enumerate(upper + lower)]
+    by = {r[1]: dict(zip(header, r)) for r in rows}
+    for u, lo in zip(upper, lower):
+        assert by[lo]["score"] == by[u]["score"] and by[lo]["kind"] == by[u]["kind"]
+    lower_fasta = write_fasta(tmp_path / "lower.fasta", {"wt": wild.lower()})
+    out_lower = tmp_path / "lower.tsv"
+    assert _run_score(case["pmlm"], lower_fasta, csv_path, out_lower) == 0
+    assert _read(out_lower) == _read(out)
+
+
+def _far_case(tmp_path):
+    """A 40-residue wild type (windows of 16 residues) and mutants in and beyond one window."""
+    wild = random_letters(40, seed=9)
+    s = lambda pos: f"{wild[pos - 1]}{pos}{'A' if wild[pos - 1] != 'A' else 'G'}"  # noqa: E731
+    near = {
+        "double": f"{s(3)}:{s(10)}",
+        "triple": f"{s(3)}:{s(10)}:{s(12)}",
+        "multiple": f"{s(3)}:{s(5)}:{s(10)}:{s(12)}",
+    }
+    far = {
+        "double": f"{s(2)}:{s(35)}",
+        "triple": f"{s(1)}:{s(20)}:{s(40)}",
+        "multiple": f"{s(1)}:{s(5)}:{s(9)}:{s(30)}",
+    }
+    fasta = write_fasta(tmp_path / "long.fasta", {"wt": wild})
+    return fasta, near, far
+
+
+@pytest.mark.parametrize("encoder", ["pmlm", "tmlm", "mlm"])
+def test_mutants_wider_than_the_window_are_scored_additively_row_by_row(tmp_path, case, capsys, encoder):
+    """Under auto, a mutant whose sites do not fit one window of the model gets the additive score on its own row
+    (the other rows keep their joints) and stderr counts them per kind; an MLM, additive throughout, counts none."""
+    fasta, near, far = _far_case(tmp_path)
+    mutants = [*near.values(), *far.values()]
+    out = tmp_path / "scores.tsv"
+    assert _run_score(case[encoder], fasta, _write_csv(tmp_path / "m.csv", mutants), out) == 0
+    err = capsys.readouterr().err
+    rows = {r["mutant"]: r for r in _read(out)}
+    joint = {
+        "pmlm": {"double": "pair_joint", "triple": "pairs", "multiple": "pairs"},
+        "tmlm": {"double": "pair_joint", "triple": "triple_joint", "multiple": "pairs"},
+        "mlm": dict.fromkeys(near, "additive"),
+    }[encoder]
+    for kind, column in mutations.SOURCE_COLUMN.items():
+        assert rows[near[kind]][column] == joint[kind]
+        far_row = rows[far[kind]]
+        assert far_row[column] == "additive" and far_row["score"] == far_row["additive"]
+        assert float(far_row["epistasis"]) == 0.0
+        note = f"pmlm score: 1 {kind} scored additively: sites farther apart than the window of 16 residues"
+        assert (note in err) == (encoder != "mlm"), err
+
+
+def test_one_rule_for_three_and_more_sites_in_pmlm_score_and_proteingym(tmp_path, case):
+    """The same mutants scored by `pmlm score` and by the ProteinGym scorer (its assay reader and score_assay, what
+    `pmlm proteingym score` runs) get the same scores, bit for bit; and a mutant of 4 or more sites on an encoder
+    with a pair head is its singles plus every pair's epistasis, each pair's taken from that pair's double."""
+    wild = case["wild"]
+    other = lambda pos: next(c for c in "AGWP" if c != wild[pos - 1])  # noqa: E731
+    sites = {p: f"{wild[p - 1]}{p}{other(p)}" for p in (2, 5, 7, 12)}
+    pairs = {pq: f"{sites[pq[0]]}:{sites[pq[1]]}" for pq in itertools.combinations(sites, 2)}
+    mutants = [
+        *sites.values(),
+        *pairs.values(),
+        f"{sites[12]}:{sites[2]}:{sites[7]}",
+        ":".join(sites.values()),
+    ]
+    assay = "mutant,mutated_sequence,DMS_score,DMS_score_bin\n"
+    for k, m in enumerate(mutants):
+        letters = list(wild)
+        for part in m.split(":"):
+            letters[int(part[1:-1]) - 1] = part[-1]
+        assay += f"{m},{''.join(letters)},{0.1 * k:.2f},{k % 2}\n"
+    for name in ("pmlm", "tmlm", "mlm"):
+        out = tmp_path / f"{name}.tsv"
+        assert _run_score(case[name], case["fasta"], _write_csv(tmp_path / "m.csv", mutants), out) == 0
+        rows = _read(out)
+        model, _, _ = load_encoder(case[name], "cpu")
+        read = read_assay(io.StringIO(assay), "assay.csv", wild)
+        scored = score_assay(model, alphabet.encode(wild), read.mutants, device="cpu")
+        assert [float(r["score"]) for r in rows] == scored["score"].tolist()
+        assert [float(r["additive"]) for r in rows] == scored["additive"].tolist()
+        for column in mutations.SOURCE_COLUMN.values():
+            assert [r[column] for r in rows] == scored[column]
+        by = {r["mutant"]: r for r in rows}
+        four = by[mutants[-1]]
+        assert four["kind"] == "multiple" and four["multi_from"] == ("additive" if name == "mlm" else "pairs")
+        epistasis = sum(float(by[d]["epistasis"]) for d in pairs.values())
+        singles = sum(float(by[s]["score"]) for s in sites.values())
+        assert float(four["score"]) == pytest.approx(singles + epistasis, abs=ATOL)
+
+
+def _tree(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("target", ["folder", "dot", "binary_tsv", "fasta_name", "parquet_name"])
+def test_the_output_is_checked_before_anything_runs_and_nothing_else_changes(
+    tmp_path, case, capsys, monkeypatch, target
+):
+    """-o naming a folder, '.', an existing file that is not a TSV, or a name of another format: one line, exit 2,
+    and every file under the working folder as it was. --overwrite replaces the non-TSV file (it names a file)."""
+    work = tmp_path / "work"
+    (work / "results").mkdir(parents=True)
+    (work / "results" / "keep.txt").write_text("mine\n")
+    (work / "x.tsv").write_bytes(b"\x00\x01PAR1 binary\xff")
+    (work / "seq.fasta").write_text(">wt\nACDE\n")
+    csv_path = _write_csv(work / "m.csv", _mutants(case["wild"])[:2])
+    monkeypatch.chdir(work)
+    out, expected = {
+        "folder": ("results", "-o results: is a folder; -o names the scores file to write (a name ending .tsv)"),
+        "dot": (".", "-o .: is a folder"),
+        "binary_tsv": ("x.tsv", "-o x.tsv: exists and is not a .tsv file, so it was not written by this command"),
+        "fasta_name": ("seq.fasta", "-o seq.fasta: the scores is written as .tsv; name it so"),
+        "parquet_name": ("new.parquet", "-o new.parquet: the scores is written as .tsv; name it so"),
+    }[target]
+    before = _tree(work)
+    missing_model = work / "no-model"  # the output is refused before the model is looked for
+    assert _run_score(missing_model, case["fasta"], csv_path, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"pmlm score: error: {expected}"), err
+    assert _tree(work) == before
+    if target == "binary_tsv":
+        assert _run_score(case["pmlm"], case["fasta"], csv_path, out, "--overwrite") == 0
+        assert [r["mutant"] for r in _read(work / "x.tsv")] == _mutants(case["wild"])[:2]
+        assert sorted(_tree(work)) == sorted(before)  # no temporary left beside it

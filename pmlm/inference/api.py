@@ -90,8 +90,9 @@ class TrainedModel:
             return readout_map(self.encoder, residues, self.device, kind, tokens_per_batch)
 
     def score(self, sequence: str, mutants: list[str], *, double: str = "auto", triple: str = "auto") -> list[dict]:
-        """One dict per mutant (``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E``, 1-based): mutant, kind, score,
-        additive, epistasis, double_from, triple_from (see ``pmlm score``)."""
+        """One dict per mutant (``A23G``, ``A23G:L40P``, ``A23G:L40P:K51E``, ...; 1-based): mutant, kind, score,
+        additive, epistasis, double_from, triple_from, multi_from (see ``pmlm score``; a mutant whose sites do not
+        fit one window is scored additively under ``auto``, as there)."""
         residues = self._residues(sequence)
         parsed = [parse_mutant(m, sequence, "<mutants>", k + 1) for k, m in enumerate(mutants)]
         with self.arithmetic.autocast():

@@ -1,60 +1,62 @@
-"""``pmlm score``: single and double mutant scores of one sequence.
+"""``pmlm score``: mutant scores of one sequence, and the one rule that scores a mutant of any number of sites
+(``pmlm proteingym score`` scores its assays with it too, so both commands give a mutant the same score).
 
-* single ``A23G`` (1-based position, wild type first): the masked marginal, log P(G) - log P(A) at site 23
-  with that site set to ``<mask>`` (ESM-1v's masked-marginal score), from the token head (a pair-only model
-  takes the marginal of the pair head's diagonal, as its objective trains it);
+A mutant is one or more substitutions ``A23G`` (wild type, 1-based position, mutant; sites joined by ``:``;
+letters in either case, read as uppercase). Its score is a log-likelihood ratio against the wild type:
+
+* single ``A23G``: the masked marginal, log P(G) - log P(A) at site 23 with that site set to ``<mask>``
+  (ESM-1v's masked-marginal score), from the token head (a pair-only model takes the marginal of the pair
+  head's diagonal, as its objective trains it);
 * double ``A23G:L40P`` from the pair head (``double_from = pair_joint``): both sites masked, the pair head's
-  joint over residue classes at (23, 40), log P(G, P) - log P(A, L). ``epistasis`` is that minus the sum of
-  the two single scores: how far the pair departs from independent effects;
-* double on an encoder without a pair head (MLM), or with ``--double additive``: the sum of the two single
-  scores (``double_from = additive``, epistasis 0 by construction);
+  joint over residue classes at (23, 40), log P(G, P) - log P(A, L);
 * triple ``A23G:L40P:K51E`` from the Triple MLM's triple head (``triple_from = triple_joint``): the three sites
-  masked, log P(a', b', c') - log P(a, b, c) of its joint; on an encoder with a pair head but no triple head
-  from its pairs (``triple_from = pairs``): the three single scores plus the three double mutants' epistasis
-  (each pair's joint with that pair masked), so no third-order term; without a pair head, or with
-  ``--triple additive``, the sum of the single scores (``triple_from = additive``). ``epistasis`` is the score
-  minus the sum of the singles; the third-order part is that minus the three doubles' epistasis.
+  masked, log P(a', b', c') - log P(a, b, c) of its joint;
+* pairwise (``triple_from`` or ``multi_from = pairs``), for three sites on an encoder with a pair head but no
+  triple head and for four or more sites on any encoder with a pair head: the sum of the single scores plus,
+  for every pair of its sites, that pair's epistasis (its double score, the pair's joint with that pair
+  masked, minus its two single scores); no term of more than two sites;
+* additive (``double_from``, ``triple_from`` or ``multi_from = additive``): the sum of the single scores, for
+  encoders without the head a rule needs, with ``--double additive`` / ``--triple additive`` (the latter for
+  every mutant of three or more sites), and per mutant for one whose sites do not fit in one window (below).
 
-Sites are read in a window of the model's size centred on them (both sites of a double in one window; a
-double whose sites are farther apart than the window has no joint and is an error). Sites sharing a masked
-input share its forward pass.
+``additive`` is the sum of the single scores beside every score; ``epistasis`` is score - additive (0 for an
+additive score, empty for singles). ``--double`` picks the doubles' rule (auto | pair | additive) and
+``--triple`` that of three or more sites (auto | triple | pairs | additive; ``triple`` is for exactly three).
 
-Mutations CSV: a header row with a ``mutant`` column (the ProteinGym / ESM variant-prediction convention;
-``mutation`` is accepted too), one mutant per row, other columns ignored. Output TSV, one row per input row
-in input order: ``mutant``, ``kind`` (single | double), ``score``, ``additive`` (sum of the single scores),
-``epistasis`` (doubles and triples: score - additive), ``double_from`` (doubles: pair_joint | additive),
-``triple_from`` (triples: triple_joint | pairs | additive), ``precision`` (fp32 | bf16: the forward passes'
-arithmetic, the encoder's recorded one unless asked otherwise, ``pmlm.train.runtime.evaluation_precision``).
+Windows: every forward row is a window of the model's size (max_len - 2 residues) centred on its site(s). A
+joint needs all its sites in one window: under ``auto`` a mutant whose first and last sites are a window or
+more apart gets the additive score (per mutant, counted: ``far_apart_notes``); under ``--double pair``,
+``--triple triple`` or ``--triple pairs`` such a mutant is an error naming its file and line. Sites sharing a
+masked input share its forward pass; rows are batched ``ROWS_PER_PASS`` to a pass.
+
+``pmlm score``'s files (the mutations CSV in, its columns kept, the scores beside them) are
+``pmlm.inference.mutant_table``; ``pmlm score --saturation`` (every substitution of every sequence) is
+``pmlm.inference.saturation``.
 """
 
 from __future__ import annotations
 
-import csv
+import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from pmlm import alphabet
-from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import residue_joint
-from pmlm.files import atomic_output
-from pmlm.inference.sequences import read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.triple import Q
-from pmlm.pretrained import load_encoder, pick_device
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
-from pmlm.train.runtime import evaluation_precision
 
-MUTANT_COLUMNS = ("mutant", "mutation")
 DOUBLE_MODES = ("auto", "pair", "additive")
 TRIPLE_MODES = ("auto", "triple", "pairs", "additive")
 PAIR_JOINT, ADDITIVE, TRIPLE_JOINT, PAIRS = "pair_joint", "additive", "triple_joint", "pairs"
-OUT_COLUMNS = ("mutant", "kind", "score", "additive", "epistasis", "double_from", "triple_from", "precision")
 KINDS = {1: "single", 2: "double", 3: "triple"}
+MULTIPLE = "multiple"  # the kind of 4 or more sites
+SOURCE_COLUMN = {"double": "double_from", "triple": "triple_from", MULTIPLE: "multi_from"}
 ROWS_PER_PASS = 32  # masked copies of the sequence per forward pass
 _SITE = re.compile(r"^([A-Z])([0-9]+)([A-Z])$")
 
@@ -69,16 +71,21 @@ class Site:
 @dataclass(frozen=True)
 class Mutant:
     text: str
-    sites: tuple[Site, ...]  # one, two or three, sorted by position
+    sites: tuple[Site, ...]  # one or more, sorted by position
     line: int
 
 
+def kind(sites: int) -> str:
+    return KINDS.get(sites, MULTIPLE)
+
+
 def split_mutant(text: str) -> list[tuple[str, int, str]] | None:
-    """``A23G:L40P`` -> ``[("A", 23, "G"), ("L", 40, "P")]`` (wild type, 1-based position, mutant; any number of
-    sites, the ProteinGym / ESM convention), or None when a part is not of that form. Letters are not checked."""
+    """``A23G:L40P`` -> ``[("A", 23, "G"), ("L", 40, "P")]`` (wild type, 1-based position, mutant, uppercased; any
+    number of sites, the ProteinGym / ESM convention), or None when a part is not of that form. Letters are not
+    checked."""
     out = []
     for part in text.strip().split(":"):
-        match = _SITE.match(part.strip())
+        match = _SITE.match(part.strip().upper())
         if match is None:
             return None
         out.append((match.group(1), int(match.group(2)), match.group(3)))
@@ -86,9 +93,7 @@ def split_mutant(text: str) -> list[tuple[str, int, str]] | None:
 
 
 def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
-    """``A23G``, ``A23G:L40P`` or ``A23G:L40P:K51E`` checked against the sequence ``letters``."""
-    if len(text.strip().split(":")) > 3:
-        raise InputError(path, f"{text!r}: only single, double and triple mutants are scored", line=line)
+    """``A23G``, ``A23G:L40P``, ``A23G:L40P:K51E``, ... checked against the sequence ``letters``."""
     parts = split_mutant(text)
     if parts is None:
         raise InputError(path, f"{text!r}: expected mutants like A23G, A23G:L40P or A23G:L40P:K51E", line=line)
@@ -101,7 +106,7 @@ def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
                 )
         if not 1 <= pos <= len(letters):
             raise InputError(path, f"{text!r}: position {pos} is outside the sequence (1..{len(letters)})", line=line)
-        if letters[pos - 1] != wt:
+        if letters[pos - 1].upper() != wt:
             raise InputError(
                 path,
                 f"{text!r}: wild type {wt} does not match the sequence, which has {letters[pos - 1]} at {pos}",
@@ -115,36 +120,7 @@ def parse_mutant(text: str, letters: str, path: str, line: int) -> Mutant:
     return Mutant(text.strip(), tuple(sorted(sites, key=lambda s: s.pos)), line)
 
 
-def read_mutants(path: str | Path, letters: str) -> list[Mutant]:
-    path = str(path)
-    if not Path(path).is_file():
-        raise InputError(path, "no such file")
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:  # spreadsheets start CSVs with a BOM
-            reader = csv.reader(fh)
-            header = next(reader, None)
-            if header is None:
-                raise InputError(path, "empty file (expected a header row with a 'mutant' column)", line=1)
-            names = [h.strip() for h in header]
-            column = next((names.index(c) for c in MUTANT_COLUMNS if c in names), None)
-            if column is None:
-                raise InputError(path, f"no 'mutant' column in the header {','.join(names)!r}", line=1)
-            out = []
-            for row in reader:
-                if not any(cell.strip() for cell in row):
-                    continue
-                if len(row) != len(header):
-                    raise InputError(path, f"{len(row)} fields, the header has {len(header)}", line=reader.line_num)
-                if not row[column].strip():
-                    raise InputError(path, "empty mutant", line=reader.line_num)
-                out.append(parse_mutant(row[column], letters, path, reader.line_num))
-    except UnicodeDecodeError:
-        raise InputError(path, "not UTF-8 text") from None
-    except csv.Error as exc:
-        raise InputError(path, f"malformed CSV: {exc}") from None
-    if not out:
-        raise InputError(path, "no mutants after the header")
-    return out
+# --- forward passes -------------------------------------------------------------------------------------------
 
 
 def window_start(length: int, room: int, positions: tuple[int, ...]) -> int:
@@ -153,14 +129,25 @@ def window_start(length: int, room: int, positions: tuple[int, ...]) -> int:
     return int(min(max(centre - room // 2, 0), max(length - room, 0)))
 
 
-def _masked_rows(residues: np.ndarray, room: int, site_sets: list[tuple[int, ...]]):
-    """Token rows (B, T), one per site set, the sites masked, and each site's token position (B, k)."""
-    starts = [window_start(residues.size, room, sites) for sites in site_sets]
-    rows = batch_tokens([residues] * len(site_sets), starts, max_residues=room)
+def masked_rows(sequences: list[np.ndarray], room: int, site_sets: list[tuple[int, ...]]):
+    """Token rows (B, T), one per site set of its sequence (``sequences[b]``), each in the window of ``room``
+    residues centred on its sites, the sites masked; and each site's token position (B, k)."""
+    starts = [window_start(s.size, room, sites) for s, sites in zip(sequences, site_sets)]
+    rows = batch_tokens(sequences, starts, max_residues=room)
     tokens = torch.from_numpy(rows.tokens)
     positions = torch.tensor([[p - s + RESIDUE_OFFSET for p in sites] for s, sites in zip(starts, site_sets)])
     tokens[torch.arange(len(site_sets))[:, None], positions] = alphabet.MASK_ID
     return tokens, positions
+
+
+def token_log_probs(model: PMLMModel, reps: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor):
+    """(N, 20) float32 log P(x = a) at token ``positions[n]`` of row ``rows[n]`` of the representations ``reps``
+    (B, T, C): the token head's softmax, or on a pair-only encoder the marginal of the pair head's diagonal pair
+    (i, i), as its objective trains it."""
+    if model.token_head is not None:
+        return torch.log_softmax(model.token_head(reps[rows, positions]).float(), dim=-1)
+    logits, _ = model.pair_head(reps, torch.stack([rows, positions, positions], dim=1))
+    return residue_joint(logits.float()).sum(dim=-1).log()
 
 
 @torch.no_grad()
@@ -170,15 +157,9 @@ def site_log_probs(model: PMLMModel, residues: np.ndarray, positions: list[int],
     out = {}
     for k in range(0, len(positions), ROWS_PER_PASS):
         chunk = positions[k : k + ROWS_PER_PASS]
-        tokens, pos = _masked_rows(residues, room, [(p,) for p in chunk])
-        tokens, pos = tokens.to(device), pos[:, 0].to(device)
-        reps = model.encode(tokens)  # (B, T, C)
-        rows = torch.arange(len(chunk), device=device)
-        if model.token_head is not None:
-            log_p = torch.log_softmax(model.token_head(reps[rows, pos]).float(), dim=-1)  # (B, 20)
-        else:  # pair-only: the marginal of the diagonal pair (i, i)
-            logits, _ = model.pair_head(reps, torch.stack([rows, pos, pos], dim=1))
-            log_p = residue_joint(logits.float()).sum(dim=-1).log()  # (B, 20)
+        tokens, pos = masked_rows([residues] * len(chunk), room, [(p,) for p in chunk])
+        reps = model.encode(tokens.to(device))  # (B, T, C)
+        log_p = token_log_probs(model, reps, torch.arange(len(chunk), device=device), pos[:, 0].to(device))
         for p, values in zip(chunk, log_p.double().cpu().numpy()):
             out[p] = values
     return out
@@ -196,7 +177,7 @@ def pair_log_joints(
     out = {}
     for k in range(0, len(pairs), ROWS_PER_PASS):
         chunk = pairs[k : k + ROWS_PER_PASS]
-        tokens, pos = _masked_rows(residues, room, chunk)
+        tokens, pos = masked_rows([residues] * len(chunk), room, chunk)
         tokens, pos = tokens.to(device), pos.to(device)
         reps = model.encode(tokens)  # (B, T, C)
         rows = torch.arange(len(chunk), device=device)
@@ -217,7 +198,7 @@ def triple_log_joints(
     out = {}
     for k in range(0, len(triples), ROWS_PER_PASS):
         chunk = triples[k : k + ROWS_PER_PASS]
-        tokens, pos = _masked_rows(residues, room, chunk)
+        tokens, pos = masked_rows([residues] * len(chunk), room, chunk)
         tokens, pos = tokens.to(device), pos.to(device)
         reps = model.encode(tokens)  # (B, T, C)
         rows = torch.arange(len(chunk), device=device)[:, None]
@@ -228,82 +209,122 @@ def triple_log_joints(
     return out
 
 
-def _check_window(mutants: list[Mutant], room: int, path: str, what: str, fallback: str) -> None:
-    for m in mutants:
-        first, last = m.sites[0].pos, m.sites[-1].pos
-        if last - first >= room:
-            raise InputError(
-                path,
-                f"{m.text!r}: sites {first + 1} and {last + 1} do not fit in one window of {room} "
-                f"residues, so the {what} has no joint for them (use {fallback})",
-                line=m.line,
-            )
+# --- the rule -------------------------------------------------------------------------------------------------
 
 
-def score_mutants(
+@dataclass
+class MutantScores:
+    """The rows of ``mutant_scores`` (one per mutant, the module docstring's columns but the input's and
+    ``precision``), the forward rows run (``sites``, ``pairs``, ``triples``), the mutants scored additively because
+    their sites do not fit one window (kind -> count) and that window (residues)."""
+
+    rows: list[dict]
+    forward_rows: dict[str, int]
+    far_apart: Counter
+    window: int
+
+
+def _refuse_far(m, path: str, room: int, what: str, fallback: str) -> None:
+    first, last = m.sites[0].pos, m.sites[-1].pos
+    raise InputError(
+        path,
+        f"{m.text!r}: sites {first + 1} and {last + 1} do not fit in one window of {room} residues, so the "
+        f"{what} has no joint for them (use {fallback})",
+        line=m.line,
+    )
+
+
+def _source(m, double: str, triple: str, heads: tuple[bool, bool], fits: bool, room: int, path: str) -> str | None:
+    """The rule (module docstring) that scores mutant ``m``, whose sites ``fits`` in one window of ``room``
+    residues or not; None for a single. ``heads``: whether the encoder has a (pair, triple) head."""
+    has_pair, has_triple = heads
+    n = len(m.sites)
+    if n == 1:
+        return None
+    if n == 2:
+        if double == "additive" or (double == "auto" and not (has_pair and fits)):
+            return ADDITIVE
+        if not fits:
+            _refuse_far(m, path, room, "pair head", "--double additive")
+        return PAIR_JOINT
+    if triple == "additive":
+        return ADDITIVE
+    if triple == "auto":
+        if not fits:
+            return ADDITIVE
+        return TRIPLE_JOINT if n == 3 and has_triple else PAIRS if has_pair else ADDITIVE
+    if triple == "triple" and n > 3:
+        raise InputError(
+            path,
+            f"{m.text!r}: {n} sites, and the triple head's joint holds three (use --triple auto, pairs or additive)",
+            line=m.line,
+        )
+    if not fits:
+        _refuse_far(m, path, room, "triple head" if triple == "triple" else "pair head", "--triple additive")
+    return TRIPLE_JOINT if triple == "triple" else PAIRS
+
+
+def _check_heads(mutants, double: str, triple: str, heads: tuple[bool, bool], path: str, model_name: str) -> None:
+    has_pair, has_triple = heads
+    sizes = {len(m.sites) for m in mutants}
+    if 2 in sizes and double == "pair" and not has_pair:
+        raise InputError(
+            model_name,
+            f"no pair head (an MLM model): the double mutants of {path} need the pair "
+            "head's joint (a PMLM model), or --double additive",
+        )
+    if 3 in sizes and triple == "triple" and not has_triple:
+        raise InputError(
+            model_name,
+            f"no triple head: the triple mutants of {path} need a Triple MLM (objective tmlm), "
+            "or --triple pairs / additive",
+        )
+    if max(sizes, default=0) >= 3 and triple == "pairs" and not has_pair:
+        raise InputError(
+            model_name,
+            "no pair head (an MLM model): --triple pairs needs the pair head's joints; use --triple additive",
+        )
+
+
+def mutant_scores(
     model: PMLMModel,
     residues: np.ndarray,
-    mutants: list[Mutant],
+    mutants: list,
     *,
     double: str = "auto",
     triple: str = "auto",
     device="cpu",
     path: str = "mutations",
     model_name: str = "the encoder",
-) -> list[dict]:
-    """One output row per mutant (the module docstring's columns); ``path`` and ``model_name`` name the mutant
-    file and the encoder in errors."""
+) -> MutantScores:
+    """Every mutant (anything with ``text``, ``sites`` sorted by position and ``line``) scored by the module
+    docstring's rule; ``path`` and ``model_name`` name the mutant file and the encoder in errors."""
     if double not in DOUBLE_MODES:
         raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
     if triple not in TRIPLE_MODES:
         raise ConfigError(f"--triple must be one of {', '.join(TRIPLE_MODES)}, got {triple!r}")
-    doubles = [m for m in mutants if len(m.sites) == 2]
-    triples = [m for m in mutants if len(m.sites) == 3]
-    has_pair, has_triple = model.pair_head is not None, getattr(model, "triple_head", None) is not None
-    use_pair = double == "pair" or (double == "auto" and has_pair)
-    if doubles and use_pair and not has_pair:
-        raise InputError(
-            model_name,
-            f"no pair head (an MLM model): the double mutants of {path} need the pair "
-            "head's joint (a PMLM model), or --double additive",
-            line=None,
-        )
-    triple_source = triple if triple != "auto" else TRIPLE_JOINT if has_triple else PAIRS if has_pair else ADDITIVE
-    triple_source = {"triple": TRIPLE_JOINT}.get(triple_source, triple_source)
-    if triples and triple_source == TRIPLE_JOINT and not has_triple:
-        raise InputError(
-            model_name,
-            f"no triple head: the triple mutants of {path} need a Triple MLM (objective "
-            "tmlm), or --triple pairs / additive",
-            line=None,
-        )
-    if triples and triple_source == PAIRS and not has_pair:
-        raise InputError(
-            model_name,
-            "no pair head (an MLM model): --triple pairs needs the pair head's joints; use --triple additive",
-            line=None,
-        )
+    heads = (model.pair_head is not None, getattr(model, "triple_head", None) is not None)
+    _check_heads(mutants, double, triple, heads, path, model_name)
     room = max_residues(model.cfg.max_len)
-    if use_pair:
-        _check_window(doubles, room, path, "pair head", "--double additive")
-    if triple_source in (TRIPLE_JOINT, PAIRS):
-        _check_window(
-            triples, room, path, "triple head" if triple_source == TRIPLE_JOINT else "pair head", "--triple additive"
-        )
-    singles = site_log_probs(model, residues, sorted({s.pos for m in mutants for s in m.sites}), device)
-    pair_sets = {(m.sites[0].pos, m.sites[1].pos) for m in doubles} if use_pair else set()
-    if triple_source == PAIRS:
-        pair_sets |= {
+    sources, far = [], Counter()
+    for m in mutants:
+        fits = m.sites[-1].pos - m.sites[0].pos < room
+        sources.append(_source(m, double, triple, heads, fits, room, path))
+        if not fits and sources[-1] == ADDITIVE and _source(m, double, triple, heads, True, room, path) != ADDITIVE:
+            far[kind(len(m.sites))] += 1  # a joint's rule had the sites fitted one window
+    pairs = sorted(
+        {
             (a.pos, b.pos)
-            for m in triples
-            for a, b in ((m.sites[0], m.sites[1]), (m.sites[0], m.sites[2]), (m.sites[1], m.sites[2]))
+            for m, source in zip(mutants, sources)
+            if source in (PAIR_JOINT, PAIRS)
+            for a, b in itertools.combinations(m.sites, 2)
         }
-    joints = pair_log_joints(model, residues, sorted(pair_sets), device) if pair_sets else {}
-    triple_joints = (
-        triple_log_joints(model, residues, sorted({tuple(s.pos for s in m.sites) for m in triples}), device)
-        if triple_source == TRIPLE_JOINT and triples
-        else {}
     )
+    triples = sorted({tuple(s.pos for s in m.sites) for m, source in zip(mutants, sources) if source == TRIPLE_JOINT})
+    sites = sorted({s.pos for m in mutants for s in m.sites})
+    singles = site_log_probs(model, residues, sites, device)
+    joints = pair_log_joints(model, residues, pairs, device) if pairs else {}
+    triple_joints = triple_log_joints(model, residues, triples, device) if triples else {}
 
     def single(s: Site) -> float:
         return float(singles[s.pos][s.mut] - singles[s.pos][s.wt])
@@ -313,85 +334,39 @@ def score_mutants(
         return float(log_joint[a.mut, b.mut] - log_joint[a.wt, b.wt])
 
     rows = []
-    for m in mutants:
+    for m, source in zip(mutants, sources):
         additive = sum(single(s) for s in m.sites)
-        row = {
-            "mutant": m.text,
-            "kind": KINDS[len(m.sites)],
-            "score": additive,
-            "additive": additive,
-            "epistasis": None,
-            "double_from": None,
-            "triple_from": None,
-        }
-        if len(m.sites) == 2:
-            a, b = m.sites
-            source = PAIR_JOINT if use_pair else ADDITIVE
-            score = pair_score(a, b) if use_pair else additive
-            row.update(score=score, epistasis=score - additive, double_from=source)
-        elif len(m.sites) == 3:
+        score = additive
+        if source == PAIR_JOINT:
+            score = pair_score(*m.sites)
+        elif source == TRIPLE_JOINT:
             a, b, c = m.sites
-            if triple_source == TRIPLE_JOINT:
-                log_joint = triple_joints[(a.pos, b.pos, c.pos)]
-                score = float(log_joint[a.mut, b.mut, c.mut] - log_joint[a.wt, b.wt, c.wt])
-            elif triple_source == PAIRS:
-                # the singles plus each pair's epistasis (its double score minus its two singles)
-                score = pair_score(a, b) + pair_score(a, c) + pair_score(b, c) - additive
-            else:
-                score = additive
-            row.update(score=score, epistasis=score - additive, triple_from=triple_source)
-        rows.append(row)
-    return rows
-
-
-def write_scores(path: str | Path, rows: list[dict]) -> None:
-    with atomic_output(path) as tmp, open(tmp, "w", newline="") as fh:
-        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
-        writer.writerow(OUT_COLUMNS)
-        for row in rows:
-            writer.writerow(
-                ["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c] for c in OUT_COLUMNS]
+            log_joint = triple_joints[(a.pos, b.pos, c.pos)]
+            score = float(log_joint[a.mut, b.mut, c.mut] - log_joint[a.wt, b.wt, c.wt])
+        elif source == PAIRS:  # the singles plus each pair's epistasis (its double score minus its two singles)
+            score = additive + sum(
+                pair_score(a, b) - single(a) - single(b) for a, b in itertools.combinations(m.sites, 2)
             )
+        row = {"mutant": m.text, "kind": kind(len(m.sites)), "score": score, "additive": additive}
+        row.update({"epistasis": None if source is None else score - additive, **dict.fromkeys(SOURCE_COLUMN.values())})
+        if source is not None:
+            row[SOURCE_COLUMN[row["kind"]]] = source
+        rows.append(row)
+    forward_rows = {"sites": len(sites), "pairs": len(pairs), "triples": len(triples)}
+    return MutantScores(rows, forward_rows, far, room)
 
 
-def score_fasta(
-    model: str,
-    sequence: str,
-    mutations: str,
-    out: str,
-    *,
-    double: str = "auto",
-    triple: str = "auto",
-    device: str = "auto",
-    precision: str = "auto",
-) -> dict:
-    """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
-    ``model`` at ``precision`` (``--precision``); writes the TSV ``out``. Returns the wild type's id, the rows and
-    the precision."""
-    dev = pick_device(device)
-    encoder, info, weights = load_encoder(model, dev)
-    recorded = recorded_precision(info, weights)
-    arithmetic = evaluation_precision(dev, recorded, precision, trained="the encoder", command="pmlm score")
-    records = read_fasta_sequences(sequence)
-    if len(records) != 1:
-        raise InputError(
-            sequence,
-            f"expected one sequence (the wild type), found {len(records)}",
-            line=records[1].line if len(records) > 1 else None,
-        )
-    wild = records[0]
-    mutants = read_mutants(mutations, wild.letters)
-    with arithmetic.autocast():
-        rows = score_mutants(
-            encoder,
-            wild.residues,
-            mutants,
-            double=double,
-            triple=triple,
-            device=dev,
-            path=mutations,
-            model_name=str(weights),
-        )
-    rows = [{**row, "precision": arithmetic.name} for row in rows]
-    write_scores(out, rows)
-    return {"id": wild.id, "rows": rows, "precision": arithmetic.name}
+def score_mutants(model: PMLMModel, residues: np.ndarray, mutants: list, **options) -> list[dict]:
+    """The rows of ``mutant_scores`` (same options): mutant, kind, score, additive, epistasis, double_from,
+    triple_from, multi_from."""
+    return mutant_scores(model, residues, mutants, **options).rows
+
+
+def far_apart_notes(scored: MutantScores) -> list[str]:
+    """One line per kind of mutant scored additively because its sites do not fit one window."""
+    return [
+        f"{n} {what}{'' if n == 1 else 's'} scored additively: sites farther apart than the window of "
+        f"{scored.window} residues"
+        for what in SOURCE_COLUMN
+        if (n := scored.far_apart[what])
+    ]

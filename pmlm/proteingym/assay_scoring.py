@@ -1,26 +1,33 @@
 """``pmlm proteingym score``: every mutant of one assay scored by one encoder, and the assay's metrics.
 
-A mutant's score is its log-likelihood ratio against the wild type (``target_seq``):
+A mutant's score is its log-likelihood ratio against the wild type (``target_seq``), by the one rule
+``pmlm score`` uses (``pmlm.inference.mutations.mutant_scores``, whose docstring is the full statement):
 
 * single ``A23G``: the masked marginal log P(G) - log P(A) at site 23, that site masked (ESM-1v's score);
 * double ``A23G:L40P`` on an encoder with a pair head: the pair head's joint, both sites masked,
-  log P(G, P) - log P(A, L) (``double_from = pair_joint``); a double whose sites do not fit in one window, and
-  every double of an encoder without a pair head (or with ``--double additive``), gets the additive score;
-* three or more sites: additive, the sum of the single-site masked marginals (the pair head has no joint of
-  more than two residues);
-* ``additive`` beside every score: the sum of the single-site masked marginals, so the pair joint's doubles can
-  be compared with additive scoring on the same mutants.
+  log P(G, P) - log P(A, L) (``double_from = pair_joint``); every double of an encoder without a pair head (or
+  with ``--double additive``) gets the additive score;
+* triple: the Triple MLM's joint of the three sites masked (``triple_from = triple_joint``), else on an encoder
+  with a pair head the singles plus the three pairs' epistasis (``pairs``), else additive;
+* four or more sites: the singles plus every pair's epistasis on an encoder with a pair head
+  (``multi_from = pairs``), else additive;
+* a mutant whose first and last sites do not fit in one window of the model gets the additive score (counted in
+  the summary's ``far_apart`` and said on stderr); with ``--double pair`` such a double is an error;
+* ``additive`` beside every score: the sum of the single-site masked marginals, so the joints can be compared
+  with additive scoring on the same mutants.
 
 The forward passes (``pmlm.inference.mutations``): one masked row per distinct mutated site gives all 19
-substitutions there, one row per distinct pair of a double gives its 20 x 20 joint; rows are batched 32 to a
-forward pass, each in a window of the model's size centred on its site(s), so proteins longer than the window
-are read around the mutated sites. Masked marginals need one masked site per row: masking several sites in one
-row would condition each on the others' masks, so no fewer rows give the same scores.
+substitutions there, one row per distinct pair its 20 x 20 joint, one per distinct triple (Triple MLM) its
+20 x 20 x 20 joint; rows are batched 32 to a forward pass, each in a window of the model's size centred on its
+site(s), so proteins longer than the window are read around the mutated sites. Masked marginals need one masked
+site per row: masking several sites in one row would condition each on the others' masks, so no fewer rows give
+the same scores.
 
 Outputs: ``PREFIX.tsv`` (one row per kept mutant, in file order: ``mutant``, ``depth``, ``DMS_score``,
-``DMS_score_bin``, ``score``, ``additive``, ``double_from``) and ``PREFIX.json`` (counts, skips, costs and the
-metrics of ``pmlm.evaluation.fitness`` per scorer and mutational depth, a permutation p-value of the
-Spearman on all mutants, and the doubles' epistasis against the measured one where both singles are in the assay).
+``DMS_score_bin``, ``score``, ``additive``, ``double_from``, ``triple_from``, ``multi_from``) and
+``PREFIX.json`` (counts, skips, costs and the metrics of ``pmlm.evaluation.fitness`` per scorer and mutational
+depth, a permutation p-value of the Spearman on all mutants, and the doubles' epistasis against the measured one
+where both singles are in the assay).
 """
 
 from __future__ import annotations
@@ -41,67 +48,57 @@ from pmlm.errors import ConfigError
 from pmlm.evaluation.fitness import fitness_metrics, spearman, spearman_permutation_p
 from pmlm.files import atomic_output
 from pmlm.inference import mutations
-from pmlm.inference.mutations import ADDITIVE, DOUBLE_MODES, PAIR_JOINT, pair_log_joints, site_log_probs
+from pmlm.inference.mutations import (
+    ADDITIVE,
+    DOUBLE_MODES,
+    PAIR_JOINT,
+    SOURCE_COLUMN,
+    far_apart_notes,
+    mutant_scores,
+)
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.proteingym.assays import AssayMutant, read_assay
 from pmlm.proteingym.reference import find_assay, read_selection
-from pmlm.tokens import max_residues
 from pmlm.version import versions
 
-SCORE_COLUMNS = ("mutant", "depth", "DMS_score", "DMS_score_bin", "score", "additive", "double_from")
+SOURCES = tuple(SOURCE_COLUMN.values())  # double_from, triple_from, multi_from
+SCORE_COLUMNS = ("mutant", "depth", "DMS_score", "DMS_score_bin", "score", "additive", *SOURCES)
 # subsets of an assay's mutants by number of sites (ProteinGym's Depth_1, Depth_2, ...; 3+ pooled here)
 SUBSETS = {"all": lambda d: d >= 1, "depth1": lambda d: d == 1, "depth2": lambda d: d == 2, "depth3+": lambda d: d >= 3}
 
 
 def score_assay(
-    model: PMLMModel, residues: np.ndarray, mutants: list[AssayMutant], *, double: str = "auto", device="cpu"
+    model: PMLMModel,
+    residues: np.ndarray,
+    mutants: list[AssayMutant],
+    *,
+    double: str = "auto",
+    device="cpu",
+    where: str = "assay",
 ) -> dict:
-    """Per mutant (arrays in the order of ``mutants``): ``score``, ``additive``, ``depth``, ``double_from``; and
-    the cost: forward rows and passes, seconds."""
+    """Per mutant (arrays in the order of ``mutants``): ``score``, ``additive``, ``depth``, ``double_from``,
+    ``triple_from``, ``multi_from`` ('' where it does not apply); the mutants scored additively because their
+    sites do not fit one window (``far_apart``, and ``notes`` saying so); and the cost: forward rows and passes,
+    seconds. ``where`` names the assay file in errors."""
     if double not in DOUBLE_MODES:
         raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
     if double == "pair" and model.pair_head is None:
         raise ConfigError("--double pair needs an encoder with a pair head (PMLM); this one has none (MLM)")
-    use_pair = model.pair_head is not None and double != "additive"
-    room = max_residues(model.cfg.max_len)
     start = time.perf_counter()
-    sites = sorted({s.pos for m in mutants for s in m.sites})
-    singles = site_log_probs(model, residues, sites, device)
-    pairs = (
-        sorted(
-            {
-                (m.sites[0].pos, m.sites[1].pos)
-                for m in mutants
-                if len(m.sites) == 2 and m.sites[1].pos - m.sites[0].pos < room
-            }
-        )
-        if use_pair
-        else []
-    )
-    joints = pair_log_joints(model, residues, pairs, device) if pairs else {}
+    scored = mutant_scores(model, residues, mutants, double=double, device=device, path=where)
     seconds = time.perf_counter() - start
-    n = len(mutants)
-    additive, score = np.empty(n), np.empty(n)
-    depth = np.array([len(m.sites) for m in mutants], dtype=np.int64)
-    double_from = [""] * n
-    for k, m in enumerate(mutants):
-        additive[k] = sum(float(singles[s.pos][s.mut] - singles[s.pos][s.wt]) for s in m.sites)
-        score[k] = additive[k]
-        if len(m.sites) == 2:
-            a, b = m.sites
-            joint = joints.get((a.pos, b.pos))
-            if joint is not None:
-                score[k] = float(joint[a.mut, b.mut] - joint[a.wt, b.wt])
-            double_from[k] = PAIR_JOINT if joint is not None else ADDITIVE
+    rows = scored.rows
     return {
-        "score": score,
-        "additive": additive,
-        "depth": depth,
-        "double_from": double_from,
-        "use_pair": use_pair,
-        "forward_rows": {"sites": len(sites), "pairs": len(pairs)},
-        "forward_passes": -(-len(sites) // mutations.ROWS_PER_PASS) - (-len(pairs) // mutations.ROWS_PER_PASS),
+        "score": np.array([r["score"] for r in rows], dtype=np.float64),
+        "additive": np.array([r["additive"] for r in rows], dtype=np.float64),
+        "depth": np.array([len(m.sites) for m in mutants], dtype=np.int64),
+        **{column: [r[column] or "" for r in rows] for column in SOURCES},
+        "use_pair": model.pair_head is not None and double != "additive",
+        "far_apart": dict(scored.far_apart),
+        "notes": far_apart_notes(scored),
+        "forward_rows": scored.forward_rows,
+        "forward_passes": sum(-(-n // mutations.ROWS_PER_PASS) for n in scored.forward_rows.values()),
         "seconds": seconds,
     }
 
@@ -165,7 +162,7 @@ def write_scores(path, mutants: list[AssayMutant], scored: dict) -> None:
                     m.dms_bin,
                     repr(float(scored["score"][k])),
                     repr(float(scored["additive"][k])),
-                    scored["double_from"][k],
+                    *(scored[column][k] for column in SOURCES),
                 ]
             )
 
@@ -207,7 +204,11 @@ def score(
             file=sys.stderr,
         )
     encoder, _, weights = load_encoder(model, device)
-    scored = score_assay(encoder, alphabet.encode(assay.target_seq), read.mutants, double=double, device=device)
+    scored = score_assay(
+        encoder, alphabet.encode(assay.target_seq), read.mutants, double=double, device=device, where=where
+    )
+    for note in scored["notes"]:
+        print(f"pmlm proteingym score: {where}: {note}", file=sys.stderr)
     depths = Counter(int(d) for d in scored["depth"])
     summary = {
         "assay": assay.row(),
@@ -217,6 +218,7 @@ def score(
             "bytes": weights.stat().st_size,
             "max_len": encoder.cfg.max_len,
             "pair_head": encoder.pair_head is not None,
+            "triple_head": getattr(encoder, "triple_head", None) is not None,
         },
         "double": double,
         "counts": {
@@ -226,6 +228,9 @@ def score(
             "first_skipped": read.first_skipped,
             "depth": {str(d): n for d, n in sorted(depths.items())},
             "doubles_from": dict(Counter(f for f in scored["double_from"] if f)),
+            "triples_from": dict(Counter(f for f in scored["triple_from"] if f)),
+            "multi_from": dict(Counter(f for f in scored["multi_from"] if f)),
+            "far_apart": scored["far_apart"],
         },
         "cost": {
             "forward_rows": scored["forward_rows"],
