@@ -77,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokens-per-batch",
         type=int,
+        metavar="N",
         help=f"--saturation: token budget of a forward pass, rows x padded width (default {DEFAULT_TOKENS_PER_BATCH})",
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

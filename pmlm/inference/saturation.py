@@ -102,7 +102,8 @@ def plan_rows(chunk: list[np.ndarray], room: int, marginal: str) -> list[Row]:
         starts = window_starts(n, room)
         centres = np.array([s + (min(room, n - s) - 1) / 2 for s in starts])
         owner = np.abs(known[:, None] - centres[None, :]).argmin(axis=1)  # the first on a tie
-        rows += [Row(k, s, min(room, n - s), tuple(int(p) for p in known[owner == w])) for w, s in enumerate(starts)]
+        owned = [tuple(int(p) for p in known[owner == w]) for w in range(len(starts))]
+        rows += [Row(k, s, min(room, n - s), sites) for s, sites in zip(starts, owned) if sites]
     return rows
 
 
@@ -164,8 +165,6 @@ def saturation_scores(
         wild = [_classes(s) for s in chunk]
         for batch in plan_batches(plan_rows(chunk, room, marginal), tokens_per_batch):
             tokens, rows, positions, sites = _batch_inputs(batch, chunk, room, marginal)
-            if not sites:
-                continue
             with autocast():
                 reps = model.encode(tokens.to(device))  # (B, T, C)
                 log_p = token_log_probs(model, reps, rows.to(device), positions.to(device))  # (N, 20)
