@@ -124,6 +124,14 @@ def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") ->
     """(model in eval mode on ``device``, sidecar info, weights path) of a pre-trained encoder given as its
     ``model.safetensors`` or the folder holding it; callers choose the grad mode."""
     weights = artefact_file(path, ENCODER_FILE)
+    if is_head(path):
+        raise InputError(path, _head_not_encoder(path))
+    if weights.is_file() and weights.suffix != ".safetensors":
+        raise InputError(
+            weights,
+            f"not encoder weights: MODEL is {ENCODER_FILE} (with model.json beside it) or the folder holding them"
+            + (f"; here {weights.with_suffix('.safetensors')}" if weights.suffix == ".json" else ""),
+        )
     if not weights.is_file():
         raise InputError(
             weights,
@@ -142,6 +150,20 @@ def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") ->
     model_cfg, objective = encoder_configs(info, weights)
     model = encoder_from_state(model_cfg, objective, read_weights(weights), weights, sidecar_path(weights).name)
     return model.to(device).eval(), info, weights
+
+
+def _head_not_encoder(path: str | os.PathLike) -> str:
+    """What to say where an encoder was expected and a fine-tuned head was given: the command that reads heads,
+    and the encoder this head records."""
+    head = artefact_file(path, HEAD_FILE)
+    try:
+        encoder = os.path.normpath(head.parent / read_head_info(head)["encoder"]["path"])
+    except (InputError, KeyError, TypeError):
+        encoder = "the encoder it was fine-tuned on"
+    return (
+        f"a fine-tuned head ({HEAD_FILE}), not an encoder; a head is used with its encoder: pmlm contacts MODEL FASTA "
+        f"--head HEAD, MODEL being the encoder the head records, here {encoder}"
+    )
 
 
 def is_esm(info: dict) -> bool:

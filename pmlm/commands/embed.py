@@ -6,7 +6,12 @@ import argparse
 import sys
 
 from pmlm.commands import add_precision
+from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
+
+# pmlm.inference.sequences.UNKNOWN_CHOICES (tests/test_embed.py holds them equal): written out here, where the
+# parser is built without the engine's imports
+UNKNOWN_CHOICES = ("error", "x", "skip")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,10 +19,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "OUT: one row per residue (id, position 1-based, residue, embedding list<float32>); the per-sequence "
         "file: id, length, embedding (mean over the residues). Sequences longer than the model's window are "
         "read as overlapping windows, each residue averaged over the windows holding it. Both files' schema "
-        "metadata (key pmlm) holds the settings, among them the precision the forward passes used."
+        "metadata (key pmlm) holds the settings, among them the precision the forward passes used. Lowercase "
+        "letters are read as uppercase. Both outputs are checked before any work and appear together at the end."
     )
     p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
-    p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz; residues ACDEFGHIKLMNPQRSTVWY or X)")
+    p.add_argument(
+        "fasta",
+        metavar="FASTA",
+        help="protein sequences (FASTA or FASTA.gz; residues ACDEFGHIKLMNPQRSTVWY or X, either case)",
+    )
     p.add_argument("-o", "--out", required=True, metavar="OUT.parquet", help="per-residue embeddings")
     p.add_argument(
         "--per-sequence", metavar="PATH.parquet", help="per-sequence means (default: OUT with .per_sequence.parquet)"
@@ -35,8 +45,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TOKENS_PER_BATCH,
         help="token budget of a forward pass: rows x padded width (default %(default)s)",
     )
+    p.add_argument(
+        "--unknown",
+        choices=UNKNOWN_CHOICES,
+        default="error",
+        help="letters outside the alphabet (B, Z, J, U, O, ...): error (default: one line naming the file and line), "
+        "x = read each as X, the unknown residue, or skip = leave such records out; repairs are counted on stderr",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the encoder's")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         tokens_per_batch=args.tokens_per_batch,
         device=args.device,
         precision=args.precision,
+        unknown=args.unknown,
+        overwrite=args.overwrite,
     )
+    for line in done["report"].repairs():
+        print(f"pmlm embed: {line}", file=sys.stderr)
     print(
         f"pmlm embed: {done['sequences']} sequences, {done['residues']:,} residues, layer {done['layer']} "
         f"of {done['num_layers']}, {done['precision']} -> {args.out}, {done['per_sequence']}",

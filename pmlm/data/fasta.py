@@ -135,3 +135,27 @@ def read_fasta(path: str | os.PathLike, repairs: Counter | None = None) -> Itera
         text.close()
     if n == 0:
         raise InputError(path, "no FASTA records found (no line starts with '>')")
+
+
+def sequence_line(path: str | os.PathLike, header_line: int, position: int) -> int:
+    """The 1-based line of ``path`` that holds residue ``position`` (1-based, counted as :func:`read_fasta` joins a
+    record's lines) of the record whose header is at ``header_line``; the header's line if the record is shorter.
+
+    Read again from the start when asked (an error message's line), so that records keep no line numbers beyond
+    their header's: a record of 40,000 residues over 700 lines costs nothing more to read."""
+    raw = open_binary(path)
+    text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline=None)
+    try:
+        count = 0
+        for n, line in enumerate(text, start=1):
+            if n <= header_line:
+                continue
+            if line[:1] == ">":
+                break
+            # what SimpleFastaParser keeps of a sequence line
+            count += len(line.rstrip().replace(" ", "").replace("\r", ""))
+            if count >= position:
+                return n
+    finally:
+        text.close()
+    return header_line

@@ -10,7 +10,13 @@ embedding is the mean over the windows that hold it (``pmlm.tokens.WindowMean``)
 by a token budget: rows x padded width <= ``--tokens-per-batch``, longest first within a chunk of the
 input, so padding stays small; rows come out in input order.
 
-Outputs (written under temporary names, renamed at the end):
+Input: the FASTA is read twice, streamed (``pmlm.inference.sequences``): a first pass checks every record (and
+counts the repairs ``unknown`` asks for) keeping only the ids, before the model is loaded; the second computes, a
+chunk of records at a time. So the peak memory is set by the token budget and the longest sequence, not by the
+number of sequences.
+
+Outputs (checked before any work and written under temporary names, both renamed together at the end, so neither
+appears unless both do; ``pmlm.outputs``):
 
 * ``OUT`` (one row per residue): ``id`` string, ``position`` int32 (1-based), ``residue`` string,
   ``embedding`` list<float32> (C values);
@@ -25,6 +31,7 @@ key ``pmlm``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +43,10 @@ import torch
 
 from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError
-from pmlm.files import atomic_output, file_digest
-from pmlm.inference.sequences import Sequence, read_fasta_sequences
+from pmlm.files import file_digest
+from pmlm.inference.sequences import UNKNOWN_ERROR, Sequence, check_fasta, iter_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
+from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import (
@@ -57,6 +65,7 @@ from pmlm.version import __version__
 # chunk's embeddings stay small in memory before they are written
 CHUNK_BATCHES = 16
 PER_SEQUENCE_SUFFIX = ".per_sequence.parquet"
+UNKNOWN_OPTION = "--unknown"  # pmlm embed's option for letters outside the alphabet, named in errors
 
 
 @dataclass(frozen=True)
@@ -201,16 +210,18 @@ def schema(settings: dict) -> tuple[pa.Schema, pa.Schema]:
     return residues, per_sequence
 
 
-def chunks(records: list[Sequence], residues_per_chunk: int):
-    """Consecutive runs of records of about ``residues_per_chunk`` residues each."""
-    start, total = 0, 0
-    for k, record in enumerate(records):
+def chunks(records: Iterable[Sequence], residues_per_chunk: int) -> Iterator[list[Sequence]]:
+    """Consecutive runs of records of about ``residues_per_chunk`` residues each, read from ``records`` as they come."""
+    chunk: list[Sequence] = []
+    total = 0
+    for record in records:
+        chunk.append(record)
         total += len(record.letters)
         if total >= residues_per_chunk:
-            yield records[start : k + 1]
-            start, total = k + 1, 0
-    if start < len(records):
-        yield records[start:]
+            yield chunk
+            chunk, total = [], 0
+    if chunk:
+        yield chunk
 
 
 def default_per_sequence(out: str | Path) -> Path:
@@ -220,7 +231,8 @@ def default_per_sequence(out: str | Path) -> Path:
 
 def write_embeddings(
     model: PMLMModel,
-    records: list[Sequence],
+    records: Iterable[Sequence],
+    count: int,
     out: Path,
     per_sequence: Path,
     *,
@@ -231,11 +243,12 @@ def write_embeddings(
     settings: dict,
 ) -> None:
     residue_schema, sequence_schema = schema(settings)
+    """Embeddings of ``records`` (``count`` of them, for the progress line) into ``out`` and ``per_sequence``, both
+    appearing together when every chunk is written (pmlm.outputs.writing_files)."""
     label = "pmlm embed"
     with (
-        Progress(label, len(records), unit="sequences", rates=("residues",)) as progress,
-        atomic_output(out) as tmp_out,
-        atomic_output(per_sequence) as tmp_seq,
+        Progress(label, count, unit="sequences", rates=("residues",)) as progress,
+        writing_files([out, per_sequence]) as (tmp_out, tmp_seq),
         pq.ParquetWriter(
             tmp_out,
             residue_schema,
@@ -271,24 +284,30 @@ def embed_fasta(
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     device: str = "auto",
     precision: str = "auto",
+    unknown: str = UNKNOWN_ERROR,
+    overwrite: bool = False,
 ) -> dict:
     """Embeddings of every sequence of ``fasta`` by encoder ``model`` (file or folder): per residue into ``out``,
     per sequence into ``per_sequence`` (default: OUT with .per_sequence.parquet); ``layer`` as ``--layer``,
-    ``precision`` as ``--precision``. Returns what was written (sequences, residues, layer, num_layers,
-    per_sequence, precision)."""
+    ``precision`` as ``--precision``, ``unknown`` as ``--unknown`` (pmlm.inference.sequences), ``overwrite`` as
+    ``--overwrite`` (pmlm.outputs). Returns what was written (sequences, residues, layer, num_layers, per_sequence,
+    precision, and the SequenceReport of what was read and repaired as ``report``)."""
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
+    out = file_target(out, suffixes=(".parquet",), overwrite=overwrite)
+    per_sequence = file_target(
+        per_sequence or default_per_sequence(out), suffixes=(".parquet",), option="--per-sequence", overwrite=overwrite
+    )
+    if per_sequence.resolve() == out.resolve():
+        raise ConfigError("--per-sequence must differ from -o")
+    # the first pass: every record checked before the model is loaded; only ids are kept
+    report = check_fasta(fasta, unknown=unknown, repair_option=UNKNOWN_OPTION)
     dev = pick_device(device)
     encoder, info, weights = load_encoder(model, dev)
     arithmetic = evaluation_precision(
         dev, recorded_precision(info, weights), precision, trained="the encoder", command="pmlm embed"
     )
     layer = layer_index(layer, encoder.cfg.num_layers)
-    records = read_fasta_sequences(fasta)  # all checked before anything is computed
-    out = Path(out)
-    per_sequence = Path(per_sequence) if per_sequence else default_per_sequence(out)
-    if per_sequence.resolve() == out.resolve():
-        raise ConfigError("--per-sequence must differ from -o")
     settings = {
         "model": str(weights),
         "model_sha256": file_digest(weights),
@@ -298,11 +317,13 @@ def embed_fasta(
         "window": max_residues(encoder.cfg.max_len),
         "window_stride": max_residues(encoder.cfg.max_len) // 2,
         "precision": arithmetic.name,
+        "unknown": unknown,
         "pmlm_version": __version__,
     }
     write_embeddings(
         encoder,
-        records,
+        iter_fasta_sequences(fasta, unknown=unknown, repair_option=UNKNOWN_OPTION),  # the second pass, streamed
+        report.sequences,
         out,
         per_sequence,
         layer=layer,
@@ -312,10 +333,11 @@ def embed_fasta(
         settings=settings,
     )
     return {
-        "sequences": len(records),
-        "residues": sum(len(r.letters) for r in records),
+        "sequences": report.sequences,
+        "residues": report.residues,
         "layer": layer,
         "num_layers": encoder.cfg.num_layers,
         "per_sequence": per_sequence,
         "precision": arithmetic.name,
+        "report": report,
     }
