@@ -108,18 +108,19 @@ def test_tables_say_which_features_each_row_used(tmp_path):
         "PMLM-tiny@demo\tlinear\tM+\tt\tP@L/5_medium_long\t0.5\t3\n"
         "MLM-tiny@demo\tmlp\tM\tcb513\tQ3\t0.6\t3\n"
     )
-    write_all([("tape_contact", str(tsv)), ("secondary_structure", str(tsv))], tmp_path)
-    contact = (tmp_path / "tape_contact.md").read_text()
+    tables = tmp_path / "tables"  # a folder of its own (tmp_path holds the TSV)
+    write_all([("tape_contact", str(tsv)), ("secondary_structure", str(tsv))], tables)
+    contact = (tables / "tape_contact.md").read_text()
     assert "| ours | PMLM-tiny | demo | linear | M | t | 25.0 |" in contact
     assert "| ours | PMLM-tiny | demo | linear | M+ | t | 50.0 |" in contact
     # the paper's rows as its source marks them: PMLM-base UR50 57.7 from M, PMLM-large 66.7 from M+
     assert "| paper | PMLM-base | UR50 | linear | M | TAPE test | 57.7 |" in contact
     assert "| paper | PMLM-large | UR50 | linear | M+ | TAPE test | 66.7 |" in contact
     assert "| paper | PMLM-xl | UR50 | linear | – | TAPE test | 71.7 |" in contact  # not stated
-    ablation = (tmp_path / "ablation.md").read_text()
+    ablation = (tables / "ablation.md").read_text()
     assert "| paper | PMLM-base | linear | UR50 | M+ | RaptorX test | 39.2 |" in ablation
     assert "| ours | MLM-tiny | mlp | demo | M | cb513 | 60.0 |" not in ablation
-    assert "| ours | MLM-tiny | demo | mlp | M | 0.600 |" in (tmp_path / "secondary_structure.md").read_text()
+    assert "| ours | MLM-tiny | demo | mlp | M | 0.600 |" in (tables / "secondary_structure.md").read_text()
 
 
 def test_pretrain_table_has_the_papers_dacc_share():

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pmlm.commands import labelled_paths
+from pmlm.outputs import OVERWRITE_HELP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-residues", type=int, default=254, help="crop of each sequence (model max_len - 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="valid")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         pairs=args.pairs,
         max_residues=args.max_residues,
         seed=args.seed,
+        overwrite=args.overwrite,
     )
     for panel, by_model in summary.items():
         for name, s in by_model.items():

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from pmlm.commands import labelled_paths
+from pmlm.outputs import OVERWRITE_HELP
 
 PAIR_READOUTS = ("pair-kl", "pair-mi")
 
@@ -61,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     info.add_argument("--config-json", required=True, help="the workflow's effective configuration as JSON")
     info.add_argument("--snakemake-version", help="version of the Snakemake that runs the workflow")
     info.add_argument("--out-prefix", required=True, help="writes PREFIX.html and PREFIX.json")
+    for item in (curves, maps, sep, info):
+        item.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,19 +72,23 @@ def run(args: argparse.Namespace) -> int:
     if args.item == "curves":
         from pmlm.reports.training_curves import write_curves
 
-        paths = write_curves(args.kind, labelled_paths(args.run, "--run"), args.out_prefix)
+        paths = write_curves(args.kind, labelled_paths(args.run, "--run"), args.out_prefix, overwrite=args.overwrite)
     elif args.item == "contact-maps":
         from pmlm.reports.contact_maps import write_contact_maps
 
-        paths = write_contact_maps(args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix)
+        paths = write_contact_maps(
+            args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix, overwrite=args.overwrite
+        )
     elif args.item == "separation":
         from pmlm.reports.separation import write_precision_by_separation
 
         results = labelled_paths(args.result, "--result", unique=False)
-        paths = write_precision_by_separation(results, args.out_prefix, args.table_prefix or args.out_prefix)
+        paths = write_precision_by_separation(
+            results, args.out_prefix, args.table_prefix or args.out_prefix, overwrite=args.overwrite
+        )
     else:
         from pmlm.reports.run_info import write_run_info
 
-        paths = write_run_info(args.config_json, args.snakemake_version, args.out_prefix)
+        paths = write_run_info(args.config_json, args.snakemake_version, args.out_prefix, overwrite=args.overwrite)
     print(f"pmlm report {args.item}: wrote {', '.join(map(str, paths))}", file=sys.stderr)
     return 0

@@ -22,12 +22,13 @@ from pmlm import alphabet
 from pmlm.artefacts import read_manifest as load_manifest
 from pmlm.errors import ConfigError
 from pmlm.evaluation.pair_readout import pair_dependence
-from pmlm.figures import pyplot, save_figure
-from pmlm.files import atomic_output
+from pmlm.figures import FORMATS, pyplot
+from pmlm.outputs import prefix_targets, writing_files
 from pmlm.pretrained import load_encoder
 from pmlm.progress import Progress
 from pmlm.tokens import max_residues as window_residues  # `max_residues` is kl's crop argument
 
+KL_SUFFIXES = (*FORMATS, ".json")  # the histograms (pmlm.figures' forms), then the summary
 SEPARATION_BINS = [(1, 6, "s < 6"), (6, 12, "6 <= s < 12"), (12, 24, "12 <= s < 24"), (24, None, "s >= 24")]
 
 
@@ -95,9 +96,9 @@ def summarise(kl: np.ndarray, sep: np.ndarray) -> dict:
     return out
 
 
-def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, title: str) -> list[Path]:
-    """One panel per validation set (``results[set][model]``), side by side, with one histogram per model
-    on shared log-spaced KL bins and a shared y axis; PNG and SVG written atomically."""
+def plot_histogram(results: dict[str, dict[str, dict]], title: str):
+    """The figure: one panel per validation set (``results[set][model]``), side by side, with one histogram per
+    model on shared log-spaced KL bins and a shared y axis."""
     plt = pyplot()
     panels = list(results)
     fig, axes = plt.subplots(
@@ -125,7 +126,7 @@ def plot_histogram(results: dict[str, dict[str, dict]], prefix: str | Path, titl
     axes[0][0].set_ylabel("masked pairs")
     fig.suptitle(title)
     fig.tight_layout()
-    return save_figure(fig, prefix, dpi=150)
+    return fig
 
 
 def kl_histograms(
@@ -139,10 +140,13 @@ def kl_histograms(
     pairs: int = 16,
     max_residues: int = 254,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> dict[str, dict[str, dict]]:
     """Every model (label -> weights) read on every ``valid`` set (label -> shards folder), one panel each; a
     ``shards`` folder named after a model is that model's own ``validation`` panel. Writes PREFIX.png / .svg
-    (the histograms) and PREFIX.json (the summary it returns: panel -> model -> statistics)."""
+    (the histograms) and PREFIX.json (the summary it returns: panel -> model -> statistics): prefix targets, checked
+    before any model loads and appearing together (pmlm.outputs; ``overwrite`` as ``--overwrite``)."""
+    targets = prefix_targets(out_prefix, KL_SUFFIXES, overwrite=overwrite)
     # (panel, model, shards): every model on every valid set, then each model's own shards
     readings = [(label, name, folder) for label, folder in valid.items() for name in models]
     readings += [("validation", name, folder) for name, folder in shards.items() if name in models]
@@ -171,7 +175,10 @@ def kl_histograms(
                 "sequences": len(seqs),
                 **summarise(out["kl"], out["separation"]),
             }
-    plot_histogram(results, out_prefix, "Pair head vs independence on validation pairs")
-    with atomic_output(out_prefix + ".json") as tmp:
-        Path(tmp).write_text(json.dumps(summary, indent=2) + "\n")
+    fig = plot_histogram(results, "Pair head vs independence on validation pairs")
+    with writing_files(targets) as temps:
+        for tmp, suffix in zip(temps, FORMATS):
+            fig.savefig(tmp, format=suffix[1:], dpi=150)
+        pyplot().close(fig)
+        Path(temps[-1]).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -16,10 +16,12 @@ import torch
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
-from pmlm.figures import draw_contact_map, pyplot, save_figure
+from pmlm.figures import FORMATS, draw_contact_map, pyplot, save_figure
 from pmlm.finetune.data import evaluation_plan
 from pmlm.finetune.head_scoring import PAIR_HEADS
+from pmlm.outputs import prefix_targets
 from pmlm.pretrained import load_encoder, load_head
+from pmlm.reports.staging import staged, staged_outputs
 from pmlm.tasks.contact_task import CONTACT
 from pmlm.tasks.registry import read_task_data
 from pmlm.tasks.structures import CONTACT_THRESHOLD
@@ -104,8 +106,19 @@ def plot(maps, title: str, prefix: str | Path) -> list[Path]:
 
 
 def write_contact_maps(
-    head: str, encoder: str | None, test: str | Path, chains: int, label: str, prefix: str | Path
+    head: str,
+    encoder: str | None,
+    test: str | Path,
+    chains: int,
+    label: str,
+    prefix: str | Path,
+    *,
+    overwrite: bool = False,
 ) -> list[Path]:
+    """PREFIX.png and .svg (prefix targets, checked before the model loads; pmlm.outputs)."""
+    targets = prefix_targets(prefix, FORMATS, overwrite=overwrite)
     maps = predicted_maps(head, encoder, test, chains)
     kind = f"pair-head read-out {head}" if head in PAIR_HEADS else "fine-tuned head, P(contact)"
-    return plot(maps, f"{label}: {kind}", prefix)
+    with staged_outputs(targets) as folder:
+        plot(maps, f"{label}: {kind}", staged(folder, prefix))
+    return targets

@@ -4,9 +4,11 @@ read from their sidecars, beside the paper's rows."""
 from __future__ import annotations
 
 from pmlm.artefacts import read_encoder_info
+from pmlm.outputs import prefix_targets
 from pmlm.pretrained import encoder_parameters
 from pmlm.reports import paper
-from pmlm.reports.tables import Column, write_table
+from pmlm.reports.staging import staged, staged_outputs
+from pmlm.reports.tables import TABLE_SUFFIXES, Column, write_table
 from pmlm.vocabulary import MLM
 
 PRETRAIN_COLUMNS = [
@@ -61,11 +63,15 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
     return [{**row, "dacc_ratio": dacc_ratio(row)} for row in rows]
 
 
-def write_pretrain_scores(entries: list[tuple[str, str, str]], out_prefix: str) -> list:
+def write_pretrain_scores(entries: list[tuple[str, str, str]], out_prefix: str, *, overwrite: bool = False) -> list:
     """The table of ``entries`` (label, dataset, weights) beside the paper's rows, as PREFIX.csv / .md / .tex /
-    .html; returns the paths written."""
+    .html (prefix targets, pmlm.outputs; ``overwrite`` as ``--overwrite``); returns the paths written."""
+    targets = prefix_targets(out_prefix, TABLE_SUFFIXES, overwrite=overwrite)
+    rows = pretrain_rows(entries)
     caption = (
         "Validation losses and accuracies of pre-training (paper rows: 60 epochs on Pfam / UR50; "
         "ours: this run's final validation, per masked residue / masked pair)"
     )
-    return write_table(pretrain_rows(entries), PRETRAIN_COLUMNS, out_prefix, caption=caption)
+    with staged_outputs(targets) as folder:
+        write_table(rows, PRETRAIN_COLUMNS, staged(folder, out_prefix), caption=caption)
+    return targets

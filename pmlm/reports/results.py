@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from pmlm.errors import InputError
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.reports import paper
 from pmlm.reports.tables import Column, write_table
 from pmlm.vocabulary import (
@@ -32,6 +33,7 @@ from pmlm.vocabulary import (
 KINDS = TABLE_KINDS
 # the tables `write_all` writes (OUT_DIR/<name>.md, .csv, .tex); the workflow declares its outputs from this
 TABLES = RESULT_TABLES
+RESULTS_COMMAND = "pmlm tables results"  # the writer of its --out-dir (pmlm.outputs)
 
 
 def read_evaluation(path, required=("model", "head", "test_set", "metric", "value")) -> pd.DataFrame:
@@ -323,30 +325,37 @@ def unsupervised_table(df: pd.DataFrame, out_dir: Path, test_label: str) -> list
 
 
 def write_all(
-    kind_paths: list[tuple[str, str]], out_dir: str | Path, test_label: str = "the configured test sets"
+    kind_paths: list[tuple[str, str]],
+    out_dir: str | Path,
+    test_label: str = "the configured test sets",
+    *,
+    overwrite: bool = False,
 ) -> list[Path]:
-    out_dir = Path(out_dir)
+    """Every table of TABLES into ``out_dir``, a folder of ``pmlm tables results`` (pmlm.outputs: checked before the
+    TSVs are read, the tables appearing when all are written; ``overwrite`` as ``--overwrite``)."""
+    out_dir = folder_target(out_dir, command=RESULTS_COMMAND, option="--out-dir", overwrite=overwrite)
     df = read_results(kind_paths)
     if df.empty:
         raise InputError(str(out_dir), "no results given")
-    written = contact_tables(df, out_dir, test_label)
-    written += per_test_set_table(
-        df,
-        TABLE_SECONDARY_STRUCTURE,
-        "Q3",
-        paper.SECONDARY_STRUCTURE_Q3,
-        ("cb513", "casp12", "ts115"),
-        out_dir,
-        "Secondary structure: 3-state accuracy (Q3, pooled over residues) per test set.",
-    )
-    written += per_test_set_table(
-        df,
-        TABLE_REMOTE_HOMOLOGY,
-        "top1",
-        paper.REMOTE_HOMOLOGY,
-        ("fold", "superfamily", "family"),
-        out_dir,
-        "Remote homology: top-1 fold accuracy on the fold / superfamily / family holdouts.",
-    )
-    written += unsupervised_table(df, out_dir, test_label)
-    return written
+    with writing_folder(out_dir, command=RESULTS_COMMAND, overwrite=overwrite) as staged:
+        written = contact_tables(df, staged, test_label)
+        written += per_test_set_table(
+            df,
+            TABLE_SECONDARY_STRUCTURE,
+            "Q3",
+            paper.SECONDARY_STRUCTURE_Q3,
+            ("cb513", "casp12", "ts115"),
+            staged,
+            "Secondary structure: 3-state accuracy (Q3, pooled over residues) per test set.",
+        )
+        written += per_test_set_table(
+            df,
+            TABLE_REMOTE_HOMOLOGY,
+            "top1",
+            paper.REMOTE_HOMOLOGY,
+            ("fold", "superfamily", "family"),
+            staged,
+            "Remote homology: top-1 fold accuracy on the fold / superfamily / family holdouts.",
+        )
+        written += unsupervised_table(df, staged, test_label)
+    return [out_dir / path.name for path in written]

@@ -10,9 +10,11 @@ from pathlib import Path
 import yaml
 
 from pmlm.errors import ConfigError
-from pmlm.files import atomic_output
+from pmlm.outputs import prefix_targets, writing_files
 from pmlm.reports.tables import HTML_STYLE
 from pmlm.version import versions
+
+RUN_INFO_SUFFIXES = (".html", ".json")
 
 
 def collect(config_json: str, snakemake_version: str | None) -> dict:
@@ -51,11 +53,13 @@ def page(info: dict) -> str:
     )
 
 
-def write_run_info(config_json: str, snakemake_version: str | None, prefix: str | Path) -> list[Path]:
+def write_run_info(
+    config_json: str, snakemake_version: str | None, prefix: str | Path, *, overwrite: bool = False
+) -> list[Path]:
+    """PREFIX.html and PREFIX.json (prefix targets, appearing together; pmlm.outputs)."""
+    paths = prefix_targets(prefix, RUN_INFO_SUFFIXES, overwrite=overwrite)
     info = collect(config_json, snakemake_version)
-    paths = [Path(str(prefix) + ".html"), Path(str(prefix) + ".json")]
-    for path, text in zip(paths, (page(info), json.dumps(info, indent=1, sort_keys=True) + "\n")):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_output(path) as tmp:
+    with writing_files(paths) as temps:
+        for tmp, text in zip(temps, (page(info), json.dumps(info, indent=1, sort_keys=True) + "\n")):
             Path(tmp).write_text(text)
     return paths

@@ -10,9 +10,11 @@ import numpy as np
 
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS
-from pmlm.figures import pyplot, save_figure
+from pmlm.figures import FORMATS, pyplot, save_figure
+from pmlm.outputs import prefix_targets
 from pmlm.reports.results import PRECISION_COLUMN, evaluated_in, read_results
-from pmlm.reports.tables import Column, write_table
+from pmlm.reports.staging import staged, staged_outputs
+from pmlm.reports.tables import TABLE_SUFFIXES, Column, write_table
 from pmlm.vocabulary import TASK_CONTACT
 
 RANGES = ("short", "medium", "long")
@@ -92,7 +94,15 @@ def plot(rows: list[dict], prefix: str | Path) -> list[Path]:
 
 
 def write_precision_by_separation(
-    kind_paths: list[tuple[str, str]], figure_prefix: str | Path, table_prefix: str | Path
+    kind_paths: list[tuple[str, str]], figure_prefix: str | Path, table_prefix: str | Path, *, overwrite: bool = False
 ) -> list[Path]:
+    """The table at ``table_prefix`` (.csv / .md / .tex / .html) and the figure at ``figure_prefix`` (.png, .svg):
+    prefix targets, appearing together (pmlm.outputs; ``overwrite`` as ``--overwrite``)."""
+    table_option = "--out-prefix" if str(table_prefix) == str(figure_prefix) else "--table-prefix"
+    figures = prefix_targets(figure_prefix, FORMATS, overwrite=overwrite)
+    tables = prefix_targets(table_prefix, TABLE_SUFFIXES, option=table_option, overwrite=overwrite)
     rows = precision_rows(kind_paths)
-    return write_table_files(rows, table_prefix) + plot(rows, figure_prefix)
+    with staged_outputs(tables + figures) as folder:
+        write_table_files(rows, staged(folder, table_prefix))
+        plot(rows, staged(folder, figure_prefix))
+    return tables + figures

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pmlm.files import atomic_output
 
+TABLE_SUFFIXES = (".csv", ".md", ".tex", ".html")  # the four forms of a table, in the order write_table returns them
+
 
 @dataclass(frozen=True)
 class Column:
@@ -49,14 +51,16 @@ def _latex_escape(text: str) -> str:
 def write_table(
     rows: Sequence[dict], columns: Sequence[Column], prefix: str | Path, *, caption: str, source_key: str = "source"
 ) -> list[Path]:
-    """Write ``prefix``.csv (raw values), .md, .tex and .html (formatted); returns the four paths.
+    """Write ``prefix``.csv (raw values), .md, .tex and .html (formatted), each to a temporary name renamed when
+    complete; returns the four paths. A command that writes several files at once writes them through a staging
+    folder (pmlm.reports.staging).
 
     Each row carries ``source_key`` ("paper" or "ours"); the formatted tables show it as the
     first column so reference and reproduced numbers are never confused.
     """
     prefix = Path(prefix)
     cols = [Column(source_key, "source")] + [c for c in columns if c.key != source_key]
-    paths = [prefix.with_suffix(ext) for ext in (".csv", ".md", ".tex", ".html")]
+    paths = [Path(str(prefix) + ext) for ext in TABLE_SUFFIXES]
     with atomic_output(paths[0]) as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=[c.key for c in cols], extrasaction="ignore")
         writer.writeheader()

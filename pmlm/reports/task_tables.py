@@ -12,8 +12,10 @@ from pathlib import Path
 import pandas as pd
 
 from pmlm.errors import InputError
+from pmlm.outputs import prefix_targets
 from pmlm.reports.results import FEATURES_COLUMN, PRECISION_COLUMN, evaluated_in, read_evaluation
-from pmlm.reports.tables import Column, write_table
+from pmlm.reports.staging import staged, staged_outputs
+from pmlm.reports.tables import TABLE_SUFFIXES, Column, write_table
 from pmlm.tasks.registry import task_named
 from pmlm.vocabulary import TASK_FLUORESCENCE, TASK_STABILITY
 
@@ -52,8 +54,12 @@ def _value(rows: pd.DataFrame, metric: str) -> float | None:
     return None if math.isnan(value) else value
 
 
-def write_task_table(paths: list[str | Path], prefix: str | Path, title: str | None = None) -> list[Path]:
-    """PREFIX.csv / .md / .tex / .html of one task's evaluation TSVs (all of one task)."""
+def write_task_table(
+    paths: list[str | Path], prefix: str | Path, title: str | None = None, *, overwrite: bool = False
+) -> list[Path]:
+    """PREFIX.csv / .md / .tex / .html of one task's evaluation TSVs (all of one task); prefix targets
+    (pmlm.outputs; ``overwrite`` as ``--overwrite``)."""
+    targets = prefix_targets(prefix, TABLE_SUFFIXES, overwrite=overwrite)
     df = read_task_results(paths)
     names = sorted(set(df["task"].astype(str)))
     if len(names) != 1:
@@ -81,4 +87,6 @@ def write_task_table(paths: list[str | Path], prefix: str | Path, title: str | N
     cols += [Column("test_set", "test set")] + [Column(m, m, ERROR_FORMAT.get(m, "{:.3f}")) for m in task.metric_names]
     cols += [Column("n", "proteins"), PRECISION_COLUMN]
     caption = title or f"{task.name} ({task.kind}): {', '.join(task.metric_names)} on each test set"
-    return write_table(rows, cols, prefix, caption=caption)
+    with staged_outputs(targets) as folder:
+        write_table(rows, cols, staged(folder, prefix), caption=caption)
+    return targets
