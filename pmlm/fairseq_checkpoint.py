@@ -43,6 +43,7 @@ from pmlm.pretrained import ENCODER_FILE, build_model
 from pmlm.version import versions
 from pmlm.vocabulary import MLM, PMLM
 
+CHECKPOINT_STARTS = (b"PK\x03\x04", b"\x80")  # a zip archive's magic, a pickle's PROTO opcode
 # what the pickle may name beyond torch's weights_only defaults (tensors, storages, OrderedDict, dtypes)
 ALLOWED_GLOBALS = [argparse.Namespace]
 
@@ -119,6 +120,8 @@ LAYER_KEYS = {  # fairseq's TransformerSentenceEncoderLayer -> our EncoderLayer 
 def load_checkpoint(path: Path) -> dict:
     """The unpickled checkpoint: tensors memory-mapped from a zip archive, only allow-listed globals built."""
     mmap = zipfile.is_zipfile(path)  # torch >= 1.6 archives; a legacy (pre-1.6) file is read whole
+    if not is_checkpoint_file(path):  # torch's answer to other files is advice to unpickle them unchecked
+        raise InputError(path, "not a torch checkpoint (neither a zip archive nor a pickle)")
     try:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -131,12 +134,19 @@ def load_checkpoint(path: Path) -> dict:
                 "of a fairseq checkpoint (argparse.Namespace, torch tensors); nothing was "
                 "run",
             ) from None
-        raise InputError(path, f"not a readable torch checkpoint ({_first_line(exc)})") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        # never torch's message, which advises weights_only=False: that would run the file's code
+        raise InputError(path, "not a fairseq checkpoint: its pickle holds more than tensors and settings") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as exc:
         raise InputError(path, f"truncated or not a torch checkpoint ({_first_line(exc)})") from None
     if not isinstance(state, dict):
         raise InputError(path, f"not a fairseq checkpoint: the pickle holds a {type(state).__name__}, not a dict")
     return state
+
+
+def is_checkpoint_file(path: str | Path) -> bool:
+    """Whether ``path`` starts as a torch checkpoint does: a zip archive (torch >= 1.6; a cut one too) or a pickle."""
+    with open(path, "rb") as fh:
+        return fh.read(len(CHECKPOINT_STARTS[0])).startswith(CHECKPOINT_STARTS)
 
 
 def _first_line(exc: BaseException) -> str:

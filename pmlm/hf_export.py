@@ -17,8 +17,9 @@ Two layouts, chosen from the encoder's layers (``layout``):
   as ``encoder.positions``.
 
 Both folders hold ``config.json`` (with a ``pmlm`` section: our model and objective settings, the encoder's
-provenance from model.json and the sha256 of the exported weights), ``model.safetensors`` and an ``EsmTokenizer``
-(``vocab.txt``: our tokens in id order, so ``AutoTokenizer`` gives our ids: ``<cls>`` residues ``<eos>``).
+provenance from model.json and the sha256 of the exported weights), ``model.safetensors`` and a fast tokenizer
+(``tokenizer.json``, ``tokenizer_json``: our ids, ``<cls>`` residues ``<eos>``, exactly one token per residue
+letter, letters read as ``pmlm embed --unknown x`` reads them; ``AutoTokenizer`` loads it without remote code).
 
 ``encoder_state`` maps such a folder's tensors back onto our names, and refuses tensors that the export derives
 (position table, token types, the decoder's non-residue rows) when they differ from what it would write: such a
@@ -27,12 +28,10 @@ folder was changed after export (e.g. fine-tuned), and is no longer our encoder.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
+import string
 from pathlib import Path
 
 import torch
@@ -43,17 +42,19 @@ from pmlm.errors import InputError
 from pmlm.files import file_digest
 from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import position_table
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.pretrained import ENCODER_FILE, is_esm, load_encoder
 from pmlm.version import __version__
 
 ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"
+EXPORT_COMMAND = "pmlm export"  # the writer of the folders it writes (pmlm.outputs)
 # the config.json section that carries model.json's provenance and settings (read back by pmlm import)
 PROVENANCE_SECTION = "pmlm"
 LAYOUT_CLASSES = {ROBERTA: "RobertaForMaskedLM", PMLM_LAYOUT: "PmlmForMaskedLM, trust_remote_code=True"}
 REMOTE_MODULE = "modeling_pmlm.py"
 REMOTE_SOURCE = Path(__file__).with_name("hf_remote") / REMOTE_MODULE
 ROBERTA_POSITION_OFFSET = alphabet.PAD_ID + 1  # RoBERTa's position of the token at index 0
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_JSON = "tokenizer.json"
 RESIDUE_IDS = slice(alphabet.FIRST_RESIDUE_ID, alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES)
 # our layer's parameters -> RoBERTa's (q, k, v are handled apart: thirds of attn.qkv)
 ROBERTA_LAYER = {
@@ -194,8 +195,70 @@ def pmlm_config(cfg: ModelConfig) -> dict:
     }
 
 
+def _special(token: str) -> dict:
+    return {"SpecialToken": {"id": token, "type_id": 0}}
+
+
+def tokenizer_json() -> dict:
+    """``tokenizer.json`` of a fast tokenizer over our vocabulary that gives one token per residue letter (the
+    ``tokenizers`` format, written here so that ``pmlm export`` needs neither ``tokenizers`` nor ``transformers``).
+
+    Each character is one token: whitespace is dropped, lowercase letters are read as uppercase and the letters
+    outside the alphabet (B, J, O, U, Z) as X, as ``pmlm embed --unknown x`` reads them (X is the unknown residue
+    the model was trained with; ``<unk>`` it never saw); any other character (``*``, ``-``, a digit) is one
+    ``<unk>``. Specials written in the text (``<mask>``) are tokens before any of that. ``<cls>`` and ``<eos>``
+    enclose each sequence."""
+    unknown_letters = "".join(
+        c for c in string.ascii_uppercase if c not in alphabet.RESIDUES + alphabet.UNKNOWN_RESIDUE
+    )
+    normalizers = [{"type": "Replace", "pattern": {"Regex": r"\s"}, "content": ""}]
+    normalizers += [{"type": "Replace", "pattern": {"String": c.lower()}, "content": c} for c in string.ascii_uppercase]
+    normalizers.append(
+        {"type": "Replace", "pattern": {"Regex": f"[{unknown_letters}]"}, "content": alphabet.UNKNOWN_RESIDUE}
+    )
+    specials = [t for t in alphabet.TOKENS if t.startswith("<")]
+    added = [
+        {
+            "id": alphabet.TOKEN_TO_ID[t],
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for t in specials
+    ]
+    ends = {t: {"id": t, "ids": [alphabet.TOKEN_TO_ID[t]], "tokens": [t]} for t in (alphabet.CLS, alphabet.EOS)}
+    sequence = [{"Sequence": {"id": "A", "type_id": 0}}]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": False},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [_special(alphabet.CLS), *sequence, _special(alphabet.EOS)],
+            "pair": [
+                _special(alphabet.CLS),
+                *sequence,
+                _special(alphabet.EOS),
+                {"Sequence": {"id": "B", "type_id": 0}},
+                _special(alphabet.EOS),
+            ],
+            "special_tokens": ends,
+        },
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": dict(alphabet.TOKEN_TO_ID), "unk_token": alphabet.UNK},
+    }
+
+
 def tokenizer_files(max_len: int) -> dict[str, str]:
-    """An ``EsmTokenizer`` over our vocabulary (file name -> text): one token a line in id order, our specials."""
+    """The tokenizer of an exported folder (file name -> text): ``tokenizer.json`` (:func:`tokenizer_json`) with the
+    config ``AutoTokenizer`` reads it by (``PreTrainedTokenizerFast``, no remote code), our specials, and the inputs
+    our models take (no token types)."""
     specials = {
         "cls_token": alphabet.CLS,
         "pad_token": alphabet.PAD,
@@ -203,29 +266,26 @@ def tokenizer_files(max_len: int) -> dict[str, str]:
         "unk_token": alphabet.UNK,
         "mask_token": alphabet.MASK,
     }
-    config = {"tokenizer_class": "EsmTokenizer", "model_max_length": max_len, **specials}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        "model_input_names": ["input_ids", "attention_mask"],
+        "padding_side": "right",
+        **specials,
+    }
     return {
-        "vocab.txt": "".join(f"{token}\n" for token in alphabet.TOKENS),
+        TOKENIZER_JSON: json.dumps(tokenizer_json(), indent=1) + "\n",
         "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
         "special_tokens_map.json": json.dumps(specials, indent=2) + "\n",
     }
 
 
-@contextlib.contextmanager
-def staged_folder(out_dir: str | os.PathLike) -> Iterator[Path]:
-    """A temporary folder beside ``out_dir`` whose files are moved into ``out_dir`` (created, other files kept) when
-    the block succeeds; a failure leaves ``out_dir`` as it was."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-        yield Path(tmp)
-        out.mkdir(exist_ok=True)
-        for path in sorted(Path(tmp).iterdir()):
-            os.replace(path, out / path.name)
-
-
-def export_encoder(encoder: str | os.PathLike, out_dir: str | os.PathLike) -> tuple[Path, str]:
-    """Write the folder of ``encoder`` (model.safetensors or its folder) into ``out_dir``; (folder, layout)."""
+def export_encoder(
+    encoder: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = False
+) -> tuple[Path, str]:
+    """Write the folder of ``encoder`` (model.safetensors or its folder) as ``out_dir``, a folder target of
+    ``pmlm export`` (pmlm.outputs; ``overwrite`` as ``--overwrite``); (folder, layout)."""
+    folder_target(out_dir, command=EXPORT_COMMAND, overwrite=overwrite)
     model, info, weights = load_encoder(encoder)
     if is_esm(info):
         raise InputError(weights, "an ESM encoder is a transformers folder already (the folder holding it)")
@@ -245,7 +305,7 @@ def export_encoder(encoder: str | os.PathLike, out_dir: str | os.PathLike) -> tu
         "encoder_sha256": file_digest(weights),
         "exported_by": f"pmlm {__version__}",
     }
-    with staged_folder(out_dir) as staged:
+    with writing_folder(out_dir, command=EXPORT_COMMAND, overwrite=overwrite) as staged:
         save_file(tensors, staged / ENCODER_FILE, metadata={"format": "pt"})
         (staged / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name, text in tokenizer_files(cfg.max_len).items():

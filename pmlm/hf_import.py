@@ -11,6 +11,10 @@ machine has network) as a pmlm encoder artefact in ``-o DIR``. Two kinds are rea
 Anything else is refused in one line, before anything is written: a folder without config.json (not a model),
 another ``model_type`` (an unsupported architecture), an ESM folder without its tokenizer's vocab.txt, weights
 whose tensors are missing or whose shapes disagree with config.json.
+
+``import_source`` is ``pmlm import``'s one entry, for these and for released checkpoints (pmlm.fairseq_checkpoint):
+``DIR`` is a folder of its own (pmlm.outputs), checked before anything is read and written through a staging folder,
+and a file that is no checkpoint is refused saying what it is (a FASTA file, ...), never with torch's advice.
 """
 
 from __future__ import annotations
@@ -22,14 +26,19 @@ from pathlib import Path
 
 from pmlm.artefacts import ENCODER_FORMAT, read_weights, write_encoder
 from pmlm.errors import InputError
+from pmlm.fairseq_checkpoint import import_checkpoint, is_checkpoint_file
 from pmlm.files import file_digest
-from pmlm.hf_export import PROVENANCE_SECTION, described_model, encoder_state, staged_folder
+from pmlm.hf_export import PROVENANCE_SECTION, described_model, encoder_state
 from pmlm.model.objectives import ObjectiveConfig
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.pretrained import ENCODER_FILE, ESM, encoder_configs, encoder_from_state
 from pmlm.version import versions
 from pmlm.vocabulary import MLM
 
+IMPORT_COMMAND = "pmlm import"  # the writer of the folders it writes (pmlm.outputs)
 CONFIG_FILE = "config.json"
+# what each first bytes of a file that is no checkpoint make it, for the refusal
+FILE_KINDS = ((b">", "a FASTA file"), (b"\x1f\x8b", "a gzip file"), (b"{", "a JSON file"))
 ESM_MODEL_TYPE = "esm"  # config.json's model_type of transformers' ESM models
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # the weights a transformers folder may hold, in the order from_pretrained prefers them
@@ -45,6 +54,46 @@ def is_transformers_source(source: str) -> bool:
     """Whether ``pmlm import`` reads ``source`` as a transformers model: a folder, or a hub id that is no file."""
     path = Path(source)
     return path.is_dir() or (not path.exists() and HUB_ID.fullmatch(source) is not None)
+
+
+def import_source(
+    source: str,
+    out_dir: str | Path,
+    expect_objective: str | None = None,
+    revision: str | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """``pmlm import SOURCE -o DIR``: a transformers folder or hub id (``import_transformers``) or a released
+    checkpoint (pmlm.fairseq_checkpoint) as the encoder folder ``out_dir``, a folder target of ``pmlm import``
+    (pmlm.outputs: checked before anything is read, the files appearing when all are written; ``overwrite`` as
+    ``--overwrite``). A file that is neither is refused saying what it is. Returns the weights' path."""
+    folder_target(out_dir, command=IMPORT_COMMAND, overwrite=overwrite)
+    transformers_source = is_transformers_source(source)
+    if not transformers_source:
+        _check_checkpoint_file(Path(source))
+    with writing_folder(out_dir, command=IMPORT_COMMAND, overwrite=overwrite) as staged:
+        if transformers_source:
+            import_transformers(source, staged, expect_objective, revision)
+        else:
+            import_checkpoint(Path(source), staged, expect_objective)
+    return Path(out_dir) / ENCODER_FILE
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    if not path.is_file():
+        raise InputError(path, "no such checkpoint file")
+    if is_checkpoint_file(path):
+        return
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    kind = next((k for magic, k in FILE_KINDS if head.startswith(magic)), None)
+    kind = kind or ("an empty file" if not head else "a text file" if head.isascii() else "a binary file")
+    raise InputError(
+        path,
+        f"{kind}, not a fairseq checkpoint (.pt) nor a transformers model folder; pmlm import reads a released "
+        "checkpoint (e.g. pmlm_650m.pt), a transformers ESM folder or hub id, or a folder written by pmlm export",
+    )
 
 
 def read_config(folder: Path) -> dict:
@@ -139,12 +188,13 @@ def import_esm(source: str, out_dir: str | Path, expect_objective: str | None, r
         },
         "versions": versions(),
     }
-    with staged_folder(out_dir) as staged:
-        masked_lm.save_pretrained(staged)
-        (staged / "vocab.txt").write_text("".join(f"{token}\n" for token in vocabulary))
-        AutoTokenizer.from_pretrained(staged).save_pretrained(staged)
-        (staged / "model.json").write_text(json.dumps(info, indent=2) + "\n")
-    return Path(out_dir) / ENCODER_FILE
+    out = Path(out_dir)  # import_source's staging folder, or any folder a caller gives
+    out.mkdir(parents=True, exist_ok=True)
+    masked_lm.save_pretrained(out)
+    (out / "vocab.txt").write_text("".join(f"{token}\n" for token in vocabulary))
+    AutoTokenizer.from_pretrained(out).save_pretrained(out)
+    (out / "model.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out / ENCODER_FILE
 
 
 def import_exported(folder: Path, config: dict, out_dir: str | Path, expect_objective: str | None) -> Path:

@@ -144,6 +144,29 @@ def test_an_mlm_encoder_exports_as_a_stock_roberta(tmp_path, capsys):
     assert section["model"] == ours.cfg.to_dict() and section["step"] == info["step"]
 
 
+def test_the_exported_tokenizer_gives_one_token_per_residue_as_pmlm_reads_it(tmp_path):
+    """EsmTokenizer made one <unk> of a run of unknown letters (MKBZT: 4 tokens for 5 residues); the exported
+    tokenizer reads every character as one token, letters as pmlm embed --unknown x reads them (lowercase as
+    uppercase, B J O U Z as X), and loads without remote code."""
+    from pmlm.inference.sequences import check_sequence
+
+    out = tmp_path / "hf"
+    assert main(["export", str(tiny_encoder(tmp_path / "mlm", "mlm")), "-o", str(out)]) == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)  # no trust_remote_code, offline
+    cls, eos, unk, mask = alphabet.CLS_ID, alphabet.EOS_ID, alphabet.UNK_ID, alphabet.MASK_ID
+    ids = tokenizer(["MKBZT", "mkbzt", "MKXXT", "MkBzT"])["input_ids"]
+    assert ids[0] == [cls, *(alphabet.TOKEN_TO_ID[c] for c in "MKXXT"), eos]
+    assert ids[0] == ids[1] == ids[2] == ids[3]
+    assert ids[0][1:-1] == check_sequence("in.fasta", "a", "mkbzt", 1, unknown="x").residues.tolist()
+    # every other character is one <unk>; specials written in the text are tokens; whitespace is dropped
+    assert tokenizer("M K*-1<mask>T")["input_ids"] == [cls, 14, 12, unk, unk, unk, mask, 20, eos]
+    assert tokenizer.decode(ids[1], skip_special_tokens=True) == "MKXXT"
+    batch = tokenizer(["MKT", "MKBZTAA"], padding=True, return_tensors="pt")
+    assert "token_type_ids" not in batch and batch["input_ids"][0, -1] == alphabet.PAD_ID
+    assert torch.equal(batch["input_ids"][1], tokens_of(["MKXXTAA"])[0])
+    assert not (out / "vocab.txt").exists()
+
+
 # -- export: PMLM, pair-only, TMLM, pre-LN as our own class -----------------------------------------------------
 
 

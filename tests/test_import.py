@@ -7,6 +7,7 @@ bad-input tests write damaged or foreign checkpoints in the released layout (ben
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import math
@@ -159,7 +160,35 @@ def test_a_truncated_file_is_one_line(released_tiny, tmp_path, capsys):
     assert_refused(cut, tmp_path / "out", "truncated or not a torch checkpoint", capsys)
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
-    assert_refused(empty, tmp_path / "out", "truncated or not a torch checkpoint", capsys)
+    assert_refused(empty, tmp_path / "out", "an empty file, not a fairseq checkpoint (.pt)", capsys)
+
+
+@pytest.mark.parametrize(
+    "name, content, what",
+    [
+        ("seqs.fasta", b">a\nMKV\n", "a FASTA file"),
+        ("notes.txt", b"hello", "a text file"),
+        ("seqs.fasta.gz", gzip.compress(b">a\nMKV\n"), "a gzip file"),
+        ("blob.bin", bytes(range(200, 256)), "a binary file"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_says_what_it_is_and_never_to_unpickle_it(tmp_path, capsys, name, content, what):
+    """Not torch's advice to retry with weights_only=False (which would run the file's code): what the file is, and
+    what pmlm import reads."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert_refused(
+        path, tmp_path / "out", f"{what}, not a fairseq checkpoint (.pt) nor a transformers model folder", capsys
+    )
+
+
+def test_a_pickle_of_something_else_is_refused_without_torchs_advice(tmp_path, capsys):
+    odd = tmp_path / "odd.pt"
+    odd.write_bytes(b"\x80\x02}q\x00X\x01\x00\x00\x00aq\x01cbuiltins\nset\nq\x02)\x85q\x03Rq\x04s.")
+    assert main(["import", str(odd), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "weights_only" not in err and str(odd) in err, err
+    assert not (tmp_path / "out").exists()
 
 
 class _RunsCode:

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from pmlm.outputs import OVERWRITE_HELP
 from pmlm.vocabulary import OBJECTIVES
 
 
@@ -19,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "sha256 and architecture are recorded in model.json. A folder (or a hub id OWNER/NAME, fetched by "
         "transformers where the machine has network) is read as a transformers model: an ESM model (ESM-2; "
         "DIR becomes its transformers folder plus model.json, run through transformers) or a folder written by "
-        "pmlm export (read back tensor for tensor). See docs/huggingface.md."
+        "pmlm export (read back tensor for tensor). DIR is a folder of its own: one holding files pmlm import did "
+        "not write is refused (--overwrite replaces only its own); nothing appears there unless the import succeeds. "
+        "See docs/huggingface.md."
     )
     p.add_argument(
         "checkpoint",
@@ -34,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="folder for model.safetensors and model.json (created if missing)",
     )
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--revision", help="a hub id's revision (branch, tag or commit); ignored for local files")
     p.add_argument(
         "--objective",
@@ -45,13 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.fairseq_checkpoint import import_checkpoint
-    from pmlm.hf_import import import_transformers, is_transformers_source
+    from pmlm.hf_import import import_source, is_transformers_source
 
-    if is_transformers_source(args.checkpoint):
-        path = import_transformers(args.checkpoint, args.out, args.objective, args.revision)
-        info = json.loads(path.with_suffix(".json").read_text())
-        cfg = info["model"]
+    transformers_source = is_transformers_source(args.checkpoint)
+    path = import_source(args.checkpoint, args.out, args.objective, args.revision, overwrite=args.overwrite)
+    info = json.loads(path.with_suffix(".json").read_text())
+    cfg = info["model"]
+    if transformers_source:
         kind = "an ESM model" if cfg.get("architecture") else "an exported pmlm encoder"
         print(
             f"pmlm import: {args.checkpoint} ({kind}, {cfg['num_layers']} x {cfg['hidden']}, "
@@ -59,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
-    path = import_checkpoint(Path(args.checkpoint), args.out, args.objective)
-    info = json.loads(path.with_suffix(".json").read_text())
-    cfg, source = info["model"], info["source"]
+    source = info["source"]
     print(
         f"pmlm import: {source['arch']} ({cfg['num_layers']} x {cfg['hidden']}, {info['objective']['name']}) "
         f"-> {path} (+ {path.with_suffix('.json').name}); left out: {', '.join(source['dropped']) or 'nothing'}",
