@@ -158,8 +158,8 @@ def test_inference_outputs_record_their_precision(tmp_path, case, capsys):
         assert code == 0 and f"pmlm contacts: {trained} " + FALLBACK in capsys.readouterr().err
         assert str(np.load(out / "wt.npz")["precision"]) == "fp32"
 
-    for command in (embed, score, contacts):
-        code, out = command(encoder, "refused", "--precision", "bf16")
+    for command, name in ((embed, "refused.parquet"), (score, "refused.tsv"), (contacts, "refused")):
+        code, out = command(encoder, name, "--precision", "bf16")
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and REFUSAL in err and not out.exists(), err
 
