@@ -45,6 +45,8 @@ SUBCOMMANDS: dict[str, str] = {
     "import": "a released fairseq PMLM / MLM checkpoint (e.g. pmlm_650m.pt), a transformers ESM folder or an exported folder as an encoder",
     "export": "an encoder as a folder transformers loads (config.json, model.safetensors, tokenizer)",
     "proteingym": "zero-shot mutation effects on ProteinGym's assays: select, score, aggregate, tables",
+    "shard-fasta": "check a FASTA file once and cut it into shards balanced by residues, one inference job each",
+    "gather": "an encoder's shard outputs (embeddings, substitutions, contacts) as one Parquet file in input order",
 }
 
 

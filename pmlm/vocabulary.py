@@ -81,3 +81,11 @@ RESULT_TABLES = (  # what `pmlm tables results` writes, in this order
     TABLE_REMOTE_HOMOLOGY,
     TABLE_UNSUPERVISED_CONTACT,
 )
+
+# what the workflow's inference target computes for every sequence of a FASTA file, as the config's
+# inference.outputs (its schema's enum), the files results/<run>/inference/<encoder>/<output>.parquet,
+# `pmlm gather OUTPUT` and `pmlm plan`'s inference rows spell them
+OUTPUT_EMBEDDINGS = "embeddings"  # pmlm embed: per residue (and per sequence, its mean)
+OUTPUT_SUBSTITUTIONS = "substitutions"  # pmlm score --saturation: every single substitution of every sequence
+OUTPUT_CONTACTS = "contacts"  # pmlm contacts: the top-scoring residue pairs of every sequence
+INFERENCE_OUTPUTS = (OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS, OUTPUT_CONTACTS)

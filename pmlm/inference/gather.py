@@ -1,0 +1,226 @@
+"""The shards' outputs of one encoder gathered into one Parquet file per output (``pmlm gather``), in input order.
+
+The shards are contiguous runs of the input (``pmlm.inference.fasta_shards``) and each command writes its rows in
+its input's order, so the shards' files concatenated in shard order are the input's rows in order. Before anything
+is written the gather checks that the parts are the manifest's shards' and nothing else:
+
+* every shard of the manifest has its part, and every part the same columns;
+* every part was computed with the same settings (the JSON under the schema metadata key ``pmlm``, less what names
+  a part's own input, ``PER_INPUT_KEYS``): a model, layer, window or precision that differs from the first part's
+  is a one-line error naming both files and the setting, never a mixed file;
+* each part's rows are its shard's records, in order, each in one run of rows: for embeddings every record and
+  exactly its residues (per residue) or one row (per sequence); for substitutions and contacts the records in
+  order, each at most once (a record may have no rows: a sequence of X only, one shorter than the separation).
+
+A part from another shard, a shard gathered twice or a record lost or repeated is therefore an error, not a file.
+The gathered file holds the parts' row groups as they are (same columns, same compression per column) and its
+settings: the parts' common ones, plus ``inference`` (the input FASTA, its sha256, the sharding strategy, the
+shard count, sequences, residues, repairs and rows). Written under a temporary name, renamed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pmlm.data.fasta import read_fasta
+from pmlm.errors import InputError
+from pmlm.files import file_digest
+from pmlm.inference.embedding import PER_SEQUENCE_SUFFIX
+from pmlm.inference.fasta_shards import Manifest, Shard, ids_digest, read_manifest
+from pmlm.outputs import file_target, writing_files
+from pmlm.vocabulary import OUTPUT_CONTACTS, OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS
+
+SETTINGS_KEY = b"pmlm"
+MODEL_DIGEST = "model_sha256"  # the settings' key of the encoder file's sha256, in every inference command's
+PARQUET = ".parquet"
+ROW_GROUP_BYTES = 64 << 20  # a gathered row group holds the parts' groups up to about this much data
+# settings that name or count a part's own input, not how it was computed: they differ from shard to shard (the
+# gathered file's `inference` section says them for the whole input)
+PER_INPUT_KEYS = frozenset(
+    {"fasta", "fasta_sha256", "sequence", "sequence_sha256", "input", "input_sha256", "sequences", "residues",
+     "records", "repairs", "unknown_repaired"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Table:
+    """One gathered file of an output: its parts' suffix and what rows each shard's records get."""
+
+    suffix: str  # <shard><suffix> in the parts folder; <OUT without .parquet><suffix> gathered
+    rows: str  # "residues": every record, one row per residue; "records": one row each; "some": in order, or none
+
+
+TABLES = {
+    OUTPUT_EMBEDDINGS: (Table(PARQUET, "residues"), Table(PER_SEQUENCE_SUFFIX, "records")),
+    OUTPUT_SUBSTITUTIONS: (Table(PARQUET, "some"),),
+    OUTPUT_CONTACTS: (Table(PARQUET, "some"),),
+}
+
+
+def gathered_paths(output: str, out: str | os.PathLike) -> list[Path]:
+    """The files ``pmlm gather OUTPUT -o OUT`` writes: OUT, and for embeddings OUT's per-sequence file beside it
+    (named as ``pmlm embed`` names it)."""
+    stem = os.fspath(out).removesuffix(PARQUET)
+    return [Path(stem + t.suffix) for t in TABLES[output]]
+
+
+def settings_of(path: Path, schema: pa.Schema) -> dict:
+    raw = (schema.metadata or {}).get(SETTINGS_KEY)
+    if raw is None:
+        raise InputError(path, "no pmlm settings in the schema metadata: not written by a pmlm command")
+    return json.loads(raw)
+
+
+def common_settings(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k not in PER_INPUT_KEYS}
+
+
+def _runs(part: Path) -> Iterator[tuple[str, int]]:
+    """(id, rows) of each run of equal ids in the part's ``id`` column, in order."""
+    current, count = None, 0
+    for batch in pq.ParquetFile(part).iter_batches(columns=["id"], batch_size=1 << 16):
+        ids = batch.column(0).to_numpy(zero_copy_only=False)
+        if not ids.size:
+            continue
+        starts = np.concatenate([[0], np.flatnonzero(ids[1:] != ids[:-1]) + 1])
+        lengths = np.diff(np.append(starts, ids.size))
+        for start, n in zip(starts.tolist(), lengths.tolist()):
+            if ids[start] == current:
+                count += n
+                continue
+            if current is not None:
+                yield current, count
+            current, count = ids[start], n
+    if current is not None:
+        yield current, count
+
+
+def shard_records(manifest: Manifest, shard: Shard) -> list[tuple[str, int]]:
+    """(id, residues) of the shard's records, checked against the manifest's digest of its ids."""
+    fasta = manifest.fasta(shard)
+    records = [(r.id, len(r.sequence)) for r in read_fasta(fasta)]
+    if ids_digest(i for i, _ in records) != shard.ids_sha256:
+        raise InputError(fasta, f"its ids are not those {manifest.folder}/manifest.json records for shard {shard.name}")
+    return records
+
+
+def check_rows(part: Path, table: Table, records: list[tuple[str, int]]) -> int:
+    """The part's rows against its shard's records (module docstring); returns its row count."""
+    position = {seq_id: k for k, (seq_id, _) in enumerate(records)}
+    following, rows = 0, 0  # the record the next run of rows may start at
+    for seq_id, n in _runs(part):
+        rows += n
+        k = position.get(seq_id)
+        if k is None or k < following:
+            where = "not of its shard" if k is None else "twice, or out of order"
+            raise InputError(part, f"rows of {seq_id!r}: {where}; this file is not its shard's output")
+        if k != following and table.rows != "some":
+            raise InputError(part, f"record {records[following][0]!r} of its shard has no rows")
+        wanted = {"residues": records[k][1], "records": 1}.get(table.rows)
+        if wanted is not None and n != wanted:
+            raise InputError(part, f"record {seq_id!r} has {n} rows, not {wanted}")
+        following = k + 1
+    if following < len(records) and table.rows != "some":
+        raise InputError(part, f"record {records[following][0]!r} of its shard has no rows (the file ends before it)")
+    return rows
+
+
+def _compression(meta: pq.FileMetaData) -> dict[str, str] | str:
+    """Each column's codec as the part was written (the first row group's), as ParquetWriter takes it."""
+    if meta.num_row_groups == 0:
+        return "zstd"
+    group = meta.row_group(0)
+    codecs = {}
+    for k in range(group.num_columns):
+        column = group.column(k)
+        codec = column.compression.lower()
+        codecs[column.path_in_schema.split(".")[0]] = "none" if codec == "uncompressed" else codec
+    return codecs
+
+
+def gather(
+    output: str,
+    shards: str | os.PathLike,
+    parts: str | os.PathLike,
+    out: str | os.PathLike,
+    model: str | os.PathLike | None = None,
+) -> dict:
+    """Gather output ``output``'s parts (``parts``/<shard><suffix>) of the shards of ``shards`` (a folder ``pmlm
+    shard-fasta`` wrote) into ``out`` (and, for embeddings, its per-sequence file); with ``model`` (the encoder's
+    weights) every part must also have been computed by that file. Returns counts for the summary."""
+    if output not in TABLES:
+        raise InputError(out, f"unknown output {output!r} (one of {', '.join(TABLES)})")
+    manifest = read_manifest(shards)
+    targets = [file_target(p, suffixes=(PARQUET,), what=f"gathered {output}") for p in gathered_paths(output, out)]
+    files = {t: [Path(parts) / f"{s.name}{t.suffix}" for s in manifest.shards] for t in TABLES[output]}
+    for paths in files.values():
+        absent = [p for p in paths if not p.is_file()]
+        if absent:
+            raise InputError(absent[0], f"no such file ({len(absent)} of {len(paths)} shards' parts are missing)")
+    first_part, first_settings, columns = None, None, {}
+    digest = None if model is None else file_digest(model)
+    rows = dict.fromkeys(files, 0)
+    for k, shard in enumerate(manifest.shards):
+        records = shard_records(manifest, shard)
+        for table, paths in files.items():
+            part = paths[k]
+            schema = pq.read_schema(part)
+            settings = common_settings(settings_of(part, schema))
+            if digest is not None and settings.get(MODEL_DIGEST) != digest:
+                raise InputError(
+                    part,
+                    f"computed by the encoder of sha256 {settings.get(MODEL_DIGEST)}, not by {model} ({digest}): "
+                    "another encoder's part, or an earlier version's; remove it and rerun its shard",
+                )
+            if first_settings is None:
+                first_part, first_settings = part, settings
+            _check_same(part, settings, first_part, first_settings)
+            if not schema.remove_metadata().equals(columns.setdefault(table, schema.remove_metadata())):
+                raise InputError(part, f"its columns differ from those of {paths[0]}")
+            rows[table] += check_rows(part, table, records)
+    gathered = {**first_settings, "inference": {**manifest.settings, "output": output}}
+    with writing_files(targets) as temps:
+        for (table, paths), tmp in zip(files.items(), temps):
+            _concatenate(paths, tmp, {**gathered, "inference": {**gathered["inference"], "rows": rows[table]}})
+    return {
+        "shards": len(manifest.shards),
+        "sequences": manifest.records,
+        "rows": list(rows.values()),
+        "files": targets,
+    }
+
+
+def _check_same(part: Path, settings: dict, first: Path, first_settings: dict) -> None:
+    for key in sorted(settings.keys() | first_settings.keys()):
+        if settings.get(key) != first_settings.get(key):
+            raise InputError(
+                part,
+                f"computed with {key} {settings.get(key)!r}, {first} with {first_settings.get(key)!r}: the shards "
+                "disagree; rerun them with one setting",
+            )
+
+
+def _concatenate(paths: list[Path], tmp: str, settings: dict) -> None:
+    """The parts' rows, in order, into ``tmp`` with ``settings`` as its metadata; small row groups (pmlm contacts
+    writes one per sequence) are joined up to ROW_GROUP_BYTES, so memory holds about one row group."""
+    first = pq.ParquetFile(paths[0])
+    schema = first.schema_arrow.remove_metadata().with_metadata({SETTINGS_KEY: json.dumps(settings).encode()})
+    pending: list[pa.Table] = []
+    with pq.ParquetWriter(tmp, schema, compression=_compression(first.metadata)) as writer:
+        for path in paths:
+            part = pq.ParquetFile(path)
+            for group in range(part.metadata.num_row_groups):
+                pending.append(part.read_row_group(group).replace_schema_metadata(schema.metadata))
+                if sum(t.nbytes for t in pending) >= ROW_GROUP_BYTES:
+                    writer.write_table(pa.concat_tables(pending))
+                    pending = []
+        if pending:
+            writer.write_table(pa.concat_tables(pending))
