@@ -60,6 +60,15 @@ def double_differences(
         tokens[torch.arange(stop - start), sites[start:stop] + RESIDUE_OFFSET] = letters[start:stop]
         flat[start:stop] = _log_probs(model, tokens, length, device).to(dtype)
     table = table.permute(2, 0, 3, 1)  # [i, j, a, b], a view
+    with torch.autocast(torch.device(device).type, enabled=False):  # the differences in dtype, not bf16
+        _refer_to_wild_type(table, wild, residues, device)
+    return table
+
+
+def _refer_to_wild_type(table: torch.Tensor, wild: torch.Tensor, residues: np.ndarray, device) -> None:
+    """l_i(a | x_j = b) [i, j, a, b] -> J in place: minus l_i(a | x), then minus the value at a = w_i (the mean over
+    a at X)."""
+    length, dtype = table.shape[0], table.dtype
     table -= wild[:, None, :, None]  # D
     # the reference in a: one-hot at the wild-type residue, uniform over the 20 at X
     classes = torch.as_tensor(residues.astype(np.int64) - alphabet.FIRST_RESIDUE_ID)
@@ -68,7 +77,6 @@ def double_differences(
     reference[standard] = torch.nn.functional.one_hot(classes[standard], Q).to(dtype)
     reference = reference.to(device)
     table -= torch.einsum("ia,ijab->ijb", reference, table)[:, :, None, :]  # an (L, L, 20) temporary
-    return table
 
 
 def categorical_jacobian(

@@ -173,7 +173,7 @@ class ContactWriter:
 
                 def write(record, name, scores, pairs, known):
                     write_tsv(folder / f"{name}.tsv", record, pairs, known, self.structure)
-                    np.savez(
+                    np.savez_compressed(  # a long sequence's map is mostly NaN beyond the windows
                         folder / f"{name}.npz",
                         scores=scores.astype(np.float32),
                         sequence=np.array(record.letters),
