@@ -151,8 +151,9 @@ rule aggregate_tables:
         f"{LOGS}/tables/aggregate_tables.log",
     conda:
         "../../envs/pmlm.yaml"
+    # the tables folder also holds the other table rules' files: --overwrite replaces this command's own and keeps them
     shell:
-        "python -m pmlm tables results {params.results} --out-dir {params.out_dir:q} "
+        "python -m pmlm tables results {params.results} --out-dir {params.out_dir:q} --overwrite "
         "--test-label {params.test_label:q} 2> {log:q}"
 
 
