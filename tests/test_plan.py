@@ -283,3 +283,104 @@ def test_the_step_layout_splits_rows_and_sizes_the_micro_batch_by_the_card():
         ConfigError, match="no micro-batch of tokens_per_step 262,144 over 4 ranks fits a card of 2 GiB"
     ):
         choose_layout(large, 4, 2 * budget.GIB, bf16)
+
+
+# -- the inference section: GPU-hours and disk per encoder and output ----------------------------------------------
+
+
+def _forward(layers: int, hidden: int, ffn: int, tokens: int) -> int:
+    """A forward pass by hand: the encoder's matmuls on every token, attention's two n x n products."""
+    return 2 * layers * (4 * hidden**2 + 2 * hidden * ffn) * tokens + 4 * layers * hidden * tokens**2
+
+
+def _inference_workflow(tmp_path, dims: dict, sequences: dict[str, str] | None, **section) -> tuple:
+    encoder = tmp_path / "encoder"
+    encoder.mkdir(parents=True)
+    (encoder / "model.json").write_text(
+        json.dumps({"format": "pmlm-encoder/3", "model": dims, "objective": {"name": "pmlm"}})
+    )
+    fasta = tmp_path / "in.fasta"
+    if sequences is not None:
+        fasta.write_text("".join(f">{k}\n{v}\n" for k, v in sequences.items()))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"inference": {"fasta": str(fasta), "encoders": {"e": str(encoder)}, **section}}))
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"set-resources": {"score_shard": {"runtime": 30}}}))
+    return config, profile
+
+
+def test_inference_plan_arithmetic(tmp_path, capsys):
+    """Two sequences of 6 and 15 residues through an encoder of window 10 (the second read as windows [0, 10) and
+    [5, 15)), priced by hand: passes, FLOPs, GPU-hours at 1e9 FLOP/s, shard jobs, rows and disk."""
+    layers, C, F = 2, 8, 16
+    dims = {"num_layers": layers, "hidden": C, "ffn": F, "max_len": 12, "pair_head": True, "pair_vocab": "standard"}
+    config, profile = _inference_workflow(
+        tmp_path, dims, {"a": "MKVLAG", "b": "MKVLAGIVGLLLAAC"}, outputs=["embeddings", "substitutions", "contacts"],
+        residues_per_shard=10, contacts={"top": "all", "min_separation": 2},
+    )  # fmt: skip
+    args = ["plan", "--configfile", str(config), "--profile", str(profile), "--inference-flops", "1e9", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["jobs"] == []  # nothing to pre-train
+    rows = {r["output"]: r for r in result["inference"]}
+
+    token_head = 2 * (C * C + 20 * C)  # per residue the token head reads
+    embeddings = _forward(layers, C, F, 8) + 2 * _forward(layers, C, F, 12)
+    assert rows["embeddings"]["passes"] == 3 and rows["embeddings"]["flops"] == embeddings
+    assert rows["embeddings"]["rows"] == 21
+    assert rows["embeddings"]["disk_gb"] * 1e9 == 21 * (4 * C + 8) + 2 * (4 * C + 24)
+    masked = 6 * (_forward(layers, C, F, 8) + token_head) + 15 * (_forward(layers, C, F, 12) + token_head)
+    assert rows["substitutions"]["passes"] == 21 and rows["substitutions"]["flops"] == masked
+    assert rows["substitutions"]["gpu_hours"] == masked / 1e9 / 3600
+    assert rows["substitutions"]["rows"] == 19 * 21 and rows["substitutions"]["disk_gb"] * 1e9 == 19 * 21 * 12
+    # 21 residues, at most 10 a shard: 3 shards, but never more than the 2 records; the profile's 30-minute limit
+    assert rows["substitutions"]["shards"] == 2 and rows["substitutions"]["hours_per_shard"] == masked / 1e9 / 3600 / 2
+    assert rows["substitutions"]["runtime_min"] == 30 and rows["embeddings"]["runtime_min"] is None
+
+    def pair_window(w: int) -> float:  # a window's pass, the token head on its residues, the pair head on its pairs
+        pairs = w * (w - 1) // 2
+        return _forward(layers, C, F, w + 2) + w * token_head + 2 * (2 * C * C * (w + pairs) + 2 * C * 400 * 2 * pairs)
+
+    assert rows["contacts"]["flops"] == pair_window(6) + 2 * pair_window(10)
+    # pairs j - i >= 2: 10 of the 6 residues; of the 15, 36 in each window less the 6 of their overlap [5, 10)
+    assert rows["contacts"]["rows"] == 10 + 36 + 36 - 6
+
+    # N proteins of L residues price the same as a FASTA of them; the table form
+    same = {f"s{k}": "MKVLAGIVGLLLAAC" for k in range(3)}
+    config, profile = _inference_workflow(tmp_path / "fasta", dims, same, outputs=["substitutions"])
+    assert main(["plan", "--configfile", str(config), "--profile", str(profile), "--json"]) == 0
+    from_fasta = json.loads(capsys.readouterr().out)["inference"]
+    args = ["plan", "--configfile", str(config), "--profile", str(profile), "--proteins", "3", "--mean-length", "15"]
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inference"] == from_fasta
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("| encoder | output | precision |") and "| e | substitutions | fp32 | 45 |" in table
+    assert "* assumed" in table and "3 proteins of 15 residues" in table
+
+
+def test_inference_plan_of_a_proteome_with_the_650m_model(tmp_path, capsys):
+    """docs/inference.md's example: every single substitution of 20,000 proteins of 550 residues by an encoder of the
+    released PMLM-650M's dims (34 x 1280, ffn 5120, 768 positions), bf16, at 1e14 model FLOP/s per GPU."""
+    dims = {"num_layers": 34, "hidden": 1280, "ffn": 5120, "max_len": 768, "pair_head": True, "pair_vocab": "full"}
+    config, profile = _inference_workflow(tmp_path, dims, None, outputs=["substitutions"], precision="bf16")
+    args = [
+        "plan",
+        "--configfile",
+        str(config),
+        "--profile",
+        str(profile),
+        "--proteins",
+        "20000",
+        "--mean-length",
+        "550",
+    ]
+    assert main([*args, "--inference-flops", "1e14", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["inference"]
+    per_pass = _forward(34, 1280, 5120, 552) + 2 * (1280**2 + 20 * 1280)  # one masked site in its 550-residue window
+    assert row["passes"] == 20_000 * 550 and row["flops"] == 20_000 * 550 * per_pass
+    assert row["gpu_hours"] == pytest.approx(8.70e18 / 1e14 / 3600, rel=1e-3)  # 24 GPU-hours
+    assert row["shards"] == 44 and row["rows"] == 209_000_000  # 11,000,000 residues, 250,000 a shard (the default)
+    # without a FASTA or --proteins: one line saying what to give
+    assert main(["plan", "--configfile", str(config), "--profile", str(profile)]) == 2
+    assert "config.inference.fasta" in capsys.readouterr().err

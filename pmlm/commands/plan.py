@@ -1,4 +1,5 @@
-"""``pmlm plan``: before submitting, how long each pre-training job of a config takes and whether it fits a GPU."""
+"""``pmlm plan``: before submitting, how long each pre-training job of a config takes and whether it fits a GPU,
+and what its inference section costs (GPU-hours and disk per encoder and output)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of GPUs), GPU-hours and wall days at a per-GPU throughput, SLURM jobs of the profile's runtime needed, and "
         "per card size (40 / 80 GB) the micro-batch, the accumulation (tokens_per_step / (micro-batch x GPUs)) and "
         "the peak memory per GPU of the largest micro-batch (sharded when the recipe uses FSDP). docs/gpu.md explains "
-        "the figures and their assumptions."
+        "the figures and their assumptions. A config with an inference section (a FASTA and encoders) also gets, per "
+        "encoder and output, the forward passes, model FLOPs, GPU-hours, shard jobs and hours per job against the "
+        "profile's time limit, rows and disk (docs/inference.md), from the FASTA's lengths or --proteins and "
+        "--mean-length."
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--configfile", metavar="CONFIG.yaml", help="workflow config, e.g. config/paper.yaml")
@@ -34,31 +38,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every job (repeatable)"
     )
+    parser.add_argument(
+        "--proteins",
+        type=int,
+        metavar="N",
+        help="inference: price N sequences (with --mean-length) instead of the FASTA",
+    )
+    parser.add_argument("--mean-length", type=int, metavar="L", help="inference: residues of each of --proteins")
+    parser.add_argument(
+        "--inference-flops",
+        type=float,
+        metavar="N",
+        help="inference: model FLOP/s per GPU for every encoder (default: config/throughput.yaml's measured figure "
+        "for the precision, else an assumed one, marked *)",
+    )
+    parser.add_argument(
+        "--schema",
+        default="workflow/schemas/config.schema.yaml",
+        metavar="FILE.yaml",
+        help="the workflow's config schema, whose defaults fill the inference section (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.errors import ConfigError
+    from pmlm.inference.pricing import plan_inference, pretrains
+    from pmlm.inference.pricing import render as render_inference
     from pmlm.train.planning import plan, pretrain_resources, recipe_job, render, throughput_table, workflow_jobs
 
-    for name in ("gpus", "runtime"):
+    for name in ("gpus", "runtime", "proteins", "mean_length"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.tokens_per_second is not None and args.tokens_per_second <= 0:
-        raise ConfigError(f"--tokens-per-second must be > 0, got {args.tokens_per_second}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("tokens_per_second", "inference_flops"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    inference = None
     if args.configfile:
-        jobs = workflow_jobs(args.configfile)
+        inference = plan_inference(
+            args.configfile, args.schema, args.profile, args.throughput, args.proteins, args.mean_length,
+            args.inference_flops,
+        )  # fmt: skip
+    jobs = []
+    if args.recipe:
+        jobs = [recipe_job(args.recipe, args.objective, args.set)]
+    elif inference is None or pretrains(args.configfile):
+        jobs = workflow_jobs(args.configfile)  # a config without pre-training or inference: its one-line error
         if args.set:
             jobs = [recipe_job(j.recipe, j.config.objective.name, args.set, j.name) for j in jobs]
-    else:
-        jobs = [recipe_job(args.recipe, args.objective, args.set)]
     resources = pretrain_resources(args.profile)
     resources["gpus"] = args.gpus or resources["gpus"]
     resources["runtime_min"] = args.runtime or resources["runtime_min"]
-    rows = plan(jobs, resources, args.tokens_per_second, throughput_table(args.throughput))
+    rows = plan(jobs, resources, args.tokens_per_second, throughput_table(args.throughput)) if jobs else []
     if args.json:
-        print(json.dumps({"resources": resources, "jobs": rows}, indent=1))
+        print(json.dumps({"resources": resources, "jobs": rows, "inference": inference and inference[0]}, indent=1))
+    elif rows and inference is not None:
+        sys.stdout.write(render(rows) + "\n" + render_inference(*inference))
     else:
-        sys.stdout.write(render(rows))
+        sys.stdout.write(render(rows) if rows else render_inference(*inference))
     return 0
