@@ -38,6 +38,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/common_coevolution.smk"
 include: "workflow/rules/common_proteingym.smk"
+include: "workflow/rules/common_inference.smk"
 include: "workflow/rules/resources.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
@@ -46,6 +47,7 @@ include: "workflow/rules/finetune.smk"
 include: "workflow/rules/tasks.smk"
 include: "workflow/rules/coevolution.smk"
 include: "workflow/rules/proteingym.smk"
+include: "workflow/rules/inference.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -70,6 +72,7 @@ localrules:
     aggregate_proteingym,
     tabulate_proteingym,
     proteingym,
+    inference,
 
 
 rule all:
@@ -79,6 +82,7 @@ rule all:
         downstream_targets(),
         report_targets(),
         proteingym_targets(),
+        inference_targets(),
     default_target: True
 
 

@@ -20,7 +20,16 @@ SLURM_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 WORKFLOW_PROFILE = REPO / "profiles" / "default" / "config.yaml"
 # rule -> resources of the rule's own defaults that make it a GPU job
-GPU_RULES = ("pretrain", "finetune", "evaluate", "evaluate_unsupervised", "score_proteingym_assay")
+GPU_RULES = (
+    "pretrain",
+    "finetune",
+    "evaluate",
+    "evaluate_unsupervised",
+    "score_proteingym_assay",
+    "embed_shard",
+    "score_shard",
+    "contacts_shard",
+)
 # keys whose values are per-resource mappings, compared one resource at a time
 RESOURCE_KEYS = ("default-resources", "set-resources")
 

@@ -134,6 +134,7 @@ def check_references(config: dict) -> None:
             if split not in splits:
                 raise ConfigError(f"config.finetune.unsupervised.tests.{label}: no split {split!r}")
     _check_proteingym(config)
+    _check_inference(config)
     maps = ((config.get("report") or {}).get("contact_maps") or {}).get("runs") or []
     contact_runs = {name for name, run in (finetune.get("runs") or {}).items() if run["table"] in CONTACT_TABLE_KINDS}
     drawable = contact_runs | {readout_run(r) for r in unsupervised.get("readouts") or []}
@@ -177,6 +178,47 @@ def _check_proteingym(config: dict) -> None:
             )
     if not models:
         raise ConfigError("config.proteingym: no encoder to score (pretrain.models is empty)")
+
+
+# the folder of the inference shards beside the encoders' results folders (results/<run>/inference/shards)
+INFERENCE_SHARDS_FOLDER = "shards"
+ENCODER_WEIGHTS = "model.safetensors"
+
+
+def inference_encoder(config: dict, value: str) -> dict | None:
+    """The pretrain.models entry an inference.encoders value names (dataset/objective-preset), or None (a path)."""
+    models = (config.get("pretrain") or {}).get("models") or []
+    return next((m for m in models if f"{m['dataset']}/{m['objective']}-{m['preset']}" == value), None)
+
+
+def encoder_weights_path(value: str) -> str:
+    """The weights an inference.encoders path names: the file itself, or model.safetensors in the folder."""
+    return value if value.endswith(".safetensors") else str(Path(value) / ENCODER_WEIGHTS)
+
+
+def _check_inference(config: dict) -> None:
+    """The inference section has sequences and encoders together, and each encoder is one of pretrain.models or an
+    existing encoder file or folder."""
+    section = config.get("inference") or {}
+    encoders = section.get("encoders") or {}
+    if section.get("fasta") and not encoders:
+        raise ConfigError("config.inference.encoders: name at least one encoder to run on config.inference.fasta")
+    if encoders and not section.get("fasta"):
+        raise ConfigError("config.inference.fasta: the sequences the encoders of config.inference.encoders read")
+    for label, value in encoders.items():
+        where = f"config.inference.encoders.{label}"
+        if label == INFERENCE_SHARDS_FOLDER:
+            raise ConfigError(f"{where}: {label!r} names the shards' folder; choose another label")
+        if inference_encoder(config, value) is not None:
+            continue
+        weights = Path(encoder_weights_path(value))
+        if not weights.is_file():
+            models = (config.get("pretrain") or {}).get("models") or []
+            ids = ", ".join(f"{m['dataset']}/{m['objective']}-{m['preset']}" for m in models) or "none"
+            raise ConfigError(
+                f"{where}: {value!r} is neither an encoder of pretrain.models (have: {ids}) nor an encoder file or "
+                f"folder ({weights}: no such file)"
+            )
 
 
 def _check_features(where: str, run: dict, models: list[dict]) -> None:
