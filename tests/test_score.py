@@ -258,6 +258,20 @@ def test_pair_only_singles_and_the_python_api(case):
     assert [r["kind"] for r in api] == ["single", "single", "double"]
 
 
+def test_the_python_api_reads_sequences_as_the_commands_do(case):
+    """Lowercase is the same residues in ``pmlm.load``'s three methods; a letter outside the alphabet and nucleotides
+    are one-line errors (pmlm.inference.sequences), as in a FASTA."""
+    model = pmlm.load(case["pmlm"])
+    wild, mutants = case["wild"], _mutants(case["wild"])[:3]
+    assert model.score(wild.lower(), mutants) == model.score(wild, mutants)
+    np.testing.assert_array_equal(model.embed(wild.lower()), model.embed(wild))
+    np.testing.assert_array_equal(model.contacts(wild.lower()), model.contacts(wild))
+    for bad, message in ((wild[:3] + "B" + wild[4:], "is not a residue letter"), ("ACGT" * 10, "nucleotides")):
+        with pytest.raises(pmlm.errors.InputError, match=message) as error:
+            model.embed(bad)
+        assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize(
     "problem",
     [

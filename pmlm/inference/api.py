@@ -1,8 +1,9 @@
 """``pmlm.load(path)``: a trained encoder (or a fine-tuned contact head with its encoder) as one object with
 ``embed``, ``contacts`` and ``score``, the same computations as ``pmlm embed``, ``pmlm contacts`` and
 ``pmlm score``, at the same precision (the one the head's or encoder's run recorded, unless asked otherwise).
-Sequences are given as strings of residue letters (``ACDEFGHIKLMNPQRSTVWY`` or X); a head's encoder is found relative
-to the head's folder, as the head records it."""
+Sequences are given as strings of residue letters (``ACDEFGHIKLMNPQRSTVWY`` or X, either case), checked as the commands
+check a FASTA record (``pmlm.inference.sequences``); a head's encoder is found relative to the head's folder, as the
+head records it."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pmlm import alphabet
 from pmlm.artefacts import read_encoder_info, recorded_precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.inference.contacts import choose_readout, head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
 from pmlm.inference.mutations import parse_mutant, score_mutants
+from pmlm.inference.sequences import check_sequence
 from pmlm.pretrained import is_head, load_encoder, load_head, pick_device
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, max_residues
 from pmlm.train.runtime import EvaluationPrecision, evaluation_precision
@@ -42,12 +43,11 @@ class TrainedModel:
         )
 
     def _residues(self, sequence: str, what: str = "sequence") -> np.ndarray:
-        if not sequence:
-            raise InputError(f"<{what}>", "empty sequence")
-        try:
-            return alphabet.encode(sequence)
-        except ValueError as exc:
-            raise InputError(f"<{what}>", f"{exc} (expected {alphabet.RESIDUES} or X)") from None
+        """Token ids of a sequence read as the commands read a FASTA record (lowercase accepted; letters outside the
+        alphabet, nucleotides and an empty sequence refused in one line)."""
+        if not isinstance(sequence, str):
+            raise InputError(f"<{what}>", f"expected a string of residue letters, got {type(sequence).__name__}")
+        return check_sequence(f"<{what}>", what, sequence, 1).residues
 
     def embed(
         self,
@@ -94,7 +94,8 @@ class TrainedModel:
         additive, epistasis, double_from, triple_from, multi_from (see ``pmlm score``; a mutant whose sites do not
         fit one window is scored additively under ``auto``, as there)."""
         residues = self._residues(sequence)
-        parsed = [parse_mutant(m, sequence, "<mutants>", k + 1) for k, m in enumerate(mutants)]
+        letters = sequence.upper()  # the wild type as read (lowercase accepted, as in a FASTA)
+        parsed = [parse_mutant(m, letters, "<mutants>", k + 1) for k, m in enumerate(mutants)]
         with self.arithmetic.autocast():
             return score_mutants(
                 self.encoder,

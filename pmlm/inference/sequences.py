@@ -155,7 +155,8 @@ def check_sequence(
             path,
             f"record {seq_id!r}: character {letters[first]!r} at position {first + 1} is not a residue letter "
             f"(expected {alphabet.RESIDUES} or X; {_hint(repair_option) if is_letter[k] else _INGEST_HINT})",
-            line=sequence_line(path, line, first + 1),
+            # a sequence given in Python (pmlm.load) has no file to find the letter's line in
+            line=sequence_line(path, line, first + 1) if os.path.isfile(path) else line,
         )
     if unknown == UNKNOWN_SKIP:
         return Checked(upper.decode("ascii"), None, int(bad.size), nucleotides)
