@@ -189,3 +189,22 @@ def test_triple_bench_at_toy_dims(capsys):
         assert point["triples"] == m * (m - 1) * (m - 2) and point["naive_peak_gib"] > 0
     assert mem["ours_triples"] == mem["masked"]  # triples_per_masked 1
     assert mem["ratio_ours_over_naive"] > 0
+
+
+def test_inference_bench_smoke_run_computes_what_transformers_computes(tmp_path):
+    """bench_inference.py --quick: pmlm embed and pmlm score --saturation (both marginals) against the transformers
+    loops over the exported folder: the same numbers (embeddings exactly, the scores to float32 rounding of log-
+    probabilities of magnitude < 10, so 1e-5 is 10+ ulps), and a memory run per command."""
+    if not _has_transformers():
+        return
+    bench = load("bench_inference")
+    out = tmp_path / "inference.json"
+    argv = ["--quick", "--embed-memory-sizes", "20", "40", "--saturation-memory-sizes", "2", "4", "--out", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["embed"]["max_relative_difference"] <= 1e-5
+    assert result["saturation"]["substitutions"] == 19 * result["saturation"]["residues"]
+    assert result["saturation"]["max_abs_difference"] <= 1e-5 and result["wildtype"]["max_abs_difference"] <= 1e-5
+    for command in ("embed", "saturation"):
+        runs = result["memory"][command]["runs"]
+        assert all(run["peak_mib"] >= run["baseline_mib"] > 0 for run in runs.values())
