@@ -332,7 +332,7 @@ def test_inference_plan_arithmetic(tmp_path, capsys):
     masked = 6 * (_forward(layers, C, F, 8) + token_head) + 15 * (_forward(layers, C, F, 12) + token_head)
     assert rows["substitutions"]["passes"] == 21 and rows["substitutions"]["flops"] == masked
     assert rows["substitutions"]["gpu_hours"] == masked / 1e9 / 3600
-    assert rows["substitutions"]["rows"] == 19 * 21 and rows["substitutions"]["disk_gb"] * 1e9 == 19 * 21 * 12
+    assert rows["substitutions"]["rows"] == 19 * 21 and rows["substitutions"]["disk_gb"] * 1e9 == 19 * 21 * 8
     # 21 residues, at most 10 a shard: 3 shards, but never more than the 2 records; the profile's 30-minute limit
     assert rows["substitutions"]["shards"] == 2 and rows["substitutions"]["hours_per_shard"] == masked / 1e9 / 3600 / 2
     assert rows["substitutions"]["runtime_min"] == 30 and rows["embeddings"]["runtime_min"] is None

@@ -100,7 +100,7 @@ def _shard_submissions(log: str) -> Counter:
     return Counter(re.findall(r"^sbatch call: .*--comment (rule_(?:embed|score|contacts)_shard_\S*)", log, re.M))
 
 
-def test_a_proteome_through_slurm_arrays_with_a_shard_killed_mid_way(slurm_cluster: LocalCluster, tmp_path):
+def test_a_proteome_through_slurm_with_a_shard_killed_mid_way(slurm_cluster: LocalCluster, tmp_path):
     records = proteome(SEQUENCES)
     fasta = write_fasta(tmp_path / "proteome.fasta", records)
     model = tiny_encoder(tmp_path / "encoder" / "model.safetensors", max_len=MAX_LEN)

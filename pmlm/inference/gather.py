@@ -213,8 +213,10 @@ def _concatenate(paths: list[Path], tmp: str, settings: dict) -> None:
     writes one per sequence) are joined up to ROW_GROUP_BYTES, so memory holds about one row group."""
     first = pq.ParquetFile(paths[0])
     schema = first.schema_arrow.remove_metadata().with_metadata({SETTINGS_KEY: json.dumps(settings).encode()})
+    # the codecs of the first part with rows (a shard of short sequences may have no contacts)
+    written = next((m for m in (pq.read_metadata(p) for p in paths) if m.num_row_groups), first.metadata)
     pending: list[pa.Table] = []
-    with pq.ParquetWriter(tmp, schema, compression=_compression(first.metadata)) as writer:
+    with pq.ParquetWriter(tmp, schema, compression=_compression(written)) as writer:
         for path in paths:
             part = pq.ParquetFile(path)
             for group in range(part.metadata.num_row_groups):

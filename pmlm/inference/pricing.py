@@ -21,7 +21,8 @@ attention, bench/README.md), marked * in the table.
 Rows and disk: embeddings one row per residue and one per sequence, C float32 values each (stored uncompressed by
 ``pmlm embed``); substitutions 19 rows per residue; contacts the ``top`` pairs per sequence (all: the pairs a window
 holds at the separation asked). Bytes per row (BYTES_PER_ROW) were measured on the tests' proteome (300 sequences,
-zstd): the compressed columns take about 8 bytes a row beside the float32 score or embedding.
+zstd, the gathered files): 7.9 per substitution and 9.0 per contact, all columns; an embedding row's C float32
+values (4 C bytes) plus about 8 for its id, position and residue.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ JACOBIAN_PASSES = 20  # per residue of a window: each of the 20 residues substit
 # model FLOP/s per GPU assumed until config/throughput.yaml holds a measured figure (module docstring)
 MEASURED_MFU = 0.171
 ASSUMED_RATE = {BF16: 989e12 * MEASURED_MFU, FP32: 67e12 * MEASURED_MFU}
-BYTES_PER_ROW = {  # per row on disk (Parquet, zstd) beside the float32 values: module docstring
+BYTES_PER_ROW = {  # per row on disk (Parquet, zstd): module docstring
     "residue": 8,  # id, position, residue; plus 4 C of the embedding
     "sequence": 24,  # id, length; plus 4 C
     OUTPUT_SUBSTITUTIONS: 8,  # id, mutant, position, wt, mut, score
@@ -147,7 +148,7 @@ def disk_bytes(encoder: Encoder, output: str, rows: int, sequences: int) -> floa
     if output == OUTPUT_EMBEDDINGS:
         vector = 4 * encoder.hidden
         return rows * (vector + BYTES_PER_ROW["residue"]) + sequences * (vector + BYTES_PER_ROW["sequence"])
-    return rows * (BYTES_PER_ROW[output] + 4)
+    return rows * BYTES_PER_ROW[output]
 
 
 def estimate(
