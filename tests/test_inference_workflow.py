@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -341,6 +342,20 @@ def test_all_runs_inference_only_when_the_config_has_sequences(tmp_path):
         assert f"rule {job}:" in planned.stdout or f"checkpoint {job}:" in planned.stdout, job
     gather = planned.stdout[planned.stdout.index("rule gather_embeddings:") :]
     assert "results/demo/pretrain/demo/pmlm-tiny/model.safetensors" in gather.split("\n\n")[0]
+
+
+def test_the_shipped_inference_configs_are_valid():
+    """config/inference.yaml is a valid config waiting for its encoder folder; config/inference_demo.yaml plans the
+    demo's inference from the repository root."""
+    shipped = yaml.safe_load((REPO / "config" / "inference.yaml").read_text())
+    jsonschema.Draft202012Validator(yaml.safe_load(SCHEMA.read_text())).validate(shipped)
+    with pytest.raises(
+        workflow_config.ConfigError, match=r"^config.inference.encoders.pmlm650m: 'pmlm-650m' is neither"
+    ):
+        workflow_config._check_inference(shipped)
+    configs = [str(REPO / "config" / name) for name in ("config.yaml", "inference_demo.yaml")]
+    planned = snakemake(REPO, "-n", "--cores", "2", "inference", "--configfile", *configs)
+    assert planned.returncode == 0, planned.stderr[-2000:]
 
 
 # -- the workflow on this machine ------------------------------------------------------------------------------------
