@@ -120,16 +120,20 @@ def test_reference_varlen_attention_is_per_sequence_sdpa():
         torch.testing.assert_close(out[start:end], expected)
 
 
-def test_auto_layout_on_cpu_is_the_padded_path_and_bad_names_are_refused():
+def test_auto_layout_on_cpu_pads_for_training_packs_for_inference_and_bad_names_are_refused():
     torch.manual_seed(0)
     cfg = model_config("tiny", **DIMS, dropout=0.0, attention_dropout=0.0)
     model = PMLMModel(cfg).eval()
     tokens = mixed_batch([12, 30, 5], width=40, seed=1)
+    auto_grad = model.encode(tokens)  # with autograd (training): the padded path
     with torch.no_grad():
-        auto = model.encode(tokens)
+        auto = model.encode(tokens)  # inference: the packed path
         model.encoder.attention = "padded"
         padded = model.encode(tokens)
-    assert torch.equal(auto, padded)  # the same code path: identical bits
+        model.encoder.attention = "packed"
+        packed = model.encode(tokens)
+    assert torch.equal(auto_grad.detach(), padded)  # the same code path: identical bits
+    assert torch.equal(auto, packed)
     model.encoder.attention = "flash"
     with pytest.raises(PmlmError, match="attention must be one of"):
         model.encode(tokens)

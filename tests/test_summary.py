@@ -39,7 +39,13 @@ def _results(root: Path) -> Path:
     ss3.write_text(
         "model\ttask\thead\tfeatures\ttest_set\tmetric\tvalue\tn_proteins\nPMLM-tiny@d\tss3\tmlp\tencoder\theld_out\tQ3\t0.5\t3\n"
     )
-    write_all([("tape_contact", str(evaluation)), ("secondary_structure", str(ss3))], tables, "held-out chains")
+    # the run's tables folder holds the other table rules' files too, as aggregate_tables' --overwrite keeps them
+    write_all(
+        [("tape_contact", str(evaluation)), ("secondary_structure", str(ss3))],
+        tables,
+        "held-out chains",
+        overwrite=True,
+    )
     run = results / "pretrain_runs" / "d" / "pmlm-tiny"
     run.mkdir(parents=True)
     (run / "metrics.csv").write_text(

@@ -39,8 +39,9 @@ Choices (documented here once):
   ``scaled_dot_product_attention`` (the reference; on a GPU the mask rules out the flash
   kernel; on CPU with attention dropout, ``pmlm.model.dropout_attention``'s blockwise kernel).
   ``"auto"`` packs where a fused variable-length kernel runs (CUDA under bf16 / fp16:
-  ``varlen_attn`` without attention dropout, FlashAttention on jagged tensors with it) and stays
-  padded elsewhere, e.g. on CPU, where packing would mean a per-sequence attention loop.
+  ``varlen_attn`` without attention dropout, FlashAttention on jagged tensors with it) and for
+  inference on a CPU (no autograd: the linear layers skip the pads, and the per-sequence attention
+  loop costs little without a backward), and stays padded elsewhere, e.g. training on a CPU.
 """
 
 from __future__ import annotations
@@ -226,6 +227,10 @@ class Encoder(nn.Module):
             raise PmlmError(f"attention must be one of {', '.join(ATTENTION_LAYOUTS)}, got {self.attention!r}")
         if self.attention != "auto":
             return self.attention == "packed"
+        if device.type == "cpu" and not torch.is_grad_enabled():
+            # inference on a CPU: every linear layer skips the pads, and a per-sequence attention loop without a
+            # backward costs little beside them (pmlm embed 1.6x faster on batches with a quarter of pads)
+            return True
         # the dtype attention will see: autocast's, else the weights'
         autocast = device.type == "cuda" and torch.is_autocast_enabled("cuda")
         dtype = torch.get_autocast_dtype("cuda") if autocast else self.embed.weight.dtype
