@@ -45,7 +45,9 @@ def test_lint_is_clean():
 
 def test_pretrain_resources_become_the_launcher_options():
     """GPUs per node from `gres` over two nodes, and the site's `launch_env` as one --env per variable."""
-    proc = snakemake("-n", "-p", "--cores", "2", "--set-resources", "pretrain:nodes=2", "pretrain:gres=gpu:2",
+    # --forcerun: the job is planned also in a checkout where the demo has already run
+    proc = snakemake("-n", "-p", "--cores", "2", "--forcerun", "pretrain", "--set-resources", "pretrain:nodes=2",
+                     "pretrain:gres=gpu:2",
                      "pretrain:launch_env='NCCL_SOCKET_IFNAME=ib0 PMLM_COLLECTIVE_TIMEOUT=900'", "--",
                      "results/demo/pretrain/demo/pmlm-tiny/model.safetensors")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
