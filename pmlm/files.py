@@ -12,36 +12,36 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pmlm.outputs import writing_files
+
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, *, directory: bool = False) -> Iterator[str]:
     """Yield a temporary path next to ``path``; move it into place only if the block succeeds.
 
     A failure (exception, including KeyboardInterrupt) removes the temporary, so a reader never
-    sees a half-written file under the final name.
+    sees a half-written file under the final name. A file is ``pmlm.outputs.writing_files`` of one
+    path; a directory replaces whatever folder had its name (callers that must not replace what
+    they did not write use ``pmlm.outputs.writing_folder``).
     """
+    if not directory:
+        with writing_files([path]) as (tmp,):
+            yield tmp
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if directory:
-        tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    else:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+    tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         yield tmp
-        # mkstemp / mkdtemp (and some writers, e.g. safetensors) create private files: give the
-        # result the mode any other new file would get
+        # mkdtemp creates a private folder: give the result the mode any other new folder would get
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
-        if directory and path.exists():
+        os.chmod(tmp, 0o777 & ~umask)
+        if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
