@@ -57,23 +57,8 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$DRY" = 1 ]; then
-    # the GPU image lacks the data stage's packages: every Python process of the rehearsal fails to import them
-    mkdir -p "$WORK/blocked"
-    cat > "$WORK/blocked/sitecustomize.py" <<'EOF'
-import importlib.abc, os, sys
-
-class _Absent(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in os.environ.get("GPU_CHECK_BLOCKED", "Bio,snakemake,jsonschema,isal").split(","):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked: not on the GPU image)")
-        return None
-
-sys.meta_path.insert(0, _Absent())
-# nor is pmlm installed there: drop an editable install's finder, so pmlm comes from PYTHONPATH as it will there
-sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-sys.path_hooks[:] = [h for h in sys.path_hooks if not getattr(h, "__module__", "").startswith("__editable__")]
-EOF
-    export PYTHONPATH="$WORK/blocked${PYTHONPATH:+:$PYTHONPATH}"
+    # the GPU image lacks the data stage's packages, and pmlm is not installed there (bench/gpu_image)
+    export PYTHONPATH="$PWD/bench/gpu_image:$PYTHONPATH"
     export CUDA_VISIBLE_DEVICES=""  # the rehearsal runs the CPU path even where a GPU is present
     INPUTS=$WORK/inputs
 fi

@@ -86,6 +86,12 @@ class Results:
         self.seeds = sorted({r[0] for r in rows})
         if MLM not in self.arms or not self.steps:
             raise InputError(source, "needs the rows of an mlm arm at one budget at least")
+        # the last budget every arm reached on every unit it has (a run stopped by a time limit reaches fewer)
+        reached = {(r[0], r[2], r[3]): 0 for r in rows if r[3] != BASELINE_ARM and r[2] != ALL}
+        for seed, _, family, arm, step, *_ in rows:
+            if arm != BASELINE_ARM and family != ALL:
+                reached[(seed, family, arm)] = max(reached[(seed, family, arm)], step)
+        self.last = min(reached.values(), default=self.steps[-1]) or self.steps[-1]
 
     def units(self, arm: str, step: int, readout: str, metric: str, group: str | None = None) -> dict[tuple, float]:
         found = self.values.get((arm, step, readout, metric), {})
@@ -157,20 +163,24 @@ def _run_mean(res: Results, encoder: str, arm: str, step: int, metric: str) -> f
 
 
 def cost_table(res: Results) -> list[str]:
-    """FLOPs per optimizer step and training CPU-seconds per step (read-outs excluded) of each arm, per encoder."""
-    last = res.steps[-1]
+    """FLOPs per optimizer step and training seconds per step (read-outs excluded) of each arm, per encoder: process
+    CPU-seconds of a run on CPUs, wall-seconds of one on a GPU (where the CPU only launches the kernels)."""
+    last = res.last
+    gpu = any(v == 1.0 for arm in res.arms for v in res.units(arm, last, "training", "on_gpu").values())
+    metric, label = ("wall_s", "GPU wall-s per step") if gpu else ("cpu_s", "CPU-s per step")
     lines = [
-        "| encoder | arm | GFLOPs per step | relative to MLM | CPU-s per step | relative to MLM |",
+        f"| encoder | arm | GFLOPs per step | relative to MLM | {label} | relative to MLM |",
         "|---|---|---|---|---|---|",
     ]
     for encoder in res.encoders:
         mlm_flops = _run_mean(res, encoder, MLM, 0, "flops_per_step")
-        mlm_cpu = _run_mean(res, encoder, MLM, last, "cpu_s") / last
+        mlm_time = _run_mean(res, encoder, MLM, last, metric) / last
         for arm in res.arms:
             flops = _run_mean(res, encoder, arm, 0, "flops_per_step")
-            cpu = _run_mean(res, encoder, arm, last, "cpu_s") / last
+            seconds = _run_mean(res, encoder, arm, last, metric) / last
             lines.append(
-                f"| {encoder} | {arm} | {flops / 1e9:.3f} | {flops / mlm_flops:.2f} | {cpu:.4f} | {cpu / mlm_cpu:.2f} |"
+                f"| {encoder} | {arm} | {flops / 1e9:.3f} | {flops / mlm_flops:.2f} | {seconds:.4f} "
+                f"| {seconds / mlm_time:.2f} |"
             )
     return lines
 
@@ -193,7 +203,7 @@ def group_table(res: Results, step: int) -> list[str]:
 
 def markdown(res: Results) -> str:
     """The generated block of docs/coevolution.md (between BEGIN and END)."""
-    last = res.steps[-1]
+    last = res.last
     units = len(res.group)
     parts = [
         f"Seeds {', '.join(map(str, res.seeds))}; {units} (seed, family) units; family groups "
@@ -218,8 +228,8 @@ def markdown(res: Results) -> str:
         *group_table(res, last),
         "",
         "**Cost** (GFLOPs of one optimizer step, forward and backward, counted by torch's FLOP counter on a batch "
-        "of each group's length; CPU-seconds of training alone per step, read-outs excluded, on the machine "
-        "and load of the run):",
+        "of each group's length; CPU-seconds (on a GPU: wall-seconds) of training alone per step, read-outs "
+        "excluded, on the machine and load of the run):",
         "",
         *cost_table(res),
     ]

@@ -7,7 +7,9 @@ couplings, a pseudo-likelihood Potts fit, MSA MI + APC) run once per family.
 
 Work is split into units, each one process (``jobs`` at once): a seed's baselines, and one arm of one seed. A unit
 writes ``units/<unit>.tsv`` atomically when it is done, so a rerun skips finished units and redoes the others
-from the start; ``curves.tsv`` is their rows in a fixed order. Each arm's cost is measured beside its read-outs:
+from the start; ``curves.tsv`` is their rows in a fixed order. An arm also rewrites ``units/<unit>.partial.tsv``
+after each budget's read-outs, so a run cut short by a time limit keeps the budgets it reached: ``collect_rows``
+(``pmlm coevolution curves --collect``) reports them beside the units that ended. Each arm's cost is measured beside its read-outs:
 process CPU-seconds of training alone (read-outs excluded) and the FLOPs of one optimizer step on a batch of
 each group's length (``torch.utils.flop_counter``, forward and backward).
 """
@@ -194,7 +196,11 @@ def evaluate_point(model, targets: list[FamilyTargets], cfg: CurvesConfig, seed:
     return [row for t in targets for row in _rows(seed, t.group, t.family.name, arm, step, per_family[t.family.name])]
 
 
-def run_arm(cfg: CurvesConfig, seed: int, encoder: str, arm: str, out: Path, recipe_root: Path) -> list[tuple]:
+def run_arm(
+    cfg: CurvesConfig, seed: int, encoder: str, arm: str, out: Path, recipe_root: Path, partial: Path | None = None
+) -> list[tuple]:
+    """Train one arm of one encoder and seed, reading it out at every budget; its rows. ``partial``: rewritten with
+    the rows so far after each budget (what a run stopped by a time limit keeps)."""
     families = seed_families(cfg, seed, out, cfg.encoders()[encoder])
     targets = [family_targets(f, group, cfg.evaluate, seed) for group, f in families]
     train_cfg = train_config(cfg, arm, seed, recipe_root)
@@ -207,10 +213,14 @@ def run_arm(cfg: CurvesConfig, seed: int, encoder: str, arm: str, out: Path, rec
             return
         clock["cpu"] += time.process_time() - clock["cpu_mark"]
         clock["wall"] += time.perf_counter() - clock["wall_mark"]
+        on_gpu = float(next(model.parameters()).is_cuda)  # which of the two times is the run's cost
         records = [("training", "cpu_s", clock["cpu"]), ("training", "wall_s", clock["wall"])]
+        records.append(("training", "on_gpu", on_gpu))
         rows.extend(_rows(seed, encoder, ALL, arm, step, records))
         point = evaluate_point(model, targets, cfg, seed, arm, step)
         rows.extend(point)
+        if partial is not None:
+            write_rows(partial, rows)
         print(f"curves: seed {seed} {encoder} {arm} step {step}: {headline(point)}; training {clock['cpu']:.0f} CPU-s",
               file=sys.stderr, flush=True)  # fmt: skip
         clock["cpu_mark"], clock["wall_mark"] = time.process_time(), time.perf_counter()
@@ -260,14 +270,59 @@ def run_unit(config: dict, unit: Unit, out: str, recipe_root: str) -> str:
     cfg = CurvesConfig.from_dict(config)
     torch.set_num_threads(cfg.threads)
     out_path = Path(out)
+    target, partial = unit_files(out_path, unit)
+    partial.unlink(missing_ok=True)  # a unit starts over: an earlier attempt's budgets are not this one's
     rows = (
         run_baselines(cfg, unit.seed, out_path)
         if unit.arm is None
-        else run_arm(cfg, unit.seed, unit.encoder, unit.arm, out_path, Path(recipe_root))
+        else run_arm(cfg, unit.seed, unit.encoder, unit.arm, out_path, Path(recipe_root), partial)
     )
-    target = out_path / "units" / f"{unit.name}.tsv"
     write_rows(target, rows)
+    partial.unlink(missing_ok=True)
     return str(target)
+
+
+def unit_files(out: Path, unit: Unit) -> tuple[Path, Path]:
+    """The unit's rows when it has ended, and the rows of the budgets it has reached while it runs."""
+    return out / "units" / f"{unit.name}.tsv", out / "units" / f"{unit.name}.partial.tsv"
+
+
+def plan_units(cfg: CurvesConfig) -> list[Unit]:
+    """Every unit in the order they start and their rows are reported: the longest first (every arm of every
+    seed), then the baselines."""
+    units = [Unit(seed, e, arm) for arm in cfg.arms for seed in cfg.seeds for e in cfg.encoders()]
+    return units + [Unit(seed, None, None) for seed in cfg.seeds]
+
+
+def collect_rows(cfg: CurvesConfig, out: str | Path) -> tuple[list[tuple], dict[str, str]]:
+    """The rows of every unit that has ended and of the budgets that the others reached (their partial files), in
+    ``plan_units`` order; and each unit's state: ``done``, ``stopped after step N`` or ``missing``."""
+    rows, states = [], {}
+    for unit in plan_units(cfg):
+        done, partial = unit_files(Path(out), unit)
+        if done.exists():
+            rows += read_rows(done)
+            states[unit.name] = "done"
+        elif partial.exists():
+            mine = read_rows(partial)
+            rows += mine
+            states[unit.name] = f"stopped after step {max(r[4] for r in mine):,}"
+        else:
+            states[unit.name] = "missing"
+    return rows, states
+
+
+def write_results(cfg: CurvesConfig, out: Path, rows: list[tuple]) -> Path:
+    """``curves.tsv`` (``rows``) and ``sequences.tsv`` (the held-out ids each family's read-outs used)."""
+    target = out / RESULTS_TSV
+    write_rows(target, rows)
+    with atomic_output(out / SEQUENCES_TSV) as tmp, open(tmp, "w") as handle:
+        handle.write("seed\tgroup\tfamily\tsequences\n")
+        for seed in cfg.seeds:
+            for group, family in seed_families(cfg, seed, out):
+                ids = ",".join(family.heldout_ids[: cfg.evaluate.sequences])
+                handle.write(f"{seed}\t{group}\t{family.name}\t{ids}\n")
+    return target
 
 
 def run_curves(cfg: CurvesConfig, out: str | Path, recipe_root: str | Path = ".") -> Path:
@@ -275,10 +330,8 @@ def run_curves(cfg: CurvesConfig, out: str | Path, recipe_root: str | Path = "."
     out = Path(out)
     for seed in cfg.seeds:
         prepare_seed(cfg, seed, out)
-    # the longest first: every arm of every seed, then the baselines
-    units = [Unit(seed, e, arm) for arm in cfg.arms for seed in cfg.seeds for e in cfg.encoders()]
-    units += [Unit(seed, None, None) for seed in cfg.seeds]
-    todo = [u for u in units if not (out / "units" / f"{u.name}.tsv").exists()]
+    units = plan_units(cfg)
+    todo = [u for u in units if not unit_files(out, u)[0].exists()]
     config = cfg.to_dict()
     if cfg.jobs == 1:
         threads = torch.get_num_threads()
@@ -292,13 +345,4 @@ def run_curves(cfg: CurvesConfig, out: str | Path, recipe_root: str | Path = "."
         with ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=context) as pool:
             for future in [pool.submit(run_unit, config, u, str(out), str(recipe_root)) for u in todo]:
                 future.result()
-    rows = [row for u in units for row in read_rows(out / "units" / f"{u.name}.tsv")]
-    target = out / RESULTS_TSV
-    write_rows(target, rows)
-    with atomic_output(out / SEQUENCES_TSV) as tmp, open(tmp, "w") as handle:
-        handle.write("seed\tgroup\tfamily\tsequences\n")
-        for seed in cfg.seeds:
-            for group, family in seed_families(cfg, seed, out):
-                ids = ",".join(family.heldout_ids[: cfg.evaluate.sequences])
-                handle.write(f"{seed}\t{group}\t{family.name}\t{ids}\n")
-    return target
+    return write_results(cfg, out, [row for u in units for row in read_rows(unit_files(out, u)[0])])

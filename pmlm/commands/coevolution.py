@@ -88,6 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--config", required=True, metavar="YAML", help="the study (config/coevolution_curves.yaml)")
     c.add_argument("--out", required=True, metavar="DIR", help="work and results folder (curves.tsv, curves.md, ...)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    c.add_argument(
+        "--collect",
+        action="store_true",
+        help="train nothing: report the units that ended and the budgets the others reached (a run stopped by a "
+        "time limit), each unit's state on stderr",
+    )
     _report_flags(c)
     cr = sub.add_parser("curves-report", help="tables, figure and documentation block from a curves.tsv")
     cr.add_argument("--results", required=True, metavar="TSV", help="curves.tsv of pmlm coevolution curves")
@@ -98,18 +104,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc", metavar="MARKDOWN", help="replace the block between the markers of this page")
     p.add_argument("--figure", metavar="PREFIX", help="also write the figure to PREFIX.png and PREFIX.svg")
+    p.add_argument(
+        "--no-figure", action="store_true", help="tables only (curves-report makes the figure later from curves.tsv)"
+    )
 
 
 def _curves(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.coevolution.curve_report import Results, markdown, plot_curves, write_doc
-    from pmlm.coevolution.curves import read_rows, run_curves
+    from pmlm.coevolution.curves import collect_rows, read_rows, run_curves, write_results
     from pmlm.coevolution.curves_config import CurvesConfig
     from pmlm.files import atomic_output
 
     if args.action == "curves":
         cfg = CurvesConfig.from_yaml(args.config, args.set)
-        results = run_curves(cfg, args.out)
+        if args.collect:
+            rows, states = collect_rows(cfg, args.out)
+            for name, state in states.items():
+                print(f"coevolution curves: {name}: {state}", file=sys.stderr)
+            if not rows:
+                raise ConfigError(f"{args.out}: no unit of this config has reached a budget yet")
+            results = write_results(cfg, Path(args.out), rows)
+        else:
+            results = run_curves(cfg, args.out)
         prefix = Path(args.out) / "curves"
     else:
         results, prefix = Path(args.results), Path(args.out_prefix)
@@ -117,9 +134,11 @@ def _curves(args: argparse.Namespace) -> int:
     block = markdown(res)
     with atomic_output(prefix.with_suffix(".md")) as tmp:
         Path(tmp).write_text(block)
-    paths = [prefix.with_suffix(".md"), *plot_curves(res, prefix)]
-    if args.figure:
-        paths += plot_curves(res, args.figure)
+    paths = [prefix.with_suffix(".md")]
+    if not args.no_figure:
+        paths += plot_curves(res, prefix)
+        if args.figure:
+            paths += plot_curves(res, args.figure)
     if args.doc:
         changed = write_doc(args.doc, block)
         paths.append(f"{args.doc} ({'updated' if changed else 'unchanged'})")
