@@ -17,7 +17,7 @@ import yaml
 
 from pmlm.cli import main
 from pmlm.coevolution.curve_readouts import encoder_records, family_targets
-from pmlm.coevolution.curve_report import BEGIN, END, Results, markdown, write_doc
+from pmlm.coevolution.curve_report import BEGIN, END, Results, markdown, markers, write_doc
 from pmlm.coevolution.curves import COLUMNS, read_rows, write_rows
 from pmlm.coevolution.curves_config import CurveEvaluation, CurvesConfig
 from pmlm.coevolution.heldout import FamilyData
@@ -200,6 +200,12 @@ def test_doc_markers(tmp_path):
     page.write_text(f"intro\n{BEGIN}\nold\n{END}\nrest\n")
     assert write_doc(page, "new\n") and page.read_text() == f"intro\n{BEGIN}\nnew\n{END}\nrest\n"
     assert not write_doc(page, "new\n") and doc_block(page) == "new\n"
+    # a page with two blocks (the CPU study's and its GPU-length run's): each is replaced alone
+    gpu_begin, gpu_end = markers("coevolution-curves-gpu-length")
+    page.write_text(f"{BEGIN}\ncpu\n{END}\nmiddle\n{gpu_begin}\n{gpu_end}\n")
+    assert write_doc(page, "gpu\n", "coevolution-curves-gpu-length")
+    assert page.read_text() == f"{BEGIN}\ncpu\n{END}\nmiddle\n{gpu_begin}\ngpu\n{gpu_end}\n"
+    assert doc_block(page) == "cpu\n"
     page.write_text("no markers\n")
     with pytest.raises(InputError, match="needs one"):
         write_doc(page, "x\n")

@@ -20,7 +20,15 @@ from pmlm.figures import pyplot, save_figure
 from pmlm.files import atomic_output
 from pmlm.vocabulary import MLM
 
-BEGIN, END = "<!-- coevolution-curves:begin -->", "<!-- coevolution-curves:end -->"
+DOC_BLOCK = "coevolution-curves"  # docs/coevolution.md's CPU study; its GPU-length run: coevolution-curves-gpu-length
+
+
+def markers(name: str = DOC_BLOCK) -> tuple[str, str]:
+    """The lines around a generated block of a page."""
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+BEGIN, END = markers()
 # the answer's rows: (label, metric, PMLM's read-out, MLM's read-out); higher is better unless the label says so
 COMPARISONS = (
     ("epistasis rho, planted pairs: pair joint vs MLM token head by substitution", "spearman_planted", "pair_joint", "substitution"),
@@ -202,7 +210,7 @@ def group_table(res: Results, step: int) -> list[str]:
 
 
 def markdown(res: Results) -> str:
-    """The generated block of docs/coevolution.md (between BEGIN and END)."""
+    """The generated block of docs/coevolution.md (between the markers of ``write_doc``)."""
     last = res.last
     units = len(res.group)
     parts = [
@@ -236,15 +244,16 @@ def markdown(res: Results) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_doc(doc: str | Path, block: str) -> bool:
-    """Replace the text between BEGIN and END in ``doc``; returns whether it changed."""
+def write_doc(doc: str | Path, block: str, name: str = DOC_BLOCK) -> bool:
+    """Replace the text between the markers of block ``name`` in ``doc``; returns whether it changed."""
     doc = Path(doc)
     text = doc.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise InputError(doc, f"needs one {BEGIN} line and one {END} line after it")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    new = f"{head}{BEGIN}\n{block}{END}{tail}"
+    begin, end = markers(name)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise InputError(doc, f"needs one {begin} line and one {end} line after it")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    new = f"{head}{begin}\n{block}{end}{tail}"
     if new == text:
         return False
     with atomic_output(doc) as tmp:

@@ -9,9 +9,10 @@ Work is split into units, each one process (``jobs`` at once): a seed's baseline
 writes ``units/<unit>.tsv`` atomically when it is done, so a rerun skips finished units and redoes the others
 from the start; ``curves.tsv`` is their rows in a fixed order. An arm also rewrites ``units/<unit>.partial.tsv``
 after each budget's read-outs, so a run cut short by a time limit keeps the budgets it reached: ``collect_rows``
-(``pmlm coevolution curves --collect``) reports them beside the units that ended. Each arm's cost is measured beside its read-outs:
-process CPU-seconds of training alone (read-outs excluded) and the FLOPs of one optimizer step on a batch of
-each group's length (``torch.utils.flop_counter``, forward and backward).
+(``pmlm coevolution curves --collect``) reports them beside the units that ended. Each arm's cost is measured
+beside its read-outs: process CPU- and wall-seconds of training alone (read-outs excluded; on a GPU the wall time
+counts) and the FLOPs of one optimizer step on a batch of each group's length (``torch.utils.flop_counter``,
+forward and backward).
 """
 
 from __future__ import annotations

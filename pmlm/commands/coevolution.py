@@ -103,6 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc", metavar="MARKDOWN", help="replace the block between the markers of this page")
+    p.add_argument(
+        "--doc-block",
+        default="coevolution-curves",
+        metavar="NAME",
+        help="which block of --doc: the lines <!-- NAME:begin --> and <!-- NAME:end --> (default: coevolution-curves; "
+        "the GPU-length run's: coevolution-curves-gpu-length)",
+    )
     p.add_argument("--figure", metavar="PREFIX", help="also write the figure to PREFIX.png and PREFIX.svg")
     p.add_argument(
         "--no-figure", action="store_true", help="tables only (curves-report makes the figure later from curves.tsv)"
@@ -140,7 +147,7 @@ def _curves(args: argparse.Namespace) -> int:
         if args.figure:
             paths += plot_curves(res, args.figure)
     if args.doc:
-        changed = write_doc(args.doc, block)
+        changed = write_doc(args.doc, block, args.doc_block)
         paths.append(f"{args.doc} ({'updated' if changed else 'unchanged'})")
     print(f"coevolution {args.action}: {results} -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
