@@ -16,12 +16,13 @@ GPU image has no Biopython (which reads the families' FASTA): its wheel is carri
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "coevolution_curves_gpu_length.yaml"
@@ -84,38 +85,32 @@ def prepare(out: Path, tiny: bool) -> dict:
     return {"inputs": str(out), "bytes": sum(listing.values()), "files": len(listing)}
 
 
-def _read(path: Path) -> list[dict]:
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle, delimiter="\t"))
-
-
 def summary(run: Path, out: Path) -> dict:
-    """Per arm the budgets its rows reach and its training wall-seconds per step between them; the answer's first
-    line (pair-joint epistasis rho against the MLM's token head by substitution) at the last budget every arm
-    reached. Written to OUT/summary.json and OUT/figures.md; also returned."""
-    rows = _read(run / "curves.tsv") if (run / "curves.tsv").exists() else []
-    arms: dict[str, dict] = {}
-    for r in rows:
-        if r["readout"] == "training" and r["metric"] == "wall_s":
-            arms.setdefault(r["arm"], {})[int(r["step"])] = float(r["value"])
-    per_arm = {}
-    for arm, walls in arms.items():
-        steps = sorted(walls)
-        rate = steps[-1] / walls[steps[-1]] if walls[steps[-1]] > 0 else math.nan
-        per_arm[arm] = {"budgets": steps, "steps_per_s": round(rate, 1), "training_wall_s": round(walls[steps[-1]], 1)}
-    common = min((max(a["budgets"]) for a in per_arm.values()), default=0)
+    """Per arm the budgets it reached and its training steps per second (wall time, read-outs excluded); the
+    answer's first line (pair-joint epistasis rho against the MLM's token head by substitution) at the last budget
+    every arm reached (``Results.last``). Written to OUT/summary.json and OUT/figures.md; also returned."""
+    from pmlm.coevolution.curve_report import Results
+    from pmlm.coevolution.curves import read_rows
 
-    def rho(arm: str, readout: str) -> float:
-        values = [
-            float(r["value"])
-            for r in rows
-            if r["arm"] == arm and int(r["step"]) == common and r["readout"] == readout
-            and r["metric"] == "spearman_planted" and not math.isnan(float(r["value"]))
-        ]  # fmt: skip
-        return round(sum(values) / len(values), 3) if values else math.nan
+    path = run / "curves.tsv"
+    res = Results(read_rows(path), path) if path.exists() else None
+    per_arm, answer = {}, {"step": 0}
+    if res is not None:
+        for arm in res.arms:
+            walls = {s: np.mean(list(v.values())) for s in res.steps if (v := res.units(arm, s, "training", "wall_s"))}
+            last = max(walls)
+            per_arm[arm] = {
+                "budgets": sorted(walls),
+                "steps_per_s": round(last / walls[last], 1) if walls[last] > 0 else math.nan,
+                "training_wall_s": round(float(walls[last]), 1),
+            }
 
-    answer = {"step": common, "mlm_substitution": rho("mlm", "substitution")}
-    answer.update({f"{arm}_pair_joint": rho(arm, "pair_joint") for arm in per_arm if arm != "mlm"})
+        def rho(arm: str, readout: str) -> float:
+            values = list(res.units(arm, res.last, readout, "spearman_planted").values())
+            return round(float(np.mean(values)), 3) if values else math.nan
+
+        answer = {"step": res.last, "mlm_substitution": rho("mlm", "substitution")}
+        answer.update({f"{arm}_pair_joint": rho(arm, "pair_joint") for arm in res.pmlm_arms()})
     result = {"arms": per_arm, "answer": answer}
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -125,7 +120,7 @@ def summary(run: Path, out: Path) -> dict:
         lines.append(f"| {arm} | {budgets} | {a['steps_per_s']} | {a['training_wall_s']} |")
     lines += [
         "",
-        f"epistasis rho at planted pairs, step {common:,}: "
+        f"epistasis rho at planted pairs, step {answer['step']:,}: "
         + ", ".join(f"{k} {v}" for k, v in answer.items() if k != "step"),
     ]
     (out / "figures.md").write_text("\n".join(lines) + "\n")
