@@ -43,6 +43,9 @@ X_ID = FIRST_RESIDUE_ID + len(RESIDUES)  # 24
 MASK_ID = X_ID + 1  # 25
 NUM_RESIDUES = len(RESIDUES)  # 20: classes of the token head
 NUM_PAIR_CLASSES = NUM_RESIDUES * NUM_RESIDUES  # 400: classes of the pair head
+# the class of a position, pair or triple no loss counts (unmasked positions, masked non-standard residues, padding
+# rows): cross-entropy's ignore_index
+IGNORE_INDEX = -100
 
 _base = [*SPECIALS, *RESIDUES, UNKNOWN_RESIDUE, MASK]
 _n_null = (-len(_base)) % VOCAB_MULTIPLE

@@ -9,7 +9,8 @@ import torch
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import PmlmError
 from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
-from pmlm.model.attention import pack, packed_attention, reference_varlen_attention, unpack, varlen_kernel_usable
+from pmlm.model.attention import flash_usable, packed_attention, reference_varlen_attention
+from pmlm.model.layout import Layout, packed_inputs, unpack
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.pretrained import build_model
 
@@ -96,17 +97,23 @@ def test_an_all_pad_filler_row_stays_finite_and_zero():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_packing_offsets_positions_and_round_trip():
+def test_packing_offsets_positions_filler_and_round_trip():
     tokens = mixed_batch([3, 0, 5], width=9, seed=0)  # rows of 5, 0 and 7 tokens
-    packing = pack(tokens.ne(PAD_ID))
-    assert packing.cu_seqlens.dtype == torch.int32
-    assert packing.cu_seqlens.tolist() == [0, 5, 5, 12]
-    assert packing.max_len == 7 and packing.tokens == 12
-    assert packing.positions.tolist() == [0, 1, 2, 3, 4] + [0, 1, 2, 3, 4, 5, 6]  # noqa: RUF005 (two rows; <cls> is 0 in every row)
-    assert packing.index.tolist() == [0, 1, 2, 3, 4, 18, 19, 20, 21, 22, 23, 24]
-    values = torch.randn(12, 2)
-    grid = unpack(values, packing)  # (3, 9, 2)
-    assert torch.equal(grid[tokens.ne(PAD_ID)], values) and grid[tokens.eq(PAD_ID)].abs().sum() == 0
+    inputs = packed_inputs(tokens, row_multiple=16)
+    # the rows' sequences, then the filler up to 16 rows: one sequence of its own (shorter than the bound 64)
+    assert inputs.cu_seqlens.dtype == torch.int32
+    assert inputs.cu_seqlens.tolist() == [0, 5, 5, 12, 16]
+    assert inputs.max_len == 64 and inputs.rows == 16
+    assert inputs.positions.tolist() == [0, 1, 2, 3, 4] + [0, 1, 2, 3, 4, 5, 6] + [0] * 4
+    assert inputs.tokens[12:].tolist() == [PAD_ID] * 4
+    assert inputs.index.tolist() == [0, 1, 2, 3, 4, 18, 19, 20, 21, 22, 23, 24]
+    values = torch.randn(16, 2)
+    grid = unpack(values, inputs)  # (3, 9, 2)
+    assert torch.equal(grid[tokens.ne(PAD_ID)], values[:12]) and grid[tokens.eq(PAD_ID)].abs().sum() == 0
+    # a long filler is cut into sequences no longer than the bound, so that every row is in one
+    long = packed_inputs(mixed_batch([3], width=5, seed=0), row_multiple=200)
+    lengths = long.cu_seqlens.diff().tolist()
+    assert lengths == [5, 64, 64, 64, 3] and max(lengths) <= long.max_len
 
 
 def test_reference_varlen_attention_is_per_sequence_sdpa():
@@ -139,14 +146,18 @@ def test_auto_layout_on_cpu_pads_for_training_packs_for_inference_and_bad_names_
         model.encode(tokens)
 
 
-def test_the_fused_kernel_is_used_only_where_it_applies():
-    cuda = torch.device("cuda", 0)
+def test_auto_packs_on_cuda_under_half_precision_dropout_or_not():
+    torch.manual_seed(0)
+    model = PMLMModel(model_config("tiny", **DIMS))  # attention dropout 0.1
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert model.encoder.layout(cpu, torch.float32, grad=True) == Layout.PADDED  # training on a CPU
+    assert model.encoder.layout(cpu, torch.float32, grad=False) == Layout.PACKED  # inference on a CPU
     # these verdicts are reached before any CUDA call, so they hold on a machine without a GPU
-    assert not varlen_kernel_usable(torch.device("cpu"), torch.bfloat16, 64, 0.0)  # CUDA only
-    assert not varlen_kernel_usable(cuda, torch.float32, 64, 0.0)  # FlashAttention: bf16 / fp16 only
-    assert not varlen_kernel_usable(cuda, torch.bfloat16, 64, 0.1)  # no dropout on attention probabilities
-    assert not varlen_kernel_usable(cuda, torch.bfloat16, 12, 0.0)  # head dim not a multiple of 8
-    assert not varlen_kernel_usable(cuda, torch.bfloat16, 512, 0.0)  # head dim above 256
+    assert model.encoder.layout(cuda, torch.float32, grad=True) == Layout.PADDED  # FlashAttention: bf16 / fp16
+    assert not flash_usable(cuda, torch.bfloat16, 12)  # head dim not a multiple of 8
+    assert not flash_usable(cuda, torch.bfloat16, 512)  # head dim above 256
+    model.encoder.attention = "packed"
+    assert model.encoder.layout(cuda, torch.float32, grad=True) == Layout.PACKED  # asked for: the reference runs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,21 +171,18 @@ BF16_TOL = 4 * torch.finfo(torch.bfloat16).eps
 
 @pytest.mark.gpu
 @gpu
-def test_varlen_kernel_matches_the_reference_on_cuda():
-    from pmlm.model import attention
-
-    if attention.varlen_attn is None or not varlen_kernel_usable(torch.device("cuda"), torch.bfloat16, 64, 0.0):
-        pytest.skip("torch.nn.attention.varlen is not available for this GPU / torch")
+def test_the_packed_op_matches_the_reference_on_cuda():
+    if not flash_usable(torch.device("cuda"), torch.bfloat16, 64):
+        pytest.skip("FlashAttention does not run on this GPU")
     g = torch.Generator(device="cuda").manual_seed(0)
-    tokens = mixed_batch([500, 0, 17, 333, 1022, 64], width=1024, seed=0).cuda()
-    packing = pack(tokens.ne(PAD_ID))
-    T = packing.tokens
+    inputs = packed_inputs(mixed_batch([500, 0, 17, 333, 1022, 64], width=1024, seed=0)).to(torch.device("cuda"))
+    T = inputs.rows
     q32, k32, v32 = (torch.randn(T, 12, 64, device="cuda", generator=g) for _ in range(3))
     q, k, v = (t.bfloat16().requires_grad_() for t in (q32, k32, v32))
-    fused = packed_attention(q, k, v, packing)  # the varlen kernel: bf16 on CUDA, no dropout
+    fused = packed_attention(q, k, v, inputs.packing)  # FlashAttention's variable-length kernel: bf16 on CUDA
     # the reference in fp32 from the same bf16-rounded inputs
     qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = reference_varlen_attention(qr, kr, vr, packing.cu_seqlens)
+    ref = reference_varlen_attention(qr, kr, vr, inputs.cu_seqlens)
     torch.testing.assert_close(fused.float(), ref, rtol=BF16_TOL, atol=BF16_TOL)
     grad = torch.randn(T, 12, 64, device="cuda", generator=g)
     fused.backward(grad.bfloat16())
@@ -204,7 +212,7 @@ def test_packed_model_on_cuda_matches_the_padded_model_under_bf16(objective):
         losses[layout] = out["loss"].item()
         grads[layout] = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert model.encoder._packs(tokens.device), "auto should pack under bf16 on this GPU"
+        assert model.encoder.layout(tokens.device) == Layout.PACKED, "auto should pack under bf16 on this GPU"
     # the same bf16 arithmetic in another order: the loss, a mean of many fp32 terms, moves by less than
     # one bf16 rounding; the gradients, element by element, by a few (BF16_TOL in the L2 sense)
     bf16_eps = torch.finfo(torch.bfloat16).eps

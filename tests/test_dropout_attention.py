@@ -1,12 +1,13 @@
 """Dropout on the attention probabilities: the CPU blockwise kernel against an explicit reference with the same
 draws (forward and backward, fp64), its draws' statistics beside SDPA's own dropout, bit-identical results for any
-thread count, the encoder's use of it, evaluation unchanged; the packed layout with dropout through jagged nested
-tensors (SDPA's math path on CPU here; FlashAttention's kernel on CUDA, in the gpu-marked tests)."""
+thread count, the encoder's use of it, evaluation unchanged; the packed layout's op with dropout (its reference on
+CPU here, against the explicit formula with the same draws; FlashAttention's kernel on CUDA, in the gpu-marked
+tests)."""
 
 from __future__ import annotations
 
+import itertools
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -15,18 +16,11 @@ import torch.nn.functional as F
 from conftest import reorder_tolerance
 from test_attention import mixed_batch
 
-from pmlm.alphabet import PAD_ID
 from pmlm.model import ObjectiveConfig, PMLMModel, model_config, pretraining_losses
 from pmlm.model import dropout_attention as kernel
-from pmlm.model.attention import (
-    flash_usable,
-    jagged_attention,
-    pack,
-    packed_kernel_usable,
-    reference_varlen_attention,
-    unpack,
-)
-from pmlm.model.encoder import SelfAttention, key_padding_mask
+from pmlm.model.attention import Packing, flash_usable, packed_attention, reference_varlen_attention
+from pmlm.model.encoder import SelfAttention
+from pmlm.model.layout import Layout, key_padding_mask, packed_inputs, unpack
 from pmlm.pretrained import build_model
 
 DIMS = {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 72}
@@ -164,13 +158,17 @@ def padded(dropout_attend):
 
 
 def packed(packed_attend):
-    """attend(q, k, v, p) through the packed layout: pack, attend on (T, H, D), scatter back."""
+    """attend(q, k, v, p) through the packed layout: pack (filler rows included), attend on (T, H, D), scatter back."""
 
     def attend(q, k, v, p):
         B, H, L, D = q.shape
-        packing = pack(key_mask(LENGTHS, L).view(B, L).to(q.device))  # the packing's index on the tensors' device
-        rows = [t.transpose(1, 2).reshape(B * L, H, D).index_select(0, packing.index) for t in (q, k, v)]
-        return unpack(packed_attend(*rows, packing, p).reshape(-1, H * D), packing).view(B, L, H, D).transpose(1, 2)
+        inputs = packed_inputs(mixed_batch([max(n - 2, 0) if n else 0 for n in LENGTHS], L, seed=0))
+        index = inputs.index.to(q.device)
+        filler = inputs.tokens.shape[0] - index.numel()
+        rows = [t.transpose(1, 2).reshape(B * L, H, D).index_select(0, index) for t in (q, k, v)]
+        rows = [F.pad(t, (0, 0, 0, 0, 0, filler)) for t in rows]  # the filler rows: a sequence of their own
+        out = packed_attend(*rows, Packing(inputs.cu_seqlens.to(q.device), inputs.max_len), p)
+        return unpack(out.reshape(-1, H * D), inputs.to(q.device)).view(B, L, H, D).transpose(1, 2)
 
     return attend
 
@@ -183,12 +181,6 @@ def varlen_reference(q, k, v, packing, p):
     return reference_varlen_attention(q, k, v, packing.cu_seqlens, p)
 
 
-def quiet_jagged(q, k, v, packing, p):
-    with warnings.catch_warnings():  # SDPA's math path on CPU builds strided nested tensors, a prototype API
-        warnings.simplefilter("ignore", UserWarning)
-        return jagged_attention(q, k, v, packing, p)
-
-
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5])
 @pytest.mark.parametrize(
     "name, attend",
@@ -196,7 +188,7 @@ def quiet_jagged(q, k, v, packing, p):
         ("kernel, padded", padded(kernel.dropout_attention)),
         ("SDPA's math path, padded (the reference)", padded(sdpa)),
         ("per-sequence reference, packed", packed(varlen_reference)),
-        ("jagged tensors, packed", packed(quiet_jagged)),
+        ("the packed op, packed", packed(packed_attention)),
     ],
 )
 def test_every_layout_drops_probability_mass_like_bernoulli_dropout(name, attend, dropout_p):
@@ -259,7 +251,7 @@ def test_training_with_attention_dropout_in_both_cpu_layouts_learns():
     objective = ObjectiveConfig(name="pmlm")
     for layout in ("padded", "packed"):
         model = build_model(model_config("tiny", **DIMS), objective).train()
-        model.encoder.attention = layout
+        model.encoder.attention = layout  # packed on a CPU: the op's reference, dropout drawn from one seed
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         losses = []
         for step in range(12):
@@ -272,33 +264,61 @@ def test_training_with_attention_dropout_in_both_cpu_layouts_learns():
         assert losses[-1] < losses[0] and losses[-2] < losses[1], (layout, losses)
 
 
-def test_jagged_attention_without_dropout_is_the_per_sequence_reference():
-    tokens = mixed_batch([10, 0, 30, 5], width=40, seed=3)  # an empty row: not a component of the jagged tensors
-    packing = pack(tokens.ne(PAD_ID))
-    offsets, shortest = packing.segments
-    assert offsets.tolist() == [0, 12, 44, 51] and shortest == 7
+def test_the_packed_op_without_dropout_is_the_per_sequence_reference():
+    tokens = mixed_batch([10, 0, 30, 5], width=40, seed=3)  # an empty row: a sequence without rows
+    inputs = packed_inputs(tokens)
+    assert inputs.cu_seqlens.tolist()[:5] == [0, 12, 12, 44, 51] and inputs.max_len == 64
     g = torch.Generator().manual_seed(17)
-    rows = torch.randn(packing.tokens, 3, 4, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    rows = torch.randn(inputs.tokens.shape[0], 3, 4, 16, dtype=torch.float64, generator=g, requires_grad=True)
     q, k, v = rows.unbind(1)  # strided views of one projection, as in the encoder
-    out = quiet_jagged(q, k, v, packing, 0.0)
-    ref = reference_varlen_attention(q, k, v, packing.cu_seqlens)
+    out = packed_attention(q, k, v, inputs.packing, 0.0)
+    ref = reference_varlen_attention(q, k, v, inputs.cu_seqlens)
     grad = torch.randn(out.shape, dtype=out.dtype, generator=g)
     (got,), (expected,) = torch.autograd.grad(out, rows, grad), torch.autograd.grad(ref, rows, grad)
-    torch.testing.assert_close(out, ref, rtol=0, atol=reorder_tolerance(ref, 32, torch.float64))
-    torch.testing.assert_close(got, expected, rtol=0, atol=reorder_tolerance(expected, 32, torch.float64))
+    torch.testing.assert_close(out, ref, rtol=0, atol=reorder_tolerance(ref, 64, torch.float64))
+    torch.testing.assert_close(got, expected, rtol=0, atol=reorder_tolerance(expected, 64, torch.float64))
 
 
-def test_packed_training_with_dropout_has_a_fused_kernel_only_where_flash_runs():
+def test_the_packed_ops_dropout_is_the_explicit_formula_with_its_documented_draws():
+    # the reference draws one seed from torch's generator and, sequence by sequence, keep = rand(H, n, n) >= p from
+    # a generator seeded with it; the backward draws the same masks again
+    tokens = mixed_batch([10, 0, 30, 5], width=40, seed=3)
+    inputs = packed_inputs(tokens)
+    g = torch.Generator().manual_seed(18)
+    rows = torch.randn(inputs.tokens.shape[0], 3, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    q, k, v = rows.unbind(1)
+    p = 0.3
+    torch.manual_seed(19)
+    out = packed_attention(q, k, v, inputs.packing, p)
+    torch.manual_seed(19)
+    draws = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+    parts = []
+    bounds = inputs.cu_seqlens.tolist()
+    for start, end in itertools.pairwise(bounds):
+        if end == start:
+            continue
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (H, n, D)
+        keep = torch.rand(qs.shape[0], end - start, end - start, generator=draws) >= p
+        probs = (qs @ ks.transpose(1, 2) / math.sqrt(8)).softmax(-1) * keep / (1 - p)
+        parts.append((probs @ vs).transpose(0, 1))
+    ref = torch.cat(parts)
+    grad = torch.randn(out.shape, dtype=out.dtype, generator=g)
+    (got,), (expected,) = torch.autograd.grad(out, rows, grad), torch.autograd.grad(ref, rows, grad)
+    torch.testing.assert_close(out, ref, rtol=0, atol=reorder_tolerance(ref, 64, torch.float64))
+    torch.testing.assert_close(got, expected, rtol=0, atol=reorder_tolerance(expected, 64, torch.float64))
+
+
+def test_packed_attention_has_a_fused_kernel_only_where_flash_runs():
     cuda = torch.device("cuda", 0)
     # these verdicts are reached before any CUDA call, so they hold on a machine without a GPU
-    assert not packed_kernel_usable(torch.device("cpu"), torch.bfloat16, 64, 0.1)
-    assert not packed_kernel_usable(cuda, torch.float32, 64, 0.1)  # FlashAttention: bf16 / fp16 only
-    assert not packed_kernel_usable(cuda, torch.bfloat16, 12, 0.1)  # head dim not a multiple of 8
+    assert not flash_usable(torch.device("cpu"), torch.bfloat16, 64)
+    assert not flash_usable(cuda, torch.float32, 64)  # FlashAttention: bf16 / fp16 only
+    assert not flash_usable(cuda, torch.bfloat16, 12)  # head dim not a multiple of 8
     assert not flash_usable(cuda, torch.bfloat16, 512)  # head dim above 256
 
 
 # ------------------------------------------------------------------------------------------------
-# CUDA: FlashAttention's variable-length kernel with dropout, through jagged tensors
+# CUDA: FlashAttention's variable-length kernel with dropout, through the packed op
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -306,12 +326,12 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5])
-def test_jagged_flash_attention_drops_probability_mass_like_bernoulli_dropout(dropout_p):
+def test_flash_attention_drops_probability_mass_like_bernoulli_dropout(dropout_p):
     if not flash_usable(torch.device("cuda"), torch.bfloat16, 8):
         pytest.skip("FlashAttention does not run on this GPU")
 
     def attend(q, k, v, p):
-        return packed(jagged_attention)(*(t.cuda().bfloat16() for t in (q, k, v)), p).float().cpu()
+        return packed(packed_attention)(*(t.cuda().bfloat16() for t in (q, k, v)), p).float().cpu()
 
     torch.manual_seed(18)
     z = dropped_mass_z(attend, LENGTHS, width=128, dropout_p=dropout_p, calls=6)
@@ -331,7 +351,7 @@ def test_the_released_recipes_train_packed_on_cuda_with_attention_dropout(object
     model = build_model(cfg, ObjectiveConfig(name=objective)).cuda().train()
     tokens = mixed_batch([510, 100, 0, 37], width=512, seed=1).cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        if not model.encoder._packs(tokens.device):
+        if model.encoder.layout(tokens.device) != Layout.PACKED:
             pytest.skip("FlashAttention does not run on this GPU")
         out = pretraining_losses(model, tokens, ObjectiveConfig(name=objective), torch.Generator("cuda").manual_seed(0))
     out["loss"].backward()

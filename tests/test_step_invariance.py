@@ -142,7 +142,7 @@ def _reference(shards: Path, objective: str, per_micro_batch: bool = False) -> d
         seed=cfg.seed, pad_to_multiple=cfg.data.pad_to_multiple,
     )  # fmt: skip
     tokens = stream.next_batch().tokens
-    generator = mask_generator(cfg, torch.device("cpu"))
+    generator = mask_generator(cfg)
     if not per_micro_batch:
         pretraining_losses(model, tokens, cfg.objective, generator)["loss"].backward()
     else:

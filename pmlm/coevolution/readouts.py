@@ -17,7 +17,7 @@ from pmlm import alphabet
 from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_precision
 from pmlm.evaluation.pair_readout import joint_dependence, masked_copies, pair_dependence, pair_positions
 from pmlm.evaluation.unsupervised import apc
-from pmlm.model.encoder import key_padding_mask
+from pmlm.model.layout import key_padding_mask
 from pmlm.model.symmetry import symmetrize
 from pmlm.tokens import batch_tokens
 

@@ -44,6 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pmlm.model.syncs import host_kernel
+
 BLOCK_ELEMENTS = 1 << 17  # scores per block (512 KiB in fp32): few enough ops per layer, small enough for cache
 DRAW_BITS = 16  # a score's dropout draw: one 16-bit integer
 SEED_BOUND = 2**62  # seeds drawn from torch's generator lie in [0, SEED_BOUND)
@@ -59,7 +61,8 @@ def attention(
     """``scaled_dot_product_attention`` over (B, H, L, D) with a (B, 1, 1, L) key mask (True = may attend) or
     None; on CPU with dropout, ``dropout_attention``."""
     if dropout_p > 0.0 and q.device.type == "cpu" and q.dtype in NUMPY_DTYPES:
-        return dropout_attention(q, k, v, key_mask, dropout_p)
+        with host_kernel():  # a CPU-only kernel: it reads its seed and masks on the host by design
+            return dropout_attention(q, k, v, key_mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
 
 
@@ -209,6 +212,11 @@ class _BlockDropoutAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        with host_kernel():  # the masks are NumPy arrays on the host, by design
+            return _BlockDropoutAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         qs, k, v, out = ctx.saved_tensors
         blocks, dropout_p = ctx.blocks, ctx.dropout_p
         N, L, D = qs.shape

@@ -31,17 +31,19 @@ Choices (documented here once):
   BERT/fairseq-RoBERTa initialisation, for every objective (the released code uses it for its MLM
   baseline, ``apply_bert_init`` True in mlm.py:376, and keeps torch's default Linear initialisation
   for PMLM, pmlm.py:416; we do not follow that difference).
-* No query ever attends to ``<pad>``. Three layouts give that (``Encoder.attention``):
-  a batch without padding runs ``scaled_dot_product_attention`` with no mask (fused kernels);
-  ``"packed"`` drops the pads, runs every layer on the T real tokens and attention per
-  sequence over ``cu_seqlens`` (see ``pmlm.model.attention``), then scatters back to (B, L, C)
-  with zeros at ``<pad>``; ``"padded"`` keeps (B, L, C) and passes a key-padding mask to
-  ``scaled_dot_product_attention`` (the reference; on a GPU the mask rules out the flash
-  kernel; on CPU with attention dropout, ``pmlm.model.dropout_attention``'s blockwise kernel).
-  ``"auto"`` packs where a fused variable-length kernel runs (CUDA under bf16 / fp16:
-  ``varlen_attn`` without attention dropout, FlashAttention on jagged tensors with it) and for
-  inference on a CPU (no autograd: the linear layers skip the pads, and the per-sequence attention
-  loop costs little without a backward), and stays padded elsewhere, e.g. training on a CPU.
+* No query ever attends to ``<pad>``. Two layouts give that (``pmlm.model.layout`` builds them, on the host):
+  ``padded`` keeps (B, L, C) and passes a key-padding mask (None when the batch has no ``<pad>``: fused kernels) to
+  ``scaled_dot_product_attention`` (on CPU with attention dropout, ``pmlm.model.dropout_attention``'s blockwise
+  kernel); ``packed`` drops the pads, runs every layer on the T real tokens and attention per sequence through one
+  op (``pmlm.model.attention``: FlashAttention's variable-length kernel with dropout on CUDA, a reference
+  elsewhere). ``auto`` packs where the fused kernel runs (CUDA under bf16 / fp16) and for inference on a CPU (no
+  autograd: the linear layers skip the pads, and the per-sequence attention costs little without a backward), and
+  stays padded elsewhere, e.g. training on a CPU, where the blockwise dropout kernel is the faster path.
+* **Precision.** Under autocast the residual stream stays in autocast's dtype: the embeddings are cast once, and
+  the LayerNorms (``LayerNorm``) compute in fp32 internally from half inputs and fp32 weights and return the input's
+  dtype (autocast would return fp32 and add a cast before every projection). Without autocast nothing changes.
+* ``encode`` is the whole computation from ``EncoderInputs`` to the output rows, without a host synchronisation, and
+  ``compile_encoder`` compiles it whole (one graph: the packed attention is an op, not a graph break).
 """
 
 from __future__ import annotations
@@ -54,13 +56,13 @@ from torch import nn
 
 from pmlm.alphabet import PAD_ID, VOCAB_SIZE
 from pmlm.errors import PmlmError
-from pmlm.model.attention import HALF_DTYPES, Packing, pack, packed_attention, packed_kernel_usable, unpack
+from pmlm.model.attention import HALF_DTYPES, Packing, flash_usable, packed_attention
 from pmlm.model.config import ModelConfig
 from pmlm.model.dropout_attention import attention
+from pmlm.model.layout import ATTENTION_LAYOUTS, EncoderInputs, Layout, build_inputs, unpack
 
 INIT_STD = 0.02  # std of Linear weights (BERT / fairseq RoBERTa)
 POSITION_BASE = 10000.0  # wavelength base of the sinusoidal positions
-ATTENTION_LAYOUTS = ("auto", "packed", "padded")
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
@@ -92,17 +94,15 @@ def position_table(cfg: ModelConfig) -> torch.Tensor:
     return sinusoidal_positions(cfg.max_len, cfg.hidden)
 
 
-def key_padding_mask(tokens: torch.Tensor) -> torch.Tensor | None:
-    """(B, 1, 1, L) True where a key may be attended to, or None when ``tokens`` has no <pad>."""
-    pad = tokens.eq(PAD_ID)  # (B, L)
-    # one host sync per forward buys mask-free (fused) attention for unpadded batches
-    if not bool(pad.any()):
-        return None
-    keep = ~pad
-    # position 0 always stays visible so an all-<pad> filler row yields finite values, not NaN
-    # (a NaN row would poison weight gradients through 0 * NaN)
-    keep[:, 0] = True
-    return keep[:, None, None, :]
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` that returns half inputs in their dtype (module docstring, Precision): fp32 statistics and
+    weights, the output rounded once. Full-precision inputs take ``nn.LayerNorm``'s own path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in HALF_DTYPES:
+            # the aten op itself, not F.layer_norm: autocast lists layer_norm among its fp32 ops and would cast up
+            return torch.native_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)[0]
+        return super().forward(x)
 
 
 class SelfAttention(nn.Module):
@@ -138,9 +138,9 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.post_norm = cfg.norm == "post"
         self.act = ACTIVATIONS[cfg.activation]
-        self.attn_norm = nn.LayerNorm(cfg.hidden)
+        self.attn_norm = LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg)
-        self.ffn_norm = nn.LayerNorm(cfg.hidden)
+        self.ffn_norm = LayerNorm(cfg.hidden)
         self.ffn_in = nn.Linear(cfg.hidden, cfg.ffn)
         self.ffn_out = nn.Linear(cfg.ffn, cfg.hidden)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -159,50 +159,83 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Token ids (B, L) -> contextual representations (B, L, C).
+    """Token ids (B, L) -> contextual representations (B, L, C); ``encode``: ``EncoderInputs`` -> output rows.
 
-    ``attention`` ("auto", "packed", "padded") picks the layout of padded batches (module
-    docstring); it is a run-time setting, not part of the weights or the config.
+    ``attention`` ("auto", "packed", "padded") picks the layout of padded batches (module docstring); it is a
+    run-time setting, not part of the weights or the config.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.attention = "auto"
-        self.compiled = False  # set by compile_layers
         self.embed = nn.Embedding(VOCAB_SIZE, cfg.hidden, padding_idx=PAD_ID)
         # not a parameter and not saved: rebuilt from the config on load
         self.register_buffer("positions", position_table(cfg), persistent=False)
-        self.embed_norm = nn.LayerNorm(cfg.hidden) if cfg.embedding_norm else None
+        self.embed_norm = LayerNorm(cfg.hidden) if cfg.embedding_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
         # post-LN layers end in a LayerNorm already; pre-LN leaves the residual stream unnormalised
-        self.final_norm = nn.LayerNorm(cfg.hidden) if cfg.norm == "pre" else None
+        self.final_norm = LayerNorm(cfg.hidden) if cfg.norm == "pre" else None
+        self._compiled = None  # compile_encoder's function, if compiled
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        _B, L = tokens.shape
-        if self.cfg.max_len < L:
+        """(B, L) token ids -> (B, L, C), in the layout ``attention`` picks here (zeros at <pad> when packed)."""
+        inputs = build_inputs(tokens, self.layout(tokens.device))
+        return unpack(self.encode(inputs), inputs)
+
+    def encode(self, inputs: EncoderInputs) -> torch.Tensor:
+        """``inputs`` -> the output rows (rows, C): packed (T, C), padded (B * L, C). No host synchronisation."""
+        if self.cfg.max_len < inputs.shape[1]:
             raise PmlmError(
-                f"batch of {L} tokens exceeds the model's max_len {self.cfg.max_len} "
+                f"batch of {inputs.shape[1]} tokens exceeds the model's max_len {self.cfg.max_len} "
                 "(which counts <cls> and <eos>); crop the sequences or use a larger max_len"
             )
-        attn_mask = key_padding_mask(tokens)  # (B, 1, 1, L) or None
-        if attn_mask is not None and self._packs(tokens.device):
-            packing = pack(tokens.ne(PAD_ID))
-            x = self.embed(tokens.reshape(-1).index_select(0, packing.index)) + self.positions[packing.positions]
-            x = self.dropout(self._embed_norm(x))  # (T, C)
-            if self.compiled:
-                torch._dynamo.maybe_mark_dynamic(x, 0)  # T changes every batch: compile for any T at once
-            for layer in self.layers:
-                x = layer(x, packing)
-            return unpack(self._final_norm(x), packing)  # (B, L, C)
-        x = self.dropout(self._embed_norm(self.embed(tokens) + self.positions[:L]))  # (B, L, C)
-        if self.compiled:
-            torch._dynamo.maybe_mark_dynamic(x, 0)  # length-bucketed batches: rows and width vary
-            torch._dynamo.maybe_mark_dynamic(x, 1)
+        device = inputs.tokens.device.type
+        # the residual stream's dtype (module docstring, Precision): decided here, outside any compiled graph
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        if self._compiled is None:
+            return self.run(inputs.tokens, inputs.positions, inputs.cu_seqlens, inputs.max_len, inputs.key_mask, dtype)
+        # batch after batch the rows change: one graph for any number of them
+        dynamic = [(inputs.tokens, d) for d in range(inputs.tokens.dim())]
+        if inputs.packed:
+            dynamic += [(inputs.positions, 0), (inputs.cu_seqlens, 0)]
+        elif inputs.key_mask is not None:
+            dynamic += [(inputs.key_mask, 0), (inputs.key_mask, 3)]
+        for tensor, dim in dynamic:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        return self._compiled(
+            inputs.tokens, inputs.positions, inputs.cu_seqlens, inputs.max_len, inputs.key_mask, dtype
+        )
+
+    def run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        cu_seqlens: torch.Tensor | None,
+        max_len: int,
+        key_mask: torch.Tensor | None,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """The encoder on one layout's tensors (``EncoderInputs``' fields) -> (rows, C); ``dtype``: the residual
+        stream's, under autocast."""
+        if positions is not None:  # packed: (T,) tokens
+            x = self.embed(tokens) + self.positions.index_select(0, positions)  # (T, C)
+            layout = Packing(cu_seqlens, max_len)
+        else:  # padded: (B, L) tokens
+            x = self.embed(tokens) + self.positions[: tokens.shape[1]]  # (B, L, C)
+            layout = key_mask
+        if dtype is not None:
+            x = x.to(dtype)
+        x = self.dropout(self._embed_norm(x))
         for layer in self.layers:
-            x = layer(x, attn_mask)
-        return self._final_norm(x)
+            x = layer(x, layout)
+        x = self._final_norm(x)
+        return x.reshape(-1, x.shape[-1])  # (rows, C)
 
     def _embed_norm(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.embed_norm is None else self.embed_norm(x)
@@ -210,32 +243,32 @@ class Encoder(nn.Module):
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.final_norm is None else self.final_norm(x)
 
-    def compile_layers(self) -> None:
-        """``torch.compile`` every layer in place (parameter names unchanged).
+    def compile_encoder(self, per_layer: bool = False, **options) -> None:
+        """``torch.compile`` the encoder: whole (``encode``'s computation as one graph, the packed attention an op in
+        it), or ``per_layer`` (each layer its own graph, for FSDP's per-layer parameter gathers). ``options`` go to
+        ``torch.compile`` (``mode``, ``backend``); parameter names are unchanged."""
+        if per_layer:
+            for layer in self.layers:
+                layer.compile(**options)
+            return
+        self._compiled = torch.compile(self.run, **options)
 
-        Per layer rather than the whole model: the layers share one graph, free of graph breaks,
-        while the objective's data-dependent steps (masking, pair selection, packing) run eagerly
-        around it. Compiling the whole objective breaks its graph at each of those.
-        """
-        for layer in self.layers:
-            layer.compile()
-        self.compiled = True
-
-    def _packs(self, device: torch.device) -> bool:
-        """Whether a padded batch takes the packed layout (see the module docstring)."""
+    def layout(self, device: torch.device, dtype: torch.dtype | None = None, *, grad: bool | None = None) -> Layout:
+        """The layout a batch takes here (module docstring): ``attention`` unless auto. ``dtype``: attention's
+        (default: autocast's on this device, else the weights'); ``grad``: whether autograd records (default: now)."""
         if self.attention not in ATTENTION_LAYOUTS:
             raise PmlmError(f"attention must be one of {', '.join(ATTENTION_LAYOUTS)}, got {self.attention!r}")
-        if self.attention != "auto":
-            return self.attention == "packed"
-        if device.type == "cpu" and not torch.is_grad_enabled():
+        if self.attention != Layout.AUTO:
+            return Layout(self.attention)
+        grad = torch.is_grad_enabled() if grad is None else grad
+        if device.type == "cpu" and not grad:
             # inference on a CPU: every linear layer skips the pads, and a per-sequence attention loop without a
             # backward costs little beside them (pmlm embed 1.6x faster on batches with a quarter of pads)
-            return True
-        # the dtype attention will see: autocast's, else the weights'
-        autocast = device.type == "cuda" and torch.is_autocast_enabled("cuda")
-        dtype = torch.get_autocast_dtype("cuda") if autocast else self.embed.weight.dtype
-        dropout_p = self.cfg.attention_dropout if self.training else 0.0
-        return dtype in HALF_DTYPES and packed_kernel_usable(device, dtype, self.cfg.head_dim, dropout_p)
+            return Layout.PACKED
+        if dtype is None:
+            autocast = torch.is_autocast_enabled(device.type)
+            dtype = torch.get_autocast_dtype(device.type) if autocast else self.embed.weight.dtype
+        return Layout.PACKED if flash_usable(device, dtype, self.cfg.head_dim) else Layout.PADDED
 
 
 def init_weights(module: nn.Module) -> None:

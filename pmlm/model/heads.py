@@ -17,6 +17,10 @@ the difference term is a per-position projection (computed once per distinct pos
 gathered), and the product term is symmetric in (i, j). ``mirror=True`` uses that symmetry:
 one product matmul serves both orders, ``S + D`` for (i, j) and ``S - D`` for (j, i), which
 halves the head's dominant cost when all ordered pairs of a set are needed.
+
+Training names its pairs by rows of the masked positions' gathered representations (``from_rows``, ``loss``),
+decided on the host, so the head needs no ``unique`` and never reads a tensor back; its loss fuses the output layer
+with the cross-entropy (``pmlm.model.fused_ce``), so the (2P, K) logits never exist at once.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pmlm.alphabet import NUM_RESIDUES
-from pmlm.model.encoder import ACTIVATIONS
+from pmlm.model.encoder import ACTIVATIONS, LayerNorm
+from pmlm.model.fused_ce import linear_cross_entropy
 
 
 class TokenHead(nn.Module):
@@ -38,7 +43,7 @@ class TokenHead(nn.Module):
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.dense = nn.Linear(hidden, hidden)
-        self.norm = nn.LayerNorm(hidden)
+        self.norm = LayerNorm(hidden)
         self.out = nn.Linear(hidden, NUM_RESIDUES)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -46,7 +51,7 @@ class TokenHead(nn.Module):
 
 
 class PairHead(nn.Module):
-    """Masked-pair head evaluated on selected pair rows (b, i, j), in chunks."""
+    """Masked-pair head evaluated on selected pairs of positions, in chunks."""
 
     def __init__(self, hidden: int, num_classes: int, chunk_size: int, activation: str = "gelu", unary: bool = False):
         super().__init__()
@@ -54,7 +59,7 @@ class PairHead(nn.Module):
         self.hidden = hidden
         self.chunk_size = chunk_size
         self.dense = nn.Linear(2 * hidden, 2 * hidden)
-        self.norm = nn.LayerNorm(2 * hidden)
+        self.norm = LayerNorm(2 * hidden)
         self.out = nn.Linear(2 * hidden, num_classes)
         # unary: logits(a, b) = out(M+)[a, b] + u_1(M+)[a] + u_2(M+)[b], the same linear map of M+ written with
         # shared per-residue terms (pmlm.model.config, pair_unary)
@@ -70,6 +75,11 @@ class PairHead(nn.Module):
             raise ValueError("a product base needs the standard 400-class pair vocabulary")
         object.__setattr__(self, "_base", token_head)
 
+    @property
+    def plain(self) -> bool:
+        """Whether the logits are the output layer alone (no unary terms, no product base): the fused loss applies."""
+        return self.unary is None and self._base is None
+
     def forward(
         self,
         reps: torch.Tensor,
@@ -81,53 +91,103 @@ class PairHead(nn.Module):
 
         Returns ``(logits, m_plus)``: logits (P, K) and, if ``return_repr``, M+ (P, 2C).
         With ``mirror=True`` the outputs have 2P rows: the P given orders (b, i, j) followed
-        by the P swapped orders (b, j, i).
+        by the P swapped orders (b, j, i). For any pairs a caller names (inference, read-outs): the distinct
+        positions are found with ``unique``, a host synchronisation; training names its pairs by
+        ``from_rows``' indices instead.
         """
         if pair_index.dim() != 2 or pair_index.shape[1] != 3:
             raise ValueError(f"pair_index must have shape (P, 3), got {tuple(pair_index.shape)}")
         B, L, C = reps.shape
         P = pair_index.shape[0]
-        flat = reps.reshape(B * L, C)
         rows_i = pair_index[:, 0] * L + pair_index[:, 1]  # (P,)
         rows_j = pair_index[:, 0] * L + pair_index[:, 2]  # (P,)
         # each distinct position is projected once; pairs then gather from U << P rows
         used, inverse = torch.unique(torch.cat([rows_i, rows_j]), return_inverse=True)
-        # gathers go through F.embedding: its backward is a fast dedicated kernel, whereas
-        # advanced indexing backpropagates through a slow accumulating index_put on CPU
-        h_used = F.embedding(used, flat)  # (U, C)
-        # split (not slicing): its backward concatenates the two gradients instead of zero-filling two full copies
-        w_prod, w_diff = self.dense.weight.split(C, dim=1)  # (2C, C) each
-        d_used = F.linear(h_used, w_diff)  # (U, 2C)
-        idx_i, idx_j = inverse[:P], inverse[P:]
-        base = torch.log_softmax(self._base(h_used).float(), dim=-1).to(d_used.dtype) if self._base else None  # (U, 20)
+        h_used = F.embedding(used, reps.reshape(B * L, C))  # (U, C)
+        return self.from_rows(h_used, inverse.view(2, P).T, mirror=mirror, return_repr=return_repr)
 
-        # +1 / -1 per output block: (b, i, j) rows get S + D, swapped rows S - D
-        signs = torch.tensor([1.0, -1.0], dtype=d_used.dtype, device=d_used.device).view(2, 1, 1)
-        blocks = 2 if mirror else 1
+    def from_rows(
+        self, h: torch.Tensor, pairs: torch.Tensor, mirror: bool = False, return_repr: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (and M+) of the pairs (P, 2) of rows of ``h`` (N, C): as ``forward``, with the positions gathered
+        already (each row of ``h`` is projected once)."""
+        base = self._base_rows(h)
         logits_parts, repr_parts = [], []
-        for start in range(0, max(P, 1), self.chunk_size):
-            ci = idx_i[start : start + self.chunk_size]
-            cj = idx_j[start : start + self.chunk_size]
-            sym = F.linear(F.embedding(ci, h_used) * F.embedding(cj, h_used), w_prod, self.dense.bias)  # (p, 2C)
-            diff = F.embedding(ci, d_used) - F.embedding(cj, d_used)  # (p, 2C)
-            # both orders in one fused op, so the activation, LayerNorm and the output matmul run once on 2p rows
-            pre = torch.addcmul(sym, signs, diff) if mirror else sym + diff  # (2, p, 2C) or (p, 2C)
-            m_plus = self.norm(self.act(pre))  # same shape as pre
-            logits = self.logits(m_plus).view(blocks, -1, self.out.out_features)  # (blocks, p, K)
-            if base is not None:
-                bi, bj = F.embedding(ci, base), F.embedding(cj, base)  # (p, 20) each
-                first = torch.stack([bi, bj])[:blocks]  # the row's first residue: i for given rows, j for swapped
-                second = torch.stack([bj, bi])[:blocks]
-                logits = (
-                    logits.view(blocks, -1, self.side, self.side) + first[..., :, None] + second[..., None, :]
-                ).flatten(-2)
-            logits_parts.append(logits)
+        for m_plus, ci, cj in self._chunks(h, pairs, mirror):
+            logits_parts.append(self._logits(m_plus, ci, cj, base))  # (blocks, p, K)
             if return_repr:
-                repr_parts.append(m_plus.view(blocks, -1, 2 * C))
+                repr_parts.append(m_plus)
         # rows ordered block-major: all given orders first, then all swapped orders
         logits = _join(logits_parts).flatten(0, 1)  # (blocks * P, K)
         m_plus_all = _join(repr_parts).flatten(0, 1) if return_repr else None  # (blocks * P, 2C)
         return logits, m_plus_all
+
+    def loss(self, h: torch.Tensor, pairs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(CE sum, correct) over both orders of the pairs (P, 2) of rows of ``h`` (N, C); ``labels`` (2P,) in the
+        mirrored order (the P given orders, then the P swapped ones), IGNORE_INDEX where a row counts nothing.
+
+        With plain logits the output layer and the cross-entropy are one fused, chunked op (``fused_ce``): no
+        (2P, K) logits tensor is ever held, the class dimension is padded for the matmuls, the accuracy comes from
+        the same pass. Otherwise each chunk's logits go through cross_entropy and argmax."""
+        P = pairs.shape[0]
+        ce = h.new_zeros((), dtype=torch.float64 if h.dtype == torch.float64 else torch.float32)
+        correct = torch.zeros((), dtype=torch.long, device=h.device)
+        base = self._base_rows(h)
+        start = 0
+        for m_plus, ci, cj in self._chunks(h, pairs, mirror=True):
+            p = ci.shape[0]
+            chunk_labels = torch.cat([labels[start : start + p], labels[P + start : P + start + p]])  # (2p,)
+            start += p
+            if self.plain:
+                part_ce, part_correct = linear_cross_entropy(
+                    m_plus.flatten(0, 1), self.out.weight, self.out.bias, chunk_labels
+                )
+            else:
+                logits = self._logits(m_plus, ci, cj, base).flatten(0, 1)  # (2p, K)
+                part_ce = F.cross_entropy(loss_precision(logits), chunk_labels, reduction="sum")
+                part_correct = (logits.argmax(dim=-1) == chunk_labels).sum()
+            ce, correct = ce + part_ce, correct + part_correct
+        return ce, correct
+
+    def _chunks(self, h: torch.Tensor, pairs: torch.Tensor, mirror: bool):
+        """(M+ (blocks, p, 2C), i rows (p,), j rows (p,)) of successive chunks of ``pairs`` (P, 2) over ``h``."""
+        C = h.shape[-1]
+        # split (not slicing): its backward concatenates the two gradients instead of zero-filling two full copies
+        w_prod, w_diff = self.dense.weight.split(C, dim=1)  # (2C, C) each
+        d = F.linear(h, w_diff)  # (N, 2C): the difference term is a per-position projection
+        # +1 / -1 per output block of a mirrored chunk: (i, j) rows get S + D, swapped rows S - D (made on the device:
+        # no copy from the host)
+        signs = torch.arange(1, -2, -2, dtype=d.dtype, device=d.device).view(2, 1, 1)
+        # an empty chunk when there are no pairs: empty outputs that still depend on the weights
+        for start in range(0, max(pairs.shape[0], 1), self.chunk_size):
+            # gathers go through F.embedding: its backward is a fast dedicated kernel, whereas
+            # advanced indexing backpropagates through a slow accumulating index_put on CPU
+            ci = pairs[start : start + self.chunk_size, 0]
+            cj = pairs[start : start + self.chunk_size, 1]
+            sym = F.linear(F.embedding(ci, h) * F.embedding(cj, h), w_prod, self.dense.bias)  # (p, 2C)
+            diff = F.embedding(ci, d) - F.embedding(cj, d)  # (p, 2C)
+            # both orders in one fused op, so the activation, LayerNorm and the output matmul run once on 2p rows
+            pre = torch.addcmul(sym, signs, diff) if mirror else (sym + diff)[None]  # (blocks, p, 2C)
+            yield self.norm(self.act(pre)), ci, cj
+
+    def _base_rows(self, h: torch.Tensor) -> torch.Tensor | None:
+        """(N, 20) log-probabilities of the product base's token head at the rows of ``h``, or None."""
+        if self._base is None:
+            return None
+        return torch.log_softmax(self._base(h).float(), dim=-1).to(h.dtype)
+
+    def _logits(
+        self, m_plus: torch.Tensor, ci: torch.Tensor, cj: torch.Tensor, base: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(blocks, p, K) logits of one chunk's M+ (blocks, p, 2C), the product base ``base`` (N, 20) added."""
+        logits = self.logits(m_plus)
+        if base is None:
+            return logits
+        blocks = m_plus.shape[0]
+        bi, bj = F.embedding(ci, base), F.embedding(cj, base)  # (p, 20) each
+        first = torch.stack([bi, bj])[:blocks]  # the row's first residue: i for given rows, j for swapped
+        second = torch.stack([bj, bi])[:blocks]
+        return (logits.view(blocks, -1, self.side, self.side) + first[..., :, None] + second[..., None, :]).flatten(-2)
 
     def logits(self, m_plus: torch.Tensor) -> torch.Tensor:
         """The output layer on M+ (..., 2C) -> (..., K)."""

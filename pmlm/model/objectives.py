@@ -40,15 +40,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, X_ID
+from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, IGNORE_INDEX, MASK_ID, NUM_RESIDUES, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model.heads import loss_precision
+from pmlm.model.layout import Layout
 from pmlm.model.pmlm_model import unwrap
-from pmlm.model.triple import sample_triples, triple_labels, triple_loss
+from pmlm.model.step_inputs import StepInputs, pair_classes, step_inputs, upper_pair_indices
+from pmlm.model.triple import sample_triples, triple_loss
 from pmlm.tokens import trimmed_width
 from pmlm.vocabulary import MLM, OBJECTIVES, PMLM, PMLM_PAIR_ONLY, TMLM
-
-IGNORE_INDEX = -100  # target of unmasked positions and of masked non-standard residues
 
 
 @dataclass
@@ -126,17 +126,9 @@ def upper_pairs(valid: Tensor) -> Tensor:
 
     valid: (B, L) bool. Rows are sorted by (b, i, j). Vectorised: no (B, L, L) intermediate.
     """
-    pos = valid.nonzero()  # (N, 2) row-major, so grouped by b and sorted by i
-    n = pos.shape[0]
-    b = pos[:, 0]
-    group_end = torch.bincount(b, minlength=valid.shape[0]).cumsum(0)[b]  # (N,) exclusive end of b's group
-    k = torch.arange(n, device=valid.device)
-    later = group_end - k - 1  # (N,) partners after element k in its group
-    total = int(later.sum())
-    first = torch.repeat_interleave(k, later, output_size=total)  # (P,)
-    run_start = later.cumsum(0) - later  # (N,) where element k's run begins in the output
-    second = first + 1 + (torch.arange(total, device=valid.device) - run_start[first])  # (P,)
-    return torch.stack([b[first], pos[first, 1], pos[second, 1]], dim=1)
+    pos = valid.nonzero()  # (N, 2) row-major
+    first, second = upper_pair_indices(valid)
+    return torch.stack([pos[first, 0], pos[first, 1], pos[second, 1]], dim=1)
 
 
 def swap_pairs(pair_index: Tensor) -> Tensor:
@@ -154,10 +146,7 @@ def pair_labels(pair_index: Tensor, targets: Tensor, pair_vocab: str = "standard
     """Class of each ordered pair from residue-class targets; every row must have valid targets."""
     ti = targets[pair_index[:, 0], pair_index[:, 1]]
     tj = targets[pair_index[:, 0], pair_index[:, 2]]
-    if pair_vocab == "standard":
-        return ti * NUM_RESIDUES + tj
-    # "full": classes over token ids
-    return (ti + FIRST_RESIDUE_ID) * FULL_PAIR_SIDE + (tj + FIRST_RESIDUE_ID)
+    return pair_classes(ti, tj, pair_vocab)
 
 
 def _marginal_log_probs(pair_logits: Tensor, pair_vocab: str) -> Tensor:
@@ -210,6 +199,10 @@ class MaskedBatch:
             triples = self.triples[(b >= start) & (b < stop)] - torch.tensor([start, 0, 0, 0], device=b.device)
         return MaskedBatch(self.inputs[start:stop, :width], self.targets[start:stop, :width], triples)
 
+    def step_inputs(self, cfg: ObjectiveConfig, layout: Layout, pair_vocab: str) -> StepInputs:
+        """What the device takes for this batch (``pmlm.model.step_inputs``), the encoder's inputs in ``layout``."""
+        return step_inputs(self.inputs, self.targets, self.triples, cfg.name, layout, pair_vocab)
+
 
 def mask_batch(tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> MaskedBatch:
     """``mask_tokens`` and, for the Triple MLM, the sampled triples: every random draw the objective makes."""
@@ -247,10 +240,12 @@ def pretraining_losses(
 
 
 def objective_outputs(
-    model: torch.nn.Module, batch: MaskedBatch, cfg: ObjectiveConfig, sizes: Tensor | None = None
+    model: torch.nn.Module, batch: MaskedBatch | StepInputs, cfg: ObjectiveConfig, sizes: Tensor | None = None
 ) -> dict[str, Tensor]:
     """Run the model once on ``batch`` and return its share of the update's loss and its counters.
 
+    ``batch``: a ``MaskedBatch`` (its ``StepInputs`` are built here, where its tensors are, in the layout the encoder
+    picks for them), or ``StepInputs`` built beforehand on the host (training: then nothing here reads a value back).
     ``sizes``: the update's ``sample_sizes`` (default: ``batch``'s own, the batch is the whole update). ``loss`` is
     ``sum_t weight_t * CE_t(batch) / sizes_t`` over TERMS, so the losses of an update's micro-batches add up to the
     update's loss however its sequences are split into micro-batches and ranks. ``model`` may be wrapped
@@ -273,27 +268,17 @@ def objective_outputs(
                 f"objective {cfg.name!r} needs a {name} head; build the model with pmlm.pretrained.build_model()"
             )
     pair_vocab = core.cfg.pair_vocab
-    targets, triples = batch.targets, batch.triples
-    device = targets.device
-    sizes = sample_sizes(batch, cfg) if sizes is None else sizes
+    if isinstance(batch, MaskedBatch):
+        sizes = sample_sizes(batch, cfg) if sizes is None else sizes
+        batch = batch.step_inputs(cfg, core.encoder.layout(batch.inputs.device), pair_vocab)
+    counts = batch.counts  # (3,) N, 2P, T
+    device = counts.device
+    if sizes is None:
+        sizes = step_sizes(counts, cfg)
     # sum / max(n, 1): an empty term gives 0 with zero gradients, never NaN
-    denominators = sizes.clamp(min=1).to(device=device, dtype=torch.float32)
-
-    valid = targets.ne(IGNORE_INDEX)  # (B, L) masked standard residues
-    valid_targets = targets[valid]  # (N,) row-major, the order of token_positions outputs
-    n_valid = valid_targets.numel()
-    upper = upper_pairs(valid) if uses_pair_head else None  # (P, 3)
-    pair_index = upper
-    if cfg.name == PMLM_PAIR_ONLY:
-        # diagonal rows ride along; their mirrored copies (identical) are computed and dropped
-        pair_index = torch.cat([upper, diagonal_pairs(valid)])  # (P + N, 3)
-    out = model(
-        batch.inputs,
-        pair_index=pair_index,
-        token_positions=valid if uses_token_head else None,
-        mirror_pairs=True,
-        **({"triple_index": triples} if uses_triple_head else {}),
-    )
+    denominators = sizes.to(device=device).clamp(min=1).to(torch.float32)
+    per_term = counts.clamp(min=1)
+    out = model(batch)  # PretrainingOutputs
 
     zero = torch.zeros((), dtype=torch.float32, device=device)
     no_count = torch.zeros((), dtype=torch.long, device=device)
@@ -301,36 +286,27 @@ def objective_outputs(
     mlm_correct, pair_correct, pair_total, triple_correct, triple_total = (no_count,) * 5
 
     if uses_token_head:
-        token_logits = out["logits"]  # (N, 20)
-        mlm_ce = F.cross_entropy(loss_precision(token_logits), valid_targets, reduction="sum")
-        l_mlm = mlm_ce / max(n_valid, 1)
-        mlm_correct = (token_logits.argmax(dim=-1) == valid_targets).sum()
+        mlm_ce = F.cross_entropy(loss_precision(out.token_logits), batch.targets, reduction="sum")
+        l_mlm = mlm_ce / per_term[0]
+        mlm_correct = (out.token_logits.argmax(dim=-1) == batch.targets).sum()
         loss = mlm_ce / denominators[0]
 
     if uses_pair_head:
-        n_upper = upper.shape[0]
-        n_rows = pair_index.shape[0]
-        logits = out["pair_logits"]  # (2 * n_rows, K): given rows, then their swaps
-        # (2P, K); without diagonal rows that is ``logits`` itself, not a copy (whose backward zero-fills two of them)
-        off_logits = logits if n_rows == n_upper else torch.cat([logits[:n_upper], logits[n_rows : n_rows + n_upper]])
-        off_ce, n_off, pair_correct = masked_pair_loss(off_logits, upper, targets, pair_vocab)
-        pair_total = torch.tensor(n_off, device=device)
-        l_pmlm = off_ce / max(n_off, 1)
+        off_ce, pair_correct, pair_total = out.pair_ce, out.pair_correct, counts[1]
+        l_pmlm = off_ce / per_term[1]
         if cfg.name in (PMLM, TMLM):
             loss = loss + cfg.pair_weight * off_ce / denominators[1]
         else:
-            diag_logits = logits[n_upper:n_rows]  # (N, K)
-            diag_labels = pair_labels(pair_index[n_upper:], targets, pair_vocab)
-            diag_ce = F.cross_entropy(loss_precision(diag_logits), diag_labels, reduction="sum")
+            diag_ce = F.cross_entropy(loss_precision(out.diagonal_logits), batch.diagonal_labels, reduction="sum")
             loss = (off_ce + diag_ce) / denominators[1]
-            log_marginal = _marginal_log_probs(diag_logits, pair_vocab)  # (N, 20)
-            l_mlm = F.nll_loss(log_marginal, valid_targets, reduction="sum") / max(n_valid, 1)
-            mlm_correct = (log_marginal.argmax(dim=-1) == valid_targets).sum()
+            log_marginal = _marginal_log_probs(out.diagonal_logits, pair_vocab)  # (N, 20)
+            l_mlm = F.nll_loss(log_marginal, batch.targets, reduction="sum") / per_term[0]
+            mlm_correct = (log_marginal.argmax(dim=-1) == batch.targets).sum()
 
     if uses_triple_head:
-        tri_ce, n_triples, triple_correct = triple_loss(out["triple_logits"], triple_labels(triples, targets))
-        triple_total = torch.tensor(n_triples, device=device)
-        l_tmlm = tri_ce / max(n_triples, 1)
+        tri_ce, _, triple_correct = triple_loss(out.triple_logits, batch.triple_labels)
+        triple_total = counts[2]
+        l_tmlm = tri_ce / per_term[2]
         loss = loss + cfg.triple_weight * tri_ce / denominators[2]
 
     return {
@@ -338,10 +314,19 @@ def objective_outputs(
         "l_mlm": l_mlm.detach(),
         "l_pmlm": l_pmlm.detach(),
         "mlm_correct": mlm_correct.detach(),
-        "mlm_total": torch.tensor(n_valid, device=device),
+        "mlm_total": counts[0],
         "pair_correct": pair_correct.detach(),
-        "pair_total": pair_total.detach(),
+        "pair_total": pair_total,
         "l_tmlm": l_tmlm.detach(),
         "triple_correct": triple_correct.detach(),
-        "triple_total": triple_total.detach(),
+        "triple_total": triple_total,
     }
+
+
+def step_sizes(counts: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """``sample_sizes`` of one micro-batch from its ``StepInputs.counts`` (N, 2P, T), on their device."""
+    n, ordered, triples = counts.unbind()
+    zero = torch.zeros_like(n)
+    mlm = zero if cfg.name == PMLM_PAIR_ONLY else n
+    pair = zero if cfg.name == MLM else ordered + n if cfg.name == PMLM_PAIR_ONLY else ordered
+    return torch.stack([mlm, pair, triples if cfg.name == TMLM else zero])

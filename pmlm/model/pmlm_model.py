@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -9,7 +11,21 @@ from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import Encoder, init_weights
 from pmlm.model.heads import PairHead, TokenHead
+from pmlm.model.step_inputs import StepInputs
 from pmlm.model.triple import TripleHead
+from pmlm.vocabulary import PMLM_PAIR_ONLY
+
+
+@dataclass
+class PretrainingOutputs:
+    """What the heads give one micro-batch of an objective (``StepInputs``): the losses' raw material."""
+
+    representations: torch.Tensor  # (rows, C) the encoder's output rows
+    token_logits: torch.Tensor | None = None  # (N, 20) at the masked standard residues
+    pair_ce: torch.Tensor | None = None  # cross-entropy summed over both orders of every masked pair
+    pair_correct: torch.Tensor | None = None  # int64: of those, how many the head's argmax gets right
+    diagonal_logits: torch.Tensor | None = None  # (N, K) pmlm_pair_only: the pair head at (i, i)
+    triple_logits: torch.Tensor | None = None  # (T, 8000)
 
 
 class PMLMModel(nn.Module):
@@ -42,7 +58,7 @@ class PMLMModel(nn.Module):
 
     def forward(
         self,
-        tokens: torch.Tensor,
+        tokens: torch.Tensor | StepInputs,
         pair_index: torch.Tensor | None = None,
         return_pair_repr: bool = False,
         *,
@@ -61,10 +77,15 @@ class PMLMModel(nn.Module):
         the given rows first (see ``PairHead``).
         triple_index: (T, 4) int64 rows (b, i, j, k), i < j < k, whose joint the triple head predicts.
 
+        ``tokens`` may instead be a pre-training micro-batch's ``StepInputs``: the heads its objective needs then run
+        on the rows it names, and the result is ``PretrainingOutputs`` (``pretraining_outputs``).
+
         Returns a dict: ``representations`` (B, L, C); ``logits`` (B, L, 20) or None;
         ``pair_logits`` (P, K) or None; ``pair_repr`` (P, 2C) or None, the output of the
         pair head's first block (M+); ``triple_logits`` (T, 8000) or None (class ``400 a + 20 b + c``).
         """
+        if isinstance(tokens, StepInputs):
+            return self.pretraining_outputs(tokens)
         if pair_index is not None and self.pair_head is None:
             raise ConfigError("pair_index was given but this model has no pair head (model.pair_head is false)")
         if triple_index is not None and self.triple_head is None:
@@ -87,6 +108,23 @@ class PMLMModel(nn.Module):
             "pair_repr": pair_repr,
             "triple_logits": triple_logits,
         }
+
+    def pretraining_outputs(self, step: StepInputs) -> PretrainingOutputs:
+        """The encoder on ``step``'s inputs, the masked residues' rows gathered once, and the heads of its objective
+        on them; nothing is read back to the host."""
+        reps = self.encoder.encode(step.encoder)  # (rows, C)
+        h = reps.index_select(0, step.token_rows)  # (N, C)
+        out = PretrainingOutputs(reps)
+        if step.objective != PMLM_PAIR_ONLY:
+            out.token_logits = self.token_head(h)  # (N, 20)
+        if step.pairs is not None:
+            out.pair_ce, out.pair_correct = self.pair_head.loss(h, step.pairs, step.pair_labels)
+        if step.diagonal_labels is not None:
+            diagonal = torch.arange(h.shape[0], device=h.device).unsqueeze(1).expand(-1, 2)  # (N, 2) rows (i, i)
+            out.diagonal_logits = self.pair_head.from_rows(h, diagonal)[0]  # (N, K)
+        if step.triples is not None:
+            out.triple_logits = self.triple_head.from_rows(h, step.triples)  # (T, 8000)
+        return out
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

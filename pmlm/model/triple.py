@@ -57,22 +57,25 @@ class TripleHead(nn.Module):
         object.__setattr__(self, "_base", token_head)
 
     def forward(self, reps: Tensor, triple_index: Tensor) -> Tensor:
-        """Logits (T, 8000) for the rows of ``triple_index`` (T, 4) = (b, i, j, k) over ``reps`` (B, L, C)."""
+        """Logits (T, 8000) for the rows of ``triple_index`` (T, 4) = (b, i, j, k) over ``reps`` (B, L, C); the
+        distinct positions are found with ``unique`` (a host synchronisation: training uses ``from_rows``)."""
         if triple_index.dim() != 2 or triple_index.shape[1] != 4:
             raise ValueError(f"triple_index must have shape (T, 4), got {tuple(triple_index.shape)}")
         B, L, C = reps.shape
         T = triple_index.shape[0]
         rows = triple_index[:, :1] * L + triple_index[:, 1:]  # (T, 3) rows of the flattened reps
         used, inverse = torch.unique(rows.flatten(), return_inverse=True)
-        h_used = F.embedding(used, reps.reshape(B * L, C))  # (U, C)
-        proj = self.project(h_used).view(-1, 3, self.width)  # (U, role, W)
-        inverse = inverse.view(T, 3)
-        base = torch.log_softmax(self._base(h_used).float(), dim=-1).to(proj.dtype) if self._base else None  # (U, Q)
+        return self.from_rows(F.embedding(used, reps.reshape(B * L, C)), inverse.view(T, 3))
+
+    def from_rows(self, h: Tensor, triples: Tensor) -> Tensor:
+        """Logits (T, 8000) of the triples (T, 3) of rows of ``h`` (N, C), each row of ``h`` projected once."""
+        proj = self.project(h).view(-1, 3, self.width)  # (N, role, W)
+        base = torch.log_softmax(self._base(h).float(), dim=-1).to(proj.dtype) if self._base else None  # (N, Q)
         parts = []
-        for start in range(0, max(T, 1), self.chunk_size):
-            idx = inverse[start : start + self.chunk_size]  # (t, 3)
-            h = [F.embedding(idx[:, r], h_used) for r in range(3)]  # (t, C) each
-            pre = self.product(h[0] * h[1] * h[2])
+        for start in range(0, max(triples.shape[0], 1), self.chunk_size):
+            idx = triples[start : start + self.chunk_size]  # (t, 3)
+            rows = [F.embedding(idx[:, r], h) for r in range(3)]  # (t, C) each
+            pre = self.product(rows[0] * rows[1] * rows[2])
             for role in range(3):
                 pre = pre + proj[idx[:, role], role]
             logits = self.logits(self.out(self.norm(self.act(pre))))

@@ -2,15 +2,16 @@
 memory per GPU of a recipe's largest micro-batch (weights, gradients, AdamW state, the tensors autograd keeps, the
 backward's working set), under bf16 autocast or fp32, with DDP or FSDP.
 
-The memory count follows the model's own code tensor by tensor (``pmlm.model.encoder``, ``heads``,
+The memory count follows the model's own code tensor by tensor (``pmlm.model.encoder``, ``heads``, ``fused_ce``,
 ``objectives``): every tensor autograd saves for the backward of one micro-batch, in the dtype it is saved in.
-Under bf16 autocast a Linear saves the bf16 cast of its input and of its weight; LayerNorm runs in fp32 on CUDA
-(autocast's fp32 list; CPU autocast runs it in bf16); CUDA's dropout saves a bool mask, CPU's a mask of its input's
-dtype; fused attention (FlashAttention, CPU SDPA without dropout) keeps q, k, v, the output and the row
-log-sum-exp (the CPU dropout kernel of ``pmlm.model.dropout_attention`` is not modelled). The pair head keeps,
-per unordered pair of masked residues, the two gathered encoder rows, their product, both orders' activations
-and LayerNorm input, and the fp32 log-probabilities of both orders' K classes. The peak comes at the start of
-the backward: all of that, plus the loss's largest tensors and gradients (``backward_working_set``).
+Under bf16 autocast a Linear saves the bf16 cast of its weight and its bf16 input, and the residual stream, the
+LayerNorms' inputs and outputs are bf16 (``encoder.LayerNorm``); CUDA's dropout saves a bool mask, CPU's a mask of
+its input's dtype; fused attention (FlashAttention, CPU SDPA without dropout) keeps q, k, v, the output and the row
+log-sum-exp (the CPU dropout kernel of ``pmlm.model.dropout_attention`` is not modelled). The pair head keeps, per
+unordered pair of masked residues, the two gathered rows, their product, both orders' activations and LayerNorm
+input, and the gradient its fused output layer computed in the forward (``fused_ce``: no logits are kept). The peak
+comes at the end of the forward or the start of the backward: all of that, plus the encoder's output and the
+largest transient tensors (``backward_working_set``).
 tests/test_plan.py checks the kept tensors against the CPU allocator's live bytes after a forward, and the whole
 count against the measured peak of real training steps (``measured_bytes``).
 """
@@ -29,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
+from pmlm.model.fused_ce import CHUNK_BYTES, CLASS_MULTIPLE
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
 from pmlm.tokens import max_residues, round_up
@@ -89,14 +91,8 @@ class Precision:
         """Bytes per element of the mask a dropout keeps: CUDA's is bool, CPU's has its input's dtype."""
         return 1 if self.device == "cuda" else input_bytes
 
-    @property
-    def norm_input(self) -> int | None:
-        """Bytes a LayerNorm keeps per element of a matmul-output input: a fp32 copy under CUDA autocast, else
-        None (it keeps the input tensor itself, already counted by whoever made it)."""
-        return FP32 if self.bf16 and self.device == "cuda" else None
-
     def norm_output(self) -> int:
-        """Bytes per element of a LayerNorm output as the next Linear keeps it (its bf16 cast under autocast)."""
+        """Bytes per element of a LayerNorm's output (the residual stream's dtype: bf16 under autocast)."""
         return BF16 if self.bf16 else FP32
 
     def processed(self, batch: MicroBatch) -> int:
@@ -133,16 +129,15 @@ def unmodelled(model_cfg: ModelConfig, objective: str) -> str | None:
 
 
 def _mlp_block(rows: int, width: int, first_input: int, activation: str, precision: Precision) -> int:
-    """Bytes kept by Linear -> activation -> LayerNorm -> Linear on ``rows`` rows of ``width`` (both heads'
-    shape), ``first_input`` bytes per element kept by the first Linear."""
+    """Bytes kept by Linear -> activation -> LayerNorm -> (what keeps its output: a Linear's input, or the fused
+    output layer's input gradient of the same size) on ``rows`` rows of ``width`` (both heads' shape),
+    ``first_input`` bytes per element kept by the first Linear."""
     a = precision.act
     kept = first_input * width  # the first Linear's input
     kept += a * width  # relu keeps its output, gelu its input
-    if precision.norm_input is not None:
-        kept += precision.norm_input * width  # the fp32 copy the LayerNorm normalises
-    elif activation == "gelu":
+    if activation == "gelu":
         kept += a * width  # gelu's output, which the LayerNorm keeps (relu's output is the same tensor)
-    kept += NORM_STATS + precision.norm_output() * width  # statistics; the output Linear's input
+    kept += NORM_STATS + precision.norm_output() * width  # statistics; the output's keeper
     return rows * kept
 
 
@@ -153,64 +148,74 @@ def encoder_bytes(model_cfg: ModelConfig, batch: MicroBatch, precision: Precisio
     drop = precision.dropout_mask(a) if model_cfg.dropout > 0 else 0
     # first Linear's input; q, k, v; the fused kernel's output and its log-sum-exp per row and head
     layer = a * C + 3 * a * C + a * C + FP32 * H
-    layer += 2 * drop * C + 2 * (FP32 * C + NORM_STATS)  # two dropouts; two LayerNorms on the fp32 residual
+    layer += 2 * drop * C + 2 * (a * C + NORM_STATS)  # two dropouts; two LayerNorms on the residual stream
     layer += a * C  # the feed-forward's first Linear keeps its input
     layer += a * F * (2 if model_cfg.activation == "gelu" else 1)  # relu: its output; gelu: input and output
     if model_cfg.activation_dropout > 0:
         layer += a * F + precision.dropout_mask(a) * F
     embed = INT64  # token ids
     if model_cfg.embedding_norm:
-        embed += FP32 * C + NORM_STATS
+        embed += a * C + NORM_STATS
     if model_cfg.dropout > 0:
-        embed += precision.dropout_mask(FP32) * C  # embeddings are fp32 whatever the autocast
-    final = FP32 * C + NORM_STATS if model_cfg.norm == "pre" else 0
+        embed += precision.dropout_mask(a) * C  # the embeddings in the stream's dtype
+    final = a * C + NORM_STATS if model_cfg.norm == "pre" else 0
     return {"embeddings": X * embed, "layers": X * layer * model_cfg.num_layers, "final_norm": X * final}
 
 
+def _padded_classes(classes: int, precision: Precision) -> int:
+    """The fused output layer's class dimension: padded on a GPU (``fused_ce``)."""
+    return round_up(classes, CLASS_MULTIPLE) if precision.device == "cuda" else classes
+
+
 def head_bytes(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precision: Precision) -> dict[str, int]:
-    """Bytes the token and pair heads and their losses keep: the token head on the masked residues, the pair
-    head on their pairs (both orders), the fp32 log-probabilities of the cross-entropies."""
-    C, K = model_cfg.hidden, model_cfg.pair_classes
+    """Bytes the token and pair heads and their losses keep: the masked residues' rows gathered once, the token head
+    on them and its fp32 log-probabilities, the pair head on their pairs (both orders) and its fused loss's
+    gradients; pmlm_pair_only's diagonal through the pair head's logits."""
+    a, C, K = precision.act, model_cfg.hidden, model_cfg.pair_classes
     N = batch.rows * batch.masked  # masked residues
     out: dict[str, int] = {}
+    gathered = N * INT64  # the gather's index (the masked residues' rows)
     if objective != PMLM_PAIR_ONLY:
-        gathered = BF16 if precision.bf16 else FP32  # the first Linear's input: a bf16 cast, or the rows themselves
-        token = _mlp_block(N, C, gathered, model_cfg.activation, precision)
-        token += N * (2 * INT64 + FP32 * 20 + INT64)  # the gather's index, log-probabilities, targets
-        out["token_head"] = token
+        token = _mlp_block(N, C, a, model_cfg.activation, precision)  # the gathered rows are its first input
+        token += N * (FP32 * 20 + INT64)  # log-probabilities, targets
+        out["token_head"] = token + gathered
     if objective == MLM:
         return out
-    diagonal = objective == PMLM_PAIR_ONLY
-    P = batch.pairs + (N if diagonal else 0)  # pair rows through the head, each in both orders
-    U = N if diagonal or batch.masked >= 2 else 0  # distinct positions
-    pair = U * INT64 + 2 * P * INT64  # the positions and both indices of every row
-    pair += U * C * (BF16 if precision.bf16 else FP32)  # the difference projection's input
-    pair += P * (2 * FP32 * C + (BF16 if precision.bf16 else FP32) * C)  # h_i, h_j and their product's Linear input
+    P = batch.pairs
+    pair = 2 * P * INT64  # both indices of every pair
+    if objective == PMLM_PAIR_ONLY:
+        pair += gathered + N * a * C  # the gathered rows, kept by the difference projection
+    pair += P * 3 * a * C  # h_i, h_j and their product (the product projection's input)
     pair += _mlp_block(2 * P, 2 * C, 0, model_cfg.activation, precision)  # both orders' block after the product
-    # log-probabilities and labels of the cross-entropies: both orders of each pair, the diagonal once
-    pair += (2 * batch.pairs + (N if diagonal else 0)) * (FP32 * K + INT64)
+    pair += FP32 * (2 * C + 1) * _padded_classes(K, precision)  # the fused output layer's weight and bias gradients
+    weight_casts = 1 + -(-max(P, 1) // model_cfg.pair_chunk_size)
+    if objective == PMLM_PAIR_ONLY:
+        # the diagonal (i, i), one order: the same block, its logits' fp32 log-probabilities and labels (the
+        # marginal it reports is not part of the loss: nothing of it is kept)
+        pair += N * INT64 + N * 3 * a * C + _mlp_block(N, 2 * C, 0, model_cfg.activation, precision)
+        pair += N * (FP32 * K + INT64)
+        weight_casts += 2
     if precision.bf16:  # weight casts the pair head makes per chunk (its split first weight is not a leaf)
-        chunks = -(-max(P, 1) // model_cfg.pair_chunk_size)
-        pair += BF16 * (2 * C * C) * (1 + chunks)
+        pair += BF16 * (2 * C * C) * weight_casts
     out["pair_head"] = pair
     return out
 
 
 def backward_working_set(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precision: Precision) -> int:
     """What is allocated beside the kept tensors when the step peaks: the encoder's output, which the heads read,
-    and the loss's largest gradients. With a pair head that is the end of the forward or the start of the
-    backward: the logits of both orders and the fp32 log-probabilities' gradient (2 x 2P x K fp32), and for
-    pmlm_pair_only one more gradient of the whole logits (its diagonal is sliced out twice). Without, one fp32
-    gradient of the widest activation (tokens x ffn)."""
+    and the largest transient tensors. With a pair head: one chunk of the fused loss (its fp32 logits,
+    probabilities and their gradient, ``fused_ce.CHUNK_BYTES`` each at most) or, at the start of the backward, the
+    pair block's gradients (three of 2P x 2C); without, one fp32 gradient of the widest activation (tokens x
+    ffn)."""
     X = precision.processed(batch)
-    working = X * model_cfg.hidden * FP32
+    working = X * model_cfg.hidden * precision.act
     if objective == MLM:
         return working + X * model_cfg.ffn * FP32
-    K = model_cfg.pair_classes
-    working += 2 * (2 * batch.pairs * K * FP32)
-    if objective == PMLM_PAIR_ONLY:
-        working += 2 * (batch.pairs + batch.rows * batch.masked) * K * precision.act
-    return working
+    rows = 2 * batch.pairs
+    chunk = min(rows, max(1, CHUNK_BYTES // (FP32 * _padded_classes(model_cfg.pair_classes, precision))))
+    fused = 3 * chunk * _padded_classes(model_cfg.pair_classes, precision) * FP32
+    backward = 3 * rows * 2 * model_cfg.hidden * precision.act
+    return working + max(fused, backward)
 
 
 def peak_memory(

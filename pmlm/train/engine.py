@@ -175,7 +175,7 @@ def fit(
         saved_step = step if resumed_from is not None else None
         valid_step = None
         lrs = run.learning_rates(step)
-        norms: list[float] = []  # gradient norms since the last metrics row
+        norms = NormWatch(run, device, out_dir)  # gradient norms since the last metrics row; divergence
         run.module.train()
         while step < s.total_steps:
             lrs = run.learning_rates(step)
@@ -192,19 +192,16 @@ def fit(
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()  # a sharded (DTensor) norm -> the global value
             # under DDP / FSDP the norm is taken after the gradient all-reduce: every rank reaches the same verdict
-            finite = bool(torch.isfinite(grad_norm)) and run.finite()
-            stop_if_diverged(finite, step, loss.detach(), out_dir)
+            norms.observe(grad_norm, step, loss)
             run.optimizer.step()
             step = run.step = step + 1
-            norms.append(float(grad_norm))
             if after_step is not None:
                 after_step(step)
             if progress is not None:  # loss: mean since the last metrics row, read only when a line is due
                 progress.update(step, loss=run.mean_loss, **lrs, **{run.counted: run.seen()})
 
             if step % s.log_every == 0 or step == s.total_steps:
-                run.log_train(log, step, lrs, sum(norms) / len(norms))
-                norms.clear()
+                run.log_train(log, step, lrs, norms.mean())
             if run.validates and s.eval_every and step % s.eval_every == 0:
                 run.validate(log, step, lrs)
                 valid_step = step
@@ -212,12 +209,14 @@ def fit(
 
             stopping = agree(stop.received is not None, device, world)
             if (s.save_every and step % s.save_every == 0) or stopping:
+                norms.check()  # never save past a diverged step
                 save(step)
                 saved_step = step
             if stopping:
                 return stopped()
 
         # -- finish: checkpoint, final validation ----------------------------------------------------------
+        norms.check()
         if saved_step != step:
             save(step)
         if run.validates and valid_step != step:
@@ -229,6 +228,47 @@ def fit(
         for part in (progress, log):
             if part is not None:
                 part.close()
+
+
+class NormWatch:
+    """The steps' gradient norms and the divergence verdict. With a fused optimizer on CUDA both stay on the device
+    and are read only when a metrics row is written or a checkpoint saved: meanwhile the optimizer skips a non-finite
+    step itself (its ``found_inf``), so the GPU never waits for the verdict. Elsewhere a step is checked at once
+    (reading a CPU tensor costs nothing)."""
+
+    def __init__(self, run: TrainingRun, device: torch.device, out_dir: Path):
+        self.run, self.out_dir = run, out_dir
+        self.deferred = device.type == "cuda" and bool(run.optimizer.defaults.get("fused"))
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.count = 0
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)  # the first non-finite step, 0-based
+
+    def observe(self, grad_norm: torch.Tensor, step: int, loss: torch.Tensor) -> None:
+        """Step ``step``'s norm, before its optimizer step."""
+        bad = ~torch.isfinite(grad_norm)
+        if self.deferred:
+            self.run.optimizer.found_inf = bad.float()  # the fused kernels leave weights and state alone where set
+            self.first_bad = torch.where(bad & (self.first_bad < 0), step, self.first_bad)
+        else:
+            stop_if_diverged(not bool(bad) and self.run.finite(), step, loss.detach(), self.out_dir)
+        self.total += torch.where(bad, 0.0, grad_norm.double())
+        self.count += 1
+
+    def check(self) -> None:
+        """Stop as diverged if a step since the start was not finite (deferred: read now)."""
+        if self.deferred:
+            first = int(self.first_bad)
+            stop_if_diverged(
+                first < 0 and self.run.finite(), first if first >= 0 else self.run.step - 1, None, self.out_dir
+            )
+
+    def mean(self) -> float:
+        """The mean norm since the last call, after ``check``."""
+        self.check()
+        mean = float(self.total) / max(self.count, 1)
+        self.total.zero_()
+        self.count = 0
+        return mean
 
 
 def _save(run: TrainingRun, step: int, out_dir: Path, cfg, record: dict, device, rank: int, world: int) -> None:

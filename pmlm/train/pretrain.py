@@ -14,9 +14,7 @@ with ``REQUEUE_EXIT_CODE`` so a scheduler can requeue the job.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -27,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pmlm.artefacts import manifest_digest, write_encoder
+from pmlm.artefacts import manifest_digest
 from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
-from pmlm.files import atomic_output
-from pmlm.model.objectives import MaskedBatch, mask_batch, objective_outputs, sample_sizes
+from pmlm.model.objectives import mask_batch, objective_outputs, sample_sizes
+from pmlm.model.step_inputs import StepInputs
 from pmlm.pretrained import build_model, pick_device
 from pmlm.tokens import trimmed_width
 from pmlm.train.budget import Precision
@@ -46,13 +44,12 @@ from pmlm.train.parallel import (
     replicate,
 )
 from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
-from pmlm.train.run_folder import publish_metrics, run_record
+from pmlm.train.run_folder import publish_metrics, run_record, write_outputs
 from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision, uses_bf16
-from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs
-from pmlm.version import versions
-from pmlm.vocabulary import TMLM
+from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs, step_parts, to_device
 
 SCORES_JSON = "final_scores.json"
+INDUCTOR_CACHE = "inductor-cache"  # the run folder's cache of compiled kernels (compile: true)
 # independent random streams derived from (seed, rank, stream); 2 is the validation masks' (train.reporting). The
 # masks' stream is the same on every rank (rank 0's): each rank masks the whole step's batch
 _DROPOUT_STREAM, _MASK_STREAM = 0, 1
@@ -75,11 +72,9 @@ class PretrainingObjective(nn.Module):
         self.model = model
         self.objective = objective
 
-    def forward(
-        self, inputs: torch.Tensor, targets: torch.Tensor, triples: torch.Tensor | None, sizes: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
+    def forward(self, inputs: StepInputs, sizes: torch.Tensor) -> dict[str, torch.Tensor]:
         """A micro-batch's outputs, its loss divided by the step's sample sizes ``sizes`` (``objective_outputs``)."""
-        return objective_outputs(self.model, MaskedBatch(inputs, targets, triples), self.objective, sizes)
+        return objective_outputs(self.model, inputs, self.objective, sizes)
 
 
 @dataclass(eq=False)
@@ -91,7 +86,7 @@ class PretrainRun(TrainingRun):
     module: nn.Module  # what the loop calls: FSDP-sharded, DDP-wrapped or the objective itself
     optimizer: torch.optim.AdamW
     use_fsdp: bool
-    generator: torch.Generator  # the masks, the same stream on every rank
+    generator: torch.Generator  # the masks (on the host), the same stream on every rank
     train_stream: ShardStream
     valid_stream: ShardStream
     device: torch.device
@@ -100,14 +95,15 @@ class PretrainRun(TrainingRun):
     world: int
     hooks: TrainHooks
     layout: StepLayout
+    dtype: torch.dtype  # what the forward passes compute in (autocast's, else fp32): the attention layout follows it
     window: TrainWindow = field(init=False)
     tokens: int = 0  # residues of the steps so far
     valid_metrics: dict = field(default_factory=dict)  # of the last validation
-    # the current step: its batch, masked; the sample sizes of its loss terms; this rank's row ranges of it
+    # the current step: its batch; the sample sizes of its loss terms; this rank's row ranges of it and their inputs
     batch: Batch | None = None
-    masked: MaskedBatch | None = None
     sizes: torch.Tensor | None = None
     parts: list[tuple[int, int]] = field(default_factory=list)
+    inputs: list[tuple[StepInputs, bool]] = field(default_factory=list)
     command, counted, csv_fields = "pretrain", "tokens", CSV_FIELDS
 
     def __post_init__(self) -> None:
@@ -128,11 +124,13 @@ class PretrainRun(TrainingRun):
         return {"lr": lr}
 
     def begin_step(self, step: int) -> None:
+        # everything data-dependent is decided here, on the host, and moved once: the step never waits for Python
         self.batch = self.train_stream.next_batch()  # the whole step's, the same on every rank
-        tokens = self.batch.tokens.to(self.device, non_blocking=True)  # (B, L)
-        self.masked = mask_batch(tokens, self.cfg.objective, self.generator)
-        self.sizes = sample_sizes(self.masked, self.cfg.objective)  # (3,) the step's, all ranks together
-        self.parts = self.layout.rank_parts(tokens.shape[0], self.rank)
+        masked = mask_batch(self.batch.tokens, self.cfg.objective, self.generator)
+        self.sizes = to_device(sample_sizes(masked, self.cfg.objective), self.device)  # (3,) all ranks'
+        self.parts = self.layout.rank_parts(self.batch.tokens.shape[0], self.rank)
+        model = self.objective.model
+        self.inputs = step_parts(masked, self.parts, self.cfg, model, self.device, self.dtype, grad=True)
         self.window.count_step(self.batch.residues if self.rank == 0 else 0)
         self.tokens += self.batch.residues
 
@@ -142,9 +140,8 @@ class PretrainRun(TrainingRun):
             part = self.batch.tokens[rows[0] : rows[1]]
             part = part[:, : trimmed_width(part, self.cfg.data.pad_to_multiple)]
             self.hooks.on_batch(step, Batch(part, self.batch.epoch, count_residues(part)))
-        out, loss = part_outputs(
-            self.module, self.masked, self.sizes, rows, self.cfg.data.pad_to_multiple, self.world, self.autocast
-        )
+        inputs, live = self.inputs[micro]
+        out, loss = part_outputs(self.module, inputs, live, self.sizes, self.world, self.autocast)
         self.window.sums += step_sums(out, loss, self.device)
         return loss
 
@@ -164,7 +161,7 @@ class PretrainRun(TrainingRun):
         # plain module: FSDP's own hooks gather the shards, DDP's hooks are not needed
         cfg = self.cfg
         self.valid_metrics = validation_metrics(
-            self.objective, self.valid_stream, cfg, self.device, self.autocast, self.rank, self.layout
+            self.objective, self.valid_stream, cfg, self.device, self.autocast, self.rank, self.layout, self.dtype
         )
         if log is not None:
             log.write(*log_row("valid", step, self.train_stream.epoch, lrs["lr"], self.valid_metrics))
@@ -195,7 +192,15 @@ class PretrainRun(TrainingRun):
         load_states(self.fsdp_module, self.objective.model, self.optimizer, ckpt.model, ckpt.state["optimizer"])
         ranks = ckpt.state["ranks"]
         # the stream and the masks are every rank's alike: the run goes on with the same batches on any rank count
-        self.generator.set_state(ranks[0]["generator"])
+        try:
+            self.generator.set_state(ranks[0]["generator"])
+        except RuntimeError:  # a checkpoint of a version that drew the masks on the GPU: its stream cannot go on
+            self.generator.manual_seed(derived_seed(cfg.seed + ckpt.step, 0, _MASK_STREAM))
+            if rank == 0:
+                print(
+                    f"pmlm pretrain: step {ckpt.step} drew its masks on the GPU; resumed with a host stream of masks",
+                    file=sys.stderr,
+                )
         self.train_stream.load_state_dict(ranks[0]["loader"])
         if len(ranks) == self.world:
             restore_rng(ranks[rank]["rng"])
@@ -227,6 +232,13 @@ def train(
     scores_path = Path(scores_path) if scores_path else out_dir / SCORES_JSON
 
     # -- init: processes, devices, precision, signals ------------------------------------------------
+    # the caching allocator grows segments in place instead of retrying allocations of changing micro-batches; read
+    # when CUDA first allocates, so it is set before (a user's own setting wins)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if cfg.compile:
+        # Inductor's compiled kernels where a requeued or resumed job of this run finds them: only the first job of a
+        # run pays the cold build
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(out_dir.resolve() / INDUCTOR_CACHE))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)), option="device:")
     # FSDP also runs at world size 1 under torchrun (MASTER_ADDR set), so its code path runs on one GPU
@@ -241,6 +253,7 @@ def train(
 
         # -- data: the step's batch from the recipe, its micro-batches from the hardware -------------------
         precise = Precision(bf16=uses_bf16(device, cfg.bf16), device=device.type)
+        dtype = torch.bfloat16 if precise.bf16 else torch.float32
         layout = choose_layout(cfg, world, card_memory(device), precise)
         train_stream, valid_stream = _streams(cfg, shards_dir)
         if rank == 0:
@@ -257,13 +270,13 @@ def train(
         objective = PretrainingObjective(model, cfg.objective)
         use_fsdp = cfg.fsdp and distributed
         wrapped, optimizer = _wrap(objective, cfg, device, rank, world, use_fsdp)
-        generator = mask_generator(cfg, device)
+        generator = mask_generator(cfg)
         torch.manual_seed(derived_seed(cfg.seed, rank, _DROPOUT_STREAM))  # dropout differs across ranks
 
         # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
         run = PretrainRun(
             cfg, objective, wrapped, optimizer, use_fsdp, generator, train_stream, valid_stream, device, autocast,
-            rank, world, hooks, layout,
+            rank, world, hooks, layout, dtype,
         )  # fmt: skip
         code = fit(
             run,
@@ -286,7 +299,7 @@ def train(
         final_state, _ = gather_states(run.fsdp_module, model, None)
         if rank == 0:
             outputs = (run.step, run.valid_metrics, final_state, arithmetic)
-            _write_outputs(cfg, model, *outputs, scores_path, final_path)
+            write_outputs(cfg, model, *outputs, scores_path, final_path)
             if metrics_path is not None:
                 publish_metrics(out_dir, metrics_path)
         return 0
@@ -309,9 +322,10 @@ def train(
             dist.destroy_process_group()
 
 
-def mask_generator(cfg: TrainConfig, device: torch.device) -> torch.Generator:
-    """The generator of a run's masks at its start: one stream, the same on every rank."""
-    return torch.Generator(device).manual_seed(derived_seed(cfg.seed, 0, _MASK_STREAM))
+def mask_generator(cfg: TrainConfig) -> torch.Generator:
+    """The generator of a run's masks at its start: one stream on the host (masks are drawn where batches are
+    built), the same on every rank."""
+    return torch.Generator().manual_seed(derived_seed(cfg.seed, 0, _MASK_STREAM))
 
 
 def _layout_line(layout: StepLayout) -> str:
@@ -343,7 +357,8 @@ def _wrap(
     decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
     wrapped = replicate(objective, model.encoder.layers, device, rank, world, use_fsdp)
     if cfg.compile:
-        model.encoder.compile_layers()  # per layer: the objective's dynamic shapes stay out of the graphs
+        # whole (one graph); per layer under FSDP, whose parameter gathers run per layer
+        model.encoder.compile_encoder(per_layer=use_fsdp)
     return wrapped, _adamw(wrapped, decay, cfg, device)
 
 
@@ -360,41 +375,3 @@ def _adamw(wrapped: nn.Module, decay: set[str], cfg: TrainConfig, device) -> tor
         eps=cfg.optim.eps,
         fused=device.type == "cuda",
     )
-
-
-def _write_outputs(
-    cfg: TrainConfig,
-    model,
-    step: int,
-    valid_metrics: dict,
-    final_state: dict,
-    arithmetic: str,
-    scores_path: Path,
-    final_path: str | Path | None,
-) -> None:
-    """The declared outputs (rank 0): the final validation scores and the encoder artefact."""
-    scores = {
-        "step": step,
-        "split": "valid",
-        "objective": cfg.objective.name,
-        "model_preset": cfg.model.preset,
-        **{
-            k: valid_metrics.get(k)
-            for k in ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc", "mlm_total", "pair_total")
-        },
-    }
-    if cfg.objective.name == TMLM:
-        scores.update({k: valid_metrics.get(k) for k in ("l_tmlm", "acc_tmlm", "triple_total")})
-    with atomic_output(scores_path) as tmp:
-        Path(tmp).write_text(json.dumps(scores, indent=2) + "\n")
-    if final_path is not None:
-        info = {
-            "model": model.cfg.to_dict(),
-            "objective": dataclasses.asdict(cfg.objective),
-            "step": step,
-            "train_config": cfg.to_dict(),
-            "final_scores": scores,
-            "precision": arithmetic,  # what the forward passes computed in: evaluation runs at it by default
-            "versions": versions(),
-        }
-        write_encoder(final_path, final_state, info)

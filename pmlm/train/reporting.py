@@ -14,7 +14,7 @@ from pmlm.config.pretraining import TrainConfig
 from pmlm.model.objectives import mask_batch, sample_sizes
 from pmlm.train.loader import ShardStream
 from pmlm.train.runtime import derived_seed
-from pmlm.train.step_layout import StepLayout, part_outputs
+from pmlm.train.step_layout import StepLayout, part_outputs, step_parts, to_device
 
 CSV_FIELDS = (
     "split",
@@ -111,23 +111,31 @@ def log_row(split: str, step: int, epoch: int, lr: float, metrics: dict) -> tupl
 
 
 def validation_metrics(
-    module: nn.Module, stream: ShardStream, cfg: TrainConfig, device, autocast, rank: int, layout: StepLayout
+    module: nn.Module,
+    stream: ShardStream,
+    cfg: TrainConfig,
+    device,
+    autocast,
+    rank: int,
+    layout: StepLayout,
+    dtype: torch.dtype = torch.float32,
 ) -> dict:
     """Validation metrics over the first ``eval_batches`` batches of the fixed-seed valid stream.
 
-    Each batch is a step's worth of tokens, masked whole by a generator re-seeded every time and split over the ranks
-    and micro-batches like a training step (``train.step_layout``), so each validation sees identical inputs and
-    gives the same figures on any number of ranks; every rank runs the same number of micro-batches (FSDP's forward
-    is collective)."""
-    generator = torch.Generator(device).manual_seed(derived_seed(cfg.seed, 0, VALID_STREAM))
+    Each batch is a step's worth of tokens, masked whole on the host by a generator re-seeded every time and split
+    over the ranks and micro-batches like a training step (``train.step_layout``), so each validation sees identical
+    inputs and gives the same figures on any number of ranks; every rank runs the same number of micro-batches (FSDP's
+    forward is collective). ``module``: the objective (its ``model``); ``dtype``: the forward passes' (autocast's)."""
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, 0, VALID_STREAM))
     sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
     module.eval()
     with torch.no_grad():
         for batch in islice(stream.epoch_batches(0), cfg.eval_batches):
-            masked = mask_batch(batch.tokens.to(device, non_blocking=True), cfg.objective, generator)
-            sizes = sample_sizes(masked, cfg.objective)
-            for rows in layout.rank_parts(batch.tokens.shape[0], rank):
-                out, loss = part_outputs(module, masked, sizes, rows, cfg.data.pad_to_multiple, layout.world, autocast)
+            masked = mask_batch(batch.tokens, cfg.objective, generator)
+            sizes = to_device(sample_sizes(masked, cfg.objective), device)
+            parts = layout.rank_parts(batch.tokens.shape[0], rank)
+            for inputs, live in step_parts(masked, parts, cfg, module.model, device, dtype, grad=False):
+                out, loss = part_outputs(module, inputs, live, sizes, layout.world, autocast)
                 sums += step_sums(out, loss, device)
             sums[SUMS.index("steps")] += 1
             sums[SUMS.index("residues")] += batch.residues if rank == 0 else 0

@@ -18,6 +18,7 @@ start-up, before the first step, saves nothing and so counts as no progress. A f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -27,10 +28,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from pmlm.artefacts import write_encoder
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.files import atomic_output, canonical_sha256, file_digest
 from pmlm.train import METRICS_CSV, REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import CHECKPOINTS, RUN_FILE, checkpoint_root, latest_checkpoint
+from pmlm.version import versions
+from pmlm.vocabulary import TMLM
 
 NO_PROGRESS_LIMIT = 2  # stops in a row without a newer checkpoint before the trainer gives up on requeues
 STOPS_FILE = "stops.json"
@@ -234,3 +238,41 @@ def publish_metrics(out_dir: Path, dest: str | Path) -> None:
 def finished(out_dir: Path) -> None:
     """A run that reached its last step: its chain of stops is over."""
     (out_dir / STOPS_FILE).unlink(missing_ok=True)
+
+
+def write_outputs(
+    cfg,
+    model,
+    step: int,
+    valid_metrics: dict,
+    final_state: dict,
+    arithmetic: str,
+    scores_path: Path,
+    final_path: str | Path | None,
+) -> None:
+    """The declared outputs (rank 0): the final validation scores and the encoder artefact."""
+    scores = {
+        "step": step,
+        "split": "valid",
+        "objective": cfg.objective.name,
+        "model_preset": cfg.model.preset,
+        **{
+            k: valid_metrics.get(k)
+            for k in ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc", "mlm_total", "pair_total")
+        },
+    }
+    if cfg.objective.name == TMLM:
+        scores.update({k: valid_metrics.get(k) for k in ("l_tmlm", "acc_tmlm", "triple_total")})
+    with atomic_output(scores_path) as tmp:
+        Path(tmp).write_text(json.dumps(scores, indent=2) + "\n")
+    if final_path is not None:
+        info = {
+            "model": model.cfg.to_dict(),
+            "objective": dataclasses.asdict(cfg.objective),
+            "step": step,
+            "train_config": cfg.to_dict(),
+            "final_scores": scores,
+            "precision": arithmetic,  # what the forward passes computed in: evaluation runs at it by default
+            "versions": versions(),
+        }
+        write_encoder(final_path, final_state, info)

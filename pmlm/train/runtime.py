@@ -102,10 +102,11 @@ class StopSignals:
 
 
 def stop_if_diverged(finite: bool, step: int, loss, out_dir: Path) -> None:
-    """Raise TrainingDiverged for step ``step`` (0-based) unless ``finite``; ``loss`` is read only then."""
+    """Raise TrainingDiverged for step ``step`` (0-based) unless ``finite``; ``loss`` (or None) is read only then."""
     if not finite:
+        said = f" (loss {float(loss):.4g})" if loss is not None else ""
         raise TrainingDiverged(
-            f"non-finite loss or gradient at step {step + 1} (loss {float(loss):.4g}); "
+            f"non-finite loss or gradient at step {step + 1}{said}; "
             f"stopped without saving; last good checkpoint: {latest_checkpoint(out_dir) or 'none'}"
         )
 

@@ -24,6 +24,7 @@ from torch import nn
 from pmlm.config.pretraining import AUTO, TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.model.objectives import MaskedBatch
+from pmlm.model.step_inputs import StepInputs
 from pmlm.tokens import round_up
 from pmlm.train.budget import GIB, Precision, peak_memory
 
@@ -135,25 +136,46 @@ def card_memory(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 
-def part_outputs(
-    module: nn.Module,
+def step_parts(
     batch: MaskedBatch,
-    sizes: torch.Tensor,
-    rows: tuple[int, int],
-    pad_to_multiple: int,
-    world: int,
-    autocast: Callable,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """One micro-batch, the ``rows`` (start, stop) of a step's masked ``batch``: (its outputs, the loss to backward).
+    parts: list[tuple[int, int]],
+    cfg: TrainConfig,
+    model: nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    grad: bool,
+) -> list[tuple[StepInputs, bool]]:
+    """The micro-batches ``parts`` (row ranges) of a step's masked ``batch`` as the device takes them, each with
+    whether it holds rows: built on the host in the layout the encoder picks for ``dtype`` and ``grad``, then moved
+    together, without waiting for the copies (``pmlm.model.step_inputs``). A range without rows (a step batch with
+    fewer rows than micro-batches) carries the batch's first row, which ``part_outputs`` weighs 0."""
+    layout = model.encoder.layout(device, dtype, grad=grad)
+    out = []
+    for start, stop in parts:
+        live = stop > start
+        rows = batch.rows(start, stop, cfg.data.pad_to_multiple) if live else batch.rows(0, 1, cfg.data.pad_to_multiple)
+        out.append((to_device(rows.step_inputs(cfg.objective, layout, model.cfg.pair_vocab), device), live))
+    return out
 
-    The loss is the rows' share of the step's loss times ``world``: DDP and FSDP average the ranks' gradients, and
-    the step's gradient is their sum. A range without rows (a step batch with fewer rows than micro-batches) runs
-    the batch's first row with weight 0 and counts nothing, so that every rank takes part in every collective."""
-    start, stop = rows
-    live = stop > start
-    part = batch.rows(start, stop, pad_to_multiple) if live else batch.rows(0, 1, pad_to_multiple)
+
+def to_device(host, device: torch.device):
+    """A host tensor (or ``StepInputs``) on ``device`` without waiting for the copy: a copy from page-locked memory
+    is asynchronous, one from ordinary memory may wait for the device's queue."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def part_outputs(
+    module: nn.Module, inputs: StepInputs, live: bool, sizes: torch.Tensor, world: int, autocast: Callable
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One micro-batch (``step_parts``): (its outputs, the loss to backward).
+
+    The loss is the micro-batch's share of the step's loss (``sizes``: the step's sample sizes) times ``world``: DDP
+    and FSDP average the ranks' gradients, and the step's gradient is their sum. A part without rows runs with
+    weight 0 and counts nothing, so that every rank takes part in every collective."""
     with autocast():
-        out = module(part.inputs, part.targets, part.triples, sizes)
+        out = module(inputs, sizes)
     if not live:
         return {k: v * 0 for k, v in out.items()}, out["loss"] * 0
     return out, out["loss"] * world
