@@ -4,7 +4,7 @@
     python bench/gpu_check.py env                        the machine and the packages, as JSON
     python bench/gpu_check.py junit FILE [--gpu]         the GPU-marked tests' verdict from pytest's JUnit XML
     python bench/gpu_check.py pretrain-resume ...        `pmlm pretrain` stopped by SIGTERM at a step, then resumed
-    python bench/gpu_check.py memory ...                 `pmlm plan`'s peak-memory estimate against a measured peak
+    python bench/gpu_check.py compile COLD.json WARM.json a cold and a warm compiled start, from two bench runs
     python bench/gpu_check.py run RUN [--log LOG] [--expect TEXT] [--steps N]
                                                          a short run's steps, step time, loss, and a line it must print
     python bench/gpu_check.py tsv FILE                   an evaluation table as JSON
@@ -200,65 +200,24 @@ def pretrain_resume(args) -> dict:
     return result
 
 
-def memory(args) -> dict:
-    """A few optimizer steps of a recipe's largest micro-batch (equal rows of its crop length), as many per step as the
-    layout the trainer picks on this device holds (``train.step_layout``), measured (CUDA: max_memory_allocated; CPU:
-    the allocator's events), beside `pmlm plan`'s estimate."""
-    import torch
-
-    from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, PAD_ID
-    from pmlm.config.pretraining import TrainConfig
-    from pmlm.model.objectives import pretraining_losses
-    from pmlm.pretrained import build_model
-    from pmlm.train import budget
-    from pmlm.train.step_layout import card_memory, choose_layout
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.set_num_threads(1 if device.type == "cpu" else torch.get_num_threads())  # the profiler's one thread
+def compile_summary(cold: Path, warm: Path) -> dict:
+    """The compile step: the first step of a cold Inductor build and of a warm start on its cache (each includes the
+    compilation), then the compiled step's time, from two bench_gpu_throughput.py --compile-only runs."""
     rows = []
-    for objective in args.objectives.split(","):
-        cfg = TrainConfig.from_yaml(args.recipe, [f"objective.name={objective}", *args.set])
-        bf16 = device.type == "cuda" and cfg.bf16 is not False
-        precision = budget.Precision(bf16=bf16, device=device.type)
-        layout = choose_layout(cfg, 1, card_memory(device), precision)
-        batch = budget.largest_micro_batch(cfg, 1, layout.accumulation)
-        tokens = torch.full((batch.rows, batch.width), PAD_ID, dtype=torch.long)
-        tokens[:, 0], tokens[:, batch.residues + 1] = CLS_ID, EOS_ID
-        tokens[:, 1 : batch.residues + 1] = torch.randint(
-            FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + 20, tokens[:, 1:-1].shape
-        )
-        tokens = tokens.to(device)
-
-        def steps(cfg=cfg, tokens=tokens, bf16=bf16, accumulation=layout.accumulation):
-            model = build_model(cfg.model_config(), cfg.objective).to(device).train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-            generator = torch.Generator(device).manual_seed(0)
-            for _ in range(2):
-                optimizer.zero_grad(set_to_none=True)
-                for _ in range(accumulation):
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                        loss = pretraining_losses(model, tokens, cfg.objective, generator)["loss"]
-                    (loss / accumulation).backward()
-                optimizer.step()
-
-        measured, _ = budget.measured_bytes(steps, device)
-        estimate = budget.peak_memory(cfg, 1, precision, layout.accumulation)
-        rows.append(
-            {
-                "objective": objective,
-                "micro_batch": estimate["micro_batch"],
-                "precision": estimate["precision"],
-                "estimate_gib": round(estimate["total_bytes"] / budget.GIB, 3),
-                "measured_gib": round(measured / budget.GIB, 3),
-                "estimate_over_measured": round(estimate["total_bytes"] / measured, 3),
-            }
-        )
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    for path in (cold, warm):
+        result = json.loads(path.read_text())
+        rows.append(next(r for r in result["rows"] if r.get("compiled") and "step_ms" in r))
+    first, second = rows
     return {
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "recipe": args.recipe,
-        "rows": rows,
+        "device": json.loads(cold.read_text())["device"],
+        "micro_tokens": first.get("micro_tokens"),
+        "cold_first_step_s": first["first_step_s"],
+        "warm_first_step_s": second["first_step_s"],
+        "step_ms": second["step_ms"],
+        "non_pad_tokens_per_s": second["non_pad_tokens_per_s"],
+        "mfu": second.get("mfu"),
+        "graph_breaks": second.get("graph_breaks"),
+        "passed": second["first_step_s"] <= first["first_step_s"],
     }
 
 
@@ -322,10 +281,9 @@ def main(argv=None) -> int:
     s.add_argument("--set", action="append", default=[])
     s.add_argument("--stop-at", type=int, required=True)
     s.add_argument("--total-steps", type=int, required=True)
-    s = sub.add_parser("memory")
-    s.add_argument("--recipe", required=True)
-    s.add_argument("--objectives", default="mlm,pmlm")
-    s.add_argument("--set", action="append", default=[])
+    s = sub.add_parser("compile")
+    s.add_argument("cold")
+    s.add_argument("warm")
     s = sub.add_parser("run")
     s.add_argument("run")
     s.add_argument("--log")
@@ -346,7 +304,7 @@ def main(argv=None) -> int:
         "env": environment,
         "junit": lambda: junit(Path(args.path), args.gpu),
         "pretrain-resume": lambda: pretrain_resume(args),
-        "memory": lambda: memory(args),
+        "compile": lambda: compile_summary(Path(args.cold), Path(args.warm)),
         "run": lambda: run_summary(args),
         "tsv": lambda: tsv(Path(args.path)),
     }[args.what]()

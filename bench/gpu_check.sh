@@ -4,22 +4,24 @@
 #   bash bench/gpu_check.sh [OUT]              on a CUDA machine (OUT defaults to $OUT, else bench/out/gpu_check)
 #   bash bench/gpu_check.sh --dry-run [OUT]    every step's code path on tiny inputs on this CPU (~2 minutes)
 #
-# Steps, in the order a first GPU job needs them, each with its own time limit on the GPU (seconds; the dry run's
+# Steps, in the order of what a GPU is lent for, each with its own time limit on the GPU (seconds; the dry run's
 # are larger, `limit` below); the limits and Python's start-ups fit in TOTAL_S (300) seconds, and a step that would
 # overrun it is skipped:
 #   env 10                the card, its bf16 peak, torch, CUDA, the packages (and that Biopython / Snakemake are absent)
 #   inputs 30             only if bench/out/gpu_inputs is missing: `python bench/gpu_check.py prepare` makes it
-#   gpu_tests 30          pytest -m gpu (tests/test_attention.py, test_dropout_attention.py, test_eval_precision.py); on a
-#                         GPU a skip fails
-#   pretrain_resume 40    `python -m pmlm pretrain` of PMLM-base (bf16) on the carried shards, SIGTERM after step 5:
+#   gpu_tests 30          pytest -m gpu (tests/test_attention.py, test_dropout_attention.py, test_syncs.py,
+#                         test_eval_precision.py); on a GPU a skip fails
+#   throughput 120        bench_gpu_throughput.py: the recipe's step (262,144 tokens) of MLM-base and PMLM-base at
+#                         micro-batches of 16,384 / 65,536 / 131,072 tokens, packed and padded, and HF EsmForMaskedLM
+#                         of the same dims and dropouts; PMLM-xl at the trainer's micro-batch; per configuration step
+#                         ms, non-pad tokens/s, MFU, peak memory beside `pmlm plan`'s estimate, allocator retries,
+#                         synchronisations (counted ops and CUDA's own count)
+#   compile 70            the same bench, PMLM-base packed at 131,072 tokens compiled whole: a cold Inductor build, then
+#                         a second process on the first one's cache (the warm start a requeued job gets)
+#   pretrain_resume 30    `python -m pmlm pretrain` of PMLM-base (bf16) on the carried shards, SIGTERM after step 5:
 #                         exit 99 and a checkpoint, then the same command resumes from it and finishes step 20
-#   throughput 45         bench_gpu_throughput.py: MLM-base and PMLM-base at L = 512, attention auto vs padded, and HF
-#                         EsmForMaskedLM of the same dims and dropouts on the same sequences: step ms, non-pad tokens/s, MFU
-#   memory 15             `pmlm plan`'s peak-memory estimate against max_memory_allocated of MLM-/PMLM-base steps
-#   pair_memory 20        bench_pair_memory.py: the pair loss's peak at L = 1024 against the all-pairs formulation
-#   compile 45            PMLM-base with compile: true for 8 steps
-#   fsdp 40               PMLM-large under torchrun --nproc_per_node 1 with fsdp: true for 4 steps
-#   finetune 35           the ResNet contact head fine-tuned on pretrain_resume's encoder for 10 steps, then evaluated
+#   fsdp 20               PMLM-large under torchrun --nproc_per_node 1 with fsdp: true for 4 steps
+#   finetune 20           the ResNet contact head fine-tuned on pretrain_resume's encoder for 10 steps, then evaluated
 #   coupling_curve <=120  if time is left: scripts/coupling_curves.py on the carried Potts family, read-outs as they come
 #
 # Each result is written as soon as it is known: OUT/summary.tsv (step, status, exit code, seconds, limit),
@@ -66,9 +68,9 @@ fi
 # limit NAME: the step's time limit in seconds, GPU or dry run
 limit() {
     case $1 in
-        env) echo "10 60" ;; inputs) echo "30 120" ;; gpu_tests) echo "30 90" ;; pretrain_resume) echo "40 120" ;;
-        throughput) echo "45 120" ;; memory) echo "15 60" ;; pair_memory) echo "20 60" ;; compile) echo "45 240" ;;
-        fsdp) echo "40 90" ;; finetune) echo "35 120" ;; coupling_curve) echo "120 60" ;;
+        env) echo "10 60" ;; inputs) echo "30 120" ;; gpu_tests) echo "30 90" ;; throughput) echo "120 240" ;;
+        compile) echo "70 300" ;; pretrain_resume) echo "30 120" ;; fsdp) echo "20 90" ;; finetune) echo "20 120" ;;
+        coupling_curve) echo "120 60" ;;
     esac | awk -v dry="$DRY" '{print dry ? $2 : $1}'
 }
 
@@ -145,11 +147,31 @@ SHARDS=$INPUTS/shards TASKS=$INPUTS/tasks
 gpu_flag=(); [ "$DRY" = 1 ] || gpu_flag=(--gpu)
 run_gpu_tests() {
     "$PY" -m pytest -m gpu -p no:cacheprovider -q tests/test_attention.py tests/test_dropout_attention.py \
-        tests/test_eval_precision.py \
+        tests/test_syncs.py tests/test_eval_precision.py \
         --junitxml "$WORK/gpu_tests.xml"
     "$PY" bench/gpu_check.py junit "$WORK/gpu_tests.xml" "${gpu_flag[@]}" > "$WORK/gpu_tests.json"
 }
 step gpu_tests -- run_gpu_tests
+
+throughput_args() {  # the bench's configurations: the check's on a GPU, the smoke run's code paths in the dry run
+    if [ "$DRY" = 1 ]; then
+        echo --smoke --peak-tflops 1
+    else
+        echo --dims base,xl
+    fi
+}
+# shellcheck disable=SC2046
+step throughput -- "$PY" bench/bench_gpu_throughput.py --shards "$SHARDS" $(throughput_args) --out "$WORK/throughput"
+
+run_compile() {  # a cold Inductor build, then a warm start on its cache, each in a fresh process
+    local cache="$WORK/inductor-cache" args=(--compile-only --no-hf --objectives pmlm --layouts packed)
+    if [ "$DRY" = 1 ]; then args+=(--smoke --micro-batches 1024 --steps 1); else args+=(--dims base --micro-batches 131072); fi
+    rm -rf "$cache"
+    TORCHINDUCTOR_CACHE_DIR=$cache "$PY" bench/bench_gpu_throughput.py "${args[@]}" --out "$WORK/compile_cold" || return
+    TORCHINDUCTOR_CACHE_DIR=$cache "$PY" bench/bench_gpu_throughput.py "${args[@]}" --out "$WORK/compile_warm" || return
+    "$PY" bench/gpu_check.py compile "$WORK/compile_cold.json" "$WORK/compile_warm.json" > "$WORK/compile.json"
+}
+step compile -- run_compile
 
 # 20 steps on the GPU; tiny CPU steps take milliseconds, so more of them there, or the run ends before the signal
 total=20; [ "$DRY" = 1 ] && total=40
@@ -158,25 +180,6 @@ step pretrain_resume -- into "$WORK/pretrain_resume.json" "$PY" bench/gpu_check.
     --config config/train/base.yaml --shards "$SHARDS" --out "$WORK/runs/pmlm-base" --stop-at 5 --total-steps "$total" \
     --set objective.name=pmlm "${SETS[@]}"
 
-if [ "$DRY" = 1 ]; then
-    step throughput -- "$PY" bench/bench_gpu_throughput.py --smoke --shards "$SHARDS" \
-        --peak-tflops 1 --out "$WORK/throughput"
-    step memory -- into "$WORK/memory.json" "$PY" bench/gpu_check.py memory --recipe config/train/base.yaml \
-        --set model.preset=tiny --set model.overrides.attention_dropout=0.0 --set tokens_per_step=2048 \
-        --set data.tokens_per_batch=1024 --set data.max_len=128
-    step pair_memory -- "$PY" bench/bench_pair_memory.py --quick --hidden 64 --ref-lengths 64 --device cpu \
-        --out "$WORK/pair_memory.json"
-else
-    step throughput -- "$PY" bench/bench_gpu_throughput.py --shards "$SHARDS" \
-        --dims base --lengths 512 --layouts auto,padded --batches 8 --warmup 2 --rounds 3 --out "$WORK/throughput"
-    # four micro-batches of 16,384 tokens per step, as the recipe's 4-GPU layout had them before the micro-batch was
-    # chosen per card (auto takes far larger ones on an 80 GB card: longer steps than this check's time allows)
-    step memory -- into "$WORK/memory.json" "$PY" bench/gpu_check.py memory --recipe config/train/base.yaml \
-        --set tokens_per_step=65536 --set data.tokens_per_batch=16384
-    step pair_memory -- "$PY" bench/bench_pair_memory.py --out "$WORK/pair_memory.json"
-fi
-
-mapfile -t SETS < <(pretrain_sets 8)
 run_short() {  # NAME LAUNCHER... -- KEY=VALUE...: a short pretrain run and its summary
     local name=$1; shift
     local launcher=() sets=()
@@ -192,10 +195,6 @@ run_short() {  # NAME LAUNCHER... -- KEY=VALUE...: a short pretrain run and its 
     return "$code"
 }
 mkdir -p "$WORK/runs"
-# the rehearsal compiles test_train.py's compile-test layers (dropout off), so one cold inductor build serves both
-nodrop=(); [ "$DRY" = 1 ] && nodrop=(model.overrides.dropout=0.0)
-RECIPE=config/train/base.yaml STEPS=8 EXPECT="" step compile -- run_short compile "$PY" -m pmlm -- \
-    objective.name=pmlm compile=true "${nodrop[@]}"
 mapfile -t SETS < <(pretrain_sets 4)
 RECIPE=config/train/large.yaml STEPS=4 EXPECT="FSDP over 1 rank" step fsdp -- run_short fsdp \
     "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 -m pmlm -- objective.name=pmlm fsdp=true

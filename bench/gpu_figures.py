@@ -1,4 +1,4 @@
-"""The figures table of a bench/gpu_check.sh run (OUT/figures.md), from its OUT/results.jsonl: each bar of issue 32
+"""The figures table of a bench/gpu_check.sh run (OUT/figures.md), from its OUT/results.jsonl: each bar
 beside what was measured, in the layout of bench/README.md's "GPU check" table.
 
     python bench/gpu_figures.py OUT/results.jsonl
@@ -11,36 +11,49 @@ import sys
 from pathlib import Path
 
 
-def _find(rows: list[dict], **keys) -> dict | None:
-    return next((r for r in rows if all(r.get(k) == v for k, v in keys.items()) and "step_ms" in r), None)
+def _pct(x) -> str:
+    return "" if x is None else f"{x:.1%}"
 
 
 def _throughput(result: dict) -> list[tuple[str, str, str]]:
-    rows, out = result.get("rows") or [], []
-    main = result.get("summary_layout", "auto")  # auto on a GPU; the CPU rehearsal's first layout
-    other = next((r["layout"] for r in rows if r["model"] == "ours" and r["layout"] != main), None)
-    for L in sorted({r["L"] for r in rows}):
-        mlm = _find(rows, L=L, model="ours", objective="mlm", layout=main, compiled=False)
-        pmlm = _find(rows, L=L, model="ours", objective="pmlm", layout=main, compiled=False)
-        pmlm_other = _find(rows, L=L, model="ours", objective="pmlm", layout=other, compiled=False)
-        hf = _find(rows, L=L, model="hf_esm")
-        dims = rows[0]["dims"]
-        if pmlm and pmlm.get("mfu") is not None:
-            figure = f"PMLM-{dims} MFU, L = {L} (peak {result.get('peak_source')}, {result.get('device')})"
-            out.append((figure, f"{pmlm['mfu']:.1%}", ">= 45 % (bf16)"))
-        if mlm and pmlm:
-            ratio = pmlm["step_ms"] / mlm["step_ms"]
-            out.append(
-                (f"PMLM / MLM step, L = {L}", f"{ratio:.3f} ({pmlm['step_ms']} / {mlm['step_ms']} ms)", "<= 1.15")
-            )
-        if pmlm and pmlm_other:
-            ratio = pmlm_other["step_ms"] / pmlm["step_ms"]
-            out.append((f"PMLM step, {other} / {main}, L = {L}", f"{ratio:.2f}", ""))
-        for name, ours in (("MLM", mlm), ("PMLM", pmlm)):
-            if ours and hf:
-                ratio = ours["non_pad_tokens_per_s"] / hf["non_pad_tokens_per_s"]
-                value = f"{ratio:.2f}x ({ours['non_pad_tokens_per_s']:,} / {hf['non_pad_tokens_per_s']:,} tok/s)"
-                out.append((f"ours {name} / HF EsmForMaskedLM non-pad tokens/s, L = {L}", value, ">= 2"))
+    """The bars of the recipe's step from bench_gpu_throughput.py's summary: MFU per dims and objective, PMLM / MLM,
+    ours / HF, auto's distance from the best layout, synchronisations and allocator retries."""
+    bars, out = result.get("bars", {}), []
+    card = f"{result.get('device')}, peak {result.get('peak_source')}"
+    for dims, s in (result.get("summary") or {}).items():
+        for objective in ("mlm", "pmlm"):
+            best = s.get(f"best_{objective}")
+            if best:
+                bar = f">= {bars.get('mfu_xl', 0.5):.0%}" if dims == "xl" else f">= {bars.get('mfu_base', 0.4):.0%}"
+                value = (
+                    f"{_pct(best.get('mfu'))} ({best['non_pad_tokens_per_s']:,} tok/s; {best['micro_tokens']:,}-token "
+                    f"micro-batches, {best['layout']}{', compiled' if best.get('compiled') else ''}; "
+                    f"{best['step_ms']} ms/step)"
+                )
+                out.append((f"{objective.upper()}-{dims} MFU at the recipe's step ({card})", value, bar))
+        if "pmlm_over_mlm_step" in s:
+            out.append((f"PMLM / MLM step, {dims}", f"{s['pmlm_over_mlm_step']:.3f}", "<= 1.15"))
+        for objective, bar in (("mlm", ">= 3x"), ("pmlm", ">= 2.5x")):
+            ratio = s.get(f"ours_{objective}_over_hf_tokens_per_s")
+            if ratio is not None:
+                out.append(
+                    (f"ours {objective.upper()} / HF EsmForMaskedLM non-pad tokens/s, {dims}", f"{ratio:.2f}x", bar)
+                )
+        worst = max(s.get("auto_vs_best_layout") or [], key=lambda a: a["best_over_auto"], default=None)
+        if worst:
+            value = f"{worst['best_over_auto']:.3f} (worst: {worst['objective']}, {worst['micro_tokens']:,} tokens, auto {worst['auto']})"
+            out.append((f"best layout / auto, {dims}", value, "<= 1.03"))
+    rows = [r for r in result.get("rows", []) if r.get("model") == "ours" and "step_ms" in r]
+    if rows:
+        syncs = sum(r.get("syncs_counted") or 0 for r in rows)
+        cuda = [r["cuda_syncs"] for r in rows if r.get("cuda_syncs") is not None]
+        retries = sum(r.get("alloc_retries") or 0 for r in rows)
+        value = f"{syncs} counted ops; CUDA: {sum(cuda) if cuda else 'not checked'}; allocator retries {retries}"
+        out.append(("synchronisations per step, all configurations", value, "0"))
+        memory = [r for r in rows if r.get("peak_mem_gib") and r.get("estimate_gib")]
+        if memory:
+            ratios = [r["estimate_gib"] / r["peak_mem_gib"] for r in memory]
+            out.append(("`pmlm plan` peak estimate / measured", f"{min(ratios):.2f} - {max(ratios):.2f}", ""))
     return out
 
 
@@ -66,30 +79,16 @@ def _lines(step: str, result: dict) -> list[tuple[str, str, str]]:
         return [("PMLM-base short run, SIGTERM and resume", value, "exit 99, resumes")]
     if step == "throughput":
         return _throughput(result)
-    if step == "memory":
-        return [
-            (
-                f"peak memory, {r['objective']} ({r['precision']}): estimate / measured",
-                f"{r['estimate_gib']} / {r['measured_gib']} GiB = {r['estimate_over_measured']}",
-                "",
-            )
-            for r in result.get("rows", [])
-        ]
-    if step == "pair_memory":
-        L = result["target_length"]
-        ours = result["ours"][str(L)]["peak_gib"]
-        ref = (
-            result["reference"]
-            .get(str(L), {})
-            .get("peak_gib", f"{result.get('reference_analytic_target_gib')} (analytic)")
+    if step == "compile":
+        value = (
+            f"first step {result['cold_first_step_s']} s cold, {result['warm_first_step_s']} s warm; then "
+            f"{result['step_ms']} ms/step, {result['non_pad_tokens_per_s']:,} tok/s, MFU {_pct(result.get('mfu'))}; "
+            f"graph breaks {result.get('graph_breaks')}"
         )
-        ratio = result["ratio_ours_over_reference_at_target"]
-        return [(f"pair-loss peak at L = {L}, ours / all pairs", f"{ours} / {ref} GiB = 1/{1 / ratio:.0f}", "<= 1/20")]
-    if step in ("compile", "fsdp"):
+        return [("PMLM-base compiled whole, the recipe's step", value, "warm < cold, 0 breaks")]
+    if step == "fsdp":
         value = f"final step {result['final_step']}, first step {result['first_step_s']} s, then {result['median_step_s_after_first']} s/step"
-        return [
-            ("compile: true, PMLM-base" if step == "compile" else "FSDP, PMLM-large, torchrun 1 GPU", value, "runs")
-        ]
+        return [("FSDP, PMLM-large, torchrun 1 GPU", value, "runs")]
     if step == "inputs":
         return [("carried inputs", f"{len(result['files'])} files, {result['bytes'] / 2**20:.1f} MiB", "")]
     if step == "finetune":

@@ -8,6 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from pmlm.train import budget
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -19,16 +21,14 @@ def load(name: str):
 
 
 def test_model_flops_on_a_hand_counted_batch():
-    gpu = load("bench_gpu_throughput")
-    dims = {"num_layers": 1, "hidden": 4, "ffn": 8}
-    # two sequences of 3 and 5 tokens; 1 and 2 masked residues
+    # one layer of C = 4, F = 8; two sequences of 3 and 5 tokens; 1 and 2 masked residues
     encoder = 6 * (4 * 16 + 2 * 4 * 8) * 8  # 6 x (4C^2 + 2CF) x T
     attention = 12 * 4 * (3 * 3 + 5 * 5)  # 12 x layers x C x sum n^2
     token_head = 6 * (16 + 20 * 4) * 3  # 6 x (C^2 + 20C) x M
-    assert gpu.model_flops(dims, "mlm", [3, 5], [1, 2]) == encoder + attention + token_head
+    assert budget.model_flops(1, 4, 8, "mlm", [3, 5], [1, 2]) == encoder + attention + token_head
     # pair head: U = 2 positions with a partner, P = 1 unordered pair, 2P = 2 ordered rows of K = 400 classes
     pair_head = 6 * (2 * 16 * (2 + 1) + 2 * 4 * 400 * 2)
-    assert gpu.model_flops(dims, "pmlm", [3, 5], [1, 2]) == encoder + attention + token_head + pair_head
+    assert budget.model_flops(1, 4, 8, "pmlm", [3, 5], [1, 2]) == encoder + attention + token_head + pair_head
 
 
 def _has_transformers() -> bool:
@@ -40,18 +40,23 @@ def test_throughput_smoke_run_writes_its_tables(tmp_path, shard_dir):
     out = tmp_path / "gpu_throughput"
     assert gpu.main(["--smoke", "--shards", str(shard_dir), "--peak-tflops", "1", "--out", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
-    assert "| tiny | 64 | ours | pmlm | packed |" in out.with_suffix(".md").read_text()
+    assert "| tiny | ours | pmlm | 512 x 4 | packed |" in out.with_suffix(".md").read_text()
     ours = [r for r in result["rows"] if r["model"] == "ours"]
-    assert {(r["objective"], r["layout"]) for r in ours} == {
-        (o, lay) for o in ("mlm", "pmlm") for lay in ("padded", "packed")
+    # the recipe's step (2,048 tokens in the smoke run) at two micro-batches, both layouts
+    assert {(r["objective"], r["micro_tokens"], r["accumulation"], r["layout"]) for r in ours} == {
+        (o, m, 2048 // m, lay) for o in ("mlm", "pmlm") for m in (512, 1024) for lay in ("padded", "packed")
     }
     for row in ours:
         assert row["non_pad_tokens_per_s"] > 0 and row["mfu"] > 0 and row["padding_fraction"] > 0
-    by = {(r["objective"], r["layout"]): r for r in ours}
-    # the pair head adds model FLOPs on the same sequences and masks; the layout changes none
-    assert by["pmlm", "padded"]["model_tflops_per_pass"] > by["mlm", "padded"]["model_tflops_per_pass"]
-    assert by["pmlm", "packed"]["model_tflops_per_pass"] == by["pmlm", "padded"]["model_tflops_per_pass"]
-    assert result["summary"]["tiny/L64"]["pmlm_over_mlm_step"] > 0
+        assert row["syncs_counted"] == 0, row["sync_sites"]  # the step's micro-batches read nothing back
+        assert row["auto"] == (row["layout"] == "padded")  # training on a CPU: auto pads
+    by = {(r["objective"], r["micro_tokens"], r["layout"]): r for r in ours}
+    # the pair head adds model FLOPs on the same sequences and masks; neither the layout nor the micro-batch changes them
+    assert by["pmlm", 512, "padded"]["model_tflops_per_step"] > by["mlm", 512, "padded"]["model_tflops_per_step"]
+    flops = {r["model_tflops_per_step"] for r in ours if r["objective"] == "pmlm"}
+    assert len(flops) == 1
+    summary = result["summary"]["tiny"]
+    assert summary["pmlm_over_mlm_step"] > 0 and len(summary["auto_vs_best_layout"]) == 4
     hf = [r for r in result["rows"] if r["model"] == "hf_esm"]
     if _has_transformers():
         # the same sequences, padded to L: more padding, the same non-pad tokens
@@ -64,11 +69,12 @@ def test_throughput_smoke_run_writes_its_tables(tmp_path, shard_dir):
 def test_throughput_smoke_run_on_synthetic_lengths_without_a_peak(tmp_path):
     gpu = load("bench_gpu_throughput")
     out = tmp_path / "synthetic"
-    assert gpu.main(["--smoke", "--objectives", "mlm", "--layouts", "padded", "--no-hf", "--out", str(out)]) == 0
+    argv = ["--smoke", "--objectives", "mlm", "--layouts", "padded", "--micro-batches", "512", "--no-hf"]
+    assert gpu.main([*argv, "--out", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     (row,) = result["rows"]
     assert row["mfu"] is None and result["peak_flops"] is None  # no peak known for a CPU
-    assert row["non_pad_tokens"] <= row["padded_tokens"]
+    assert row["non_pad_tokens"] > 0 and row["accumulation"] == 4
 
 
 def test_pair_memory_step_share_on_cpu(tmp_path):
