@@ -26,7 +26,8 @@
 #
 # Each result is written as soon as it is known: OUT/summary.tsv (step, status, exit code, seconds, limit),
 # OUT/results.jsonl (one JSON object per step), OUT/figures.md (the figures table of bench/README.md), OUT/check.log
-# (every step's output), OUT/coupling_curve.jsonl. Scratch (run folders, checkpoints: ~5 GB) goes to WORK (default:
+# (every step's output), OUT/coupling_curve.jsonl, OUT/throughput.json (the throughput step's rows, for
+# `pmlm throughput`). Scratch (run folders, checkpoints: ~5 GB) goes to WORK (default:
 # a temporary folder). Exit status 0 only if every step passed (the curve is optional).
 # Inputs: `python bench/gpu_check.py prepare bench/out/gpu_inputs` (CPU, ~1 minute; bench/README.md lists them);
 # the device tool carries that folder. The GPU image has torch, transformers, pyarrow, safetensors, pyyaml and
@@ -162,6 +163,8 @@ throughput_args() {  # the bench's configurations: the check's on a GPU, the smo
 }
 # shellcheck disable=SC2046
 step throughput -- "$PY" bench/bench_gpu_throughput.py --shards "$SHARDS" $(throughput_args) --out "$WORK/throughput"
+# back with the other files: `pmlm throughput OUT/throughput.json -o config/throughput.yaml` fills pmlm plan's rates
+[ -f "$WORK/throughput.json" ] && cp "$WORK/throughput.json" "$OUT/throughput.json"
 
 run_compile() {  # a cold Inductor build, then a warm start on its cache, each in a fresh process
     local cache="$WORK/inductor-cache" args=(--compile-only --no-hf --objectives pmlm --layouts packed)

@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "tokenize": "write tokenized Parquet shards and a manifest",
     "pretrain": "pre-train an MLM or PMLM encoder from Parquet shards",
     "plan": "steps, tokens, GPU-hours, time-limit segments and peak GPU memory of a config's pre-training jobs",
+    "throughput": "a GPU check's measured pre-training rates as the throughput file pmlm plan prices with",
     "launch": "run a command once per GPU across the nodes of a SLURM allocation (torchrun rendezvous from SLURM's environment)",
     "kl": "histogram of KL(P(x_i)P(x_j) || P(x_i,x_j)) of a PMLM model on validation pairs",
     "tables": "assemble result tables (CSV, Markdown, LaTeX, HTML) with the paper's rows",

@@ -34,7 +34,7 @@ from pmlm.errors import PmlmError
 MANIFEST = ".pmlm-outputs.json"
 PARQUET_MAGIC = b"PAR1"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TEXT_SUFFIXES = (".tsv", ".csv", ".md", ".tex", ".html", ".json", ".svg", ".txt", ".fasta", ".jsonl")
+TEXT_SUFFIXES = (".tsv", ".csv", ".md", ".tex", ".html", ".json", ".svg", ".txt", ".fasta", ".jsonl", ".yaml")
 OVERWRITE_HELP = (
     "replace the command's own earlier files even where the target holds files it did not write (those are kept)"
 )

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--throughput",
         default="config/throughput.yaml",
         metavar="FILE.yaml",
-        help="per-preset tokens/s per GPU (tokens_per_gpu_second: {preset: N}); default config/throughput.yaml",
+        help="measured tokens/s per GPU by preset and objective (pmlm throughput writes it); default %(default)s",
     )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every job (repeatable)"
@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.errors import ConfigError
     from pmlm.inference.pricing import plan_inference, pretrains
     from pmlm.inference.pricing import render as render_inference
-    from pmlm.train.planning import plan, pretrain_resources, recipe_job, render, throughput_table, workflow_jobs
+    from pmlm.train.planning import plan, pretrain_resources, recipe_job, render, workflow_jobs
+    from pmlm.train.throughput import read_rates
 
     for name in ("gpus", "runtime", "proteins", "mean_length"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     resources = pretrain_resources(args.profile)
     resources["gpus"] = args.gpus or resources["gpus"]
     resources["runtime_min"] = args.runtime or resources["runtime_min"]
-    rows = plan(jobs, resources, args.tokens_per_second, throughput_table(args.throughput)) if jobs else []
+    rows = plan(jobs, resources, args.tokens_per_second, read_rates(args.throughput)) if jobs else []
     if args.json:
         print(json.dumps({"resources": resources, "jobs": rows, "inference": inference and inference[0]}, indent=1))
     elif rows and inference is not None:

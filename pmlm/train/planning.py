@@ -3,9 +3,11 @@ submitted (``pmlm plan``): steps and tokens from each recipe (its ``tokens_per_s
 GPUs), GPU-hours from a per-GPU throughput, the number of time-limit segments at the SLURM profile's runtime, and per
 card size the micro-batch, the accumulation and the peak memory per GPU (``train.step_layout``, ``train.budget``).
 
-The throughput per GPU is, in this order: ``--tokens-per-second``; the preset's entry in the throughput file
-(``config/throughput.yaml``, filled from bench/gpu_check.sh's figures once a GPU has run them); else an
-assumption derived from the paper's own hardware time (``paper_rate``), said so in every row it is used.
+The throughput per GPU is, in this order: ``--tokens-per-second``; the job's own rate in the throughput file
+(``config/throughput.yaml``, ``pmlm.train.throughput``: measured per preset and objective by a GPU check); a rate
+derived from the nearest measured one at the same model-FLOP rate (another objective of the preset, else another
+preset measured, the same objective first, the closest size first); else an assumption derived from the paper's own
+hardware time (``paper_rate``). Every row says which, and the notes name the card.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.train.budget import GIB, Precision, flops_per_token, peak_memory
 from pmlm.train.step_layout import CARD_HEADROOM, choose_layout
+from pmlm.train.throughput import ANY_OBJECTIVE, MeasuredRate
 
 # The paper: MLM-base / PMLM-base "pre-trained on 24 Tesla V100 GPU cards, about three weeks", evaluated at the
 # 60th epoch. 60 epochs of UR50 is what config/train/base.yaml's total_steps estimates: 2,000,000 optimizer steps
@@ -104,15 +107,37 @@ def paper_rate(root: str | Path = ".") -> float:
     return PAPER_BASE_TOKENS / PAPER_BASE_GPU_SECONDS * flops_per_token(base)
 
 
-def throughput_table(path: str | Path | None) -> dict[str, float]:
-    """Per-preset tokens/s per GPU from a throughput file (``tokens_per_gpu_second: {preset: N}``); {} if none."""
-    if path is None or not Path(path).exists():
-        return {}
-    table = read_yaml(path).get("tokens_per_gpu_second") or {}
-    for preset, value in table.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{path}: tokens_per_gpu_second.{preset} must be a positive number, got {value!r}")
-    return {str(k): float(v) for k, v in table.items()}
+def job_rate(job: Job, rates: dict[str, dict[str, MeasuredRate]], root: str | Path = ".") -> tuple[float, str]:
+    """(tokens/s per GPU, its source) from measured ``rates``: the job's own, else derived (module docstring);
+    (0, "") when nothing is measured."""
+    objective = job.config.objective.name
+    own = rates.get(job.preset, {})
+    for key in (objective, ANY_OBJECTIVE):
+        if key in own:
+            return own[key].tokens_per_second, f"measured on {own[key].describe()}"
+    size = _matmul_weights(job.config)
+    candidates = []
+    for preset, entries in rates.items():
+        recipe = job.recipe if preset == job.preset else Path(root) / "config" / "train" / f"{preset}.yaml"
+        if not recipe.exists():
+            continue
+        for measured_objective, rate in entries.items():
+            other = recipe_job(recipe, objective if measured_objective == ANY_OBJECTIVE else measured_objective).config
+            preference = (preset != job.preset, measured_objective not in (objective, ANY_OBJECTIVE))
+            flop_rate = rate.tokens_per_second * flops_per_token(other)
+            candidates.append(
+                (*preference, abs(_matmul_weights(other) - size), flop_rate, preset, measured_objective, rate)
+            )
+    if not candidates:
+        return 0.0, ""
+    *_, flop_rate, preset, measured_objective, rate = min(candidates, key=lambda c: c[:3])
+    name = "" if measured_objective == ANY_OBJECTIVE else f" {measured_objective}"
+    return flop_rate / flops_per_token(job.config), f"derived from {preset}{name} measured on {rate.describe()}"
+
+
+def _matmul_weights(cfg: TrainConfig) -> int:
+    m = cfg.model_config()
+    return m.num_layers * (4 * m.hidden * m.hidden + 2 * m.hidden * m.ffn)
 
 
 def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate: tuple[float, str]) -> dict:
@@ -173,23 +198,23 @@ def plan(
     jobs: list[Job],
     resources: dict,
     tokens_per_second: float | None = None,
-    table: dict[str, float] | None = None,
+    rates: dict[str, dict[str, MeasuredRate]] | None = None,
     root: str | Path = ".",
 ) -> list[dict]:
     """Rows for ``jobs`` under ``resources`` (``pretrain_resources``; ``gpus`` must be set)."""
     if not resources.get("gpus"):
         raise ConfigError(f"{resources.get('source', 'the profile')}: no GPU count for pretrain; pass --gpus")
-    table = table or {}
+    rates = rates or {}
     assumed = None
     rows = []
     for job in jobs:
         if tokens_per_second:
             rate = (tokens_per_second, "--tokens-per-second")
-        elif job.preset in table:
-            rate = (table[job.preset], "throughput file")
         else:
-            assumed = assumed or paper_rate(root)
-            rate = (assumed / flops_per_token(job.config), "assumed: the paper's V100 rate")
+            rate = job_rate(job, rates, root)
+            if not rate[0]:
+                assumed = assumed or paper_rate(root)
+                rate = (assumed / flops_per_token(job.config), "assumed: the paper's V100 rate")
         rows.append(plan_job(job, resources["gpus"], resources.get("runtime_min"), resources["warning_s"], rate))
     return rows
 
@@ -207,7 +232,7 @@ def render(rows: list[dict]) -> str:
         segments = "n/a" if r["segments"] is None else str(r["segments"])
         lines.append(
             f"| {r['job']} | {r['gpus']} | {r['steps']:,} | {r['tokens_per_step']:,} | {r['tokens']:.3g} | "
-            f"{r['tokens_per_gpu_second']:,}{'*' if r['throughput_source'].startswith('assumed') else ''} | "
+            f"{r['tokens_per_gpu_second']:,}{_mark(r['throughput_source'])} | "
             f"{r['gpu_hours']:,} | {r['wall_days']} | {segments} | "
             + " | ".join(_card_cell(r["cards"][card]) for card in cards)
             + " |"
@@ -219,11 +244,18 @@ def render(rows: list[dict]) -> str:
         "per step (tokens/step = micro-batch x accum x GPUs); data.tokens_per_batch: auto takes the largest "
         "micro-batch the card holds.",
     ]
+    sources = sorted({r["throughput_source"] for r in rows if not r["throughput_source"].startswith(("assumed", "--"))})
+    notes += [f"{_mark(source) or 'tok/s/GPU'}: {source}." for source in sources]
+    if any(r["throughput_source"].startswith("derived") for r in rows):
+        notes.append(
+            "~ derived: the measured model-FLOP rate over the job's own FLOPs per token (config/throughput.yaml has no "
+            "figure for its preset and objective)."
+        )
     if any(r["throughput_source"].startswith("assumed") for r in rows):
         notes.append(
             "* assumed: the paper's V100 rate (24 V100 x ~3 weeks for 60 epochs of PMLM-base, scaled by each "
-            "recipe's FLOPs per token); config/throughput.yaml has no figure for its preset. Give --tokens-per-second or fill "
-            "config/throughput.yaml."
+            "recipe's FLOPs per token); config/throughput.yaml has no figure measured on a GPU. Give --tokens-per-second "
+            "or fill config/throughput.yaml (pmlm throughput RESULT.json -o config/throughput.yaml)."
         )
     runtime = next((r["runtime_min"] for r in rows if r["runtime_min"]), None)
     if runtime:
@@ -235,6 +267,10 @@ def render(rows: list[dict]) -> str:
     )
     notes += [f"{r['job']}, {card}: {c['note']}" for r in rows for card, c in r["cards"].items() if c.get("note")]
     return "\n".join(lines + notes) + "\n"
+
+
+def _mark(source: str) -> str:
+    return "*" if source.startswith("assumed") else "~" if source.startswith("derived") else ""
 
 
 def _card_cell(card: dict) -> str:
