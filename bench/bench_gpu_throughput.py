@@ -90,6 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokens-per-step", type=int, default=262144, help="the recipe's tokens per optimizer step")
     p.add_argument("--compile", action="store_true", help="also time the encoder compiled whole (first step apart)")
     p.add_argument("--compile-only", action="store_true", help="time only the compiled encoder")
+    p.add_argument("--cuda-graphs", action="store_true", help="compiled variants as CUDA graphs (cuda_graphs: true)")
     p.add_argument("--no-hf", action="store_true", help="skip HF EsmForMaskedLM")
     p.add_argument("--hf-micro-batches", default="16384", help="micro-batches HF trains at")
     p.add_argument("--steps", type=int, default=2, help="timed steps per configuration (median reported)")
@@ -122,9 +123,12 @@ def peak_flops(device: torch.device, override: float | None) -> tuple[float | No
     return None, f"unknown device {name!r} (give --peak-tflops)"
 
 
-def recipe(dims: str, objective: str, tokens_per_step: int, micro: str, layout: str, compiled: bool) -> TrainConfig:
+def recipe(
+    dims: str, objective: str, tokens_per_step: int, micro: str, layout: str, compiled: bool, graphs: bool = False
+) -> TrainConfig:
     sets = [f"objective.name={objective}", f"tokens_per_step={tokens_per_step}", f"data.tokens_per_batch={micro}"]
     sets += [f"attention={layout}", f"compile={str(compiled).lower()}", "bf16=auto", "data.pad_to_multiple=8"]
+    sets += [f"cuda_graphs={str(compiled and graphs).lower()}"]
     if dims == "tiny":  # the smoke run: the tiny recipe's layers, short crops
         sets += ["data.max_len=64"]
     return TrainConfig.from_yaml(ROOT / RECIPES[dims], sets)
@@ -188,7 +192,8 @@ class OurStep:
         self.model.encoder.attention = cfg.attention
         self.objective = PretrainingObjective(self.model, cfg.objective)
         if cfg.compile:
-            self.model.encoder.compile_encoder()
+            options = {"mode": "reduce-overhead"} if cfg.cuda_graphs else {}
+            self.model.encoder.compile_encoder(static=cfg.cuda_graphs, **options)
         self.bf16 = device.type == "cuda"
         self.dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.layout = choose_layout(cfg, 1, card_memory(device), budget.Precision(self.bf16, device.type))
@@ -209,7 +214,7 @@ class OurStep:
         masked = mask_batch(tokens, cfg.objective, torch.Generator().manual_seed(seed))
         sizes = to_device(sample_sizes(masked, cfg.objective), self.device)
         parts = self.layout.rank_parts(tokens.shape[0], 0)
-        inputs = step_parts(masked, parts, cfg, self.model, self.device, self.dtype, grad=True)
+        inputs = step_parts(masked, parts, cfg, self.model, self.device, self.dtype, True, self.layout.micro_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         for k, (part, live) in enumerate(inputs):
             with counter if counter is not None and k == 0 else contextlib.nullcontext():
@@ -351,10 +356,10 @@ def run_dims(dims: str, args, device: torch.device, peak, rows: list[dict], writ
     for objective in objectives:
         for micro in micros:
             for layout, compiled in variants:
-                cfg = recipe(dims, objective, args.tokens_per_step, micro, layout, compiled)
+                cfg = recipe(dims, objective, args.tokens_per_step, micro, layout, compiled, args.cuda_graphs)
                 # CUDA's own synchronisation count (check): once per objective and layout, at the largest micro-batch
                 row = {"dims": dims, "L": cfg.max_len, "model": "ours", "objective": objective, "layout": layout,
-                       "compiled": compiled, "tokens_per_step": cfg.tokens_per_step}  # fmt: skip
+                       "compiled": compiled, "cuda_graphs": cfg.cuda_graphs, "tokens_per_step": cfg.tokens_per_step}  # fmt: skip
 
                 def build(cfg=cfg, row=row, check=micro == micros[-1]):
                     torch.manual_seed(args.seed)

@@ -81,3 +81,56 @@ def test_the_compiled_encoder_computes_what_the_eager_one_does():
     for (loss, grads), (loss_c, grads_c) in zip(results[:2], results[2:]):
         assert torch.equal(loss, loss_c)
         assert all(torch.equal(a, b) for a, b in zip(grads, grads_c))
+
+
+def test_cuda_graphs_pack_every_micro_batch_to_one_shape_and_compile_once():
+    """``cuda_graphs``: the static packing gives every micro-batch of a budget the same tensors' shapes, the encoder
+    compiled static sees one graph for all of them, and the loss is the dynamic packing's (only the filler differs)."""
+    from pmlm.config.pretraining import TrainConfig
+    from pmlm.train.step_layout import StepLayout, step_parts
+
+    torch._dynamo.reset()
+    counters().clear()
+    sets = ["objective.name=pmlm", "compile=true", "cuda_graphs=true", "data.max_len=128", "tokens_per_step=2048"]
+    sets += [f"model.overrides.{k}={v}" for k, v in {**DIMS, "dropout": 0.0, "attention_dropout": 0.0}.items()]
+    cfg = TrainConfig.from_yaml("config/train/tiny.yaml", sets)
+    torch.manual_seed(0)
+    model = build_model(cfg.model_config(), cfg.objective).train()
+    model.encoder.attention = "packed"
+    layout = StepLayout(2048, 1024, 1, 2)
+    eager = build_model(cfg.model_config(), cfg.objective).train()
+    eager.load_state_dict(model.state_dict())
+    eager.encoder.attention = "packed"
+    model.encoder.compile_encoder(static=True, backend="aot_eager")
+    generator, shapes = torch.Generator().manual_seed(1), set()
+    for tokens in bucketed_batches(25, seed=5):
+        masked = mask_batch(tokens, cfg.objective, generator)
+        sizes = sample_sizes(masked, cfg.objective)
+        parts = layout.rank_parts(tokens.shape[0], 0)
+        static = step_parts(masked, parts, cfg, model, torch.device("cpu"), torch.float32, True, 1024)
+        cfg_dynamic = TrainConfig.from_dict({**cfg.to_dict(), "cuda_graphs": False})
+        dynamic = step_parts(masked, parts, cfg_dynamic, eager, torch.device("cpu"), torch.float32, True, 1024)
+        for (inputs, _), (reference, _) in zip(static, dynamic):
+            enc = inputs.encoder
+            shapes.add((enc.tokens.shape, enc.cu_seqlens.shape, enc.max_len))
+            ours = objective_outputs(model, inputs, cfg.objective, sizes)["loss"]
+            theirs = objective_outputs(eager, reference, cfg.objective, sizes)["loss"]
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+            ours.backward()
+    assert len(shapes) == 1, shapes  # 50 micro-batches, one shape
+    assert dict(counters()["graph_break"]) == {} and counters()["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["cuda_graphs=true"], "cuda_graphs needs compile: true"),
+        (["cuda_graphs=true", "compile=true", "attention=padded"], "needs the packed layout"),
+    ],
+)
+def test_cuda_graphs_settings_are_checked_in_one_line(sets, message):
+    from pmlm.config.pretraining import TrainConfig
+    from pmlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.from_yaml("config/train/tiny.yaml", sets)

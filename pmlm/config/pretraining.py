@@ -78,6 +78,7 @@ NOT_IN_FINGERPRINT = (
     "device",  # where the arithmetic runs (the precision it resolves to is fingerprinted)
     "bf16",  # fingerprinted as the resolved precision
     "compile",  # the same layers compiled: the same arithmetic, up to the order of rounding
+    "cuda_graphs",  # the same compiled encoder replayed as CUDA graphs
     "attention",  # the same attention laid out packed or padded: likewise
     "fsdp",  # the same model and optimizer with their state sharded: likewise
 )
@@ -114,7 +115,11 @@ class TrainConfig(YamlConfig):
     seed: int = 1  # seeds model init, data order, crops and masks
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda
     bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false
-    compile: bool = False  # torch.compile the encoder layers (see Encoder.compile_layers)
+    compile: bool = False  # torch.compile the encoder whole (per layer under FSDP; Encoder.compile_encoder)
+    # capture the compiled encoder as CUDA graphs (torch.compile's reduce-overhead mode): every micro-batch is packed
+    # to one shape (pmlm.model.layout.StaticShape), so one graph replays step after step; needs compile, CUDA and
+    # the packed layout
+    cuda_graphs: bool = False
     # layout of padded batches: auto (packed with the fused variable-length kernel on CUDA under bf16,
     # padded with a key mask elsewhere) | packed | padded; see pmlm.model.encoder
     attention: str = "auto"
@@ -135,6 +140,13 @@ class TrainConfig(YamlConfig):
             self.attention,
         )
         require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+        require(not self.cuda_graphs or self.compile, "cuda_graphs", "needs compile: true", self.cuda_graphs)
+        require(
+            not self.cuda_graphs or self.attention != "padded",
+            "cuda_graphs",
+            "needs the packed layout (attention: auto or packed)",
+            self.cuda_graphs,
+        )
         model_max = self.model_config().max_len
         require(
             self.data.max_len is None or self.data.max_len <= model_max,

@@ -178,6 +178,7 @@ class Encoder(nn.Module):
         # post-LN layers end in a LayerNorm already; pre-LN leaves the residual stream unnormalised
         self.final_norm = LayerNorm(cfg.hidden) if cfg.norm == "pre" else None
         self._compiled = None  # compile_encoder's function, if compiled
+        self._static = False  # whether it takes one shape (compile_encoder)
 
     @property
     def compiled(self) -> bool:
@@ -200,6 +201,11 @@ class Encoder(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         if self._compiled is None:
             return self.run(inputs.tokens, inputs.positions, inputs.cu_seqlens, inputs.max_len, inputs.key_mask, dtype)
+        if self._static:  # one shape (layout.StaticShape), replayed as a CUDA graph: a new step's outputs each time
+            torch.compiler.cudagraph_mark_step_begin()
+            return self._compiled(
+                inputs.tokens, inputs.positions, inputs.cu_seqlens, inputs.max_len, inputs.key_mask, dtype
+            )
         # batch after batch the rows change: one graph for any number of them
         dynamic = [(inputs.tokens, d) for d in range(inputs.tokens.dim())]
         if inputs.packed:
@@ -243,15 +249,17 @@ class Encoder(nn.Module):
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.final_norm is None else self.final_norm(x)
 
-    def compile_encoder(self, per_layer: bool = False, **options) -> None:
+    def compile_encoder(self, per_layer: bool = False, static: bool = False, **options) -> None:
         """``torch.compile`` the encoder: whole (``encode``'s computation as one graph, the packed attention an op in
-        it), or ``per_layer`` (each layer its own graph, for FSDP's per-layer parameter gathers). ``options`` go to
-        ``torch.compile`` (``mode``, ``backend``); parameter names are unchanged."""
+        it), or ``per_layer`` (each layer its own graph, for FSDP's per-layer parameter gathers). ``static``: every
+        batch comes in one shape (``layout.StaticShape``; for CUDA graphs), else the rows are marked dynamic.
+        ``options`` go to ``torch.compile`` (``mode``, ``backend``); parameter names are unchanged."""
         if per_layer:
             for layer in self.layers:
-                layer.compile(**options)
+                layer.compile(dynamic=False if static else None, **options)
             return
-        self._compiled = torch.compile(self.run, **options)
+        self._static = static
+        self._compiled = torch.compile(self.run, dynamic=False if static else None, **options)
 
     def layout(self, device: torch.device, dtype: torch.dtype | None = None, *, grad: bool | None = None) -> Layout:
         """The layout a batch takes here (module docstring): ``attention`` unless auto. ``dtype``: attention's

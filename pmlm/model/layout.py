@@ -13,6 +13,9 @@ padded batch to the encoder's output row.
   compiled encoder from specialising on every batch). Output row of token (b, i): its place in that order
   (``rows``).
 
+``StaticShape`` fixes the packed layout's shapes whatever the batch (for CUDA graphs, which replay one shape): the
+rows filled up to a fixed count, the offsets padded with empty sequences to a fixed count, the length bound fixed.
+
 Building either from (B, L) tokens reads them, so it runs where the batch is built: the training loop's host, once
 per micro-batch, before everything is moved to the device in one go (``EncoderInputs.to``). A command that holds its
 tokens on the device builds them there at the cost of a few synchronisations (inference does).
@@ -46,6 +49,25 @@ class Layout(str, enum.Enum):
 
 
 ATTENTION_LAYOUTS = tuple(layout.value for layout in Layout)
+
+
+@dataclass(frozen=True)
+class StaticShape:
+    """Fixed packed shapes (module docstring): ``rows`` packed rows, ``sequences`` entries of offsets after the first,
+    every sequence at most ``max_len`` rows."""
+
+    rows: int
+    sequences: int
+    max_len: int
+
+    @classmethod
+    def of_micro_batch(cls, tokens: int, max_len: int, pad_to_multiple: int = 1) -> StaticShape:
+        """The shape that holds any micro-batch of a ``tokens`` budget of rows up to ``max_len`` tokens: a part may
+        exceed its budget by one row (pmlm.train.step_layout), and a row holds at least 3 tokens."""
+        bound = round_up(max_len, LENGTH_MULTIPLE)
+        rows = round_up(tokens + max_len, ROW_MULTIPLE)
+        smallest_row = round_up(3, pad_to_multiple)
+        return cls(rows, (tokens + max_len) // smallest_row + rows // bound + 2, bound)
 
 
 @dataclass(frozen=True)
@@ -107,18 +129,24 @@ def padded_inputs(tokens: Tensor) -> EncoderInputs:
     return EncoderInputs(tokens, tuple(tokens.shape), key_mask=key_padding_mask(tokens))
 
 
-def packed_inputs(tokens: Tensor, row_multiple: int = ROW_MULTIPLE) -> EncoderInputs:
-    """The packed layout of ``tokens`` (B, L) (module docstring); rows may be empty (an all-<pad> filler row)."""
+def packed_inputs(tokens: Tensor, row_multiple: int = ROW_MULTIPLE, static: StaticShape | None = None) -> EncoderInputs:
+    """The packed layout of ``tokens`` (B, L) (module docstring); rows may be empty (an all-<pad> filler row).
+    ``static``: fixed shapes, an error if the tokens do not fit them."""
     B, L = tokens.shape
     keep = tokens.ne(PAD_ID)  # (B, L)
     lengths = keep.sum(dim=1)  # (B,)
     index = keep.reshape(-1).nonzero().squeeze(1)  # (T_real,)
     real = index.numel()
     longest = int(lengths.max()) if B else 0
-    bound = max(round_up(longest, LENGTH_MULTIPLE), LENGTH_MULTIPLE)
-    filler = round_up(max(real, 1), row_multiple) - real
+    bound = max(round_up(longest, LENGTH_MULTIPLE), LENGTH_MULTIPLE) if static is None else static.max_len
+    total = round_up(max(real, 1), row_multiple) if static is None else static.rows
+    filler = total - real
     # filler sequences of at most `bound` rows: every row is in a sequence, none longer than the bound
     fill_lengths = [bound] * (filler // bound) + ([filler % bound] if filler % bound else [])
+    if static is not None:
+        if longest > bound or filler < 0 or B + len(fill_lengths) > static.sequences:
+            raise ValueError(f"a batch of {B} rows, {real} tokens, longest {longest}, does not fit {static}")
+        fill_lengths += [0] * (static.sequences - B - len(fill_lengths))  # empty sequences: a fixed count
     seq_lengths = torch.cat([lengths, torch.tensor(fill_lengths, dtype=lengths.dtype, device=lengths.device)])
     cu_seqlens = F.pad(seq_lengths.cumsum(0), (1, 0)).to(torch.int32)  # (S + 1,)
     positions = index % L
@@ -129,9 +157,9 @@ def packed_inputs(tokens: Tensor, row_multiple: int = ROW_MULTIPLE) -> EncoderIn
     return EncoderInputs(ids, (B, L), positions=positions, cu_seqlens=cu_seqlens, max_len=bound, index=index)
 
 
-def build_inputs(tokens: Tensor, layout: Layout) -> EncoderInputs:
-    """``tokens`` (B, L) in ``layout`` (packed or padded)."""
-    return packed_inputs(tokens) if layout == Layout.PACKED else padded_inputs(tokens)
+def build_inputs(tokens: Tensor, layout: Layout, static: StaticShape | None = None) -> EncoderInputs:
+    """``tokens`` (B, L) in ``layout`` (packed, in ``static`` shapes if given, or padded)."""
+    return packed_inputs(tokens, static=static) if layout == Layout.PACKED else padded_inputs(tokens)
 
 
 def output_rows(inputs: EncoderInputs, flat: Tensor) -> Tensor:

@@ -43,7 +43,7 @@ from torch import Tensor
 from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, IGNORE_INDEX, MASK_ID, NUM_RESIDUES, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model.heads import loss_precision
-from pmlm.model.layout import Layout
+from pmlm.model.layout import Layout, StaticShape
 from pmlm.model.pmlm_model import unwrap
 from pmlm.model.step_inputs import StepInputs, pair_classes, step_inputs, upper_pair_indices
 from pmlm.model.triple import sample_triples, triple_loss
@@ -199,9 +199,12 @@ class MaskedBatch:
             triples = self.triples[(b >= start) & (b < stop)] - torch.tensor([start, 0, 0, 0], device=b.device)
         return MaskedBatch(self.inputs[start:stop, :width], self.targets[start:stop, :width], triples)
 
-    def step_inputs(self, cfg: ObjectiveConfig, layout: Layout, pair_vocab: str) -> StepInputs:
-        """What the device takes for this batch (``pmlm.model.step_inputs``), the encoder's inputs in ``layout``."""
-        return step_inputs(self.inputs, self.targets, self.triples, cfg.name, layout, pair_vocab)
+    def step_inputs(
+        self, cfg: ObjectiveConfig, layout: Layout, pair_vocab: str, static: StaticShape | None = None
+    ) -> StepInputs:
+        """What the device takes for this batch (``pmlm.model.step_inputs``), the encoder's inputs in ``layout``
+        (``static``: the packed layout's fixed shapes)."""
+        return step_inputs(self.inputs, self.targets, self.triples, cfg.name, layout, pair_vocab, static)
 
 
 def mask_batch(tokens: Tensor, cfg: ObjectiveConfig, generator: torch.Generator) -> MaskedBatch:

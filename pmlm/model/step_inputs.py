@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, IGNORE_INDEX, NUM_RESIDUES
-from pmlm.model.layout import EncoderInputs, Layout, build_inputs, output_rows
+from pmlm.model.layout import EncoderInputs, Layout, StaticShape, build_inputs, output_rows
 from pmlm.vocabulary import MLM, PMLM_PAIR_ONLY, TMLM
 
 
@@ -79,13 +79,20 @@ def upper_pair_indices(valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def step_inputs(
-    inputs: Tensor, targets: Tensor, triples: Tensor | None, objective: str, layout: Layout, pair_vocab: str
+    inputs: Tensor,
+    targets: Tensor,
+    triples: Tensor | None,
+    objective: str,
+    layout: Layout,
+    pair_vocab: str,
+    static: StaticShape | None = None,
 ) -> StepInputs:
     """The StepInputs of masked rows: ``inputs`` (B, L) token ids after masking, ``targets`` (B, L) residue class at
     masked standard residues (IGNORE_INDEX elsewhere), ``triples`` (T, 4) rows (b, i, j, k) of the Triple MLM;
-    the encoder's inputs in ``layout`` (packed or padded). Runs where the tensors are: on the host in training."""
+    the encoder's inputs in ``layout`` (packed or padded; ``static``: the packed layout's fixed shapes). Runs where
+    the tensors are: on the host in training."""
     B, L = inputs.shape
-    encoder = build_inputs(inputs, layout)
+    encoder = build_inputs(inputs, layout, static)
     valid = targets.ne(IGNORE_INDEX)  # (B, L) masked standard residues
     flat = valid.reshape(-1).nonzero().squeeze(1)  # (N,) places in the (B * L) flattening, row-major
     classes = targets.reshape(-1).index_select(0, flat)  # (N,)

@@ -27,6 +27,7 @@ from torch import nn
 
 from pmlm.artefacts import manifest_digest
 from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
+from pmlm.errors import ConfigError
 from pmlm.model.objectives import mask_batch, objective_outputs, sample_sizes
 from pmlm.model.step_inputs import StepInputs
 from pmlm.pretrained import build_model, pick_device
@@ -130,7 +131,8 @@ class PretrainRun(TrainingRun):
         self.sizes = to_device(sample_sizes(masked, self.cfg.objective), self.device)  # (3,) all ranks'
         self.parts = self.layout.rank_parts(self.batch.tokens.shape[0], self.rank)
         model = self.objective.model
-        self.inputs = step_parts(masked, self.parts, self.cfg, model, self.device, self.dtype, grad=True)
+        micro = self.layout.micro_tokens
+        self.inputs = step_parts(masked, self.parts, self.cfg, model, self.device, self.dtype, True, micro)
         self.window.count_step(self.batch.residues if self.rank == 0 else 0)
         self.tokens += self.batch.residues
 
@@ -357,8 +359,12 @@ def _wrap(
     decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
     wrapped = replicate(objective, model.encoder.layers, device, rank, world, use_fsdp)
     if cfg.compile:
-        # whole (one graph); per layer under FSDP, whose parameter gathers run per layer
-        model.encoder.compile_encoder(per_layer=use_fsdp)
+        # whole (one graph); per layer under FSDP, whose parameter gathers run per layer; as CUDA graphs of the one
+        # packed shape with cuda_graphs
+        if cfg.cuda_graphs and device.type != "cuda":
+            raise ConfigError(f"cuda_graphs needs a CUDA device, and this run trains on {device.type}")
+        options = {"mode": "reduce-overhead"} if cfg.cuda_graphs else {}
+        model.encoder.compile_encoder(per_layer=use_fsdp, static=cfg.cuda_graphs, **options)
     return wrapped, _adamw(wrapped, decay, cfg, device)
 
 

@@ -134,7 +134,8 @@ def validation_metrics(
             masked = mask_batch(batch.tokens, cfg.objective, generator)
             sizes = to_device(sample_sizes(masked, cfg.objective), device)
             parts = layout.rank_parts(batch.tokens.shape[0], rank)
-            for inputs, live in step_parts(masked, parts, cfg, module.model, device, dtype, grad=False):
+            prepared = step_parts(masked, parts, cfg, module.model, device, dtype, False, layout.micro_tokens)
+            for inputs, live in prepared:
                 out, loss = part_outputs(module, inputs, live, sizes, layout.world, autocast)
                 sums += step_sums(out, loss, device)
             sums[SUMS.index("steps")] += 1

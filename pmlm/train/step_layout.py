@@ -23,6 +23,7 @@ from torch import nn
 
 from pmlm.config.pretraining import AUTO, TrainConfig
 from pmlm.errors import ConfigError
+from pmlm.model.layout import Layout, StaticShape
 from pmlm.model.objectives import MaskedBatch
 from pmlm.model.step_inputs import StepInputs
 from pmlm.tokens import round_up
@@ -144,18 +145,27 @@ def step_parts(
     device: torch.device,
     dtype: torch.dtype,
     grad: bool,
+    micro_tokens: int = 0,
 ) -> list[tuple[StepInputs, bool]]:
     """The micro-batches ``parts`` (row ranges) of a step's masked ``batch`` as the device takes them, each with
     whether it holds rows: built on the host in the layout the encoder picks for ``dtype`` and ``grad``, then moved
     together, without waiting for the copies (``pmlm.model.step_inputs``). A range without rows (a step batch with
-    fewer rows than micro-batches) carries the batch's first row, which ``part_outputs`` weighs 0."""
+    fewer rows than micro-batches) carries the batch's first row, which ``part_outputs`` weighs 0. With
+    ``cfg.cuda_graphs`` every packed micro-batch takes the one shape of ``micro_tokens`` (``static_shape``)."""
     layout = model.encoder.layout(device, dtype, grad=grad)
+    static = static_shape(cfg, micro_tokens) if cfg.cuda_graphs and layout == Layout.PACKED else None
     out = []
+    pad = cfg.data.pad_to_multiple
     for start, stop in parts:
         live = stop > start
-        rows = batch.rows(start, stop, cfg.data.pad_to_multiple) if live else batch.rows(0, 1, cfg.data.pad_to_multiple)
-        out.append((to_device(rows.step_inputs(cfg.objective, layout, model.cfg.pair_vocab), device), live))
+        rows = batch.rows(start, stop, pad) if live else batch.rows(0, 1, pad)
+        out.append((to_device(rows.step_inputs(cfg.objective, layout, model.cfg.pair_vocab, static), device), live))
     return out
+
+
+def static_shape(cfg: TrainConfig, micro_tokens: int) -> StaticShape:
+    """The one packed shape of every micro-batch of ``micro_tokens`` under ``cfg`` (``cuda_graphs``)."""
+    return StaticShape.of_micro_batch(micro_tokens, cfg.max_len, cfg.data.pad_to_multiple)
 
 
 def to_device(host, device: torch.device):
