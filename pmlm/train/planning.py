@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import yaml
@@ -34,6 +35,27 @@ PAPER_BASE_GPU_SECONDS = 24 * 21 * 86_400
 PAPER_BASE_RECIPE = Path("config/train/base.yaml")
 DEFAULT_WARNING_S = 600  # the profile's --signal=USR1@600: the trainers stop this long before the limit
 CARD_BYTES = {"40 GB": 40 * GIB, "80 GB": 80 * GIB}
+
+
+class RateKind(str, Enum):
+    """Where a job's tokens/s per GPU comes from (module docstring), and its mark in the table."""
+
+    OPTION = "option"  # --tokens-per-second
+    MEASURED = "measured"
+    DERIVED = "derived"
+    ASSUMED = "assumed"
+
+    @property
+    def mark(self) -> str:
+        return {RateKind.DERIVED: "~", RateKind.ASSUMED: "*"}.get(self, "")
+
+
+@dataclass(frozen=True)
+class Rate:
+    tokens_per_second: float
+    kind: RateKind
+    source: str  # what the notes say, e.g. "measured on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, 2026-11-28)"
+    card: str | None = None  # the card that measured it (None: assumed, given, or not recorded)
 
 
 @dataclass(frozen=True)
@@ -107,14 +129,16 @@ def paper_rate(root: str | Path = ".") -> float:
     return PAPER_BASE_TOKENS / PAPER_BASE_GPU_SECONDS * flops_per_token(base)
 
 
-def job_rate(job: Job, rates: dict[str, dict[str, MeasuredRate]], root: str | Path = ".") -> tuple[float, str]:
-    """(tokens/s per GPU, its source) from measured ``rates``: the job's own, else derived (module docstring);
-    (0, "") when nothing is measured."""
+def job_rate(job: Job, rates: dict[str, dict[str, MeasuredRate]], root: str | Path = ".") -> Rate | None:
+    """The job's tokens/s per GPU from measured ``rates``: its own, else derived (module docstring); None when
+    nothing is measured."""
     objective = job.config.objective.name
     own = rates.get(job.preset, {})
     for key in (objective, ANY_OBJECTIVE):
         if key in own:
-            return own[key].tokens_per_second, f"measured on {own[key].describe()}"
+            return Rate(
+                own[key].tokens_per_second, RateKind.MEASURED, f"measured on {own[key].describe()}", own[key].card
+            )
     size = _matmul_weights(job.config)
     candidates = []
     for preset, entries in rates.items():
@@ -129,10 +153,11 @@ def job_rate(job: Job, rates: dict[str, dict[str, MeasuredRate]], root: str | Pa
                 (*preference, abs(_matmul_weights(other) - size), flop_rate, preset, measured_objective, rate)
             )
     if not candidates:
-        return 0.0, ""
+        return None
     *_, flop_rate, preset, measured_objective, rate = min(candidates, key=lambda c: c[:3])
     name = "" if measured_objective == ANY_OBJECTIVE else f" {measured_objective}"
-    return flop_rate / flops_per_token(job.config), f"derived from {preset}{name} measured on {rate.describe()}"
+    source = f"derived from {preset}{name} measured on {rate.describe()}"
+    return Rate(flop_rate / flops_per_token(job.config), RateKind.DERIVED, source, rate.card)
 
 
 def _matmul_weights(cfg: TrainConfig) -> int:
@@ -140,7 +165,7 @@ def _matmul_weights(cfg: TrainConfig) -> int:
     return m.num_layers * (4 * m.hidden * m.hidden + 2 * m.hidden * m.ffn)
 
 
-def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate: tuple[float, str]) -> dict:
+def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate: Rate) -> dict:
     """One row of the plan: steps, tokens, GPU-hours, wall time, segments; per card size the micro-batch, the
     accumulation and the peak memory per GPU (``cards``), and the memory by component on the largest card."""
     cfg = job.config
@@ -149,8 +174,7 @@ def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate:
     except ConfigError as exc:
         raise ConfigError(f"{job.name} ({job.recipe}): {exc}") from None
     tokens = cfg.tokens_per_step * cfg.optim.total_steps
-    tokens_per_s, source = rate
-    gpu_hours = tokens / tokens_per_s / 3600
+    gpu_hours = tokens / rate.tokens_per_second / 3600
     wall_hours = gpu_hours / gpus
     usable_min = None if runtime_min is None else runtime_min - warning_s / 60
     row = {
@@ -160,8 +184,10 @@ def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate:
         "steps": cfg.optim.total_steps,
         "tokens_per_step": cfg.tokens_per_step,
         "tokens": tokens,
-        "tokens_per_gpu_second": round(tokens_per_s),
-        "throughput_source": source,
+        "tokens_per_gpu_second": round(rate.tokens_per_second),
+        "throughput_kind": rate.kind.value,
+        "throughput_source": rate.source,
+        "throughput_card": rate.card,
         "gpu_hours": round(gpu_hours),
         "wall_days": round(wall_hours / 24, 1),
         "runtime_min": runtime_min,
@@ -209,12 +235,12 @@ def plan(
     rows = []
     for job in jobs:
         if tokens_per_second:
-            rate = (tokens_per_second, "--tokens-per-second")
+            rate = Rate(tokens_per_second, RateKind.OPTION, "--tokens-per-second")
         else:
             rate = job_rate(job, rates, root)
-            if not rate[0]:
+            if rate is None:
                 assumed = assumed or paper_rate(root)
-                rate = (assumed / flops_per_token(job.config), "assumed: the paper's V100 rate")
+                rate = Rate(assumed / flops_per_token(job.config), RateKind.ASSUMED, "assumed: the paper's V100 rate")
         rows.append(plan_job(job, resources["gpus"], resources.get("runtime_min"), resources["warning_s"], rate))
     return rows
 
@@ -232,7 +258,7 @@ def render(rows: list[dict]) -> str:
         segments = "n/a" if r["segments"] is None else str(r["segments"])
         lines.append(
             f"| {r['job']} | {r['gpus']} | {r['steps']:,} | {r['tokens_per_step']:,} | {r['tokens']:.3g} | "
-            f"{r['tokens_per_gpu_second']:,}{_mark(r['throughput_source'])} | "
+            f"{r['tokens_per_gpu_second']:,}{RateKind(r['throughput_kind']).mark} | "
             f"{r['gpu_hours']:,} | {r['wall_days']} | {segments} | "
             + " | ".join(_card_cell(r["cards"][card]) for card in cards)
             + " |"
@@ -244,14 +270,25 @@ def render(rows: list[dict]) -> str:
         "per step (tokens/step = micro-batch x accum x GPUs); data.tokens_per_batch: auto takes the largest "
         "micro-batch the card holds.",
     ]
-    sources = sorted({r["throughput_source"] for r in rows if not r["throughput_source"].startswith(("assumed", "--"))})
-    notes += [f"{_mark(source) or 'tok/s/GPU'}: {source}." for source in sources]
-    if any(r["throughput_source"].startswith("derived") for r in rows):
+    kinds = {RateKind(r["throughput_kind"]) for r in rows}
+    measured = [r for r in rows if RateKind(r["throughput_kind"]) in (RateKind.MEASURED, RateKind.DERIVED)]
+    for source in dict.fromkeys(r["throughput_source"] for r in measured):  # each source once, in the rows' order
+        jobs = [r for r in measured if r["throughput_source"] == source]
+        mark = RateKind(jobs[0]["throughput_kind"]).mark
+        if len(jobs) < len(rows):  # name the rows it prices
+            mark = f"{mark or 'tok/s/GPU of'} {', '.join(r['job'] for r in jobs)}"
+        notes.append(f"{mark or 'tok/s/GPU'}: {source}.")
+    if RateKind.DERIVED in kinds:
         notes.append(
-            "~ derived: the measured model-FLOP rate over the job's own FLOPs per token (config/throughput.yaml has no "
-            "figure for its preset and objective)."
+            "~ derived: the measured model-FLOP rate (tokens/s x FLOPs per token) over the job's own FLOPs per token "
+            "(the throughput file has no figure for its preset and objective)."
         )
-    if any(r["throughput_source"].startswith("assumed") for r in rows):
+    cards = sorted({r["throughput_card"] for r in measured if r["throughput_card"]})
+    if len(cards) > 1:
+        notes.append(
+            f"The rates come from {len(cards)} cards ({'; '.join(cards)}): each row's GPU-hours are on the card named above."
+        )
+    if RateKind.ASSUMED in kinds:
         notes.append(
             "* assumed: the paper's V100 rate (24 V100 x ~3 weeks for 60 epochs of PMLM-base, scaled by each "
             "recipe's FLOPs per token); config/throughput.yaml has no figure measured on a GPU. Give --tokens-per-second "
@@ -267,10 +304,6 @@ def render(rows: list[dict]) -> str:
     )
     notes += [f"{r['job']}, {card}: {c['note']}" for r in rows for card, c in r["cards"].items() if c.get("note")]
     return "\n".join(lines + notes) + "\n"
-
-
-def _mark(source: str) -> str:
-    return "*" if source.startswith("assumed") else "~" if source.startswith("derived") else ""
 
 
 def _card_cell(card: dict) -> str:
