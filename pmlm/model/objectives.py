@@ -227,11 +227,8 @@ def sample_sizes(batch: MaskedBatch, cfg: ObjectiveConfig) -> Tensor:
     pairs i != j of them for the pair head (plus the diagonal pairs (i, i) under ``pmlm_pair_only``, whose one term
     averages both); sampled triples for the triple head. Zero for a term the objective does not have."""
     n = batch.targets.ne(IGNORE_INDEX).sum(dim=1)  # (B,) masked standard residues per row
-    zero = n.new_zeros(())
-    mlm = n.sum() if cfg.name != PMLM_PAIR_ONLY else zero
-    pair = zero if cfg.name == MLM else (n * n).sum() if cfg.name == PMLM_PAIR_ONLY else (n * (n - 1)).sum()
-    triple = n.new_tensor(batch.triples.shape[0]) if cfg.name == TMLM else zero
-    return torch.stack([mlm, pair, triple])
+    triples = batch.triples.shape[0] if batch.triples is not None else 0
+    return step_sizes(torch.stack([n.sum(), (n * (n - 1)).sum(), n.new_tensor(triples)]), cfg)
 
 
 def pretraining_losses(
@@ -327,7 +324,8 @@ def objective_outputs(
 
 
 def step_sizes(counts: Tensor, cfg: ObjectiveConfig) -> Tensor:
-    """``sample_sizes`` of one micro-batch from its ``StepInputs.counts`` (N, 2P, T), on their device."""
+    """``sample_sizes`` from the counts (N, 2P, T) of a batch (``StepInputs.counts``): N masked standard residues,
+    2P ordered pairs i != j of them (with the N diagonal pairs under ``pmlm_pair_only``), T triples."""
     n, ordered, triples = counts.unbind()
     zero = torch.zeros_like(n)
     mlm = zero if cfg.name == PMLM_PAIR_ONLY else n
