@@ -1,6 +1,7 @@
 """How one optimizer step's batch meets the hardware: the recipe states the batch (``tokens_per_step``), the hardware
 sets the micro-batch (``data.tokens_per_batch``, ``auto``: the largest the card holds by the memory estimate), and
-the accumulation follows: tokens_per_step / (micro-batch x ranks), a whole number or a one-line error.
+the accumulation follows: the micro-batches each rank needs for its share of tokens_per_step (the ranks need not
+divide it; the micro-batches of a rank share its tokens evenly).
 
 Every rank reads the same stream and cuts each step's batch from its length-bucketed buffer with the budget
 ``tokens_per_step`` (``train.loader``). The batch's rows, shortest first, are split into ``ranks x accumulation``
@@ -67,37 +68,28 @@ def row_tokens(cfg: TrainConfig) -> int:
 
 
 def tokens_per_rank(cfg: TrainConfig, world: int) -> int:
-    """The step's tokens each rank computes; a one-line error unless the ranks divide them."""
-    total = cfg.tokens_per_step
-    if total % world:
-        raise ConfigError(
-            f"tokens_per_step {total:,} does not split evenly over {world} ranks: use a GPU count that divides it, "
-            f"or a tokens_per_step that {world} divides (e.g. {round_up(total, world):,})"
-        )
-    return total // world
+    """The most tokens of a step any rank computes: the step's rows are split over the ranks as evenly as they go,
+    so ``world`` need not divide ``tokens_per_step`` (24 GPUs run the paper's 262,144-token step: 10,923 each at
+    most). The loss is divided by the whole step's sample sizes wherever its rows are computed."""
+    return -(-cfg.tokens_per_step // world)
 
 
 def layout_for(cfg: TrainConfig, world: int, micro_tokens: int) -> StepLayout:
-    """The layout of an explicit micro-batch; a one-line error unless it divides the step's batch per rank."""
-    total, row, per_rank = cfg.tokens_per_step, row_tokens(cfg), tokens_per_rank(cfg, world)
+    """The layout of an explicit micro-batch (the most tokens a rank computes at once): as many micro-batches per
+    rank as its share needs, split as evenly as rows allow; a one-line error if it cannot hold a full-length row."""
+    row, per_rank = row_tokens(cfg), tokens_per_rank(cfg, world)
     if micro_tokens < row:
         raise ConfigError(
             f"data.tokens_per_batch {micro_tokens:,} must hold one sequence of max_len {cfg.max_len} padded to a "
             f"multiple of {cfg.data.pad_to_multiple} ({row:,} tokens)"
         )
-    if per_rank % micro_tokens:
-        fitting = [m for m in _divisors_from_largest(per_rank) if m <= micro_tokens and m >= row][:3]
-        hint = f"; micro-batches that divide it: {', '.join(f'{m:,}' for m in fitting)}" if fitting else ""
-        raise ConfigError(
-            f"tokens_per_step {total:,} over {world} ranks is {per_rank:,} tokens per rank, not a multiple of "
-            f"data.tokens_per_batch {micro_tokens:,}{hint} (or data.tokens_per_batch: auto)"
-        )
-    return StepLayout(total, micro_tokens, world, per_rank // micro_tokens)
+    return _even(cfg, world, -(-per_rank // micro_tokens))
 
 
-def _divisors_from_largest(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)}, reverse=True)
+def _even(cfg: TrainConfig, world: int, accumulation: int, note: str = "") -> StepLayout:
+    """``accumulation`` micro-batches per rank, each an even share of the rank's tokens."""
+    micro = -(-tokens_per_rank(cfg, world) // accumulation)
+    return StepLayout(cfg.tokens_per_step, micro, world, accumulation, note)
 
 
 def choose_layout(
@@ -109,22 +101,23 @@ def choose_layout(
     does not model the recipe (the layout's ``note`` says so)."""
     if cfg.data.tokens_per_batch != AUTO:
         return layout_for(cfg, world, int(cfg.data.tokens_per_batch))
-    per_rank = tokens_per_rank(cfg, world)
     if card_bytes is None:
-        return layout_for(cfg, world, per_rank)
+        return _even(cfg, world, 1)
     usable = card_bytes * (1 - CARD_HEADROOM)
     peak = None
-    for micro in _divisors_from_largest(per_rank):
-        if micro < row_tokens(cfg):
-            break
-        layout = StepLayout(cfg.tokens_per_step, micro, world, per_rank // micro)
+    per_rank, row = tokens_per_rank(cfg, world), row_tokens(cfg)
+    accumulation = 1
+    while -(-per_rank // accumulation) >= row:
+        layout = _even(cfg, world, accumulation)
         try:
-            peak = peak_memory(cfg, world, precision, layout.accumulation)["total_bytes"]
+            peak = peak_memory(cfg, world, precision, accumulation)["total_bytes"]
         except ConfigError as exc:
             note = f"{exc}: one micro-batch per rank; set data.tokens_per_batch if it does not fit the card"
-            return StepLayout(cfg.tokens_per_step, per_rank, world, 1, note)
+            return _even(cfg, world, 1, note)
         if peak <= usable:
             return layout
+        # the next count that shrinks the micro-batch's rows (the estimate counts rows, ceil(rows / parts))
+        accumulation += 1
     smallest = f"; its smallest micro-batch needs {peak / GIB:.1f} GiB" if peak is not None else ""
     raise ConfigError(
         f"no micro-batch of tokens_per_step {cfg.tokens_per_step:,} over {world} ranks fits a card of "
