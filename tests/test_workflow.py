@@ -218,7 +218,7 @@ def test_demo_workflow(tmp_path):
     train = pd.read_parquet(data / "shards" / "train")
     valid = pd.read_parquet(data / "shards" / "valid")
     assert set(train["cluster_id"]).isdisjoint(valid["cluster_id"])
-    assert not (data / "split" / "train.fasta").exists()  # temp() intermediate removed
+    assert (data / "split" / "train.fasta").is_file()  # kept: re-sharding does not re-cluster (below)
 
     results = tmp_path / "results" / "demo"
     for objective in ("mlm", "pmlm"):
@@ -267,3 +267,32 @@ def test_demo_workflow(tmp_path):
     # a second run has nothing to do: outputs are complete and up to date
     again = snakemake(*args, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    # rerunning one rule plans it and what reads its outputs, never what made its inputs: re-sharding does not
+    # re-cluster, a fine-tuning rerun does not pre-train, and so on down to the tables
+    for forced, upstream in FORCED_RERUNS.items():
+        plan = snakemake(*args, "-n", "--forcerun", forced)
+        assert plan.returncode == 0, plan.stderr[-3000:]
+        counts = job_counts(plan.stdout)
+        assert counts.get(forced, 0) >= 1 and not set(upstream) & set(counts), (forced, counts)
+
+
+# a rule forced to rerun -> the rules that made its inputs, which must not be planned again
+FORCED_RERUNS = {
+    "tokenize_shards": ("split_clusters", "ingest_sequences"),
+    "pretrain": ("tokenize_shards", "split_clusters"),
+    "finetune": ("pretrain", "split_structures"),
+    "evaluate": ("finetune", "pretrain"),
+    "aggregate_tables": ("evaluate", "finetune"),
+}
+
+
+def test_only_cheap_or_inference_outputs_are_temporary():
+    """A temp() output is deleted once its consumers ran, so forcing a consumer replans its producer: only the
+    inference shard jobs' parts are temporary (each as large as the gathered table they make)."""
+    temporary = {
+        (path.name, rule)
+        for path in (REPO / "workflow" / "rules").glob("*.smk")
+        for rule, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), re.M | re.S)
+        if "temp(" in body
+    }
+    assert temporary == {("inference.smk", r) for r in ("embed_shard", "score_shard", "contacts_shard")}

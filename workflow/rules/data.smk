@@ -61,9 +61,11 @@ rule split_clusters:
     input:
         fasta=rules.ingest_sequences.output.fasta,
         references=decontamination_sources,
+    # the split FASTAs are kept (about the clean FASTA's size again): a temporary split would be planned again by any
+    # rerun of tokenize_shards (another shard count, row-group size or compression), re-clustering UniRef50
     output:
-        train=temp(f"{RESULTS}/data/{{dataset}}/split/train.fasta"),
-        valid=temp(f"{RESULTS}/data/{{dataset}}/split/valid.fasta"),
+        train=f"{RESULTS}/data/{{dataset}}/split/train.fasta",
+        valid=f"{RESULTS}/data/{{dataset}}/split/valid.fasta",
         stats=f"{RESULTS}/data/{{dataset}}/split/split_stats.json",
     params:
         out_dir=output_dir,
