@@ -345,10 +345,13 @@ def test_all_runs_inference_only_when_the_config_has_sequences(tmp_path):
 
 
 def test_the_shipped_inference_configs_are_valid():
-    """config/inference.yaml is a valid config waiting for its encoder folder; config/inference_demo.yaml plans the
-    demo's inference from the repository root."""
+    """config/inference.yaml is a valid config naming the released PMLM-650M by its pretrain.models entry (the
+    workflow fetches and imports it); an encoder folder that is not there is one line; config/inference_demo.yaml
+    plans the demo's inference from the repository root."""
     shipped = yaml.safe_load((REPO / "config" / "inference.yaml").read_text())
     jsonschema.Draft202012Validator(yaml.safe_load(SCHEMA.read_text())).validate(shipped)
+    workflow_config._check_inference(shipped)
+    shipped["inference"]["encoders"]["pmlm650m"] = "pmlm-650m"
     with pytest.raises(
         workflow_config.ConfigError, match=r"^config.inference.encoders.pmlm650m: 'pmlm-650m' is neither"
     ):

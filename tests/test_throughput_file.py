@@ -13,7 +13,7 @@ import yaml
 
 from pmlm.cli import main
 from pmlm.train.budget import flops_per_token
-from pmlm.train.planning import recipe_job
+from pmlm.train.jobs import recipe_job
 
 CARD = "NVIDIA H100 80GB HBM3"
 DAY = "2026-11-28"  # the result file's date (its modification time: the bench records none)

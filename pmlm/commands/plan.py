@@ -14,13 +14,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of GPUs), GPU-hours and wall days at a per-GPU throughput, SLURM jobs of the profile's runtime needed, and "
         "per card size (40 / 80 GB) the micro-batch, the accumulation (tokens_per_step / (micro-batch x GPUs)) and "
         "the peak memory per GPU of the largest micro-batch (sharded when the recipe uses FSDP). docs/gpu.md explains "
-        "the figures and their assumptions. A config with an inference section (a FASTA and encoders) also gets, per "
+        "the figures and their assumptions. A config whose sources state their size (sources.<name>.estimate) first "
+        "gets its data stage: CPU-hours, wall time, peak memory and disk of ingest, clustering and tokenization per "
+        "dataset (docs/data.md). A config with an inference section (a FASTA and encoders) also gets, per "
         "encoder and output, the forward passes, model FLOPs, GPU-hours, shard jobs and hours per job against the "
         "profile's time limit, rows and disk (docs/inference.md), from the FASTA's lengths or --proteins and "
         "--mean-length."
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--configfile", metavar="CONFIG.yaml", help="workflow config, e.g. config/paper.yaml")
+    source.add_argument(
+        "--configfile",
+        nargs="+",
+        metavar="CONFIG.yaml",
+        help="workflow config, e.g. config/paper.yaml; several are merged in order, as Snakemake merges them",
+    )
     source.add_argument("--recipe", metavar="RECIPE.yaml", help="one training recipe instead (see --objective)")
     parser.add_argument("--objective", default="pmlm", help="objective of --recipe (default: pmlm)")
     parser.add_argument(
@@ -28,7 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpus", type=int, metavar="N", help="GPUs per job (default: the profile's)")
     parser.add_argument("--runtime", type=int, metavar="MIN", help="time limit per SLURM job (default: the profile's)")
-    parser.add_argument("--tokens-per-second", type=float, metavar="N", help="non-pad tokens/s per GPU for every job")
+    parser.add_argument(
+        "--tokens-per-second",
+        action="append",
+        default=[],
+        metavar="[PRESET[/OBJECTIVE]=]N",
+        help="non-pad tokens/s per GPU of a preset (base=12000), of one objective of it (base/mlm=14000) or, bare, of "
+        "the first job's; jobs of other presets take a rate derived at the same model-FLOP rate (marked ~); "
+        "repeatable; replaces config/throughput.yaml's rates",
+    )
     parser.add_argument(
         "--throughput",
         default="config/throughput.yaml",
@@ -63,39 +78,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.data.stage_cost import plan_data
+    from pmlm.data.stage_cost import render as render_data
     from pmlm.errors import ConfigError
     from pmlm.inference.pricing import plan_inference, pretrains
     from pmlm.inference.pricing import render as render_inference
-    from pmlm.train.planning import plan, pretrain_resources, recipe_job, render, workflow_jobs
+    from pmlm.train.jobs import WorkflowConfig, pretrain_resources, recipe_job, workflow_jobs
+    from pmlm.train.planning import plan, render
     from pmlm.train.throughput import read_rates
 
     for name in ("gpus", "runtime", "proteins", "mean_length"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("tokens_per_second", "inference_flops"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    inference = None
+    if args.inference_flops is not None and args.inference_flops <= 0:
+        raise ConfigError(f"--inference-flops must be > 0, got {args.inference_flops}")
+    inference = config = None
     if args.configfile:
+        config = WorkflowConfig.load(args.configfile)
         inference = plan_inference(
-            args.configfile, args.schema, args.profile, args.throughput, args.proteins, args.mean_length,
-            args.inference_flops,
-        )  # fmt: skip
+            config, args.schema, args.profile, args.throughput, args.proteins, args.mean_length, args.inference_flops
+        )
     jobs = []
     if args.recipe:
         jobs = [recipe_job(args.recipe, args.objective, args.set)]
-    elif inference is None or pretrains(args.configfile):
-        jobs = workflow_jobs(args.configfile)  # a config without pre-training or inference: its one-line error
+    elif inference is None or pretrains(config):
+        jobs = workflow_jobs(config)  # a config without pre-training or inference: its one-line error
         if args.set:
             jobs = [recipe_job(j.recipe, j.config.objective.name, args.set, j.name) for j in jobs]
     resources = pretrain_resources(args.profile)
     resources["gpus"] = args.gpus or resources["gpus"]
     resources["runtime_min"] = args.runtime or resources["runtime_min"]
     rows = plan(jobs, resources, args.tokens_per_second, read_rates(args.throughput)) if jobs else []
+    data, missing = plan_data(config.values, config.name) if config is not None else ([], [])
     if args.json:
-        print(json.dumps({"resources": resources, "jobs": rows, "inference": inference and inference[0]}, indent=1))
-    elif rows and inference is not None:
-        sys.stdout.write(render(rows) + "\n" + render_inference(*inference))
-    else:
-        sys.stdout.write(render(rows) if rows else render_inference(*inference))
+        print(json.dumps({"resources": resources, "data": data, "jobs": rows, "inference": inference and inference[0]},
+                         indent=1))  # fmt: skip
+        return 0
+    parts = [render_data(data, missing)] if data else []
+    parts += [render(rows)] if rows else []
+    parts += [render_inference(*inference)] if inference is not None else []
+    sys.stdout.write("\n".join(parts))
     return 0

@@ -39,7 +39,7 @@ from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError
 from pmlm.tokens import max_residues, window_starts
 from pmlm.train.budget import model_flops
-from pmlm.train.planning import read_yaml, workflow_jobs
+from pmlm.train.jobs import WorkflowConfig, read_yaml, workflow_jobs
 from pmlm.vocabulary import BF16, FP32, MLM, OUTPUT_CONTACTS, OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS, PMLM
 
 NUM_SUBSTITUTIONS = 19  # per residue: every other standard residue
@@ -252,30 +252,38 @@ def sequence_lengths(section: dict, proteins: int | None, mean_length: int | Non
     return lengths, f"{fasta}: {len(lengths):,} sequences, mean length {sum(lengths) / len(lengths):,.0f}"
 
 
-def config_encoders(configfile: str | Path, config: dict, section: dict, root: str | Path = ".") -> list[Encoder]:
+def config_encoders(config: WorkflowConfig, section: dict, root: str | Path = ".") -> list[Encoder]:
     """Each inference encoder's dims and precision: a model of pretrain.models trained here by its recipe (with
-    pretrain.set), an encoder file or folder by its model.json; the precision the config asks for, or under auto
-    the encoder's (recorded in model.json; a recipe's bf16 unless it says false)."""
-    models = {
-        f"{m['dataset']}/{m['objective']}-{m['preset']}": m for m in (config.get("pretrain") or {}).get("models") or []
-    }
+    pretrain.set), a released one by the dims its release entry states (``release.model``, so nothing need be
+    downloaded to price it), an encoder file or folder by its model.json; the precision the config asks for, or under
+    auto the encoder's (recorded in model.json; a recipe's bf16 unless it says false; a release's fp32, as its import
+    records none)."""
+    entries = (config.values.get("pretrain") or {}).get("models") or []
+    models = {f"{m['dataset']}/{m['objective']}-{m['preset']}": (i, m) for i, m in enumerate(entries)}
     encoders = []
     for label, value in section["encoders"].items():
         where = f"config.inference.encoders.{label}"
-        model = models.get(value)
+        i, model = models.get(value, (None, None))
         if model is not None and model.get("release"):
-            raise ConfigError(
-                f"{where}: {value} is a released checkpoint, whose dims are known once imported; price it with its "
-                "imported folder as the encoder (pmlm import CHECKPOINT -o DIR)"
-            )
-        if model is not None:
-            job = next(j for j in workflow_jobs(configfile, root) if j.name == value)
+            dims = model["release"].get("model")
+            if not dims:
+                raise ConfigError(
+                    f"{where}: {value} is a released checkpoint and pretrain.models[{i}].release states no model "
+                    "dims (release.model: num_layers, hidden, ffn, heads, max_len, pair_head, pair_vocab); state them, "
+                    "or price its imported folder as the encoder"
+                )
+            trained, source = FP32, f"{config.name}: pretrain.models[{i}].release.model"
+        elif model is not None:
+            job = next(j for j in workflow_jobs(config, root) if j.name == value)
             trained = FP32 if job.config.bf16 is False else BF16
             dims, source = job.config.model_config().to_dict(), f"recipe {job.recipe}"
         else:
             weights = Path(value) if value.endswith(".safetensors") else Path(value) / ENCODER_WEIGHTS
             if not sidecar_path(weights).is_file():
-                raise ConfigError(f"{where}: {sidecar_path(weights)}: no such file (the encoder's model.json)")
+                raise ConfigError(
+                    f"{where}: {sidecar_path(weights)}: no such file (the encoder's model.json); to price a released "
+                    "encoder before its download, name its pretrain.models entry (dataset/objective-preset) instead"
+                )
             info = read_encoder_info(weights)
             trained, dims, source = recorded_precision(info, weights), info["model"], str(sidecar_path(weights))
         precision = trained if section["precision"] == "auto" else section["precision"]
@@ -333,13 +341,13 @@ def render(rows: list[dict], lengths_source: str) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
-def pretrains(configfile: str | Path) -> bool:
+def pretrains(config: WorkflowConfig) -> bool:
     """Whether a workflow config pre-trains an encoder (released checkpoints are imported, not trained)."""
-    return any(not m.get("release") for m in (read_yaml(configfile).get("pretrain") or {}).get("models") or [])
+    return any(not m.get("release") for m in (config.values.get("pretrain") or {}).get("models") or [])
 
 
 def plan_inference(
-    configfile: str | Path,
+    config: WorkflowConfig,
     schema: str | Path,
     profile: str | Path,
     throughput_file: str | Path | None,
@@ -349,14 +357,13 @@ def plan_inference(
 ) -> tuple[list[dict], str] | None:
     """``pmlm plan``'s inference rows for a workflow config and where the lengths came from (None: no inference
     section). ``flops_per_second`` replaces every rate; else config/throughput.yaml's, else the assumed one."""
-    config = read_yaml(configfile)
-    section = inference_section(config, schema)
+    section = inference_section(config.values, schema)
     if section is None:
         if proteins is not None or mean_length is not None:
-            raise ConfigError(f"{configfile}: --proteins and --mean-length price an inference section; it has none")
+            raise ConfigError(f"{config.name}: --proteins and --mean-length price an inference section; it has none")
         return None
     lengths, source = sequence_lengths(section, proteins, mean_length)
-    encoders = config_encoders(configfile, config, section)
+    encoders = config_encoders(config, section)
     rates = throughput(throughput_file)
     if flops_per_second is not None:
         rates = dict.fromkeys((BF16, FP32), flops_per_second)

@@ -36,7 +36,8 @@ HEADER = """\
 #   tokens_per_gpu_second:
 #     base:
 #       pmlm: {tokens_per_second: 610000, card: NVIDIA H100 80GB HBM3, torch: 2.11.0+cu130, layout: packed, ...}
-# and also compiled, micro_tokens (the micro-batch), mfu, measured (the result's day) and source (its file).
+# and also compiled, micro_tokens (the micro-batch), mfu, measured (the result's day), source (its file) and
+# padding_fraction (the share of the step's tokens_per_step that was padding, which the rate does not count).
 # Filled from a GPU check (bash bench/gpu_check.sh; its throughput step's result) by
 #   pmlm throughput bench/out/gpu_check/throughput.json -o config/throughput.yaml
 # which rewrites this section only. A job measured for its preset and objective takes its own rate; one that is not
@@ -56,6 +57,9 @@ inference_flops_per_gpu_second: {}
 """
 
 
+GIVEN = "--tokens-per-second"  # the source of a rate given on pmlm plan's command line
+
+
 @dataclass(frozen=True)
 class MeasuredRate:
     """One measured rate: a preset's objective on one card."""
@@ -69,9 +73,13 @@ class MeasuredRate:
     mfu: float | None = None
     measured: str | None = None  # the day
     source: str | None = None  # the result file it came from
+    # share of the measured step's tokens that were padding (tokens_per_step counts them, the rate does not)
+    padding_fraction: float | None = None
 
     def describe(self) -> str:
         """Where it was measured, for the plan's notes."""
+        if self.source == GIVEN:
+            return "--tokens-per-second"
         if self.card is None:
             return "a card not recorded (the file's flat form)"
         extras = ", ".join(x for x in (f"torch {self.torch}" if self.torch else "", self.measured or "") if x)
@@ -147,7 +155,7 @@ def rates_from_results(paths: list[str | Path], allow_cpu: bool = False) -> dict
                 )
             rate = MeasuredRate(
                 float(tps), card, result.get("torch"), row.get("layout"), row.get("compiled"),
-                row.get("micro_tokens"), row.get("mfu"), day, str(path),
+                row.get("micro_tokens"), row.get("mfu"), day, str(path), row.get("padding_fraction"),
             )  # fmt: skip
             current = best.setdefault(str(row["dims"]), {}).get(row["objective"])
             if current is None or rate.tokens_per_second > current.tokens_per_second:
