@@ -1,12 +1,15 @@
 """Shared fixtures: small Parquet shard folders in the layout `pmlm tokenize` writes; the tolerance for
 comparing floating-point results that differ only in the order of their additions. And how `make test` spreads the
-suite over its workers (pytest-xdist, ``--dist loadgroup``), with the time each file took at the end of the report."""
+suite over its workers (pytest-xdist, ``--dist loadfile`` with every SLURM test in one unit), with the time each file
+took at the end of the report; every torchrun a test starts keeps its log folder under the session's temporary
+folder (``PET_LOG_DIR``, torchrun's ``--log-dir``), not in the system's."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,19 @@ SLURM_FILES = "tests/test_slurm_"
 SLURM_UNIT = "slurm"
 # per-file times printed after the run: the slowest files, then the rest as one line
 FILES_SHOWN = 25
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torchrun_logs(tmp_path_factory):
+    """torchrun's log folder for every torchrun the tests start (inherited through the environment): without it each
+    one leaves a torchelastic_* folder in the system's temporary folder."""
+    previous = os.environ.get("PET_LOG_DIR")
+    os.environ["PET_LOG_DIR"] = str(tmp_path_factory.mktemp("torchrun-logs"))
+    yield
+    if previous is None:
+        os.environ.pop("PET_LOG_DIR", None)
+    else:
+        os.environ["PET_LOG_DIR"] = previous
 
 
 def pytest_collection_modifyitems(config, items):

@@ -37,7 +37,8 @@ PY = "python"
 MARKER = Path("/shared/run/.pmlm-launch-x")
 COMMAND = ["-m", "pmlm", "pretrain", "--config", "base.yaml"]
 WORKER = ["-m", "pmlm.train.wrapper", "--requeue-marker", str(MARKER), *COMMAND]
-AGENT = [PY, "-m", "pmlm.train.wrapper", "--ignore-usr1", "--node-report", str(MARKER), "-m", "torch.distributed.run"]
+AGENT = [PY, "-m", "pmlm.train.wrapper", "--ignore-usr1", "--node-report", str(MARKER), "-m", "torch.distributed.run",
+         "--log-dir", str(MARKER / "torchrun-logs")]  # fmt: skip
 # bound for each real launch below (torchrun with two CPU workers starts in ~3 s here)
 LAUNCH_TIMEOUT_S = 120
 READY_WAIT_S = 60
@@ -343,7 +344,14 @@ WORKER_SCRIPT = textwrap.dedent(
 def _launch(tmp_path: Path, gpus: int, codes: str) -> subprocess.Popen:
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in ("CUDA_VISIBLE_DEVICES", "PET_LOG_DIR")
+    }
+    # a system temporary folder of its own, where a torchrun without a log folder would leave torchelastic_*
+    (tmp_path / "systemp").mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp_path / "systemp")
     cmd = [sys.executable, "-m", "pmlm", "launch", "--gpus-per-node", str(gpus), "--",
            str(script), str(tmp_path), codes]  # fmt: skip
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -377,6 +385,7 @@ def test_a_worker_requeue_exit_under_torchrun_becomes_99(tmp_path):
     assert re.search(r"^pmlm launch: node \S+: torchrun exited 1: .*rank 1 exit 99 \(requeue\)", out, re.M), out
     assert "Traceback" not in out, out
     assert not list(tmp_path.glob(".pmlm-launch-*")), "marker folder left behind"
+    assert not list((tmp_path / "systemp").iterdir()), "torchrun's log folder left in the temporary folder"
     code, out = _finish(_launch(tmp_path, 2, "0,3"))
     assert code == 1, out  # an ordinary failure stays a failure, said in one line at the end
     host = socket.gethostname()
@@ -403,6 +412,7 @@ def test_stop_signals_reach_every_worker_and_the_requeue_code_comes_back(tmp_pat
         # torchrun ignored it (USR1's default action is to die) and reported its workers' exits itself
         assert re.search(r"^pmlm launch: node \S+: torchrun exited 1: .*exit 99 \(requeue\)", out, re.M), out
     assert not list(tmp_path.glob(".pmlm-launch-*")), "marker folder left behind"
+    assert not list((tmp_path / "systemp").iterdir()), "torchrun's log folder left in the temporary folder"
 
 
 def test_worker_wrapper_records_a_requeue_exit(tmp_path):

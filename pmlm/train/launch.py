@@ -59,6 +59,7 @@ NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 MODES = ("exec", "torchrun", "srun")
+TORCHRUN_LOGS = "torchrun-logs"  # torchrun's --log-dir, inside the marker folder
 # the wrapper around each node's torchrun and each worker
 WRAPPER_MODULE = "pmlm.train.wrapper"
 
@@ -121,8 +122,10 @@ def plan_launch(
         marker = marker_dir or default_marker_dir(alloc.job_id)
         # the agent ignores USR1 (SLURM signals every process of a step; the default action would kill it)
         # and the workers inherit that until the trainer installs its own handler
+        # torchrun's own log folder (its workers' error files) inside the marker folder, removed with it, rather than
+        # a torchelastic_* folder left in the system's temporary folder by every launch
         worker = [python, "-m", WRAPPER_MODULE, "--ignore-usr1", "--node-report", str(marker),
-                  "-m", "torch.distributed.run"]  # fmt: skip
+                  "-m", "torch.distributed.run", "--log-dir", str(marker / TORCHRUN_LOGS)]  # fmt: skip
         if nodes == 1:
             worker += ["--standalone", "--nproc_per_node", str(procs)]
         else:
