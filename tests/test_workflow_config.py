@@ -243,3 +243,37 @@ def test_the_demo_config_in_another_key_order_gives_the_same_params(tmp_path):
     other = _planned_commands(reordered, tmp_path / "b")
     assert len(same) > 20  # the demo's whole DAG: data, pre-training, fine-tuning, evaluation, tables, report
     assert other == same, "\n".join(sorted(set(other) ^ set(same)))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz", ".parquet"])
+def test_a_tables_columns_are_checked_against_the_users_own_keys(tmp_path, monkeypatch, suffix):
+    """A table of one's own names its columns in task_data.<name>.table: a column the file lacks is one line naming
+    that key (not the recipe setting a fine-tuning job would name) before any job runs."""
+    import gzip
+
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    frame = pd.DataFrame({"sequence": ["MKV", "GLL"], "charge": [0.1, -0.2]})
+    path = tmp_path / f"mine{suffix}"
+    if suffix == ".parquet":
+        frame.to_parquet(path)
+    else:
+        with gzip.open(path, "wt") as fh:
+            fh.write(frame.to_csv(sep="\t", index=False))
+    if suffix == ".csv":
+        path.write_text(frame.to_csv(index=False))
+
+    def config(table: dict) -> dict:
+        return _validated(
+            {
+                "sources": {"t": {"url": f"file:{path.name}"}},
+                "task_data": {"mine": {"source": "t", "table": table, "split": {"fractions": [0.5, 0.25, 0.25]}}},
+            }
+        )
+
+    workflow_config.check_references(config({"label_column": "charge"}))
+    with pytest.raises(ConfigError, match=r"^config.task_data.mine.table.label_column: no column 'label' in mine"):
+        workflow_config.check_references(config({}))  # the default label column
+    with pytest.raises(ConfigError, match=r"table.sequence_column: no column 'seq' .*its columns: sequence, charge"):
+        workflow_config.check_references(config({"label_column": "charge", "sequence_column": "seq"}))

@@ -103,6 +103,8 @@ def check_references(config: dict) -> None:
             raise ConfigError(f"{where}: give either source + split (derived splits) or files (one file per split)")
         if spec.get("split") and spec.get("source") not in sources:
             raise ConfigError(f"{where}.source: unknown source {spec.get('source')!r}")
+        if spec.get("table") and spec.get("source") in sources:
+            _check_table_columns(where, spec["table"], sources[spec["source"]])
         for split, entry in (spec.get("files") or {}).items():
             if bool(entry.get("path")) == bool(entry.get("source")):
                 raise ConfigError(f"{where}.files.{split}: give either path or source + member")
@@ -240,6 +242,52 @@ def _check_features(where: str, run: dict, models: list[dict]) -> None:
             )
         if features == FEATURES_M_PLUS and ids[encoder]["objective"] == MLM:
             raise ConfigError(f"{where}.features: M+ needs a pair head; {encoder} is an MLM encoder (use M)")
+
+
+TABLE_COLUMNS = ("sequence_column", "label_column", "split_column")  # the columns a table's settings name
+
+
+def _check_table_columns(where: str, table: dict, source: dict) -> None:
+    """A table of one's own that is a local file (``url: file:...``) already: each column its settings name is one
+    of the file's, before any job runs; the line names the setting the user wrote, not a flag of a command."""
+    url = str(source.get("url") or "")
+    if not url.startswith("file:") or source.get("member"):
+        return
+    path = Path(url[len("file:") :])
+    if not path.is_file():
+        return  # the fetch rule reports it
+    found = table_header(path)
+    if found is None:
+        return  # not a table this check reads; the split rule reports what it finds
+    for key in TABLE_COLUMNS:
+        column = table.get(key)
+        if column and column not in found:
+            raise ConfigError(
+                f"{where}.table.{key}: no column {column!r} in {path} (its columns: {', '.join(found) or 'none'})"
+            )
+
+
+def table_header(path: Path) -> list[str] | None:
+    """The column names of a CSV / TSV (plain or gzip) or Parquet table, or None when it is none of them."""
+    import csv
+    import gzip
+
+    name = path.name.lower()
+    if name.endswith((".parquet", ".pq")):
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except (OSError, ValueError):
+            return None
+    if not name.endswith((".csv", ".tsv", ".csv.gz", ".tsv.gz")):
+        return None
+    opener = gzip.open if name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", newline="", encoding="utf-8-sig") as fh:
+            return next(csv.reader(fh, delimiter="\t" if ".tsv" in name else ","), [])
+    except (OSError, UnicodeDecodeError, EOFError, csv.Error):
+        return None
 
 
 def _splits(spec: dict) -> set[str]:
