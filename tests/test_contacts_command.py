@@ -118,6 +118,27 @@ def test_readout_maps_match_the_evaluation_readout(tmp_path, case, capsys):
     assert "long range mean over 2 chains: P@L" in err and "1 without a structure" in err
 
 
+def test_unknown_letters_read_as_x_or_skipped_and_counted(tmp_path, case, capsys):
+    """--unknown as pmlm embed's: x reads B, Z and U as X (the pairs score as with X written out), skip leaves the
+    record out; either is counted on stderr and recorded in the table's settings."""
+    seqs = {"a": "MKBZTACDEFGHIKLMNPQR", "b": "ACDEFGHIKLMNPUQ", "c": "ACDEFGHIKLMN"}
+    fasta = write_fasta(tmp_path / "in.fasta", seqs)
+    written = write_fasta(
+        tmp_path / "ref.fasta", {k: s.replace("B", "X").replace("Z", "X").replace("U", "X") for k, s in seqs.items()}
+    )
+    assert _contacts(case["encoder"], written, "-o", tmp_path / "ref.parquet") == 0
+    assert _contacts(case["encoder"], fasta, "-o", tmp_path / "x.parquet", "--unknown", "x") == 0
+    err = capsys.readouterr().err
+    assert "pmlm contacts: 3 letters outside the alphabet read as X in 2 sequences\n" in err, err
+    got, ref = pq.read_table(tmp_path / "x.parquet"), pq.read_table(tmp_path / "ref.parquet")
+    assert got.to_pylist() == ref.to_pylist() and "X" in got.column("residue_i").to_pylist()
+    assert json.loads(got.schema.metadata[b"pmlm"])["unknown"] == "x"
+    assert _contacts(case["encoder"], fasta, "-o", tmp_path / "skip.parquet", "--unknown", "skip") == 0
+    err = capsys.readouterr().err
+    assert "pmlm contacts: 2 sequences with letters outside the alphabet skipped (3 such letters)\n" in err, err
+    assert set(pq.read_table(tmp_path / "skip.parquet").column("id").to_pylist()) == {"c"}
+
+
 def test_top_and_min_separation_choose_the_rows(tmp_path, case):
     fasta = write_fasta(tmp_path / "one.fasta", {"s": case["seqs"]["long"][:23]})  # one window: every pair held
     length = 23

@@ -6,6 +6,7 @@ give one line naming file and line, exit 2 and no output. And the sequence reade
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 
@@ -194,11 +195,12 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
             f"{encoder}: a fine-tuned head (head.safetensors), not an encoder; a head is used with its encoder: "
             f"pmlm contacts MODEL FASTA --head HEAD, MODEL being the encoder the head records, here {case['encoder']}"
         )
-    elif problem == "the_sidecar_as_model":
-        encoder = case["encoder"].with_suffix(".json")
+    elif problem == "the_sidecar_as_model":  # model.json itself is the encoder; another JSON file is not
+        encoder = case["encoder"].with_name("notes.json")
+        encoder.write_text(case["encoder"].with_suffix(".json").read_text())
         expected = (
-            f"{encoder}: not encoder weights: MODEL is model.safetensors (with model.json beside it) or the folder "
-            f"holding them; here {case['encoder']}"
+            f"{encoder}: not encoder weights: MODEL is model.safetensors (with model.json beside it), its folder or "
+            "its model.json"
         )
     elif problem == "bad_sidecar":
         encoder = tiny_encoder(tmp_path / "m" / "model.safetensors")
@@ -263,6 +265,21 @@ def test_the_command_offers_the_readers_choices():
     from pmlm.inference import sequences
 
     assert UNKNOWN_CHOICES == sequences.UNKNOWN_CHOICES
+
+
+def test_every_command_reading_fasta_offers_the_same_unknown_option():
+    """embed, contacts and score take one --unknown: the reader's choices, default error, the same help
+    (pmlm.commands.add_unknown)."""
+    from pmlm.cli import build_parser
+    from pmlm.inference import sequences
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    options = {}
+    for name in ("embed", "contacts", "score"):
+        action = next(a for a in commands[name]._actions if "--unknown" in a.option_strings)
+        options[name] = (tuple(action.choices), action.default, action.help)
+    assert options["embed"] == options["contacts"] == options["score"]
+    assert options["embed"][:2] == (sequences.UNKNOWN_CHOICES, "error")
 
 
 def test_a_40000_residue_protein_is_read_in_windows_with_memory_linear_in_its_length(tmp_path, case):

@@ -364,6 +364,30 @@ def _run_score(model, fasta, csv_path, out, *extra) -> int:
     return main(["score", str(model), "--sequence", str(fasta), "--mutations", str(csv_path), "-o", str(out), *extra])
 
 
+def test_unknown_letters_in_the_wild_type_read_as_x_or_refused(tmp_path, case, capsys):
+    """--unknown x reads a B in the wild type as X, counted on stderr: the mutants score as against the wild type
+    with X written out. skip leaves the one record out, which is refused in one line; so is the letter without
+    a repair, naming the option."""
+    wild = case["wild"][:5] + "B" + case["wild"][6:]
+    fasta = write_fasta(tmp_path / "b.fasta", {"wt": wild})
+    written = write_fasta(tmp_path / "x.fasta", {"wt": wild.replace("B", "X")})
+    muts = _write_csv(tmp_path / "m.csv", _mutants(case["wild"]))
+    argv = ["score", str(case["pmlm"]), "--mutations", str(muts), "--device", "cpu", "-o"]
+    assert main([*argv, str(tmp_path / "ref.tsv"), "--sequence", str(written)]) == 0
+    assert main([*argv, str(tmp_path / "x.tsv"), "--sequence", str(fasta), "--unknown", "x"]) == 0
+    err = capsys.readouterr().err
+    assert "pmlm score: 1 letter outside the alphabet read as X in 1 sequence\n" in err, err
+    assert _read(tmp_path / "x.tsv") == _read(tmp_path / "ref.tsv")
+    assert main([*argv, str(tmp_path / "skip.tsv"), "--sequence", str(fasta), "--unknown", "skip"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"pmlm score: error: {fasta}: --unknown skip left out the wild type (letters outside the alphabet)"
+    assert main([*argv, str(tmp_path / "e.tsv"), "--sequence", str(fasta)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{fasta}:2: record 'wt': character 'B' at position 6" in err, err
+    assert "--unknown x reads letters outside the alphabet as X" in err
+    assert not any((tmp_path / n).exists() for n in ("skip.tsv", "e.tsv"))
+
+
 def test_the_input_columns_are_kept_and_letters_may_be_lowercase(tmp_path, case):
     """Every column of the CSV, in order and as given (the mutant text too), then the score columns; a lowercase
     mutant and a lowercase wild type score as their uppercase forms."""

@@ -152,6 +152,7 @@ def test_parquet_settings_and_the_tsv_hold_the_same_values(tmp_path, case, capsy
         "window": WINDOW,
         "marginal": "masked",
         "precision": "fp32",
+        "unknown": "error",
         "pmlm_version": __version__,
     }
     rows = _tsv(tsv)
@@ -178,6 +179,29 @@ def test_sequences_are_read_as_the_scores_are_written(case):
     k, values = next(scores)
     assert k == 0 and values.shape == (40, 20) and len(pulled) == 1
     assert [k for k, _ in scores] == [1, 2] and len(pulled) == 3
+
+
+def test_unknown_letters_read_as_x_or_skipped_and_counted(tmp_path, case, capsys):
+    """--unknown as pmlm embed's: x reads B and Z as X (no rows at them; the other sites score as with X written
+    out), skip leaves the record out; either is counted on stderr and recorded in the settings."""
+    fasta = write_fasta(tmp_path / "in.fasta", {"a": "MKBZTACDE", "b": "ACDEFG"})
+    written = write_fasta(tmp_path / "ref.fasta", {"a": "MKXXTACDE", "b": "ACDEFG"})
+    argv = ["score", str(case["pmlm"]), "--saturation", "-o"]
+    assert main([*argv, str(tmp_path / "ref.parquet"), "--sequence", str(written)]) == 0
+    assert main([*argv, str(tmp_path / "x.parquet"), "--sequence", str(fasta), "--unknown", "x"]) == 0
+    err = capsys.readouterr().err
+    assert "pmlm score: 2 letters outside the alphabet read as X in 1 sequence\n" in err, err
+    got, ref = pq.read_table(tmp_path / "x.parquet"), pq.read_table(tmp_path / "ref.parquet")
+    assert got.drop(["score"]).equals(ref.drop(["score"])) and got.num_rows == (7 + 6) * 19
+    np.testing.assert_array_equal(got.column("score").to_numpy(), ref.column("score").to_numpy())
+    assert json.loads(got.schema.metadata[b"pmlm"])["unknown"] == "x"
+    assert main([*argv, str(tmp_path / "skip.tsv"), "--sequence", str(fasta), "--unknown", "skip"]) == 0
+    err = capsys.readouterr().err
+    assert "pmlm score: 1 sequence with letters outside the alphabet skipped (2 such letters)\n" in err, err
+    assert {r["id"] for r in _tsv(tmp_path / "skip.tsv")} == {"b"}
+    assert main([*argv, str(tmp_path / "error.tsv"), "--sequence", str(fasta)]) == 2
+    err = capsys.readouterr().err
+    assert f"{fasta}:2: record 'a': character 'B' at position 3" in err and "--unknown x reads" in err, err
 
 
 @pytest.mark.parametrize("problem", ["duplicate_id", "empty_sequence", "not_a_residue", "with_mutations", "fasta_out"])

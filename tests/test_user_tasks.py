@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import task_plugin
 from tiny_models import random_letters, tiny_encoder
 
+from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError, InputError
 from pmlm.finetune.finetune import finetune
@@ -164,7 +171,8 @@ def test_split_table_by_column_and_by_identity(tmp_path):
     stats = split_table(str(path), str(tmp_path / "by_column"), split_column="split")
     assert (stats["train"]["rows"], stats["valid"]["rows"], stats["test"]["rows"]) == (10, 10, 10)
     test = pd.read_parquet(tmp_path / "by_column" / "test.parquet")
-    assert list(test.columns) == ["sequence", "y", "split"] and set(test["split"]) == {"test"}
+    assert list(test.columns) == ["sequence", "y", "split", "source_line"] and set(test["split"]) == {"test"}
+    assert test["y"].tolist() == list(range(2, 30, 3)) and test["source_line"].tolist() == list(range(4, 32, 3))
     rows[4]["split"] = "validation"
     with pytest.raises(InputError, match=r"t2.csv:6: split is 'validation', expected one of train, valid, test"):
         split_table(str(_table(tmp_path / "t2.csv", rows)), str(tmp_path / "x"), split_column="split")
@@ -173,3 +181,111 @@ def test_split_table_by_column_and_by_identity(tmp_path):
     )
     kept = sum(stats[s]["rows"] for s in ("train", "valid", "test")) + sum(stats["dropped"].values())
     assert kept == 30 and stats["clusters"] == 30  # random sequences: every one its own cluster
+
+
+def test_split_table_keeps_types_refuses_empty_sequences_and_names_the_users_lines(tmp_path):
+    """The split files hold the CSV's columns in their types (an integer label stays an integer, with a missing
+    cell too) and each row's line in the CSV, counted as an editor does (a blank line, a quoted cell over two
+    lines); an empty or blank sequence is refused naming that line; a bad row met later in a split file is named
+    by the CSV's line, the split file beside."""
+    from pmlm.data.tablesplit import split_table
+
+    header = "id,sequence,y,f,note,split\n"
+    rows = [
+        "a,MKV,1,0.5,x,train\n",
+        "\n",  # line 3: blank
+        'b,ACDE,2,,"two\nlines",valid\n',  # lines 4-5
+        "c,MK1,3,2.5,y,train\n",  # line 6: no residue letter, found when the split file is read
+        "d,GGS,,1.5,z,test\n",
+    ]
+    path = tmp_path / "t.csv"
+    path.write_text(header + "".join(rows))
+    split_table(str(path), str(tmp_path / "s"), split_column="split")
+    train = pq.read_table(tmp_path / "s" / "train.parquet")
+    types = {f.name: f.type for f in train.schema}
+    assert types == {
+        "id": pa.string(),
+        "sequence": pa.string(),
+        "y": pa.int64(),
+        "f": pa.float64(),
+        "note": pa.string(),
+        "split": pa.string(),
+        "source_line": pa.int64(),
+    }
+    assert train.column("y").to_pylist() == [1, 3] and train.column("source_line").to_pylist() == [2, 6]
+    test = pq.read_table(tmp_path / "s" / "test.parquet")
+    assert test.column("y").to_pylist() == [None] and test.schema.field("y").type == pa.int64()
+    assert pq.read_table(tmp_path / "s" / "valid.parquet").column("source_line").to_pylist() == [4]
+    with pytest.raises(
+        InputError,
+        match=rf"^{path}:6: protein c: the sequence has non-residue letter '1' .*"
+        rf"\({tmp_path / 's' / 'train.parquet'} row 2\)$",
+    ):
+        read_task_data(tmp_path / "s" / "train.parquet", "sequence_regression", label_column="y")
+    with pytest.raises(InputError, match=rf"^{path}:6: protein c: the sequence has non-residue letter '1'"):
+        read_task_data(path, "sequence_regression", label_column="y")  # the CSV itself: the same line
+    for empty in ("", "   "):
+        bad = tmp_path / f"e{len(empty)}.csv"
+        bad.write_text(header + "".join(rows[:3]) + f"e,{empty},4,1.0,w,train\n")
+        for split in ("split", None):
+            with pytest.raises(InputError, match=rf"^{bad}:6: empty sequence in column 'sequence'$"):
+                split_table(str(bad), str(tmp_path / "x"), split_column=split)
+    assert not (tmp_path / "x").exists()
+
+
+def test_evaluate_offers_every_format_a_task_reads():
+    """pmlm evaluate --format: auto and the formats the task types declare, table among them."""
+    import argparse
+
+    from pmlm.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    action = next(a for a in commands["evaluate"]._actions if "--format" in a.option_strings)
+    declared = {f for name in task_names() for f in task_named(name).formats}
+    assert action.choices[0] == "auto" and set(action.choices[1:]) == declared and "table" in declared
+
+
+def _doc_blocks(section: str) -> tuple[str, list[list[str]]]:
+    """The python snippet and the pmlm command lines (continuations joined, split as a shell would) of a section
+    of docs/tasks.md."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    text = page.split(f"### {section}\n", 1)[1].split("\n#", 1)[0]
+    python = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    bash = re.search(r"```bash\n(.*?)```", text, re.S).group(1).replace("\\\n", " ")
+    return python, [shlex.split(line) for line in bash.splitlines() if line.startswith("pmlm ")]
+
+
+def test_the_documented_classification_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    """docs/tasks.md's classification, as written, on a tiny encoder and the first 150 rows of the demo's table:
+    split-table keeps the integer classes as integers and adds the source lines, finetune records the classes in
+    numeric order and prints its final validation, evaluate --format table scores the test split."""
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "data" / "demo").mkdir(parents=True)
+    pd.read_csv(repo / "data" / "demo" / "net_charge.csv").head(150).to_csv(
+        tmp_path / "data" / "demo" / "net_charge.csv", index=False
+    )
+    shutil.copytree(repo / "config" / "finetune", tmp_path / "config" / "finetune")
+    encoder = tiny_encoder(tmp_path / "enc" / "model.safetensors", max_len=34)
+    monkeypatch.chdir(tmp_path)
+    python, commands = _doc_blocks("A classification")
+    exec(python, {})
+    assert [c[1] for c in commands] == ["split-table", "finetune", "evaluate"]
+    for argv in commands:
+        assert main([str(encoder) if a == "MODEL" else a for a in argv[1:]]) == 0, argv
+    err = capsys.readouterr().err
+    split = pq.read_table("charge_split/train.parquet")
+    assert split.schema.field("sign").type == pa.int64() and split.schema.field("net_charge").type == pa.float64()
+    assert split.column("source_line").to_pylist()[:4] == [2, 3, 4, 7]  # rows 0, 1, 2, 5 of the table: lines 2-4, 7
+    head = json.loads(Path("charge_head/head.json").read_text())
+    assert head["config"]["data"]["classes"] == ["-1", "0", "1"]
+    line = re.search(r"pmlm finetune: validation at step 100 \(charge_split/valid.parquet, 30 proteins\): (.*)", err)
+    assert line is not None, err
+    shown = dict(part.rsplit(" ", 1) for part in line.group(1).split(", "))
+    assert list(shown) == ["accuracy", "macro_F1"]
+    assert float(shown["accuracy"]) == pytest.approx(head["valid"]["scores"]["accuracy"], abs=5e-4)
+    scores = pd.read_csv("charge_eval.tsv", sep="\t").set_index("metric")
+    assert (
+        set(scores.index) >= {"accuracy", "macro_F1"}
+        and (scores["n_proteins"] == 30).all()
+        and 0 <= scores.loc["accuracy", "value"] <= 1
+    )

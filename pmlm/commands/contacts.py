@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_precision
+from pmlm.commands import add_precision, add_unknown, print_repairs
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
@@ -27,7 +27,7 @@ pairs no window holds get no row (the summary counts them).
 --structure), NAME.npz (scores (L, L) float32 of every pair, NaN where no window holds it, with the score kind,
 precision and settings) and with --png NAME.png. -o NAME.parquet writes one table of every sequence's pairs: id, i,
 j, residue_i, residue_j, separation, score (+ contact), the settings (model sha256, score_kind, window, precision,
-min_separation, top, pmlm_version) as JSON under the schema metadata key pmlm. A folder holding files this command
+min_separation, top, unknown, pmlm_version) as JSON under the schema metadata key pmlm. A folder holding files this command
 did not write is refused (--overwrite replaces only its own); nothing appears unless the command succeeds.
 
 With --structure: the long-range (j - i >= 24) P@L and P@L/5 of each sequence with a structure, and their means."""
@@ -36,7 +36,9 @@ With --structure: the long-range (j - i >= 24) P@L and P@L/5 of each sequence wi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
+    p.add_argument(
+        "model", metavar="MODEL", help="encoder: model.safetensors (with model.json), its folder or its model.json"
+    )
     p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz)")
     p.add_argument(
         "-o",
@@ -84,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "adds a contact column, the long-range P@L and P@L/5, and the true map to the PNG",
     )
     p.add_argument("--png", action="store_true", help="also write a contact-map PNG per sequence (-o DIR only)")
+    add_unknown(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the head's (without --head the encoder's)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
@@ -106,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
         min_separation=args.min_separation,
         top=args.top,
         tokens_per_batch=args.tokens_per_batch,
+        unknown=args.unknown,
         overwrite=args.overwrite,
     )
+    print_repairs("pmlm contacts", done["report"])
     parts = [
         f"{done['sequences']} sequences ({done['kind']}, {done['precision']}) -> {args.out}",
         f"{done['rows']:,} pairs with j - i >= {args.min_separation}" + (f", top {args.top}" if args.top else ""),

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_precision
+from pmlm.commands import UNKNOWN_CHOICES, add_precision, add_unknown, print_repairs
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
-# pmlm.inference.sequences.UNKNOWN_CHOICES (tests/test_embed.py holds them equal): written out here, where the
-# parser is built without the engine's imports
-UNKNOWN_CHOICES = ("error", "x", "skip")
+__all__ = ["UNKNOWN_CHOICES", "add_arguments", "run"]  # UNKNOWN_CHOICES: pmlm shard-fasta's --unknown takes them
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "metadata (key pmlm) holds the settings, among them the precision the forward passes used. Lowercase "
         "letters are read as uppercase. Both outputs are checked before any work and appear together at the end."
     )
-    p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
+    p.add_argument(
+        "model", metavar="MODEL", help="encoder: model.safetensors (with model.json), its folder or its model.json"
+    )
     p.add_argument(
         "fasta",
         metavar="FASTA",
@@ -45,13 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TOKENS_PER_BATCH,
         help="token budget of a forward pass: rows x padded width (default %(default)s)",
     )
-    p.add_argument(
-        "--unknown",
-        choices=UNKNOWN_CHOICES,
-        default="error",
-        help="letters outside the alphabet (B, Z, J, U, O, ...): error (default: one line naming the file and line), "
-        "x = read each as X, the unknown residue, or skip = leave such records out; repairs are counted on stderr",
-    )
+    add_unknown(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the encoder's")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
@@ -73,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
         unknown=args.unknown,
         overwrite=args.overwrite,
     )
-    for line in done["report"].repairs():
-        print(f"pmlm embed: {line}", file=sys.stderr)
+    print_repairs("pmlm embed", done["report"])
     print(
         f"pmlm embed: {done['sequences']} sequences, {done['residues']:,} residues, layer {done['layer']} "
         f"of {done['num_layers']}, {done['precision']} -> {args.out}, {done['per_sequence']}",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from pmlm.commands import add_precision, labelled_paths
+from pmlm.outputs import FILE_OVERWRITE_HELP
+from pmlm.tasks.task import FORMATS  # the formats the task types declare (light: numpy only), so the choices follow
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--encoder",
-        metavar="MODEL.safetensors",
-        help="pre-trained encoder (with model.json); required for pair-kl / pair-mi, "
+        metavar="MODEL",
+        help="pre-trained encoder (model.safetensors with model.json, its folder or its model.json); required for pair-kl / pair-mi, "
         "for a head defaults to the one it was fine-tuned on (checked by sha256)",
     )
     p.add_argument(
@@ -31,9 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="NAME=PATH",
-        help="test set label and file (structure JSONL, TAPE JSON/LMDB, RaptorX set); repeatable",
+        help="test set label and file (structure JSONL, TAPE JSON/LMDB, RaptorX set, CSV/TSV/Parquet table); "
+        "repeatable",
     )
     p.add_argument("--out", required=True, metavar="PATH.tsv", help="the results table")
+    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
     p.add_argument("--model", metavar="NAME", help="model label in the table (default: the encoder's folder name)")
     p.add_argument("--batch-size", type=int, default=4, help="proteins per forward pass (heads)")
     p.add_argument(
@@ -51,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair-batch", type=int, default=4096, help="pairs per pair-head call (pair-kl / pair-mi)")
     p.add_argument(
         "--format",
-        choices=("auto", "structure_jsonl", "tape", "raptorx"),
+        choices=("auto", *FORMATS),
         default="auto",
         help="format of the test files (auto: from name and content)",
     )
@@ -72,6 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.finetune.head_scoring import evaluate
+    from pmlm.outputs import file_target
+
+    file_target(args.out, suffixes=(".tsv",), option="--out", what="results table", overwrite=args.overwrite)
+    if args.encoder is not None:
+        from pmlm.pretrained import encoder_weights
+
+        args.encoder = encoder_weights(args.encoder)  # the weights, their folder or model.json
 
     tests = dict(labelled_paths(args.test, "--test", form="NAME=PATH"))
     evaluate(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_precision
+from pmlm.commands import add_precision, add_unknown, print_repairs
 from pmlm.errors import ConfigError
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "where it is most central. -o must name a file ending as its format: a folder, '.', or an existing file "
         "of another format is refused before anything runs; the file appears whole at the end."
     )
-    p.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
+    p.add_argument(
+        "model", metavar="MODEL", help="encoder: model.safetensors (with model.json), its folder or its model.json"
+    )
     p.add_argument(
         "--sequence",
         required=True,
@@ -80,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"--saturation: token budget of a forward pass, rows x padded width (default {DEFAULT_TOKENS_PER_BATCH})",
     )
+    add_unknown(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the encoder's")
 
@@ -113,8 +116,10 @@ def _saturation(args: argparse.Namespace) -> int:
         tokens_per_batch=DEFAULT_TOKENS_PER_BATCH if args.tokens_per_batch is None else args.tokens_per_batch,
         device=args.device,
         precision=args.precision,
+        unknown=args.unknown,
         overwrite=args.overwrite,
     )
+    print_repairs("pmlm score", done["report"])
     print(
         f"pmlm score: {done['sequences']} sequences, {done['residues']:,} residues, {done['rows']:,} substitutions "
         f"({done['marginal']} marginal, {done['precision']}) -> {args.out}",
@@ -139,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
         triple=args.triple or "auto",
         device=args.device,
         precision=args.precision,
+        unknown=args.unknown,
         overwrite=args.overwrite,
     )
+    print_repairs("pmlm score", done["report"])
     for note in done["notes"]:
         print(f"pmlm score: {note}", file=sys.stderr)
     rows = done["rows"]

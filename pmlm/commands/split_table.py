@@ -6,11 +6,18 @@ import argparse
 import sys
 
 from pmlm.commands import add_identity_split, identity_split_config
+from pmlm.outputs import OVERWRITE_HELP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("table", help="CSV, TSV (optionally .gz) or Parquet: a sequence column, labels, any other columns")
-    p.add_argument("--out-dir", required=True, help="writes train.parquet, valid.parquet, test.parquet and stats")
+    p.add_argument(
+        "--out-dir",
+        required=True,
+        help="a folder of its own: writes train.parquet, valid.parquet, test.parquet and stats (a folder holding "
+        "files this command did not write is refused; --overwrite keeps them and replaces only its own)",
+    )
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--sequence-column", default="sequence")
     p.add_argument(
         "--split-column",
@@ -32,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         split_column=args.split_column,
         cfg=cfg,
         fractions=tuple(args.fractions),
+        overwrite=args.overwrite,
     )
     print(
         f"split-table: {stats['rows']} rows -> train {stats['train']['rows']}, valid {stats['valid']['rows']}, "

@@ -30,7 +30,7 @@ than letters, digits, ``._-`` replaced by ``_``): ``NAME.tsv`` (``i j residue_i 
 the true contacts in the lower triangle against the predicted top L pairs in the upper one). The Parquet table:
 ``id``, ``i``, ``j`` (int32), ``residue_i``, ``residue_j``, ``separation`` (int32), ``score`` (float32) (+
 ``contact`` int8), written a sequence at a time, with the settings (model sha256, score_kind, window, precision,
-min_separation, top, pmlm_version) as JSON under the schema metadata key ``pmlm``. ``precision`` is the forward
+min_separation, top, unknown, pmlm_version) as JSON under the schema metadata key ``pmlm``. ``precision`` is the forward
 passes' arithmetic (the head's recorded one, or the encoder's without a head, unless asked otherwise;
 ``pmlm.train.runtime.evaluation_precision``).
 """
@@ -51,7 +51,7 @@ from pmlm.evaluation.metrics import contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.files import file_digest
 from pmlm.inference.contact_tables import ContactWriter, Pairs, file_names, true_contacts
-from pmlm.inference.sequences import read_fasta_sequences
+from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, SequenceReport, read_fasta_sequences
 from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, WindowMean, batch_tokens, max_residues, padded_width, window_starts
@@ -206,25 +206,29 @@ def predict_contacts(
     min_separation: int = MIN_SEPARATION,
     top: str | None = None,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+    unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
 ) -> dict:
     """The contact pairs of every sequence of ``fasta`` into ``out`` (a folder, or a ``.parquet`` table; module
     docstring), from the contact ``head`` fine-tuned on encoder ``model``, or from ``model``'s ``readout`` without
-    one; ``precision`` as ``--precision``. The target is checked before anything is read. Returns the counts of
-    sequences, rows, pairs beyond the windows and sequences without a structure, the score kind, the precision
-    and the mean long-range P@L and P@L/5 over the sequences with a structure (None without)."""
+    one; ``precision`` as ``--precision``, ``unknown`` as ``--unknown`` (pmlm.inference.sequences). The target is
+    checked before anything is read. Returns the counts of sequences, rows, pairs beyond the windows and sequences
+    without a structure, the score kind, the precision, the mean long-range P@L and P@L/5 over the sequences with a
+    structure (None without), and the SequenceReport of what was read and repaired as ``report``."""
     writer = ContactWriter(out, overwrite=overwrite, png=png, structure=structure is not None)
     top_count(top, 1)  # the form of --top, checked before any work
     if min_separation < 1:
         raise ConfigError(f"--min-separation {min_separation}: must be at least 1 (pairs j - i >= S)")
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch {tokens_per_batch}: must be positive")
-    records = read_fasta_sequences(fasta)
+    report = SequenceReport()
+    records = read_fasta_sequences(fasta, unknown=unknown, report=report, repair_option=UNKNOWN_OPTION)
     names = file_names(records, fasta) if writer.folder else None
     truth = true_contacts(structure, records)
     dev = pick_device(device)
     used = _model(model, head, readout, dev, precision, tokens_per_batch)
-    settings = used.settings | {"min_separation": min_separation, "top": top, "pmlm_version": __version__}
+    settings = used.settings | {"min_separation": min_separation, "top": top, "unknown": unknown}
+    settings["pmlm_version"] = __version__
     rows = beyond = 0
     precisions = []
     with writer.open(settings) as write, Progress("pmlm contacts", len(records), unit="sequences") as progress:
@@ -255,4 +259,5 @@ def predict_contacts(
         "with_structure": len(precisions),
         "p_at_l": means[0],
         "p_at_l5": means[1],
+        "report": report,
     }

@@ -44,7 +44,7 @@ import torch
 from pmlm.artefacts import recorded_precision
 from pmlm.errors import ConfigError
 from pmlm.files import file_digest
-from pmlm.inference.sequences import UNKNOWN_ERROR, Sequence, check_fasta, iter_fasta_sequences
+from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, Sequence, check_fasta, iter_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import load_encoder, pick_device
@@ -65,7 +65,6 @@ from pmlm.version import __version__
 # chunk's embeddings stay small in memory before they are written
 CHUNK_BATCHES = 16
 PER_SEQUENCE_SUFFIX = ".per_sequence.parquet"
-UNKNOWN_OPTION = "--unknown"  # pmlm embed's option for letters outside the alphabet, named in errors
 
 
 @dataclass(frozen=True)

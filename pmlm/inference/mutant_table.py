@@ -25,7 +25,7 @@ from pathlib import Path
 from pmlm.artefacts import recorded_precision
 from pmlm.errors import InputError
 from pmlm.inference.mutations import Mutant, far_apart_notes, mutant_scores, parse_mutant
-from pmlm.inference.sequences import read_fasta_sequences
+from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, SequenceReport, read_fasta_sequences
 from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.train.runtime import evaluation_precision
@@ -107,13 +107,19 @@ def score_fasta(
     triple: str = "auto",
     device: str = "auto",
     precision: str = "auto",
+    unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
 ) -> dict:
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
-    ``model`` at ``precision`` (``--precision``); writes the TSV ``out``. Returns the wild type's id, the rows,
-    the precision and the notes on mutants scored additively because their sites do not fit one window."""
+    ``model`` at ``precision`` (``--precision``); ``unknown`` as ``--unknown`` (pmlm.inference.sequences); writes
+    the TSV ``out``. Returns the wild type's id, the rows, the precision, the notes on mutants scored additively
+    because their sites do not fit one window, and the SequenceReport of what was read and repaired as
+    ``report``."""
     target = file_target(out, suffixes=SUFFIXES, what="scores", overwrite=overwrite)
-    records = read_fasta_sequences(sequence)
+    report = SequenceReport()
+    records = read_fasta_sequences(sequence, unknown=unknown, report=report, repair_option=UNKNOWN_OPTION)
+    if not records and report.skipped_sequences:
+        raise InputError(sequence, f"{UNKNOWN_OPTION} skip left out the wild type (letters outside the alphabet)")
     if len(records) != 1:
         raise InputError(
             sequence,
@@ -139,4 +145,5 @@ def score_fasta(
         )
     rows = [{**row, "precision": arithmetic.name} for row in scored.rows]
     write_scores(target, table, rows)
-    return {"id": wild.id, "rows": rows, "precision": arithmetic.name, "notes": far_apart_notes(scored)}
+    notes = far_apart_notes(scored)
+    return {"id": wild.id, "rows": rows, "precision": arithmetic.name, "notes": notes, "report": report}

@@ -22,7 +22,7 @@ Output (Parquet or TSV, by the name's suffix), one row per substitution, by sequ
 then mutant residue in ``ACDEFGHIKLMNPQRSTVWY`` order: ``id`` (string), ``mutant`` (``A23G``), ``position``
 (int32, 1-based), ``wt``, ``mut`` (one letter each), ``score`` (float32; the TSV writes the same float32 value
 exactly, as Python's repr of it). The Parquet schema's metadata holds the settings as JSON under the key
-``pmlm``: model, model_sha256, objective, window, marginal, precision, pmlm_version.
+``pmlm``: model, model_sha256, objective, window, marginal, precision, unknown (``--unknown``), pmlm_version.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pmlm.errors import ConfigError, InputError
 from pmlm.files import file_digest
 from pmlm.inference.embedding import plan_batches
 from pmlm.inference.mutations import masked_rows, token_log_probs
-from pmlm.inference.sequences import Sequence, read_fasta_sequences
+from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, Sequence, SequenceReport, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import load_encoder, pick_device
@@ -223,18 +223,24 @@ def score_saturation(
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     device: str = "auto",
     precision: str = "auto",
+    unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
 ) -> dict:
     """Every substitution of every sequence of ``fasta`` scored by encoder ``model`` into ``out`` (.parquet or
-    .tsv). Returns the counts (sequences, residues, rows), the marginal and the precision."""
+    .tsv); ``unknown`` as ``--unknown`` (pmlm.inference.sequences: a letter read as X gets no rows). Returns the
+    counts (sequences, residues, rows), the marginal, the precision and the SequenceReport of what was read and
+    repaired as ``report``."""
     target = file_target(out, suffixes=SUFFIXES, what="saturation scores", overwrite=overwrite)
     if marginal not in MARGINALS:
         raise ConfigError(f"--marginal must be one of {', '.join(MARGINALS)}, got {marginal!r}")
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
-    records: list[Sequence] = read_fasta_sequences(fasta)  # all checked before anything is computed
+    report = SequenceReport()
+    # all checked before anything is computed
+    records: list[Sequence] = read_fasta_sequences(fasta, unknown=unknown, report=report, repair_option=UNKNOWN_OPTION)
     if not records:
-        raise InputError(fasta, "no sequences")
+        left_out = f" ({UNKNOWN_OPTION} skip left out {report.skipped_sequences})" if report.skipped_sequences else ""
+        raise InputError(fasta, f"no sequences{left_out}")
     dev = pick_device(device)
     encoder, info, weights = load_encoder(model, dev)
     arithmetic = evaluation_precision(
@@ -247,6 +253,7 @@ def score_saturation(
         "window": max_residues(encoder.cfg.max_len),
         "marginal": marginal,
         "precision": arithmetic.name,
+        "unknown": unknown,
         "pmlm_version": __version__,
     }
     rows = 0
@@ -282,4 +289,5 @@ def score_saturation(
         "rows": rows,
         "marginal": marginal,
         "precision": arithmetic.name,
+        "report": report,
     }

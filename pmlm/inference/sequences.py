@@ -36,6 +36,7 @@ from pmlm.errors import ConfigError, InputError
 
 UNKNOWN_ERROR, UNKNOWN_X, UNKNOWN_SKIP = "error", "x", "skip"
 UNKNOWN_CHOICES = (UNKNOWN_ERROR, UNKNOWN_X, UNKNOWN_SKIP)
+UNKNOWN_OPTION = "--unknown"  # the commands' option for letters outside the alphabet (embed, contacts, score)
 NUCLEOTIDES = b"ACGTUN"
 NUCLEOTIDE_SHARE = 0.9  # of a record's (or the file's) letters
 NUCLEOTIDE_MIN_LETTERS = 20  # shorter records are judged with the whole file only

@@ -16,12 +16,16 @@ Classes are named by their text. A classification head's classes are the trainin
 (numerically when every label is an integer), recorded in the head's config (``data.classes``); a label outside
 them in another file is a bad record. Other columns (a ``split`` column, measurements) are ignored here.
 
-A bad record raises one line naming the file and its line (CSV / TSV: the header is line 1) or row (Parquet), or
-with ``data.on_error: skip`` is counted by reason.
+A bad record raises one line naming the file and its line (CSV / TSV: the header is line 1; a blank line counts, a
+quoted cell may span lines) or row (Parquet), or with ``data.on_error: skip`` is counted by reason. A split file of
+``pmlm split-table`` names its source table in its schema metadata (key ``pmlm``) and carries each row's line there
+(column ``source_line``; ``source_row`` for a Parquet source): its bad rows are named by the source table's line.
 """
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import math
 from collections.abc import Iterator
@@ -41,24 +45,95 @@ CLASS = "class"  # one class per protein
 RESIDUE_LABELS = "residue labels"  # one class per residue
 SEQUENCE_SETTING, LABEL_SETTING = "data.sequence_column", "data.label_column"  # the recipe keys naming the columns
 TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")
+# a split file's record of where its rows came from (pmlm split-table): the schema metadata key holding the source
+# table ({"source": PATH, "source_column": SOURCE_LINE or SOURCE_ROW}) and the columns of 1-based lines / rows
+SOURCE_KEY = b"pmlm"
+SOURCE_LINE, SOURCE_ROW = "source_line", "source_row"
 
 
 def is_table(path: str | Path) -> bool:
     return Path(path).name.lower().endswith(TABLE_SUFFIXES)
 
 
+def is_parquet(path: str | Path) -> bool:
+    return Path(path).name.lower().endswith((".parquet", ".pq"))
+
+
 def row_error(path: str | Path, row: int, message: str) -> InputError:
-    """The error of 0-based data row ``row``: at its line in a text table (the header is line 1), as ``row N`` in
-    Parquet."""
-    if Path(path).name.lower().endswith((".parquet", ".pq")):
+    """The error of 0-based data row ``row``: at its line in a text table (the header is line 1, no blank lines
+    before the row: ``RowPlaces`` knows better), as ``row N`` in Parquet."""
+    if is_parquet(path):
         return InputError(path, f"row {row + 1}: {message}")
     return InputError(path, message, line=row + 2)
 
 
-def load_table(path: str | Path, columns: list[str] | None, required: dict[str, str]):
+def text_table_lines(path: str | Path) -> list[int]:
+    """The 1-based line each data row of a CSV / TSV (optionally gzipped) file starts on: the header is line 1,
+    blank lines are no rows (as pandas skips them) and a quoted cell may span lines."""
+    path = Path(path)
+    delimiter = "\t" if path.name.lower().endswith((".tsv", ".tsv.gz")) else ","
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    lines = []
+    with opener(path, "rt", encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, delimiter=delimiter)
+        before, header = 0, False
+        for record in reader:
+            if record and not (len(record) == 1 and not record[0].strip()):
+                if header:
+                    lines.append(before + 1)
+                header = True
+            before = reader.line_num
+    return lines
+
+
+class RowPlaces:
+    """Where the data rows of a table file are, for one-line errors: the line of each row in a CSV / TSV, its row
+    in Parquet, and in a split file of ``pmlm split-table`` the line (or row) of its source table, the split file
+    named beside."""
+
+    def __init__(self, path: str | Path, rows: int):
+        self.path, self.lines, self.source = str(path), None, None
+        if not is_parquet(path):
+            try:
+                lines = text_table_lines(path)
+            except (OSError, EOFError, UnicodeDecodeError, csv.Error):
+                lines = None  # pandas read it: lines counted as rows below
+            self.lines = lines if lines is not None and len(lines) == rows else None
+            return
+        import pyarrow.parquet as pq  # as pandas, on use only
+
+        meta = pq.read_schema(path).metadata or {}
+        try:
+            origin = json.loads(meta[SOURCE_KEY]) if SOURCE_KEY in meta else None
+            column = origin["source_column"] if origin else None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            origin = column = None
+        if column in (SOURCE_LINE, SOURCE_ROW) and column in pq.read_schema(path).names:
+            places = pq.read_table(path, columns=[column]).column(0).to_pylist()
+            if len(places) == rows:
+                self.source = (str(origin["source"]), column, places)
+
+    def error(self, row: int, message: str) -> InputError:
+        """The one-line error of 0-based data row ``row``."""
+        if self.source is not None:
+            source, column, places = self.source
+            beside = f"{message} ({self.path} row {row + 1})"
+            if places[row] is None:
+                return InputError(self.path, f"row {row + 1}: {message}")
+            if column == SOURCE_ROW:
+                return InputError(source, f"row {places[row]}: {beside}")
+            return InputError(source, beside, line=places[row])
+        if self.lines is not None:
+            return InputError(self.path, message, line=self.lines[row])
+        return row_error(self.path, row, message)
+
+
+def load_table(path: str | Path, columns: list[str] | None, required: dict[str, str], *, typed: bool = False, text=()):
     """The named columns (None: all) of a table file as a pandas DataFrame of Python objects (absent optional
     columns left out); an unreadable file or a missing required column is one InputError. ``required``: column ->
-    the setting that names it (what the error tells to set)."""
+    the setting that names it (what the error tells to set). ``typed``: a CSV / TSV's column types inferred (ints,
+    floats, booleans, text; nullable, an empty cell missing) but for the ``text`` columns, and the columns kept in
+    their types rather than as Python objects; otherwise every CSV / TSV cell is text."""
     import pandas as pd  # only table tasks read tables; the other readers never need pandas
 
     path = Path(path)
@@ -74,18 +149,21 @@ def load_table(path: str | Path, columns: list[str] | None, required: dict[str, 
             frame = pq.read_table(path, columns=wanted).to_pandas()
         else:
             sep = "\t" if name.endswith((".tsv", ".tsv.gz")) else ","
-            frame = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, na_values=[""])
+            types = {"dtype": dict.fromkeys(text, str), "dtype_backend": "numpy_nullable"} if typed else {"dtype": str}
+            frame = pd.read_csv(path, sep=sep, keep_default_na=False, na_values=[""], **types)
     except (OSError, EOFError, ValueError, pd.errors.ParserError) as exc:
         raise InputError(path, f"cannot read the table: {exc}") from None
     missing = [c for c in required if c not in frame.columns]
     if missing:
         found = ", ".join(map(str, frame.columns)) or "none"
         raise InputError(path, f"no column {missing[0]!r} (set {required[missing[0]]}; found: {found})")
-    return frame[[c for c in (columns or frame.columns) if c in frame.columns]].astype(object)
+    frame = frame[[c for c in (columns or frame.columns) if c in frame.columns]]
+    return frame if typed else frame.astype(object)
 
 
 def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    """None, NaN, or pandas' NA (a nullable column's missing value)."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType"
 
 
 def _class_text(value) -> str:
@@ -144,10 +222,11 @@ def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
     frame = load_table(path, [id_col, seq_col, label_col], {seq_col: SEQUENCE_SETTING, label_col: LABEL_SETTING})
     ids = frame[id_col].tolist() if id_col in frame.columns else None
     class_ids = {name: i for i, name in enumerate(options.classes or ())}
+    places = RowPlaces(path, len(frame))
     for row, (seq, value) in enumerate(zip(frame[seq_col].tolist(), frame[label_col].tolist())):
-        name = str(ids[row]) if ids is not None and not _missing(ids[row]) else str(row + 1)
+        name = _class_text(ids[row]) if ids is not None and not _missing(ids[row]) else str(row + 1)
         try:
-            if _missing(seq):
+            if _missing(seq) or not str(seq).strip():
                 raise RecordError("empty sequence", "bad sequence")
             residues = residue_string(str(seq).strip(), counts)
             example = Example(name, alphabet.encode(residues))
@@ -168,7 +247,7 @@ def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
                 ids_ = [IGNORE_LABEL if c is None else _class_id(c, class_ids) for c in cells]
                 example.labels = np.asarray(ids_, dtype=np.int64)
         except RecordError as exc:
-            counts.reject(row_error(path, row, f"protein {name}: {exc}"), exc.reason, options.on_error)
+            counts.reject(places.error(row, f"protein {name}: {exc}"), exc.reason, options.on_error)
             continue
         counts.read += 1
         yield example
