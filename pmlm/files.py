@@ -7,42 +7,21 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from pmlm.outputs import writing_files
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, *, directory: bool = False) -> Iterator[str]:
-    """Yield a temporary path next to ``path``; move it into place only if the block succeeds.
+def atomic_output(path: str | os.PathLike) -> Iterator[str]:
+    """Yield a temporary path next to the file ``path``; move it into place only if the block succeeds.
 
-    A failure (exception, including KeyboardInterrupt) removes the temporary, so a reader never
-    sees a half-written file under the final name. A file is ``pmlm.outputs.writing_files`` of one
-    path; a directory replaces whatever folder had its name (callers that must not replace what
-    they did not write use ``pmlm.outputs.writing_folder``).
+    A failure (exception, including KeyboardInterrupt) removes the temporary, so a reader never sees a
+    half-written file under the final name: ``pmlm.outputs.writing_files`` of one path. A folder is written
+    with ``pmlm.outputs.writing_folder``, which replaces only the files the command wrote there.
     """
-    if not directory:
-        with writing_files([path]) as (tmp,):
-            yield tmp
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
+    with writing_files([path]) as (tmp,):
         yield tmp
-        # mkdtemp creates a private folder: give the result the mode any other new folder would get
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:

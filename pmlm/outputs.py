@@ -9,10 +9,14 @@ A command writes one of three shapes, fixed by the command, never guessed from w
   of another format is refused.
 * **files with a prefix** (``--out-prefix PREFIX`` writes ``PREFIX.csv``, ``PREFIX.md``, ...): each is a file
   target as above, the suffixes being the command's.
-* **a folder** (``pmlm contacts -o DIR``, ``pmlm export -o DIR``): the command records the files it wrote in
+* **a folder** (``pmlm contacts -o DIR``, ``pmlm export -o DIR``, ``pmlm tokenize --out-dir DIR``): the command
+  records the files it wrote (relative names, ``train/part-00000.parquet`` in a subfolder) in
   ``DIR/.pmlm-outputs.json``. An existing folder is used only when everything in it is listed there by the same
   command (or it is empty); a folder holding anything else is refused, and ``--overwrite`` replaces only the
   command's own files, leaving the others as they are. A file where a folder is expected is refused.
+* **a run folder** (``pmlm pretrain --out DIR``, ``pmlm finetune --out DIR``): a folder the command keeps and
+  resumes (checkpoints, its log), so it is never replaced whole. It is the command's own when it is new, empty, or
+  holds only the names such a run writes (:func:`run_folder_target`); anything else, ``.``, or a file is refused.
 
 Refusals are :class:`OutputError` (one line, exit 2), raised before any work. Results are written under temporary
 names beside their targets and renamed into place when the command succeeds (a new folder appears whole; in an
@@ -22,6 +26,7 @@ existing one each file appears whole), with the mode every other new file gets (
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import shutil
@@ -34,10 +39,26 @@ from pmlm.errors import PmlmError
 MANIFEST = ".pmlm-outputs.json"
 PARQUET_MAGIC = b"PAR1"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TEXT_SUFFIXES = (".tsv", ".csv", ".md", ".tex", ".html", ".json", ".svg", ".txt", ".fasta", ".jsonl", ".yaml")
+TEXT_SUFFIXES = (
+    *(".tsv", ".csv", ".md", ".tex", ".html", ".json", ".svg", ".txt", ".fasta", ".fa", ".faa", ".jsonl", ".yaml"),
+    *(".yml", ".xml", ".log"),
+)
+# the first bytes of binary formats a command may write or copy (pmlm extract, pmlm fetch)
+MAGIC = {
+    ".parquet": PARQUET_MAGIC,
+    ".png": PNG_MAGIC,
+    ".npz": b"PK",
+    ".zip": b"PK",
+    ".pt": b"PK",
+    ".gz": b"\x1f\x8b",
+    ".bz2": b"BZh",
+    ".xz": b"\xfd7zXZ\x00",
+    ".zst": b"\x28\xb5\x2f\xfd",
+}
 OVERWRITE_HELP = (
     "replace the command's own earlier files even where the target holds files it did not write (those are kept)"
 )
+FILE_OVERWRITE_HELP = "replace an existing output file even where it is not of the command's format"
 
 
 class OutputError(PmlmError):
@@ -51,19 +72,21 @@ def _mode(directory: bool) -> int:
 
 
 def _is_format(path: Path, suffix: str) -> bool:
-    """Whether the existing file ``path`` holds what a ``suffix`` file holds (checked from its first bytes)."""
+    """Whether the existing file ``path`` holds what a ``suffix`` file holds (checked from its first bytes; a
+    suffix is known by its last extension: ``_assays.tsv`` is a ``.tsv``)."""
+    kind = "." + suffix.rsplit(".", 1)[-1] if "." in suffix else suffix
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
     except OSError:
         return False
-    if suffix == ".parquet":
-        return head.startswith(PARQUET_MAGIC) or not head
-    if suffix == ".png":
-        return head.startswith(PNG_MAGIC) or not head
-    if suffix == ".npz":
-        return head.startswith(b"PK") or not head
-    if suffix in TEXT_SUFFIXES:
+    if not head:
+        return True  # an empty file holds nothing to lose
+    if kind in MAGIC:
+        return head.startswith(MAGIC[kind])
+    if kind == ".safetensors":  # an 8-byte little-endian header length, then the JSON header
+        return len(head) > 8 and head[8:9] == b"{"
+    if kind in TEXT_SUFFIXES:
         try:
             head.decode("utf-8")
         except UnicodeDecodeError as exc:  # a multi-byte character cut by the 4096-byte read is still text
@@ -104,6 +127,37 @@ def file_target(
             raise OutputError(
                 f"{option} {text}: exists and is not a {suffix} file, so it was not written by this command; "
                 "choose another name (or --overwrite to replace it)"
+            )
+    return p
+
+
+def named_file_target(
+    path: str | os.PathLike,
+    *,
+    option: str = "-o",
+    what: str = "output",
+    like: str = "",
+    existing: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """A file target of no format fixed by the command (``pmlm fetch``'s download, ``pmlm extract``'s member): any
+    name; a folder, ``.`` or a non-regular file is refused. An existing file is replaced when ``existing`` (the
+    command checks it itself: fetch keeps a file matching its digests), when its first bytes are of the format its
+    name shares with ``like`` (the member's name: ``.gz``, ``.fasta``, ...), or with ``overwrite``."""
+    text = os.fspath(path)
+    p = Path(text)
+    if not text or text.endswith(os.sep) or p.is_dir() or _is_cwd_or_above(p):
+        raise OutputError(f"{option} {text or repr(text)}: is a folder; {option} names the {what} file to write")
+    if p.exists() or p.is_symlink():
+        if not p.is_file():
+            raise OutputError(f"{option} {text}: exists and is not a regular file; choose another name")
+        kind = Path(like).suffix
+        known = bool(kind) and p.name.endswith(kind) and _is_format(p, kind)
+        if not (existing or overwrite or known):
+            raise OutputError(
+                f"{option} {text}: exists and is not "
+                + (f"a {kind} file" if kind and p.name.endswith(kind) else "a file this command can tell it wrote")
+                + "; choose another name (or --overwrite to replace it)"
             )
     return p
 
@@ -163,11 +217,35 @@ def _manifest(folder: Path) -> dict | None:
     return data
 
 
+def _relative(name: object) -> bool:
+    """Whether a manifest entry is a relative name inside the folder (``a.tsv``, ``train/part-0.parquet``)."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
+        return False
+    parts = name.split("/")
+    return all(part not in ("", ".", "..") for part in parts) and parts[0] != MANIFEST
+
+
 def _own_files(folder: Path, command: str) -> set[str]:
     data = _manifest(folder)
     if data is None or data.get("command") != command:
         return set()
-    return {f for f in data["files"] if isinstance(f, str) and "/" not in f and f not in (".", "..")}
+    return {f for f in data["files"] if _relative(f)}
+
+
+def _foreign(folder: Path, own: set[str], prefix: str = "") -> list[str]:
+    """What ``folder`` holds that is not among ``own`` (relative names): files and folders the command did not
+    write, a folder of its own searched for them too."""
+    own_dirs = {"/".join(f.split("/")[:k]) for f in own for k in range(1, f.count("/") + 1)}
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        name = prefix + entry.name
+        if name == MANIFEST or (name in own and (entry.is_file() or entry.is_symlink())):
+            continue
+        if name in own_dirs and entry.is_dir() and not entry.is_symlink():
+            found += _foreign(entry, own, name + "/")
+        else:
+            found.append(name)
+    return found
 
 
 def folder_target(path: str | os.PathLike, *, command: str, option: str = "-o", overwrite: bool = False) -> Path:
@@ -179,8 +257,7 @@ def folder_target(path: str | os.PathLike, *, command: str, option: str = "-o", 
     if p.exists() and not p.is_dir():
         raise OutputError(f"{option} {text}: exists and is a file; {option} names the folder {command} writes")
     if p.is_dir():
-        own = _own_files(p, command)
-        foreign = sorted(e.name for e in p.iterdir() if e.name != MANIFEST and e.name not in own)
+        foreign = _foreign(p, _own_files(p, command))
         if _is_cwd_or_above(p) and not overwrite:
             raise OutputError(
                 f"{option} {text}: is the working folder (or one above it); {command} writes a folder of its own, "
@@ -196,34 +273,72 @@ def folder_target(path: str | os.PathLike, *, command: str, option: str = "-o", 
 
 
 @contextlib.contextmanager
-def writing_folder(path: str | os.PathLike, *, command: str, overwrite: bool = False) -> Iterator[Path]:
-    """A staging folder beside ``path`` to write the results into (flat: files only). When the block succeeds, a
-    new folder is renamed into place whole; into an existing one each file is moved (renamed) and the command's
-    earlier files it did not write again are removed. On failure nothing changes."""
-    target = folder_target(path, command=command, overwrite=overwrite)
+def writing_folder(
+    path: str | os.PathLike, *, command: str, overwrite: bool = False, option: str = "-o"
+) -> Iterator[Path]:
+    """A staging folder beside ``path`` to write the results into (files, in subfolders too). When the block
+    succeeds, a new folder is renamed into place whole; into an existing one each file is moved (renamed) and the
+    command's earlier files it did not write again are removed (and its subfolders left empty). On failure nothing
+    changes."""
+    target = folder_target(path, command=command, option=option, overwrite=overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield staging
-        written = sorted(e.name for e in staging.iterdir())
-        if any(not (staging / n).is_file() for n in written):
-            raise RuntimeError(f"{command} staged a non-file output in {staging}")
+        entries = sorted(staging.rglob("*"))
+        if any(e.is_symlink() or not (e.is_file() or e.is_dir()) for e in entries):
+            raise RuntimeError(f"{command} staged a link or a special file in {staging}")
+        written = sorted(e.relative_to(staging).as_posix() for e in entries if e.is_file())
+        folders = sorted((e for e in entries if e.is_dir()), key=lambda e: len(e.parts), reverse=True)
+        if MANIFEST in written:
+            raise RuntimeError(f"{command} staged a file named {MANIFEST}")
         (staging / MANIFEST).write_text(json.dumps({"command": command, "files": written}, indent=1) + "\n")
-        file_mode = _mode(directory=False)
+        file_mode, dir_mode = _mode(directory=False), _mode(directory=True)
         for name in [*written, MANIFEST]:
             os.chmod(staging / name, file_mode)
+        for folder in folders:
+            os.chmod(folder, dir_mode)
         if not target.exists():
-            os.chmod(staging, _mode(directory=True))
+            os.chmod(staging, dir_mode)
             os.replace(staging, target)
             return
         previous = _own_files(target, command)
         for name in written:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / name, target / name)
         for name in sorted(previous - set(written)):
             old = target / name
             if old.is_file() or old.is_symlink():
                 old.unlink()
+        for name in sorted({n.rsplit("/", 1)[0] for n in previous if "/" in n}, key=len, reverse=True):
+            with contextlib.suppress(OSError):  # only a folder of its own left empty
+                (target / name).rmdir()
         os.replace(staging / MANIFEST, target / MANIFEST)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def run_folder_target(path: str | os.PathLike, *, command: str, names: Sequence[str], option: str = "--out") -> Path:
+    """Check a run folder before any work (module docstring): new, empty, or holding only ``names`` (glob
+    patterns of what the run writes there: ``checkpoints``, ``metrics.csv``, ...), so resumed; returns it."""
+    text = os.fspath(path)
+    p = Path(text)
+    if not text:
+        raise OutputError(f"{option} '': name the run folder")
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{option} {text}: exists and is a file; {option} names the run folder {command} keeps")
+    if _is_cwd_or_above(p):
+        raise OutputError(
+            f"{option} {text}: is the working folder (or one above it); {command} keeps a run folder of its own, "
+            "so name a new one"
+        )
+    if p.is_dir():
+        foreign = sorted(e.name for e in p.iterdir() if not any(fnmatch.fnmatchcase(e.name, n) for n in names))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise OutputError(
+                f"{option} {text}: the folder holds files {command} did not write ({shown}), so it is not a run "
+                f"folder of {command}; name a new folder"
+            )
+    return p

@@ -120,17 +120,20 @@ def is_head(path: str | os.PathLike) -> bool:
     return path.name == HEAD_FILE or sidecar_path(path).name == "head.json"
 
 
-def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[PMLMModel, dict, Path]:
-    """(model in eval mode on ``device``, sidecar info, weights path) of a pre-trained encoder given as its
-    ``model.safetensors`` or the folder holding it; callers choose the grad mode."""
+def encoder_weights(path: str | os.PathLike) -> Path:
+    """The one reading of MODEL wherever a command takes an encoder: its ``model.safetensors``, the folder holding
+    it, or its ``model.json`` all name the same weights (returned), checked before any work; a fine-tuned head (file
+    or folder) is refused in one line naming the encoder it records, a transformers folder with how to import it."""
+    path = Path(path)
+    if path.name == "model.json" and path.is_file():
+        path = path.parent
     weights = artefact_file(path, ENCODER_FILE)
     if is_head(path):
         raise InputError(path, _head_not_encoder(path))
     if weights.is_file() and weights.suffix != ".safetensors":
         raise InputError(
             weights,
-            f"not encoder weights: MODEL is {ENCODER_FILE} (with model.json beside it) or the folder holding them"
-            + (f"; here {weights.with_suffix('.safetensors')}" if weights.suffix == ".json" else ""),
+            f"not encoder weights: MODEL is {ENCODER_FILE} (with model.json beside it), its folder or its model.json",
         )
     if not weights.is_file():
         raise InputError(
@@ -141,6 +144,13 @@ def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") ->
         raise InputError(
             weights.parent, "a transformers folder, not a pmlm encoder: pmlm import it first (docs/huggingface.md)"
         )
+    return weights
+
+
+def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[PMLMModel, dict, Path]:
+    """(model in eval mode on ``device``, sidecar info, weights path) of a pre-trained encoder given as
+    ``encoder_weights`` reads MODEL; callers choose the grad mode."""
+    weights = encoder_weights(path)
     info = read_encoder_info(weights)
     if is_esm(info):
         # transformers is needed by ESM encoders only (the optional `hf` extra), not by pmlm's own

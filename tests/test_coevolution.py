@@ -41,10 +41,10 @@ from pmlm.pretrained import build_model
 RECIPE = Path(__file__).resolve().parents[1] / "config" / "train" / "coevolution_tiny.yaml"
 
 
-def _model(objective: str, seed: int = 0):
+def _model(objective: str, seed: int = 0, **layers):
     torch.manual_seed(seed)
-    # the study's encoder: the layers its recipe pins (the attention replay is written for pre-LN layers)
-    layers = yaml.safe_load(RECIPE.read_text())["model"]["overrides"]
+    # the study's encoder: the layers its recipe pins, unless ``layers`` are given (post-LN, an embedding norm)
+    layers = layers or yaml.safe_load(RECIPE.read_text())["model"]["overrides"]
     return build_model(model_config("tiny", objective, **layers), ObjectiveConfig(name=objective)).eval()
 
 
@@ -71,9 +71,15 @@ def sequence():
 # Read-out mechanics
 
 
-def test_attention_replay_matches_the_encoder():
-    """Recomputed probabilities reproduce each layer's attention output, and the final states match encode()."""
-    model = _model("pmlm")
+@pytest.mark.parametrize(
+    "layers",
+    [{}, {"norm": "post", "embedding_norm": True}, {"norm": "post", "embedding_norm": False}],
+    ids=["recipe", "post-ln-embedding-norm", "post-ln"],
+)
+def test_attention_replay_matches_the_encoder(layers):
+    """Recomputed probabilities reproduce each layer's attention output, and the final states match encode(), for
+    the study's pre-LN layers and the post-LN encoders of the workflow's other runs (the demo's: no final norm)."""
+    model = _model("pmlm", **layers)
     tokens = sequence_tokens(np.random.default_rng(1).integers(0, 20, size=(3, 10)))
     tokens[2, 6:] = alphabet.PAD_ID  # a padded row exercises the key-padding mask
     probs, final = attention_probabilities(model, tokens)
@@ -84,11 +90,12 @@ def test_attention_replay_matches_the_encoder():
     # each layer's attention = probs @ V, projected: the same numbers SDPA produced inside the model
     enc = model.encoder
     x = enc.embed(tokens) + enc.positions[: tokens.shape[1]]
+    x = x if enc.embed_norm is None else enc.embed_norm(x)
     keep = tokens.ne(alphabet.PAD_ID)
     keep[:, 0] = True
     mask = keep[:, None, None, :]
     for layer_index, layer in enumerate(enc.layers):
-        h = layer.attn_norm(x)
+        h = x if layer.post_norm else layer.attn_norm(x)
         B, T, C = h.shape
         v = layer.attn.qkv(h).view(B, T, 3, layer.attn.heads, C // layer.attn.heads)[:, :, 2].transpose(1, 2)
         mine = layer.attn.proj((probs[:, layer_index] @ v).transpose(1, 2).reshape(B, T, C))

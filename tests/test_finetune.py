@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -468,3 +469,35 @@ def test_shipped_recipes_load():
         cfg = FinetuneConfig.from_yaml(path)
         assert FinetuneConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg, path.name
     assert FinetuneConfig.from_yaml(recipes[0].parent / "contact_resnet.yaml").head.resnet_blocks == 8
+
+
+@pytest.mark.parametrize("form", ["weights", "folder", "model.json"])
+def test_the_encoder_is_its_weights_its_folder_or_its_model_json(case, tmp_path, form, capsys):
+    """One reading of MODEL in every command that takes an encoder (pmlm.pretrained.encoder_weights): pmlm finetune
+    --encoder trains from any of the three forms and records the same weights; a head where the encoder goes names
+    the encoder, in one line, before any work."""
+    weights = case["encoder"]
+    given = {"weights": weights, "folder": weights.parent, "model.json": weights.with_suffix(".json")}[form]
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(recipe(optim__total_steps=2, save_every=0)))
+    final = tmp_path / "out" / "final" / "head.safetensors"
+    args = ["finetune", "--config", str(cfg_path), "--encoder", str(given), "--train", str(case["train"])]
+    assert main([*args, "--out", str(tmp_path / "out"), "--final", str(final)]) == 0, capsys.readouterr().err
+    recorded = json.loads(final.with_suffix(".json").read_text())["encoder"]
+    assert recorded["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert os.path.normpath(final.parent / recorded["path"]) == os.path.normpath(weights)
+    if form == "folder":
+        capsys.readouterr()
+        again = [
+            *args[:4],
+            str(final.parent),
+            *args[5:],
+            "--out",
+            str(tmp_path / "second"),
+            "--final",
+            str(tmp_path / "h.safetensors"),
+        ]
+        assert main(again) == 2
+        err = capsys.readouterr().err
+        assert "a fine-tuned head (head.safetensors), not an encoder" in err and str(weights.parent) in err
+        assert len(err.splitlines()) == 1 and not (tmp_path / "second").exists()

@@ -9,8 +9,10 @@ files it did not write.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,31 +161,279 @@ def test_staged_prefix_outputs_appear_together(tmp_path):
 
 @dataclass(frozen=True)
 class Case:
-    """A writing command: ``argv(inputs, target)`` writes ``target``, a ``file``, ``prefix`` or ``folder`` target
-    given as ``option``; ``suffixes`` are what a file or prefix target writes."""
+    """A writing command: ``argv(inputs, target)`` writes ``target``, a ``file``, ``prefix``, ``folder`` or ``run``
+    (a run folder it resumes) target given as ``option``, or a ``named`` file (of no format of the command's own:
+    fetch's download, extract's member); ``suffixes`` are what a file or prefix target writes. ``name`` is the
+    command's words (``tables results``), then `` --option`` where the case is about another of its options.
+    ``skip``: bad targets the command takes by design (the reason in ``RERUN_EXEMPT``'s neighbour, ``TAKEN``)."""
 
     name: str
     shape: str
     option: str
     argv: object
     suffixes: tuple[str, ...] = ()
+    needs: str | None = None  # an executable the full run needs (refusals come before it is looked for)
+    skip: tuple[str, ...] = ()
 
     @property
     def command(self) -> str:
         return self.name.split()[0]
 
+    @property
+    def words(self) -> str:
+        return self.name.split(" --")[0]
+
+
+CPU = ("--device", "cpu")
+PRETRAIN = lambda i: ["pretrain", "--config", i["recipe"], "--shards", i["shards"]]  # noqa: E731
+FINETUNE = lambda i: ["finetune", "--config", i["recipe"], "--encoder", i["encoder"], "--train", i["structures"]]  # noqa: E731
+CURVES = lambda i: ["coevolution", "curves", "--config", i["recipe"]]  # noqa: E731
+COEVOLUTION = lambda i: ["coevolution", "--synth", i["synth"], "--mlm", i["encoder"], "--pmlm", i["encoder"]]  # noqa: E731
+PG_TABLES = lambda i: ["proteingym", "tables", "--summary", i["pg_summary"], "--assays-scored", i["pg_assays_scored"]]  # noqa: E731
 
 CASES = [
-    Case("embed", "file", "-o", lambda i, t: ["embed", i["encoder"], i["fasta"], "-o", t], (".parquet",)),
+    Case(
+        "fetch",
+        "named",
+        "-o",
+        lambda i, t: ["fetch", f"file://{i['fasta']}", "-o", t],
+        (".fasta",),
+        skip=("wrong_kind",),
+    ),
+    Case("extract", "named", "-o", lambda i, t: ["extract", i["archive"], "in.fasta", "-o", t], (".fasta",)),
+    Case("ingest", "file", "-o", lambda i, t: ["ingest", i["fasta"], "-o", t, "--stats", "stats.json"], (".fasta",)),
+    Case(
+        "ingest --stats",
+        "file",
+        "--stats",
+        lambda i, t: ["ingest", i["fasta"], "-o", "clean.fasta", "--stats", t],
+        (".json",),
+    ),
+    Case(
+        "split",
+        "folder",
+        "--out-dir",
+        lambda i, t: ["split", i["fasta"], "--out-dir", t, "--threads", "1"],
+        needs="mmseqs",
+    ),
+    Case(
+        "split-structures",
+        "folder",
+        "--out-dir",
+        lambda i, t: ["split-structures", i["structures"], "--out-dir", t],
+        needs="mmseqs",
+    ),
+    Case(
+        "split-table",
+        "folder",
+        "--out-dir",
+        lambda i, t: ["split-table", i["table"], "--split-column", "split", "--out-dir", t],
+    ),
+    Case(
+        "contacts-from-pdb",
+        "file",
+        "-o",
+        lambda i, t: ["contacts-from-pdb", "--chains", i["chains"], "--pdb-dir", i["pdb_dir"], "-o", t],
+        (".jsonl",),
+    ),
+    Case(
+        "tokenize",
+        "folder",
+        "--out-dir",
+        lambda i, t: ["tokenize", "--input", f"train={i['fasta']}", "--num-shards", "2", "--out-dir", t],
+    ),
+    Case("pretrain", "run", "--out", lambda i, t: [*PRETRAIN(i), "--out", t, "--final", "w.safetensors"]),
+    Case(
+        "pretrain --final",
+        "file",
+        "--final",
+        lambda i, t: [*PRETRAIN(i), "--out", "run", "--final", t],
+        (".safetensors",),
+    ),
+    Case(
+        "pretrain --scores",
+        "file",
+        "--scores",
+        lambda i, t: [*PRETRAIN(i), "--out", "run", "--final", "w.safetensors", "--scores", t],
+        (".json",),
+    ),
+    Case(
+        "pretrain --metrics",
+        "file",
+        "--metrics",
+        lambda i, t: [*PRETRAIN(i), "--out", "run", "--final", "w.safetensors", "--metrics", t],
+        (".csv",),
+    ),
+    Case(
+        "throughput",
+        "file",
+        "-o",
+        lambda i, t: ["throughput", i["throughput_result"], "--allow-cpu", "-o", t],
+        (".yaml",),
+    ),
+    Case("synth", "folder", "--out", lambda i, t: ["synth", "--out", t, *i["synth_args"]]),
+    Case(
+        "coevolution",
+        "prefix",
+        "--out-prefix",
+        lambda i, t: [*COEVOLUTION(i), *CPU, "--out-prefix", t],
+        (".json", ".tsv"),
+    ),
+    Case(
+        "coevolution split",
+        "file",
+        "--train",
+        lambda i, t: ["coevolution", "split", "--synth", i["synth"], "--train", t, "--valid", "valid.fasta"],
+        (".fasta",),
+    ),
+    Case(
+        "coevolution split --valid",
+        "file",
+        "--valid",
+        lambda i, t: ["coevolution", "split", "--synth", i["synth"], "--train", "train.fasta", "--valid", t],
+        (".fasta",),
+    ),
+    Case(
+        "coevolution report",
+        "prefix",
+        "--out-prefix",
+        lambda i, t: ["coevolution", "report", "--results", i["coevolution_result"], "--out-prefix", t],
+        (*TABLE, *FIGURE, "_supervised.csv", "_exact.csv"),
+    ),
+    Case("coevolution curves", "run", "--out", lambda i, t: [*CURVES(i), "--out", t]),
+    Case(
+        "coevolution curves --figure",
+        "prefix",
+        "--figure",
+        lambda i, t: [*CURVES(i), "--out", "curves", "--figure", t],
+        FIGURE,
+    ),
+    Case(
+        "coevolution curves-report",
+        "prefix",
+        "--out-prefix",
+        lambda i, t: ["coevolution", "curves-report", "--results", i["curves_tsv"], "--out-prefix", t],
+        (".md", *FIGURE),
+    ),
+    Case(
+        "coevolution curves-report --figure",
+        "prefix",
+        "--figure",
+        lambda i, t: [
+            *("coevolution", "curves-report", "--results", i["curves_tsv"], "--out-prefix", "c", "--figure", t),
+        ],
+        FIGURE,
+    ),
+    Case("finetune", "run", "--out", lambda i, t: [*FINETUNE(i), "--out", t, "--final", "h.safetensors"]),
+    Case(
+        "finetune --final",
+        "file",
+        "--final",
+        lambda i, t: [*FINETUNE(i), "--out", "run", "--final", t],
+        (".safetensors",),
+    ),
+    Case(
+        "finetune --metrics",
+        "file",
+        "--metrics",
+        lambda i, t: [*FINETUNE(i), "--out", "run", "--final", "h.safetensors", "--metrics", t],
+        (".csv",),
+    ),
+    Case(
+        "evaluate",
+        "file",
+        "--out",
+        lambda i, t: [
+            *("evaluate", "--head", "pair-kl", "--encoder", i["encoder"], "--test", f"t={i['structures']}", *CPU),
+            *("--out", t),
+        ],
+        (".tsv",),
+    ),
+    Case("embed", "file", "-o", lambda i, t: ["embed", i["encoder"], i["fasta"], "-o", t, *CPU], (".parquet",)),
     Case(
         "embed --per-sequence",
         "file",
         "--per-sequence",
-        lambda i, t: ["embed", i["encoder"], i["fasta"], "-o", "emb.parquet", "--per-sequence", t],
+        lambda i, t: ["embed", i["encoder"], i["fasta"], "-o", "emb.parquet", "--per-sequence", t, *CPU],
         (".parquet",),
+    ),
+    Case("contacts", "folder", "-o", lambda i, t: ["contacts", i["encoder"], i["fasta"], "-o", t, *CPU]),
+    Case(
+        "contacts --out NAME.parquet",
+        "file",
+        "-o",
+        lambda i, t: ["contacts", i["encoder"], i["fasta"], "-o", t, *CPU],
+        (".parquet",),
+        skip=("an_existing_folder", "dot"),
+    ),
+    Case(
+        "score",
+        "file",
+        "-o",
+        lambda i, t: [
+            "score",
+            i["encoder"],
+            "--sequence",
+            i["wild_type"],
+            "--mutations",
+            i["mutations"],
+            "-o",
+            t,
+            *CPU,
+        ],
+        (".tsv",),
     ),
     Case("export", "folder", "-o", lambda i, t: ["export", i["encoder"], "-o", t]),
     Case("import", "folder", "-o", lambda i, t: ["import", i["exported"], "-o", t]),
+    Case(
+        "proteingym select",
+        "file",
+        "-o",
+        lambda i, t: ["proteingym", "select", "--reference", i["pg_reference"], "--archive", i["pg_archive"], "-o", t],
+        (".tsv",),
+    ),
+    Case(
+        "proteingym score",
+        "prefix",
+        "--out-prefix",
+        lambda i, t: [
+            *("proteingym", "score", i["encoder"], "--archive", i["pg_archive"], "--assays", i["pg_selection"]),
+            *("--assay", "ONE_TEST_2020", "--permutations", "0", *CPU, "--out-prefix", t),
+        ],
+        (".tsv", ".json"),
+    ),
+    Case(
+        "proteingym aggregate",
+        "prefix",
+        "--out-prefix",
+        lambda i, t: [
+            *("proteingym", "aggregate", "--assays", i["pg_selection"], "--encoder", f"tiny={i['pg_scores']}"),
+            *("--out-prefix", t),
+        ],
+        (".tsv", "_assays.tsv"),
+    ),
+    Case(
+        "proteingym tables",
+        "prefix",
+        "--table-prefix",
+        lambda i, t: [*PG_TABLES(i), "--table-prefix", t, "--figure-prefix", "figure"],
+        (*TABLE, "_categories.csv", "_assays.csv", "_doubles.csv"),
+    ),
+    Case(
+        "proteingym tables --figure-prefix",
+        "prefix",
+        "--figure-prefix",
+        lambda i, t: [*PG_TABLES(i), "--table-prefix", "table", "--figure-prefix", t],
+        ("_categories.png", "_categories.svg", "_doubles.png", "_doubles.svg"),
+    ),
+    Case("shard-fasta", "folder", "-o", lambda i, t: ["shard-fasta", i["fasta"], "-o", t]),
+    Case(
+        "gather",
+        "file",
+        "-o",
+        lambda i, t: ["gather", "embeddings", "--shards", i["fasta_shards"], "--parts", i["parts"], "-o", t],
+        (".parquet",),
+    ),
     Case(
         "kl",
         "prefix",
@@ -256,16 +506,100 @@ CASES = [
         lambda i, t: ["report", "run-info", "--config-json", '{"seed": 1}', "--out-prefix", t],
         (".html", ".json"),
     ),
-    # pmlm score and pmlm contacts write through pmlm.outputs too; their own test files hold them to this bar. A case
-    # added here (its argv with the target in place, e.g. Case("score", "file", "-o", ..., (".tsv",))) runs through
-    # every check below.
 ]
 IDS = [case.name for case in CASES]
+# cases held to the refusals only: a full run costs more than the suite can spend (each is refused before any work,
+# so the refusals cost nothing); their rerun rule is each command's own test file's, where one is named
+RERUN_EXEMPT = {
+    "pretrain": "a training run (tests/test_rerun.py resumes one)",
+    "pretrain --final": "a training run",
+    "pretrain --scores": "a training run",
+    "pretrain --metrics": "a training run",
+    "finetune": "a training run (tests/test_finetune.py resumes one)",
+    "finetune --final": "a training run",
+    "finetune --metrics": "a training run",
+    "coevolution": "the study's read-outs take about a minute on the tiniest encoders",
+    "coevolution curves": "trains encoders (tests/test_coevolution_curves.py)",
+    "coevolution curves --figure": "trains encoders",
+    "coevolution report": "reads a study's results, a minute each to make (tests/test_coevolution.py reports some)",
+    "coevolution curves-report": "reads the curves' results (tests/test_coevolution_curves.py makes some)",
+    "coevolution curves-report --figure": "reads the curves' results",
+}
+# bad targets a command takes by design
+TAKEN = {
+    ("contacts --out NAME.parquet", "an_existing_folder"): "contacts -o DIR writes a folder (the 'contacts' case)",
+    ("contacts --out NAME.parquet", "dot"): "contacts -o DIR writes a folder (the 'contacts' case)",
+    ("fetch", "wrong_kind"): "an existing DEST is fetch's to judge: kept when it matches the digests, else fetched "
+    "again (tests/test_fetch.py::test_existing_dest_is_kept_when_it_matches_and_replaced_when_not)",
+}
+# options that name an output but are not output targets of this rule, and why
+NOT_TARGETS = {
+    ("launch", "--marker-dir"): "a scratch folder the workers share for a requeue mark (default: a fresh hidden one, "
+    "removed afterwards), not a result",
+    ("coevolution curves", "--doc"): "a documentation page whose marked block is replaced in place, by design",
+    ("coevolution curves-report", "--doc"): "a documentation page whose marked block is replaced in place, by design",
+}
+# how an option that names an output is spelled (anything else is an input or a setting)
+OUTPUT_OPTIONS = {
+    *("-o", "--out", "--output", "--out-dir", "--out-prefix", "--table-prefix", "--figure-prefix", "--figure"),
+    *("--per-sequence", "--final", "--scores", "--metrics", "--stats", "--marker-dir", "--doc"),
+}
+# options spelled as inputs elsewhere that are outputs of these commands
+OUTPUT_OPTIONS_OF = {"coevolution split": {"--train", "--valid"}}
+
+
+def output_options() -> dict[tuple[str, str], set[str]]:
+    """Every (command words, option) of the CLI's own parsers that names an output: walks pmlm.cli.SUBCOMMANDS
+    and their subcommands' parsers; the option's spellings as the value."""
+    from pmlm.cli import SUBCOMMANDS, build_parser
+
+    found: dict[tuple[str, str], set[str]] = {}
+
+    def walk(parser: argparse.ArgumentParser, words: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{words} {name}")
+                continue
+            spellings = set(action.option_strings)
+            named = spellings & (OUTPUT_OPTIONS | OUTPUT_OPTIONS_OF.get(words, set()))
+            if named:
+                found[words, max(spellings, key=len)] = spellings
+
+    top = build_parser()
+    (commands,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) == set(SUBCOMMANDS)
+    for name in SUBCOMMANDS:
+        walk(commands.choices[name], name)
+    return found
+
+
+def test_every_option_that_names_an_output_is_held_to_the_rule():
+    """A command that writes, added to pmlm.cli.SUBCOMMANDS (or a subcommand, or an output option of one), is
+    covered by a Case here or listed in NOT_TARGETS with its reason; nothing listed that the CLI does not have."""
+    options = output_options()
+    covered = {(case.words, case.option) for case in CASES} | set(NOT_TARGETS)
+    missing = [
+        f"pmlm {words} {option}"
+        for (words, option), spellings in sorted(options.items())
+        if not any((words, s) in covered for s in spellings)
+    ]
+    assert not missing, f"output options without a Case in tests/test_outputs.py: {', '.join(missing)}"
+    known = {(words, s) for (words, _), spellings in options.items() for s in spellings}
+    assert not sorted(covered - known), "Cases or NOT_TARGETS naming options the CLI does not have"
+    assert set(RERUN_EXEMPT) <= set(IDS) and {name for name, _ in TAKEN} <= set(IDS)
+    assert ("embed", "--out") in options and ("coevolution split", "--train") in options  # the walk finds them
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """Inputs every command reads, each valid (the commands succeed on a fresh target), under one folder."""
+    import tarfile
+
+    from test_proteingym import assay_text, write_reference, write_zip
+    from test_published_tasks import _pdb_text
+    from test_throughput_file import result_file
+
     root = tmp_path_factory.mktemp("inputs")
     encoder = tiny_encoder(root / "pmlm" / "model.safetensors", "pmlm", max_len=40)
     info = json.loads(encoder.with_suffix(".json").read_text())
@@ -287,22 +621,84 @@ def inputs(tmp_path_factory):
     metrics.write_text("split,step,loss,l_mlm,l_pmlm,metric,value\ntrain,1,9.0,3.0,6.0,,\ntrain,2,8.0,2.9,5.1,,\n")
     exported = root / "exported"
     assert main(["export", str(encoder), "-o", str(exported)]) == 0
+    fasta = write_fasta(root / "in.fasta", {"a": random_letters(12, 1), "b": random_letters(30, 2)})
+    with tarfile.open(root / "archive.tar", "w") as tar:
+        tar.add(fasta, arcname="in.fasta")
+    target = random_letters(20, seed=3)
+    wild_type = write_fasta(root / "wt.fasta", {"wt": target})
+    mutant = f"{target[1]}2{'A' if target[1] != 'A' else 'C'}"
+    mutations = root / "mutations.csv"
+    mutations.write_text(f"mutant\n{mutant}\n")
+    table = root / "table.csv"
+    table.write_text("sequence,label,split\n" + "".join(f"{random_letters(15, k)},{k},{s}\n" for k, s in enumerate(
+        ("train", "train", "valid", "test"))))  # fmt: skip
+    pdb_dir = root / "pdb"
+    pdb_dir.mkdir()
+    (pdb_dir / "1abc.pdb").write_text(_pdb_text())
+    chains = root / "chains.txt"
+    chains.write_text("1abcA\n")
+    recipe = root / "recipe.yaml"
+    recipe.write_text("{}\n")  # never read: every pretrain / finetune / curves case is refused before its config
+    synth_args = ["--families", "2", "--length", "24", "--sequences", "20", "--chains", "2", "--burn-in", "2"]
+    assert main(["synth", "--out", str(root / "synth"), *synth_args]) == 0
+    result, curves = root / "seed0.json", root / "curves.tsv"  # never read: those cases are refused before
+    # ProteinGym: the reference and archive of one assay, its selection, scores, summary and aggregate
+    pg = root / "proteingym"
+    pg.mkdir()
+    reference = write_reference(pg / "ref.csv", [{"DMS_id": "ONE_TEST_2020", "UniProt_ID": "ONE_TEST",
+                                                 "target_seq": target, "coarse_selection_type": "Stability"}])  # fmt: skip
+    archive = write_zip(pg / "assays.zip", {"ONE_TEST_2020.csv": assay_text(target, [mutant, f"{target[4]}5W"])})
+    selection, scores, summary = pg / "assays.tsv", pg / "scores" / "ONE_TEST_2020", pg / "summary"
+    assert (
+        main(["proteingym", "select", "--reference", str(reference), "--archive", str(archive), "-o", str(selection)])
+        == 0
+    )
+    assert main([
+        "proteingym", "score", str(encoder), "--archive", str(archive), "--assays", str(selection),
+        "--assay", "ONE_TEST_2020", "--permutations", "0", *CPU, "--out-prefix", str(scores),
+    ]) == 0  # fmt: skip
+    assert main(["proteingym", "aggregate", "--assays", str(selection), "--encoder", f"tiny={scores.parent}",
+                 "--out-prefix", str(summary)]) == 0  # fmt: skip
+    # inference shards and one embedding part each
+    fasta_shards, parts = root / "fasta_shards", root / "parts"
+    assert main(["shard-fasta", str(fasta), "-o", str(fasta_shards)]) == 0
+    for shard in sorted(fasta_shards.glob("*.fasta")):
+        assert main(["embed", str(encoder), str(shard), "-o", str(parts / f"{shard.stem}.parquet"), *CPU]) == 0
     paths = {
         "encoder": encoder,
-        "fasta": write_fasta(root / "in.fasta", {"a": random_letters(12, 1), "b": random_letters(30, 2)}),
+        "fasta": fasta,
+        "archive": root / "archive.tar",
         "exported": exported,
         "shards": write_shards(root / "shards", {"valid": make_sequences(4, seed=1, max_len=30)}),
-        "structures": write_structures(root / "test.jsonl", 2, seed=1, lengths=(12, 30)),
+        "structures": write_structures(root / "test.jsonl", 6, seed=1, lengths=(12, 30)),
         "contact_tsv": contact,
         "task_tsv": task,
         "metrics": metrics,
+        "wild_type": wild_type,
+        "mutations": mutations,
+        "table": table,
+        "pdb_dir": pdb_dir,
+        "chains": chains,
+        "recipe": recipe,
+        "synth": root / "synth",
+        "coevolution_result": result,
+        "curves_tsv": curves,
+        "throughput_result": result_file(root / "throughput.json"),
+        "pg_reference": reference,
+        "pg_archive": archive,
+        "pg_selection": selection,
+        "pg_scores": scores.parent,
+        "pg_summary": summary.with_suffix(".tsv"),
+        "pg_assays_scored": Path(f"{summary}_assays.tsv"),
+        "fasta_shards": fasta_shards,
+        "parts": parts,
     }
-    return {k: str(v) for k, v in paths.items()} | {"root": root}
+    return {k: str(v) for k, v in paths.items()} | {"root": root, "synth_args": synth_args}
 
 
 def _refused(case: Case, inputs: dict, target: str, work: Path, capsys) -> str:
     before = tree(work, inputs["root"])
-    assert main([*case.argv(inputs, target), *(["--device", "cpu"] if case.command == "embed" else [])]) == 2
+    assert main(case.argv(inputs, target)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"pmlm {case.command}: error: {case.option} "), err
     assert tree(work, inputs["root"]) == before
@@ -314,66 +710,102 @@ def _refused(case: Case, inputs: dict, target: str, work: Path, capsys) -> str:
 def test_a_target_that_is_not_the_commands_is_one_line_and_changes_nothing(
     case, target, inputs, tmp_path, monkeypatch, capsys
 ):
+    if target in case.skip:
+        pytest.skip(TAKEN[case.name, target])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "keep.txt").write_text("the user's\n")
+    directory = case.shape in ("folder", "run")
     if target == "an_existing_folder":
         given = "results" if case.shape != "prefix" else "results/"
     elif target == "dot":
         given = "."
-    elif case.shape == "folder":
+    elif directory:
         given = "keep.txt"
         (tmp_path / given).write_text("a file where the folder goes\n")
     else:
-        given = "old" + (case.suffixes[0] if case.shape == "file" else "")  # a prefix writes old<suffix>
-        wrong = b"not a png\n" if case.suffixes[0] == ".png" else b"\x00\x01binary"
-        (tmp_path / f"old{case.suffixes[0]}").write_bytes(wrong if case.suffixes[0] != ".parquet" else b"text\n")
+        given = "old" + (case.suffixes[0] if case.shape != "prefix" else "")  # a prefix writes old<suffix>
+        wrong = {".png": b"not a png\n", ".parquet": b"text\n", ".safetensors": b"text\n"}
+        (tmp_path / f"old{case.suffixes[0]}").write_bytes(wrong.get(case.suffixes[0], b"\x00\x01binary"))
+    kind = "." + case.suffixes[0].rsplit(".", 1)[-1] if case.suffixes else ""
     says = {
         ("file", "an_existing_folder"): "is a folder",
         ("file", "dot"): "is a folder",
-        ("file", "wrong_kind"): "exists and is not a .parquet file",
+        ("file", "wrong_kind"): f"exists and is not a {case.suffixes[0] if case.suffixes else ''} file",
+        ("named", "an_existing_folder"): "is a folder",
+        ("named", "dot"): "is a folder",
+        ("named", "wrong_kind"): f"exists and is not a {kind} file",
         ("prefix", "an_existing_folder"): "a prefix names files",
         ("prefix", "dot"): "a prefix names files",
-        ("prefix", "wrong_kind"): f"exists and is not a {''.join(case.suffixes[:1])} file",
+        ("prefix", "wrong_kind"): f"exists and is not a {case.suffixes[0] if case.suffixes else ''} file",
         ("folder", "an_existing_folder"): "did not write (keep.txt)",
         ("folder", "dot"): "is the working folder",
         ("folder", "wrong_kind"): "exists and is a file",
+        ("run", "an_existing_folder"): "did not write (keep.txt)",
+        ("run", "dot"): "is the working folder",
+        ("run", "wrong_kind"): "exists and is a file",
     }[case.shape, target]
     assert says in _refused(case, inputs, given, tmp_path, capsys)
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if c.shape != "folder"], ids=[c.name for c in CASES if c.shape != "folder"]
+    "case",
+    [c for c in CASES if c.shape not in ("folder", "run")],
+    ids=[c.name for c in CASES if c.shape not in ("folder", "run")],
 )
 def test_a_folder_where_one_of_the_files_goes_is_refused(case, inputs, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    name = "out.parquet" if case.shape == "file" else "out"
-    (tmp_path / (name if case.shape == "file" else f"out{case.suffixes[-1]}")).mkdir()
+    name = "out" + (case.suffixes[0] if case.shape != "prefix" else "")
+    (tmp_path / (name if case.shape != "prefix" else f"out{case.suffixes[-1]}")).mkdir()
     _refused(case, inputs, name, tmp_path, capsys)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_a_rerun_replaces_only_the_commands_own_files(case, inputs, tmp_path, monkeypatch, capsys):
+def test_a_run_folder_of_its_own_is_taken_and_a_foreign_one_refused(inputs, tmp_path, monkeypatch, capsys):
+    """pretrain / finetune keep and resume their --out: what such a run keeps there (and the workflow's log, and
+    --final inside it) is its own; the rest is refused before any work, the folder as it was."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-2").mkdir(parents=True)
+    (run / "final").mkdir()
+    for name in ("metrics.csv", "train.log", "stops.json"):
+        (run / name).write_text("x\n")
+    argv = ["pretrain", "--config", "missing.yaml", "--shards", inputs["shards"], "--out", "run"]
+    assert main([*argv, "--final", "run/final/model.safetensors"]) == 2  # past the targets: the config is missing
+    assert "missing.yaml" in capsys.readouterr().err
+    (run / "notes.txt").write_text("the user's\n")
+    before = tree(tmp_path)
+    assert main([*argv, "--final", "run/final/model.safetensors"]) == 2
+    assert "--out run: the folder holds files pmlm pretrain did not write (notes.txt)" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.name not in RERUN_EXEMPT], ids=[c for c in IDS if c not in RERUN_EXEMPT]
+)
+def test_a_rerun_replaces_only_the_commands_own_files(case, inputs, tmp_path, monkeypatch, capfd):
     """A workflow reruns a command on its own earlier outputs: no --overwrite needed; a file of the user's beside
-    them (or, with --overwrite, inside the command's folder) is kept byte for byte."""
+    them (or, with --overwrite, inside the command's folder) is kept byte for byte. (capfd: MMseqs2 writes its log to
+    the command's stderr by descriptor.)"""
+    if case.needs and shutil.which(case.needs) is None:
+        pytest.skip(f"needs {case.needs}")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out").mkdir()
     keep = tmp_path / "out" / "keep.txt"
     keep.write_text("the user's\n")
-    target = "out/result" + (case.suffixes[0] if case.shape == "file" else "")
-    extra = ["--device", "cpu"] if case.command == "embed" else []
-    argv = [*case.argv(inputs, target), *extra]
-    assert main(argv) == 0, capsys.readouterr().err
+    target = "out/result" + (case.suffixes[0] if case.shape in ("file", "named") else "")
+    argv = case.argv(inputs, target)
+    assert main(argv) == 0, capfd.readouterr().err
     first = tree(tmp_path)
-    assert main(argv) == 0, capsys.readouterr().err
+    assert main(argv) == 0, capfd.readouterr().err
     assert sorted(tree(tmp_path)) == sorted(first) and keep.read_text() == "the user's\n"
     if case.shape == "folder":
         written = Path(target)
-        assert json.loads((written / MANIFEST).read_text())["command"] == f"pmlm {case.name.split(' --')[0]}"
-        assert {stat.S_IMODE(p.stat().st_mode) for p in written.iterdir()} == {new_file_mode()}
+        assert json.loads((written / MANIFEST).read_text())["command"] == f"pmlm {case.words}"
+        modes = {stat.S_IMODE(p.stat().st_mode) for p in written.rglob("*") if p.is_file()}
+        assert modes == {new_file_mode()}
         (written / "mine.txt").write_text("the user's\n")
         assert main(argv) == 2
-        assert "did not write (mine.txt)" in capsys.readouterr().err
+        assert "did not write (mine.txt)" in capfd.readouterr().err
         assert main([*argv, "--overwrite"]) == 0
         assert (written / "mine.txt").read_text() == "the user's\n"
     else:
@@ -388,6 +820,28 @@ def test_embed_into_an_existing_folder_leaves_no_half_written_file(inputs, tmp_p
     a_folder.per_sequence.parquet behind."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "an_existing_folder").mkdir()
-    assert main(["embed", inputs["encoder"], inputs["fasta"], "-o", "an_existing_folder", "--device", "cpu"]) == 2
+    assert main(["embed", inputs["encoder"], inputs["fasta"], "-o", "an_existing_folder", *CPU]) == 2
     assert "-o an_existing_folder: is a folder" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["an_existing_folder"]
+
+
+def test_a_run_folder_holding_what_a_run_keeps_is_resumed(tmp_path):
+    """Everything the trainers keep in a run folder (their own names: checkpoints, a changed run's set-aside ones,
+    metrics, TensorBoard, stops, scores, Inductor's cache, the workflow's log) makes it the run's own; a file of the
+    user's beside them does not."""
+    from pmlm.commands import run_folder_names
+    from pmlm.outputs import run_folder_target
+
+    run = tmp_path / "run"
+    for name in run_folder_names():
+        target = run / name.replace("*", "1")
+        if "." in name and "superseded" not in name:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("x")
+        else:
+            target.mkdir(parents=True)
+    assert {p.name for p in run.iterdir()} >= {"checkpoints", "inductor-cache", "checkpoints.superseded-1"}
+    assert run_folder_target(run, command="pmlm pretrain", names=run_folder_names()) == run
+    (run / "notes.txt").write_text("the user's")
+    with pytest.raises(OutputError, match=r"notes.txt"):
+        run_folder_target(run, command="pmlm pretrain", names=run_folder_names())

@@ -4,7 +4,6 @@ import json
 import os
 import random
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -114,17 +113,21 @@ def test_outputs_get_the_usual_file_mode(tmp_path):
     from safetensors.torch import save_file
 
     from pmlm.files import atomic_output
+    from pmlm.outputs import writing_folder
 
     umask = os.umask(0o022)
     try:
         with atomic_output(tmp_path / "w.safetensors") as tmp:
             save_file({"x": torch.zeros(2)}, tmp)
-        with atomic_output(tmp_path / "d", directory=True) as tmp:
-            (Path(tmp) / "f").write_text("x")
+        with writing_folder(tmp_path / "d", command="pmlm demo") as staged:
+            (staged / "sub").mkdir()
+            (staged / "sub" / "f").write_text("x")
     finally:
         os.umask(umask)
     assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "d" / "sub").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "d" / "sub" / "f").stat().st_mode & 0o777 == 0o644
 
 
 def test_source_annotations_become_columns(tmp_path):

@@ -15,6 +15,7 @@ from pmlm.cli import main
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc, msa_mutual_information, mutual_information
+from pmlm.outputs import MANIFEST
 from pmlm.synth.gibbs import gibbs_sample
 from pmlm.synth.potts import (
     PottsConfig,
@@ -198,7 +199,8 @@ def test_cli_writes_fasta_contacts_and_params(tmp_path):
     np.testing.assert_allclose(strength, fam.model.coupling_norms(), rtol=1e-5)
     got = [seq for head, seq in records if head.endswith("family=synth001")]
     assert got == ["".join(RESIDUES[c] for c in s) for s in fam.sequences]
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporaries left
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no temporaries left
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [MANIFEST]  # what it wrote
 
 
 def test_cli_rerun_is_identical_and_drops_stale_families(tmp_path):
@@ -236,7 +238,7 @@ def test_cli_out_is_a_file(tmp_path, capsys):
     target = tmp_path / "file"
     target.write_text("x")
     assert run_cli(target) == 2
-    assert "not a folder" in capsys.readouterr().err
+    assert "--out " + str(target) + ": exists and is a file" in capsys.readouterr().err
 
 
 def test_cli_malformed_number_exits_2(tmp_path):

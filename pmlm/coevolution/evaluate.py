@@ -26,7 +26,7 @@ from pmlm.coevolution.epistasis import exact_headline, study_readouts
 from pmlm.coevolution.heldout import FAMILIES_FASTA, StudyConfig, load_families, split_records
 from pmlm.coevolution.study import evaluate_models, readout_costs
 from pmlm.errors import ConfigError, InputError
-from pmlm.files import atomic_output
+from pmlm.outputs import writing_files
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.version import versions
 from pmlm.vocabulary import MLM, PMLM, TMLM
@@ -184,10 +184,9 @@ def evaluate_study(
         "exact": exact,
         "versions": versions(),
     }
-    with atomic_output(out_prefix + ".json") as tmp:
-        Path(tmp).write_text(json.dumps(_json_ready(document), indent=1, allow_nan=False) + "\n")
-    with atomic_output(out_prefix + ".tsv") as tmp:
-        Path(tmp).write_text("\n".join(_tsv_rows(result["per_family"])) + "\n")
+    with writing_files([out_prefix + ".json", out_prefix + ".tsv"]) as (json_tmp, tsv_tmp):  # both or neither
+        Path(json_tmp).write_text(json.dumps(_json_ready(document), indent=1, allow_nan=False) + "\n")
+        Path(tsv_tmp).write_text("\n".join(_tsv_rows(result["per_family"])) + "\n")
     return document
 
 
@@ -195,7 +194,7 @@ def split_study(synth: str | Path, train: str | Path, valid: str | Path, cfg: St
     """Two FASTAs with ``cluster=<family>`` headers, so `pmlm tokenize` keeps each family in one shard; returns the
     sequences on each side."""
     counts = {"train": 0, "valid": 0}
-    with atomic_output(train) as train_tmp, atomic_output(valid) as valid_tmp:
+    with writing_files([train, valid]) as (train_tmp, valid_tmp):
         with open(train_tmp, "w") as train_fh, open(valid_tmp, "w") as valid_fh:
             for seq_id, family, sequence, _, held_out in split_records(Path(synth) / FAMILIES_FASTA, cfg):
                 side = "valid" if held_out else "train"

@@ -118,12 +118,12 @@ def attention_probabilities(model, tokens: torch.Tensor) -> tuple[torch.Tensor, 
     """
     encoder = model.encoder
     B, T = tokens.shape
-    x = encoder.dropout(encoder.embed(tokens) + encoder.positions[:T])  # (B, T, C)
+    x = encoder.dropout(encoder._embed_norm(encoder.embed(tokens) + encoder.positions[:T]))  # (B, T, C)
     attn_mask = key_padding_mask(tokens)  # (B, 1, 1, T) or None: the encoder's padded layout
     maps = []
     for layer in encoder.layers:
         attn = layer.attn
-        h = layer.attn_norm(x)
+        h = x if layer.post_norm else layer.attn_norm(x)  # what the layer's attention reads (post-LN: x itself)
         C = h.shape[-1]
         q, k, _ = attn.qkv(h).view(B, T, 3, attn.heads, C // attn.heads).permute(2, 0, 3, 1, 4)  # (B, H, T, D)
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, T)
@@ -131,7 +131,7 @@ def attention_probabilities(model, tokens: torch.Tensor) -> tuple[torch.Tensor, 
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         maps.append(torch.softmax(scores, dim=-1))
         x = layer(x, attn_mask)
-    return torch.stack(maps, dim=1), encoder.final_norm(x)
+    return torch.stack(maps, dim=1), encoder._final_norm(x)  # post-LN layers end normalised: no final norm
 
 
 @torch.no_grad()

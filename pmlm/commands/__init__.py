@@ -12,9 +12,13 @@ what its command's ``run`` imports. Options that several commands share are adde
 from __future__ import annotations
 
 import argparse
+import sys
 
 from pmlm.errors import ConfigError
 from pmlm.vocabulary import PRECISIONS
+
+# what a pre-training or fine-tuning run keeps in its --out folder (pmlm.train.run_folder, pmlm.train.checkpoint),
+# and the log the workflow's rules append beside them (tee -a RUN/train.log)
 
 
 def labelled_paths(
@@ -47,6 +51,31 @@ def add_precision(parser: argparse.ArgumentParser, recorded_by: str) -> None:
     )
 
 
+# the choices of --unknown (pmlm.inference.sequences.UNKNOWN_CHOICES; tests/test_embed.py holds them equal): written
+# out here, where the parsers are built without the engine's imports
+UNKNOWN_CHOICES = ("error", "x", "skip")
+
+
+def add_unknown(parser: argparse.ArgumentParser) -> None:
+    """``--unknown``, shared by the commands that read protein sequences from FASTA (embed, contacts, score): what
+    a letter outside the alphabet does (pmlm.inference.sequences); the repairs are counted on stderr
+    (``print_repairs``)."""
+    parser.add_argument(
+        "--unknown",
+        choices=UNKNOWN_CHOICES,
+        default="error",
+        help="letters outside the alphabet (B, Z, J, U, O, ...): error (default: one line naming the file and line), "
+        "x = read each as X, the unknown residue, or skip = leave such records out; repairs are counted on stderr",
+    )
+
+
+def print_repairs(command: str, report) -> None:
+    """One stderr line per repair ``--unknown`` made (a pmlm.inference.sequences.SequenceReport), as ``pmlm embed:
+    3 letters outside the alphabet read as X in 2 sequences``."""
+    for line in report.repairs():
+        print(f"{command}: {line}", file=sys.stderr)
+
+
 def add_identity_split(p: argparse.ArgumentParser, fractions: tuple[float, float, float]) -> None:
     """The options of a train / valid / test split by sequence identity (MMseqs2), as split-structures and
     split-table take them."""
@@ -57,6 +86,47 @@ def add_identity_split(p: argparse.ArgumentParser, fractions: tuple[float, float
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--mmseqs", default="mmseqs")
+
+
+def run_targets(args: argparse.Namespace, command: str) -> None:
+    """Check a training run's outputs before any work (pmlm.outputs): ``--out`` a run folder of its own (new, empty
+    or holding only what such a run keeps there, so resumed), ``--final`` a .safetensors file (its .json sidecar
+    beside it), ``--scores`` a .json and ``--metrics`` a .csv file. Files named inside the run folder count as
+    the run's own."""
+    # on use, as every engine import of the command layer: building the parsers stays light
+    from pathlib import Path
+
+    from pmlm.outputs import OutputError, file_target, run_folder_target
+
+    final = file_target(args.final, suffixes=(".safetensors",), option="--final", what="final weights")
+    files = [final, file_target(final.with_suffix(".json"), suffixes=(".json",), option="--final", what="sidecar")]
+    for option in ("--scores", "--metrics"):
+        value = getattr(args, option[2:], None)
+        if value is not None:
+            suffix = ".json" if option == "--scores" else ".csv"
+            files.append(file_target(value, suffixes=(suffix,), option=option, what=option[2:]))
+    out, inside = Path(args.out).resolve(), []
+    for f in files:  # an output inside the run folder (--final RUN/final/model.safetensors): its entry is the run's
+        if f.resolve().is_relative_to(out) and f.resolve() != out:
+            inside.append(f.resolve().relative_to(out).parts[0])
+    run_folder_target(args.out, command=command, names=(*run_folder_names(), *inside))
+    resolved = [f.resolve() for f in files]
+    if len(set(resolved)) < len(resolved):
+        raise OutputError(f"--final {args.final}: names the same file as another output of {command}")
+
+
+def run_folder_names() -> tuple[str, ...]:
+    """What a pre-training or fine-tuning run keeps in its run folder (glob patterns), from the trainers' own names:
+    checkpoints (and those a changed run set aside), its metrics, TensorBoard folder, stops record, final scores,
+    Inductor's cache (compile: true), and the log the workflow's rule writes there."""
+    # on use: the trainers' names live with torch-importing modules, which the parsers never load
+    from pmlm.train import METRICS_CSV
+    from pmlm.train.checkpoint import CHECKPOINTS
+    from pmlm.train.pretrain import INDUCTOR_CACHE, SCORES_JSON, TENSORBOARD_DIR
+    from pmlm.train.run_folder import STOPS_FILE, SUPERSEDED
+
+    return (CHECKPOINTS, SUPERSEDED.format(n="*"), METRICS_CSV, TENSORBOARD_DIR, STOPS_FILE, SCORES_JSON,
+            INDUCTOR_CACHE, "train.log")  # fmt: skip
 
 
 def identity_split_config(args: argparse.Namespace):

@@ -11,6 +11,13 @@ import sys
 from pathlib import Path
 
 from pmlm.errors import ConfigError
+from pmlm.outputs import FILE_OVERWRITE_HELP
+
+TABLE = (".csv", ".md", ".tex", ".html")
+FIGURE = (".png", ".svg")
+# what `coevolution curves --out DIR` keeps there (pmlm.coevolution.curves): its data, runs, units, results
+CURVES_RUN_NAMES = ("data", "runs", "units", "curves.tsv", "sequences.tsv", "curves.md", "curves.png", "curves.svg")
+CURVES_RUN_NAMES += ("*.log",)
 
 # StudyConfig field -> (type, help); defaults live in pmlm.coevolution.heldout.StudyConfig (run()
 # fills every flag left out), so they are stated once
@@ -41,10 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "remakes their tables, figure and documentation block from curves.tsv."
     )
     p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
-    p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json)")
-    p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json)")
+    p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json, or its folder)")
+    p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json, or its folder)")
     p.add_argument("--tmlm", metavar="WEIGHTS", help="optional Triple MLM encoder, read out beside the two")
     p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
+    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
     p.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
@@ -75,18 +83,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar=kind.__name__.upper(),
             help=f"{help_text} (default: 0.1 and 0)",
         )
+    s.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
     r = sub.add_parser("report", help="aggregate per-seed results into tables and a figure")
     r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
     r.add_argument(
         "--out-prefix",
         required=True,
         metavar="PREFIX",
-        help="writes PREFIX.{csv,md,tex,png,svg} and PREFIX_supervised.{csv,md,tex}",
+        help="writes PREFIX.{csv,md,tex,html,png,svg}, PREFIX_supervised.{csv,md,tex,html} and "
+        "PREFIX_exact.{csv,md,tex,html}",
     )
+    r.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
 
     c = sub.add_parser("curves", help="learning curves of MLM and PMLM at equal compute on exact ground truth")
     c.add_argument("--config", required=True, metavar="YAML", help="the study (config/coevolution_curves.yaml)")
-    c.add_argument("--out", required=True, metavar="DIR", help="work and results folder (curves.tsv, curves.md, ...)")
+    c.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="work and results folder (curves.tsv, curves.md, ...), a run folder of its own that a rerun resumes "
+        "(one holding anything else is refused)",
+    )
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     c.add_argument(
         "--collect",
@@ -114,6 +131,34 @@ def _report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-figure", action="store_true", help="tables only (curves-report makes the figure later from curves.tsv)"
     )
+    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
+
+
+def targets(args: argparse.Namespace) -> None:
+    """Check the action's output targets before any work (pmlm.outputs); ``--doc`` is a page whose marked block
+    is replaced in place, by design (pmlm.coevolution.curve_report.write_doc)."""
+    # on use, as the engines: building the parsers stays light (pmlm/commands/__init__.py)
+    from pmlm.outputs import file_target, prefix_targets, run_folder_target
+
+    if args.action == "split":
+        for option, path in (("--train", args.train), ("--valid", args.valid)):
+            file_target(path, suffixes=(".fasta",), option=option, what="FASTA", overwrite=args.overwrite)
+        return
+    if args.action == "report":
+        suffixes = [*TABLE, *FIGURE, *(f"_supervised{t}" for t in TABLE), *(f"_exact{t}" for t in TABLE)]
+        prefix_targets(args.out_prefix, suffixes, overwrite=args.overwrite)
+        return
+    if args.action is None:
+        if args.out_prefix:
+            prefix_targets(args.out_prefix, (".json", ".tsv"), overwrite=args.overwrite)
+        return
+    figure = () if args.no_figure else FIGURE
+    if args.action == "curves":
+        run_folder_target(args.out, command="pmlm coevolution curves", names=CURVES_RUN_NAMES)
+    else:
+        prefix_targets(args.out_prefix, (".md", *figure), overwrite=args.overwrite)
+    if args.figure and figure:
+        prefix_targets(args.figure, figure, option="--figure", overwrite=args.overwrite)
 
 
 def _curves(args: argparse.Namespace) -> int:
@@ -160,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     # the study flags given; a flag left out keeps the StudyConfig default
     given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
     cfg = StudyConfig(**{k: v for k, v in given.items() if v is not None})
+    targets(args)
     if args.action in ("curves", "curves-report"):
         return _curves(args)
     if args.action == "split":
@@ -207,7 +253,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
     from pmlm.coevolution.evaluate import evaluate_study
     from pmlm.coevolution.study import headline
+    from pmlm.pretrained import encoder_weights
 
-    document = evaluate_study(args.synth, args.mlm, args.pmlm, args.out_prefix, cfg, tmlm=args.tmlm, device=args.device)
+    # each encoder's weights, their folder or model.json: one reading everywhere, checked before any work
+    mlm, pmlm = encoder_weights(args.mlm), encoder_weights(args.pmlm)
+    tmlm = encoder_weights(args.tmlm) if args.tmlm else None
+    document = evaluate_study(args.synth, mlm, pmlm, args.out_prefix, cfg, tmlm=tmlm, device=args.device)
     print(f"coevolution: seed {cfg.seed}: {headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
     return 0

@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.data.fetch import fetch
     from pmlm.data.transfer import redact
+    from pmlm.outputs import named_file_target
+
+    # an existing DEST is fetch's to judge: kept when it matches the digests (or none are given), else fetched again
+    named_file_target(args.dest, what="destination", existing=True)
     from pmlm.progress import Progress
 
     with Progress(f"pmlm fetch {redact(args.url)}", unit="bytes", every_s=args.progress_every) as progress:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pmlm.commands import run_targets
 from pmlm.train import EXTEND_HELP, RESUME_NOTE
 
 
@@ -13,8 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--encoder",
         required=True,
-        metavar="MODEL.safetensors",
-        help="pre-trained encoder (with its model.json sidecar), as written by pmlm pretrain",
+        metavar="MODEL",
+        help="pre-trained encoder: its model.safetensors (with model.json), its folder or its model.json",
     )
     parser.add_argument(
         "--train",
@@ -24,7 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(CSV, TSV, Parquet; docs/tasks.md)",
     )
     parser.add_argument("--valid", metavar="PATH", help="validation set, scored every eval_every steps and at the end")
-    parser.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoints/, metrics.csv")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="run folder: checkpoints/, metrics.csv; a folder of its own that a rerun resumes (one holding anything "
+        "else, '.' or a file is refused)",
+    )
     parser.add_argument(
         "--final",
         required=True,
@@ -47,14 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    run_targets(args, "pmlm finetune")
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.finetuning import FinetuneConfig
     from pmlm.finetune.finetune import finetune
+    from pmlm.pretrained import encoder_weights
 
+    encoder = encoder_weights(args.encoder)  # the weights, their folder or model.json: one reading everywhere
     cfg = FinetuneConfig.from_yaml(args.config, args.set)
     return finetune(
         cfg,
-        args.encoder,
+        encoder,
         args.train,
         args.out,
         final_path=args.final,

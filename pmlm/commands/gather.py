@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.outputs import FILE_OVERWRITE_HELP
 from pmlm.vocabulary import INFERENCE_OUTPUTS
 
 
@@ -24,16 +25,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", required=True, metavar="OUT.parquet", help="the gathered file")
     p.add_argument(
         "--model",
-        metavar="MODEL.safetensors",
-        help="the encoder's weights: every part must have been computed by this file (its sha256)",
+        metavar="MODEL",
+        help="the encoder (model.safetensors, its folder or its model.json): every part must have been computed by "
+        "its weights (their sha256)",
     )
+    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.inference.gather import gather
+    from pmlm.pretrained import encoder_weights
 
-    done = gather(args.output, args.shards, args.parts, args.out, model=args.model)
+    model = encoder_weights(args.model) if args.model else None  # the weights, their folder or model.json
+    done = gather(args.output, args.shards, args.parts, args.out, model=model, overwrite=args.overwrite)
     rows = " + ".join(f"{n:,}" for n in done["rows"])
     files = ", ".join(map(str, done["files"]))
     print(

@@ -43,8 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.evaluation.kl import kl_histograms
+    from pmlm.pretrained import encoder_weights
 
-    models = dict(labelled_paths(args.model, "--model", form="NAME=WEIGHTS"))
+    models = {n: str(encoder_weights(p)) for n, p in labelled_paths(args.model, "--model", form="NAME=WEIGHTS")}
     shards = dict(labelled_paths(args.shards, "--shards", form="NAME=DIR"))
     valid = dict(labelled_paths(args.valid, "--valid", form="LABEL=DIR"))
     summary = kl_histograms(

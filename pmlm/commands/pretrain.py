@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pmlm.commands import run_targets
 from pmlm.train import EXTEND_HELP, RESUME_NOTE
 
 
@@ -15,7 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shards", required=True, metavar="DIR", help="folder with manifest.json and the train/ and valid/ shards"
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoints/, metrics.csv, tb/")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="run folder: checkpoints/, metrics.csv, tb/; a folder of its own that a rerun resumes (one holding "
+        "anything else, '.' or a file is refused)",
+    )
     parser.add_argument(
         "--final",
         required=True,
@@ -39,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    run_targets(args, "pmlm pretrain")
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.pretraining import TrainConfig
     from pmlm.train.pretrain import train

@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.outputs import FILE_OVERWRITE_HELP
+
+TABLE = (".csv", ".md", ".tex", ".html")
+FIGURE = (".png", ".svg")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="step", required=True, metavar="<step>")
@@ -19,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sel.add_argument("--assays", default="all", metavar="all|ID,ID,...", help="DMS_id values, comma-separated, or all")
     sel.add_argument("--max-length", type=int, metavar="N", help="leave out assays whose target_seq is longer")
     sel.add_argument("-o", "--out", required=True, metavar="ASSAYS.tsv")
+    sel.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
 
     score = sub.add_parser("score", help="score every mutant of one assay with one encoder, and the assay's metrics")
     score.add_argument("model", metavar="MODEL", help="encoder: model.safetensors (with model.json) or its folder")
@@ -48,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     score.add_argument("--seed", type=int, default=0, help="seed of the permutations")
     score.add_argument("--label", help="the encoder's name in the summary (default: its path)")
     score.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    score.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
 
     agg = sub.add_parser("aggregate", help="per UniProt ID, per function category, overall (ProteinGym's aggregation)")
     agg.add_argument("--assays", required=True, metavar="ASSAYS.tsv", help="the selection written by select")
@@ -59,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an encoder's label and the folder of its <DMS_id>.json summaries; repeatable",
     )
     agg.add_argument("--out-prefix", required=True, help="writes PREFIX.tsv (every level) and PREFIX_assays.tsv")
+    agg.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
 
     tab = sub.add_parser("tables", help="tables beside the published models, and the figures")
     tab.add_argument("--summary", required=True, metavar="SUMMARY.tsv", help="aggregate's PREFIX.tsv")
@@ -71,9 +79,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="writes PREFIX, PREFIX_categories, PREFIX_assays, PREFIX_doubles (.csv .md .tex .html)",
     )
     tab.add_argument("--figure-prefix", required=True, help="writes PREFIX_categories and PREFIX_doubles (.png .svg)")
+    tab.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
+
+
+def targets(args: argparse.Namespace) -> None:
+    """Check the step's output targets before any work (pmlm.outputs: files of the step's formats)."""
+    # on use, as the engines: building the parsers stays light (pmlm/commands/__init__.py)
+    from pmlm.outputs import file_target, prefix_targets
+
+    if args.step == "select":
+        file_target(args.out, suffixes=(".tsv",), what="assay selection", overwrite=args.overwrite)
+    elif args.step == "score":
+        prefix_targets(args.out_prefix, (".tsv", ".json"), overwrite=args.overwrite)
+    elif args.step == "aggregate":
+        prefix_targets(args.out_prefix, (".tsv", "_assays.tsv"), overwrite=args.overwrite)
+    else:
+        tables = [s + t for s in ("", "_categories", "_assays", "_doubles") for t in TABLE]
+        figures = [s + f for s in ("_categories", "_doubles") for f in FIGURE]
+        prefix_targets(args.table_prefix, tables, option="--table-prefix", overwrite=args.overwrite)
+        prefix_targets(args.figure_prefix, figures, option="--figure-prefix", overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> int:
+    targets(args)
     return STEPS[args.step](args)
 
 

@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     maps.add_argument(
         "--encoder",
-        metavar="MODEL.safetensors",
-        help="pre-trained encoder; required for pair-kl / pair-mi, for a head the one it was tuned on",
+        metavar="MODEL",
+        help="pre-trained encoder (model.safetensors, its folder or its model.json); required for pair-kl / pair-mi, for a head the one it was tuned on",
     )
     maps.add_argument("--test", required=True, metavar="PATH", help="test set (structure JSONL, TAPE, RaptorX)")
     maps.add_argument("--chains", type=int, default=3, help="chains shown: the first that fit the encoder's window")
@@ -74,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
         paths = write_curves(args.kind, labelled_paths(args.run, "--run"), args.out_prefix, overwrite=args.overwrite)
     elif args.item == "contact-maps":
+        from pmlm.pretrained import encoder_weights
         from pmlm.reports.contact_maps import write_contact_maps
 
+        encoder = encoder_weights(args.encoder) if args.encoder else None  # weights, folder or model.json
         paths = write_contact_maps(
-            args.head, args.encoder, args.test, args.chains, args.label, args.out_prefix, overwrite=args.overwrite
+            args.head, encoder, args.test, args.chains, args.label, args.out_prefix, overwrite=args.overwrite
         )
     elif args.item == "separation":
         from pmlm.reports.separation import write_precision_by_separation

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from pmlm.commands.embed import UNKNOWN_CHOICES
+from pmlm.outputs import OVERWRITE_HELP
 
 DEFAULT_RESIDUES_PER_SHARD = 250_000
 
@@ -21,7 +22,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "pmlm gather checks the outputs against)."
     )
     p.add_argument("fasta", metavar="FASTA", help="sequences (FASTA or FASTA.gz)")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="folder of the shards and manifest.json")
+    p.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="a folder of its own for the shards and manifest.json (one holding files this command did not write is "
+        "refused; --overwrite keeps them and replaces only its own)",
+    )
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument(
         "--residues-per-shard",
         type=int,
@@ -44,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.inference.fasta_shards import shard_fasta
     from pmlm.inference.sequences import SequenceReport
 
-    manifest = shard_fasta(args.fasta, args.out, args.residues_per_shard, args.unknown)
+    manifest = shard_fasta(args.fasta, args.out, args.residues_per_shard, args.unknown, overwrite=args.overwrite)
     report = SequenceReport(sequences=manifest.records, residues=manifest.residues, **manifest.repairs)
     for line in report.repairs() or ["nothing repaired or skipped"]:
         print(f"pmlm shard-fasta: {line}", file=sys.stderr)

@@ -9,10 +9,18 @@ import argparse
 import dataclasses
 import sys
 
+from pmlm.outputs import OVERWRITE_HELP
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("fasta", help="clean FASTA from pmlm ingest (unique ids)")
-    p.add_argument("--out-dir", required=True, help="writes train.fasta, valid.fasta, split_stats.json")
+    p.add_argument(
+        "--out-dir",
+        required=True,
+        help="a folder of its own: writes train.fasta, valid.fasta, split_stats.json (a folder holding files this "
+        "command did not write is refused; --overwrite keeps them and replaces only its own)",
+    )
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--method", choices=("linclust", "cluster"))
     p.add_argument("--min-seq-id", type=float)
     p.add_argument("--coverage", type=float)
@@ -39,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     # the options given (named after SplitConfig's fields); the rest keep SplitConfig's defaults
     given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(SplitConfig)}
     cfg = SplitConfig(**{name: value for name, value in given.items() if value is not None})
-    stats = split(args.fasta, args.out_dir, cfg, references=args.decontaminate or None)
+    stats = split(args.fasta, args.out_dir, cfg, references=args.decontaminate or None, overwrite=args.overwrite)
     print(
         f"split: {stats['sequences_in']} sequences in {stats['clusters']} clusters; "
         f"removed {stats['decontamination']['removed_sequences']} similar to evaluation sets; "

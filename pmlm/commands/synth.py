@@ -7,6 +7,7 @@ import dataclasses
 import sys
 import time
 
+from pmlm.outputs import OVERWRITE_HELP
 from pmlm.synth.potts import PottsConfig
 from pmlm.synth.synth_config import SynthConfig
 
@@ -32,7 +33,13 @@ _POTTS_FLAGS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = PottsConfig()
-    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="a folder of its own (created if missing; one holding files pmlm synth did not write is refused)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument(
         "--families", type=int, default=SynthConfig.families, metavar="INT",
         help=f"number of families (default: {SynthConfig.families})",
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     potts = PottsConfig(**{name: value for name, value in given.items() if value is not None})
     config = SynthConfig(families=args.families, seed=args.seed, prefix=args.prefix, potts=potts)
     start = time.perf_counter()
-    families = synthesize(config, args.out)
+    families = synthesize(config, args.out, overwrite=args.overwrite)
     total = sum(len(f.sequences) for f in families)
     print(
         f"pmlm synth: {len(families)} {'family' if len(families) == 1 else 'families'}, {total} sequences "

@@ -46,7 +46,7 @@ from pmlm.data.formats import (
 )
 from pmlm.data.normalise import STANDARD, IngestPolicy, Normaliser
 from pmlm.errors import ConfigError, InputError
-from pmlm.files import atomic_output
+from pmlm.outputs import writing_files
 from pmlm.progress import Progress
 
 
@@ -94,7 +94,7 @@ def ingest(
     out_dir.mkdir(parents=True, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".ingest.", dir=out_dir)
     try:
-        with atomic_output(out_fasta) as tmp:
+        with writing_files([out_fasta, stats_path]) as (tmp, stats_tmp):
             first = os.path.join(work, "pass1.fasta")
             origins = _Origins()
             seq_log = dedup.HashLog(os.path.join(work, "seq.i64"))
@@ -116,10 +116,9 @@ def ingest(
             else:
                 os.replace(first, tmp)
             stats = _stats(inputs, formats, policy, norm, read, tally)
+            Path(stats_tmp).write_text(json.dumps(stats, indent=2) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    with atomic_output(stats_path) as tmp:
-        Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
     return stats
 
 

@@ -41,9 +41,11 @@ from pmlm.artefacts import SHARDS_FORMAT, write_manifest
 from pmlm.data.columns import Columns, one_line_columns
 from pmlm.data.formats import WHITESPACE, fasta_blocks
 from pmlm.errors import ConfigError, InputError
-from pmlm.files import atomic_output, file_digest
+from pmlm.files import file_digest
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.progress import Progress
 
+TOKENIZE_COMMAND = "pmlm tokenize"
 LENGTH_BIN_EDGES = [0, 50, 100, 200, 300, 400, 500, 750, 1000, 1500, 2000, 5000]
 SCHEMA_DOC = {
     "id": "string: sequence identifier",
@@ -326,12 +328,17 @@ def tokenize(
     num_shards: int = 8,
     row_group_size: int = 2048,
     compression_level: int = 1,
+    *,
+    overwrite: bool = False,
 ) -> dict:
-    """Write shards for each split in ``inputs`` (split name -> FASTA paths); return the manifest."""
+    """Write shards for each split in ``inputs`` (split name -> FASTA paths) into the folder ``out_dir``, a folder
+    of its own (pmlm.outputs: one holding files pmlm tokenize did not write is refused before any work, and
+    ``overwrite`` replaces only its own); return the manifest."""
     if num_shards < 1:
         raise ConfigError(f"tokenize: num_shards must be >= 1, got {num_shards}")
     if row_group_size < 1:
         raise ConfigError(f"tokenize: row_group_size must be >= 1, got {row_group_size}")
+    folder_target(out_dir, command=TOKENIZE_COMMAND, option="--out-dir", overwrite=overwrite)
     manifest: dict = {
         "format": SHARDS_FORMAT,
         "alphabet": {"tokens": list(alphabet.TOKENS), "vocab_size": alphabet.VOCAB_SIZE},
@@ -344,8 +351,7 @@ def tokenize(
         "inputs": {k: [str(p) for p in v] for k, v in inputs.items()},
         "splits": {},
     }
-    with atomic_output(out_dir, directory=True) as tmp:
-        root = Path(tmp)
+    with writing_folder(out_dir, command=TOKENIZE_COMMAND, option="--out-dir", overwrite=overwrite) as root:
         for split, paths in inputs.items():
             writer = SplitWriter(root, split, num_shards, row_group_size, compression_level)
             progress = Progress(f"pmlm tokenize {split}")  # records, a line a minute in the rule's log

@@ -21,8 +21,10 @@ import numpy as np
 
 from pmlm.data.fasta import open_binary, read_fasta
 from pmlm.errors import ConfigError, InputError, PmlmError
-from pmlm.files import atomic_output
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.progress import Progress
+
+SPLIT_COMMAND = "pmlm split"
 
 
 @dataclass
@@ -188,14 +190,25 @@ def in_valid(cluster: str, cfg: SplitConfig) -> bool:
     return _draw(cluster, cfg) < cfg.valid_fraction
 
 
-def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | None = None, log=None) -> dict:
+def split(
+    fasta: str,
+    out_dir: str,
+    cfg: SplitConfig,
+    references: list[str] | None = None,
+    log=None,
+    *,
+    overwrite: bool = False,
+) -> dict:
+    """Cluster ``fasta``, remove what is similar to ``references`` and write train.fasta, valid.fasta and
+    split_stats.json into the folder ``out_dir``, a folder of its own (pmlm.outputs: checked before any work, the
+    three files appear together)."""
     log = log or sys.stderr
+    out = folder_target(out_dir, command=SPLIT_COMMAND, option="--out-dir", overwrite=overwrite)
     if not os.path.isfile(fasta):
         raise InputError(fasta, "no such file")
     mmseqs_binary(cfg.mmseqs)  # fail before any work when MMseqs2 is missing
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="mmseqs.", dir=out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{out.name}.mmseqs.", suffix=".tmp", dir=out.parent)
     try:
         indexed = os.path.join(work, "input.fasta")
         ids = write_indexed_fasta(fasta, indexed)
@@ -214,15 +227,21 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
     is_valid_rep = np.zeros(len(ids), dtype=bool)
     is_valid_rep[reps[valid_rep]] = True
 
+    with writing_folder(out, command=SPLIT_COMMAND, option="--out-dir", overwrite=overwrite) as staged:
+        stats = write_split(staged, fasta, cfg, references, ids, rep_of, is_valid_rep, removed, forced)
+    return stats
+
+
+def write_split(staged: Path, fasta, cfg, references, ids, rep_of, is_valid_rep, removed, forced) -> dict:
+    """train.fasta, valid.fasta and split_stats.json of the clustering into the staging folder ``staged``."""
+    reps = np.unique(rep_of)
     counts = {"train": 0, "valid": 0}
     clusters = {"train": set(), "valid": set()}
     seen = 0
     progress = Progress("pmlm split: writing train / valid", len(ids))
     with (
-        atomic_output(out / "train.fasta") as t_tmp,
-        atomic_output(out / "valid.fasta") as v_tmp,
-        open(t_tmp, "w", buffering=1 << 20) as train_fh,
-        open(v_tmp, "w", buffering=1 << 20) as valid_fh,
+        open(staged / "train.fasta", "w", buffering=1 << 20) as train_fh,
+        open(staged / "valid.fasta", "w", buffering=1 << 20) as valid_fh,
     ):
         for index, rec in enumerate(read_fasta(fasta)):
             seen += 1
@@ -251,8 +270,7 @@ def split(fasta: str, out_dir: str, cfg: SplitConfig, references: list[str] | No
         "valid": {"sequences": counts["valid"], "clusters": len(clusters["valid"]), "forced_single_cluster": forced},
     }
     assert counts["train"] + counts["valid"] + len(removed) == seen, "split accounting is inconsistent"
-    with atomic_output(out / "split_stats.json") as tmp:
-        Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
+    (staged / "split_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats
 
 

@@ -21,10 +21,11 @@ import numpy as np
 from pmlm.data.fasta import open_binary
 from pmlm.data.split import SplitConfig, _run_mmseqs, cluster_members, mmseqs_binary
 from pmlm.errors import ConfigError
-from pmlm.files import atomic_output
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.tasks.structures import ReadCounts, read_structure_jsonl
 
 SIDES = ("train", "valid", "test")
+SPLIT_STRUCTURES_COMMAND = "pmlm split-structures"
 
 
 def _draw(name: str, seed: int) -> float:
@@ -83,7 +84,8 @@ def assign_sides(
     dropped per side as similar to training). Whole clusters go to one side by a draw from the representative's
     name; then every valid or test sequence that still hits a training one at ``cfg.min_seq_id`` is dropped."""
     exe = mmseqs_binary(cfg.mmseqs)
-    work = tempfile.mkdtemp(prefix="mmseqs.", dir=scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".mmseqs.", suffix=".tmp", dir=scratch)
     try:
         indexed = os.path.join(work, "all.fasta")
         with open(indexed, "w") as fh:
@@ -119,18 +121,26 @@ def assign_sides(
 
 
 def split_structures(
-    path: str, out_dir: str, cfg: SplitConfig, fractions: tuple[float, float, float], log=None
+    path: str,
+    out_dir: str,
+    cfg: SplitConfig,
+    fractions: tuple[float, float, float],
+    log=None,
+    *,
+    overwrite: bool = False,
 ) -> dict:
+    """train/valid/test.jsonl and structure_split_stats.json of the structure set ``path`` into the folder
+    ``out_dir``, a folder of its own (pmlm.outputs: checked before any work, the files appear together)."""
     log = log or sys.stderr
+    out = folder_target(out_dir, command=SPLIT_STRUCTURES_COMMAND, option="--out-dir", overwrite=overwrite)
     check_fractions(fractions, "split-structures")
     counts = ReadCounts()
     records = list(read_structure_jsonl(path, on_error="raise", counts=counts))
     lines = _raw_lines(path)
     if len(lines) != len(records):
         raise ConfigError(f"{path}: {len(lines)} lines but {len(records)} records")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    side, rep_of, dropped = assign_sides([r.name for r in records], [r.seq for r in records], cfg, fractions, out, log)
+    names, seqs = [r.name for r in records], [r.seq for r in records]
+    side, rep_of, dropped = assign_sides(names, seqs, cfg, fractions, out.parent, log)
     reps = np.unique(rep_of)
 
     stats = {
@@ -140,15 +150,14 @@ def split_structures(
         "clusters": len(reps),
         "dropped_similar_to_train": dropped,
     }
-    for name in SIDES:
-        chosen = [lines[i] for i, s in enumerate(side) if s == name]
-        stats[name] = {
-            "chains": len(chosen),
-            "clusters": len({int(rep_of[i]) for i, s in enumerate(side) if s == name}),
-        }
-        with atomic_output(out / f"{name}.jsonl") as tmp:
-            Path(tmp).write_text("".join(line + "\n" for line in chosen))
-    assert sum(stats[n]["chains"] for n in SIDES) + sum(dropped.values()) == len(records)
-    with atomic_output(out / "structure_split_stats.json") as tmp:
-        Path(tmp).write_text(json.dumps(stats, indent=2) + "\n")
+    with writing_folder(out, command=SPLIT_STRUCTURES_COMMAND, option="--out-dir", overwrite=overwrite) as staged:
+        for name in SIDES:
+            chosen = [lines[i] for i, s in enumerate(side) if s == name]
+            stats[name] = {
+                "chains": len(chosen),
+                "clusters": len({int(rep_of[i]) for i, s in enumerate(side) if s == name}),
+            }
+            (staged / f"{name}.jsonl").write_text("".join(line + "\n" for line in chosen))
+        assert sum(stats[n]["chains"] for n in SIDES) + sum(dropped.values()) == len(records)
+        (staged / "structure_split_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats

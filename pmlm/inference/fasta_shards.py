@@ -110,7 +110,12 @@ def assign_shards(lengths: list[int], residues_per_shard: int) -> list[int]:
 
 
 def shard_fasta(
-    fasta: str | os.PathLike, out: str | os.PathLike, residues_per_shard: int, unknown: str = UNKNOWN_ERROR
+    fasta: str | os.PathLike,
+    out: str | os.PathLike,
+    residues_per_shard: int,
+    unknown: str = UNKNOWN_ERROR,
+    *,
+    overwrite: bool = False,
 ) -> Manifest:
     """Check ``fasta`` and write its shards and manifest into folder ``out`` (module docstring); returns the
     Manifest. Two passes over the input: the first checks every record (``pmlm.inference.sequences``, ``unknown``
@@ -118,7 +123,7 @@ def shard_fasta(
     (uppercase; X for a letter read as unknown; a record left out by ``unknown='skip'`` left out)."""
     if residues_per_shard < 1:
         raise ConfigError(f"--residues-per-shard must be >= 1, got {residues_per_shard}")
-    out = folder_target(out, command=COMMAND)
+    out = folder_target(out, command=COMMAND, overwrite=overwrite)
     report = SequenceReport()
     lengths = []
     with Progress(COMMAND, None, unit="records", rates=("residues",)) as progress:
@@ -130,7 +135,7 @@ def shard_fasta(
     shard_of = iter(assign_shards(lengths, residues_per_shard))
     width = max(NAME_DIGITS, len(str(len(lengths))))
     shards = []
-    with writing_folder(out, command=COMMAND) as staging:
+    with writing_folder(out, command=COMMAND, overwrite=overwrite) as staging:
         kept = ((next(shard_of), r, letters) for r, letters in _as_read(fasta, unknown))
         for number, group in groupby(kept, key=lambda item: item[0]):
             name, ids, residues, records = f"{number:0{width}d}", hashlib.sha256(), 0, 0

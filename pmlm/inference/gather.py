@@ -152,14 +152,18 @@ def gather(
     parts: str | os.PathLike,
     out: str | os.PathLike,
     model: str | os.PathLike | None = None,
+    *,
+    overwrite: bool = False,
 ) -> dict:
     """Gather output ``output``'s parts (``parts``/<shard><suffix>) of the shards of ``shards`` (a folder ``pmlm
     shard-fasta`` wrote) into ``out`` (and, for embeddings, its per-sequence file); with ``model`` (the encoder's
     weights) every part must also have been computed by that file. Returns counts for the summary."""
     if output not in TABLES:
         raise InputError(out, f"unknown output {output!r} (one of {', '.join(TABLES)})")
+    what = f"gathered {output}"
+    file_target(out, suffixes=(PARQUET,), what=what, overwrite=overwrite)  # OUT itself before the names beside it
+    targets = [file_target(p, suffixes=(PARQUET,), what=what, overwrite=overwrite) for p in gathered_paths(output, out)]
     manifest = read_manifest(shards)
-    targets = [file_target(p, suffixes=(PARQUET,), what=f"gathered {output}") for p in gathered_paths(output, out)]
     files = {t: [Path(parts) / f"{s.name}{t.suffix}" for s in manifest.shards] for t in TABLES[output]}
     for paths in files.values():
         absent = [p for p in paths if not p.is_file()]

@@ -1,12 +1,12 @@
 """``pmlm synth``: sample synthetic protein families from Potts models and write their sequences,
 planted contacts and parameters (the run's in ``params.json``, each family's Potts model in
-``params/<family>.safetensors``, see ``pmlm.synth.parameters``), each file replaced atomically."""
+``params/<family>.safetensors``, see ``pmlm.synth.parameters``) into a folder of its own (``pmlm.outputs``: a folder
+holding files pmlm synth did not write is refused before any sampling; the results appear together)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +15,13 @@ from pmlm.alphabet import RESIDUES
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import chance_precision, top_k_precision
 from pmlm.evaluation.unsupervised import msa_mi_apc
-from pmlm.files import atomic_output
+from pmlm.outputs import folder_target, writing_folder
 from pmlm.synth.parameters import PARAMS_DIR, POTTS_FORMAT, write_potts
 from pmlm.synth.potts import BACKGROUND, Family, family_rng, generate_family
 from pmlm.synth.synth_config import SynthConfig
 from pmlm.version import __version__
 
+SYNTH_COMMAND = "pmlm synth"
 FASTA_NAME = "families.fasta"
 CONTACTS_DIR = "contacts"
 PARAMS_NAME = "params.json"
@@ -46,12 +47,6 @@ def validation_summary(family: Family, config: SynthConfig) -> dict:
         "chance_precision": chance_precision(contacts, sep),
         "top_k": k,
     }
-
-
-def _write_text(path: Path, text: str) -> None:
-    """``text`` as ``path``, replaced whole (``atomic_output``), so readers never see half a file."""
-    with atomic_output(path) as tmp:
-        Path(tmp).write_text(text, encoding="utf-8", newline="\n")
 
 
 def fasta_text(families: list[Family]) -> str:
@@ -116,40 +111,27 @@ def params_document(config: SynthConfig, families: list[Family]) -> dict:
     }
 
 
-def _swap_in_folder(out: Path, name: str, families: list[Family], write) -> None:
-    """Write one file per family into a fresh folder, then swap it in for ``out/name`` as a whole (a rerun with
-    fewer families leaves no stale files behind)."""
-    with atomic_output(out / name, directory=True) as staging:
+def write_outputs(out: Path, config: SynthConfig, families: list[Family], *, overwrite: bool = False) -> None:
+    """Write contacts, Potts parameters, FASTA and params.json into ``out`` (pmlm.outputs.writing_folder: they
+    appear together; a rerun with fewer families leaves none of its stale files behind)."""
+    with writing_folder(out, command=SYNTH_COMMAND, option="--out", overwrite=overwrite) as staged:
+        (staged / CONTACTS_DIR).mkdir()
+        (staged / PARAMS_DIR).mkdir()
         for fam in families:
-            write(Path(staging), fam)
-        umask = os.umask(0)
-        os.umask(umask)
-        for written in Path(staging).iterdir():  # some writers (safetensors) create private files
-            os.chmod(written, 0o666 & ~umask)
+            (staged / CONTACTS_DIR / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8")
+            write_potts(staged / PARAMS_DIR / f"{fam.name}.safetensors", fam.model)
+        (staged / FASTA_NAME).write_text(fasta_text(families), encoding="utf-8", newline="\n")
+        document = json.dumps(params_document(config, families), indent=2) + "\n"
+        (staged / PARAMS_NAME).write_text(document, encoding="utf-8", newline="\n")
 
 
-def write_outputs(out: Path, config: SynthConfig, families: list[Family]) -> None:
-    """Write contacts and Potts parameters (each as a whole folder swapped in), then FASTA, then params.json last."""
-    out.mkdir(parents=True, exist_ok=True)
-    _swap_in_folder(
-        out,
-        CONTACTS_DIR,
-        families,
-        lambda d, fam: (d / f"{fam.name}.tsv").write_text(contacts_text(fam), encoding="utf-8"),
-    )
-    _swap_in_folder(out, PARAMS_DIR, families, lambda d, fam: write_potts(d / f"{fam.name}.safetensors", fam.model))
-    _write_text(out / FASTA_NAME, fasta_text(families))
-    _write_text(out / PARAMS_NAME, json.dumps(params_document(config, families), indent=2) + "\n")
-
-
-def synthesize(config: SynthConfig, out: str | Path) -> list[Family]:
-    """Sample the families of ``config`` and write them (FASTA, edges, Potts parameters, summary) into ``out``."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(out, "--out exists and is not a folder")
+def synthesize(config: SynthConfig, out: str | Path, *, overwrite: bool = False) -> list[Family]:
+    """Sample the families of ``config`` and write them (FASTA, edges, Potts parameters, summary) into the folder
+    ``out``, checked first (pmlm.outputs.folder_target)."""
+    out = folder_target(out, command=SYNTH_COMMAND, option="--out", overwrite=overwrite)
     families = generate(config)
     try:
-        write_outputs(out, config, families)
+        write_outputs(out, config, families, overwrite=overwrite)
     except OSError as exc:
         raise InputError(exc.filename or out, f"cannot write output: {exc.strerror or exc}") from None
     return families

@@ -51,6 +51,7 @@ from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_
 
 SCORES_JSON = "final_scores.json"
 INDUCTOR_CACHE = "inductor-cache"  # the run folder's cache of compiled kernels (compile: true)
+TENSORBOARD_DIR = "tb"  # the run folder's TensorBoard events (tensorboard: true)
 # independent random streams derived from (seed, rank, stream); 2 is the validation masks' (train.reporting). The
 # masks' stream is the same on every rank (rank 0's): each rank masks the whole step's batch
 _DROPOUT_STREAM, _MASK_STREAM = 0, 1
@@ -292,7 +293,7 @@ def train(
             world=world,
             after_step=(lambda step: hooks.after_step(step, model)) if hooks.after_step else None,
             after_backward=(lambda step: hooks.after_backward(step, model)) if hooks.after_backward else None,
-            tensorboard_dir=out_dir / "tb" if cfg.tensorboard else None,
+            tensorboard_dir=out_dir / TENSORBOARD_DIR if cfg.tensorboard else None,
         )
         if code != 0:
             return code
