@@ -829,11 +829,11 @@ def test_a_run_folder_holding_what_a_run_keeps_is_resumed(tmp_path):
     """Everything the trainers keep in a run folder (their own names: checkpoints, a changed run's set-aside ones,
     metrics, TensorBoard, stops, scores, Inductor's cache, the workflow's log) makes it the run's own; a file of the
     user's beside them does not."""
-    from pmlm.commands import run_folder_names
     from pmlm.outputs import run_folder_target
+    from pmlm.train.run_folder import RUN_FOLDER_NAMES
 
     run = tmp_path / "run"
-    for name in run_folder_names():
+    for name in RUN_FOLDER_NAMES:
         target = run / name.replace("*", "1")
         if "." in name and "superseded" not in name:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -841,7 +841,7 @@ def test_a_run_folder_holding_what_a_run_keeps_is_resumed(tmp_path):
         else:
             target.mkdir(parents=True)
     assert {p.name for p in run.iterdir()} >= {"checkpoints", "inductor-cache", "checkpoints.superseded-1"}
-    assert run_folder_target(run, command="pmlm pretrain", names=run_folder_names()) == run
+    assert run_folder_target(run, command="pmlm pretrain", names=RUN_FOLDER_NAMES) == run
     (run / "notes.txt").write_text("the user's")
     with pytest.raises(OutputError, match=r"notes.txt"):
-        run_folder_target(run, command="pmlm pretrain", names=run_folder_names())
+        run_folder_target(run, command="pmlm pretrain", names=RUN_FOLDER_NAMES)

@@ -88,9 +88,9 @@ def add_identity_split(p: argparse.ArgumentParser, fractions: tuple[float, float
     p.add_argument("--mmseqs", default="mmseqs")
 
 
-def run_targets(args: argparse.Namespace, command: str) -> None:
+def run_targets(args: argparse.Namespace, command: str, names: tuple[str, ...]) -> None:
     """Check a training run's outputs before any work (pmlm.outputs): ``--out`` a run folder of its own (new, empty
-    or holding only what such a run keeps there, so resumed), ``--final`` a .safetensors file (its .json sidecar
+    or holding only ``names``, what such a run keeps there, so resumed), ``--final`` a .safetensors file (its .json sidecar
     beside it), ``--scores`` a .json and ``--metrics`` a .csv file. Files named inside the run folder count as
     the run's own."""
     # on use, as every engine import of the command layer: building the parsers stays light
@@ -109,24 +109,10 @@ def run_targets(args: argparse.Namespace, command: str) -> None:
     for f in files:  # an output inside the run folder (--final RUN/final/model.safetensors): its entry is the run's
         if f.resolve().is_relative_to(out) and f.resolve() != out:
             inside.append(f.resolve().relative_to(out).parts[0])
-    run_folder_target(args.out, command=command, names=(*run_folder_names(), *inside))
+    run_folder_target(args.out, command=command, names=(*names, *inside))
     resolved = [f.resolve() for f in files]
     if len(set(resolved)) < len(resolved):
         raise OutputError(f"--final {args.final}: names the same file as another output of {command}")
-
-
-def run_folder_names() -> tuple[str, ...]:
-    """What a pre-training or fine-tuning run keeps in its run folder (glob patterns), from the trainers' own names:
-    checkpoints (and those a changed run set aside), its metrics, TensorBoard folder, stops record, final scores,
-    Inductor's cache (compile: true), and the log the workflow's rule writes there."""
-    # on use: the trainers' names live with torch-importing modules, which the parsers never load
-    from pmlm.train import METRICS_CSV
-    from pmlm.train.checkpoint import CHECKPOINTS
-    from pmlm.train.pretrain import INDUCTOR_CACHE, SCORES_JSON, TENSORBOARD_DIR
-    from pmlm.train.run_folder import STOPS_FILE, SUPERSEDED
-
-    return (CHECKPOINTS, SUPERSEDED.format(n="*"), METRICS_CSV, TENSORBOARD_DIR, STOPS_FILE, SCORES_JSON,
-            INDUCTOR_CACHE, "train.log")  # fmt: skip
 
 
 def identity_split_config(args: argparse.Namespace):

@@ -54,12 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_targets(args, "pmlm finetune")
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.finetuning import FinetuneConfig
     from pmlm.finetune.finetune import finetune
     from pmlm.pretrained import encoder_weights
+    from pmlm.train.run_folder import RUN_FOLDER_NAMES
 
+    run_targets(args, "pmlm finetune", RUN_FOLDER_NAMES)  # before any work: the outputs are the run's own
     encoder = encoder_weights(args.encoder)  # the weights, their folder or model.json: one reading everywhere
     cfg = FinetuneConfig.from_yaml(args.config, args.set)
     return finetune(

@@ -46,10 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_targets(args, "pmlm pretrain")
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.config.pretraining import TrainConfig
     from pmlm.train.pretrain import train
+    from pmlm.train.run_folder import RUN_FOLDER_NAMES
+
+    run_targets(args, "pmlm pretrain", RUN_FOLDER_NAMES)  # before any work: the outputs are the run's own
 
     cfg = TrainConfig.from_yaml(args.config, args.set)
     return train(

@@ -45,13 +45,17 @@ from pmlm.train.parallel import (
     replicate,
 )
 from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
-from pmlm.train.run_folder import publish_metrics, run_record, write_outputs
+from pmlm.train.run_folder import (
+    INDUCTOR_CACHE,
+    SCORES_JSON,
+    TENSORBOARD_DIR,
+    publish_metrics,
+    run_record,
+    write_outputs,
+)
 from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision, uses_bf16
 from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs, step_parts, to_device
 
-SCORES_JSON = "final_scores.json"
-INDUCTOR_CACHE = "inductor-cache"  # the run folder's cache of compiled kernels (compile: true)
-TENSORBOARD_DIR = "tb"  # the run folder's TensorBoard events (tensorboard: true)
 # independent random streams derived from (seed, rank, stream); 2 is the validation masks' (train.reporting). The
 # masks' stream is the same on every rank (rank 0's): each rank masks the whole step's batch
 _DROPOUT_STREAM, _MASK_STREAM = 0, 1

@@ -41,8 +41,15 @@ STOPS_FILE = "stops.json"
 SUPERSEDED = CHECKPOINTS + ".superseded-{n}"
 # what `--extend` may change: the run's length
 EXTENDABLE = ("optim.total_steps",)
+SCORES_JSON = "final_scores.json"  # a pre-training run's final validation scores (when --scores names no file)
+INDUCTOR_CACHE = "inductor-cache"  # the run folder's cache of compiled kernels (compile: true)
+TENSORBOARD_DIR = "tb"  # the run folder's TensorBoard events (tensorboard: true)
+WORKFLOW_LOG = "train.log"  # every run of the workflow's rule, teed there (workflow/rules/pretrain.smk, finetune.smk)
 # besides the checkpoints, what a run folder holds of its run, moved aside with them
-_RUN_RECORDS = ("metrics.csv", "tb", STOPS_FILE)
+_RUN_RECORDS = (METRICS_CSV, TENSORBOARD_DIR, STOPS_FILE)
+# everything a run keeps in its folder (glob patterns): a folder holding only these is the run's own, and resumed
+# (pmlm.outputs.run_folder_target)
+RUN_FOLDER_NAMES = (CHECKPOINTS, SUPERSEDED.format(n="*"), *_RUN_RECORDS, SCORES_JSON, INDUCTOR_CACHE, WORKFLOW_LOG)
 _KEPT_STOPS = 20
 
 
