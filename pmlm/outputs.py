@@ -248,14 +248,19 @@ def _foreign(folder: Path, own: set[str], prefix: str = "") -> list[str]:
     return found
 
 
+def _folder_named(path: str | os.PathLike, option: str, what: str) -> tuple[str, Path]:
+    """``path`` as given and as a Path; refused when empty or an existing file (``what``: the folder it names)."""
+    text = os.fspath(path)
+    if not text:
+        raise OutputError(f"{option} '': name {what}")
+    if Path(text).exists() and not Path(text).is_dir():
+        raise OutputError(f"{option} {text}: exists and is a file; {option} names {what}")
+    return text, Path(text)
+
+
 def folder_target(path: str | os.PathLike, *, command: str, option: str = "-o", overwrite: bool = False) -> Path:
     """Check a folder target before any work (module docstring); returns it as a Path."""
-    text = os.fspath(path)
-    p = Path(text)
-    if not text:
-        raise OutputError(f"{option} '': name the folder to write")
-    if p.exists() and not p.is_dir():
-        raise OutputError(f"{option} {text}: exists and is a file; {option} names the folder {command} writes")
+    text, p = _folder_named(path, option, f"the folder {command} writes")
     if p.is_dir():
         foreign = _foreign(p, _own_files(p, command))
         if _is_cwd_or_above(p) and not overwrite:
@@ -322,12 +327,7 @@ def writing_folder(
 def run_folder_target(path: str | os.PathLike, *, command: str, names: Sequence[str], option: str = "--out") -> Path:
     """Check a run folder before any work (module docstring): new, empty, or holding only ``names`` (glob
     patterns of what the run writes there: ``checkpoints``, ``metrics.csv``, ...), so resumed; returns it."""
-    text = os.fspath(path)
-    p = Path(text)
-    if not text:
-        raise OutputError(f"{option} '': name the run folder")
-    if p.exists() and not p.is_dir():
-        raise OutputError(f"{option} {text}: exists and is a file; {option} names the run folder {command} keeps")
+    text, p = _folder_named(path, option, f"the run folder {command} keeps")
     if _is_cwd_or_above(p):
         raise OutputError(
             f"{option} {text}: is the working folder (or one above it); {command} keeps a run folder of its own, "
