@@ -56,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from pmlm.data.fetch import fetch
     from pmlm.data.transfer import redact
     from pmlm.outputs import named_file_target
+    from pmlm.progress import Progress
 
     # an existing DEST is fetch's to judge: kept when it matches the digests (or none are given), else fetched again
     named_file_target(args.dest, what="destination", existing=True)
-    from pmlm.progress import Progress
 
     with Progress(f"pmlm fetch {redact(args.url)}", unit="bytes", every_s=args.progress_every) as progress:
         fetch(
