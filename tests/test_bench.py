@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 from pmlm.train import budget
@@ -96,7 +97,9 @@ def test_pair_memory_step_share_on_cpu(tmp_path):
     ]
     assert pair.main(args) == 0
     share = json.loads(out.read_text())["step_share"]
-    assert 0 < share["pair_loss_over_pmlm_step"] < 1
+    # a smoke run: the share is reported; its size is the bench's figure, not a test's (the pair loss and the step are
+    # timed apart, 2 steps each, so a busy machine can put either above the other)
+    assert math.isfinite(share["pair_loss_over_pmlm_step"]) and share["pair_loss_over_pmlm_step"] > 0
     assert share["tokens_per_step"] == 2 * 512 and share["bf16"] is False
 
 
