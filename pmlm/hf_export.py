@@ -38,12 +38,13 @@ import torch
 from safetensors.torch import save_file
 
 from pmlm import alphabet
+from pmlm.adapters import merge
 from pmlm.errors import InputError
 from pmlm.files import file_digest
 from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import position_table
 from pmlm.outputs import folder_target, writing_folder
-from pmlm.pretrained import ENCODER_FILE, is_esm, load_encoder
+from pmlm.pretrained import ENCODER_FILE, adapter_record, is_esm, load_encoder
 from pmlm.version import __version__
 
 ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"
@@ -281,14 +282,23 @@ def tokenizer_files(max_len: int) -> dict[str, str]:
 
 
 def export_encoder(
-    encoder: str | os.PathLike, out_dir: str | os.PathLike, *, overwrite: bool = False
+    encoder: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    adapter: str | os.PathLike | None = None,
 ) -> tuple[Path, str]:
     """Write the folder of ``encoder`` (model.safetensors or its folder) as ``out_dir``, a folder target of
-    ``pmlm export`` (pmlm.outputs; ``overwrite`` as ``--overwrite``); (folder, layout)."""
+    ``pmlm export`` (pmlm.outputs; ``overwrite`` as ``--overwrite``); (folder, layout). ``adapter``: a fine-tuned
+    run whose adapters are merged into the weights first (pmlm.adapters.merge): a plain encoder that
+    computes what the adapted one does."""
     folder_target(out_dir, command=EXPORT_COMMAND, overwrite=overwrite)
-    model, info, weights = load_encoder(encoder)
+    model, info, weights = load_encoder(encoder, adapter=adapter)
     if is_esm(info):
-        raise InputError(weights, "an ESM encoder is a transformers folder already (the folder holding it)")
+        what = "merging adapters into an ESM encoder is not supported (use --adapter with embed, score or contacts)"
+        raise InputError(weights, what if adapter else "an ESM encoder is a transformers folder already")
+    if adapter is not None:
+        merge(model)
     cfg = model.cfg
     kind = layout(cfg)
     state = model.state_dict()
@@ -303,6 +313,7 @@ def export_encoder(
         "source": info.get("source"),
         "encoder_file": weights.name,
         "encoder_sha256": file_digest(weights),
+        **adapter_record(adapter),  # merged into the weights
         "exported_by": f"pmlm {__version__}",
     }
     with writing_folder(out_dir, command=EXPORT_COMMAND, overwrite=overwrite) as staged:

@@ -21,9 +21,11 @@ from typing import NamedTuple
 
 import torch
 
+from pmlm.adapters import attach
 from pmlm.artefacts import head_encoder_path, read_encoder_info, read_head, read_head_info, read_weights, sidecar_path
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError, InputError
+from pmlm.files import file_digest
 from pmlm.model.config import ModelConfig
 from pmlm.model.encoder import position_table
 from pmlm.model.objectives import ObjectiveConfig
@@ -147,19 +149,58 @@ def encoder_weights(path: str | os.PathLike) -> Path:
     return weights
 
 
-def load_encoder(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[PMLMModel, dict, Path]:
+def load_encoder(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, adapter: str | os.PathLike | None = None
+) -> tuple[PMLMModel, dict, Path]:
     """(model in eval mode on ``device``, sidecar info, weights path) of a pre-trained encoder given as
-    ``encoder_weights`` reads MODEL; callers choose the grad mode."""
+    ``encoder_weights`` reads MODEL; callers choose the grad mode. ``adapter``: a fine-tuned run with adapters
+    (its head file or folder), trained on this encoder, whose adapters are put in (``with_adapter``)."""
     weights = encoder_weights(path)
     info = read_encoder_info(weights)
     if is_esm(info):
         # transformers is needed by ESM encoders only (the optional `hf` extra), not by pmlm's own
         from pmlm.hf_esm import load_esm_encoder
 
-        return load_esm_encoder(weights, info).to(device).eval(), info, weights
-    model_cfg, objective = encoder_configs(info, weights)
-    model = encoder_from_state(model_cfg, objective, read_weights(weights), weights, sidecar_path(weights).name)
+        model = load_esm_encoder(weights, info)
+    else:
+        model_cfg, objective = encoder_configs(info, weights)
+        model = encoder_from_state(model_cfg, objective, read_weights(weights), weights, sidecar_path(weights).name)
+    if adapter is not None:
+        with_adapter(model, adapter, weights)
     return model.to(device).eval(), info, weights
+
+
+def adapter_record(run: str | os.PathLike | None) -> dict:
+    """What an output's settings say of ``--adapter``: the run's head file and its sha256 ({} without)."""
+    if run is None:
+        return {}
+    head = artefact_file(run, HEAD_FILE)
+    return {"adapter": str(head), "adapter_sha256": file_digest(head)}
+
+
+def with_adapter(model: PMLMModel, run: str | os.PathLike, weights: Path) -> PMLMModel:
+    """``model`` (the encoder at ``weights``) with the adapters of the fine-tuned ``run`` (head file or folder) put
+    in and loaded; a run without adapters, or trained on another encoder, is refused in one line."""
+    head = artefact_file(run, HEAD_FILE)
+    if not head.is_file():
+        raise InputError(head, "no fine-tuned run here (head.safetensors with its head.json, written by pmlm finetune)")
+    info, state = read_head(head)
+    try:
+        cfg = FinetuneConfig.from_dict(info["config"])
+    except ConfigError as exc:
+        raise InputError(sidecar_path(head), f"incompatible head description: {exc}") from None
+    if cfg.adapter is None:
+        trained = "the whole encoder" if not cfg.freeze_encoder else "the head only"
+        raise InputError(head, f"this run has no adapters (it trained {trained}); --adapter takes a run with adapter:")
+    head_encoder_path(head, info, override=weights)  # the encoder it was trained on, by sha256
+    adapter = attach(model, cfg.adapter)
+    prefix = "adapter."
+    try:
+        adapter.load_state_dict({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)})
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(head, f"adapter weights do not match the adapters in the sidecar: {first}") from None
+    return model
 
 
 def _head_not_encoder(path: str | os.PathLike) -> str:
@@ -234,7 +275,8 @@ def load_head(
     encoder_path = head_encoder_path(head, info, override)
     encoder_model, _, _ = load_encoder(encoder_path)
     head_module = task_named(cfg.task).build_head(cfg, encoder_model.cfg.hidden)
-    model = TaskModel(encoder_model, head_module, cfg.task, cfg.head.features, cfg.freeze_encoder)
+    adapter = attach(encoder_model, cfg.adapter) if cfg.adapter is not None else None
+    model = TaskModel(encoder_model, head_module, cfg.task, cfg.head.features, cfg.freeze_encoder, adapter)
     try:
         model.trainable().load_state_dict(state)
     except RuntimeError as exc:

@@ -49,6 +49,7 @@ CONDA_PACKAGE = {
     "yaml": "pyyaml",
     "jsonschema": "jsonschema",
     "transformers": "transformers",
+    "peft": "peft",
 }
 # conda package -> the PyPI distribution pyproject.toml names (where they differ)
 PYPI_NAME = {"pytorch": "torch", "python-isal": "isal", "python-lmdb": "lmdb", "matplotlib-base": "matplotlib"}

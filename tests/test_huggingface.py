@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from test_import import FIXTURE, layer_tolerance, our_tokens
 from test_release_workflow import _chains
 from test_workflow import REPO, job_counts, snakemake
+from tiny_models import ESM_WINDOW, make_esm2
 from transformers.models.esm.configuration_esm import get_default_vocab_list
 from workflow_rules import workflow_config
 
@@ -274,39 +275,6 @@ def test_released_fixture_encoders_compute_in_transformers_what_fairseq_computed
 
 
 # -- ESM-2 through transformers ------------------------------------------------------------------------------------
-
-ESM_WINDOW = 96  # residues: max_position_embeddings 98 counts <cls> and <eos>
-
-
-def make_esm2(folder: Path, seed: int = 0) -> Path:
-    """An ESM-2 of tiny dims with random weights, as transformers writes it (rotary positions, pre-LN, token dropout,
-    ESM-2's 33 tokens), the LM head's output scaled up so that residues differ visibly."""
-    vocabulary = list(get_default_vocab_list())
-    config = transformers.EsmConfig(
-        vocab_size=len(vocabulary),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=ESM_WINDOW + 2,
-        position_embedding_type="rotary",
-        token_dropout=True,
-        emb_layer_norm_before=False,
-        layer_norm_eps=1e-5,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        pad_token_id=vocabulary.index("<pad>"),
-        mask_token_id=vocabulary.index("<mask>"),
-    )
-    torch.manual_seed(seed)
-    model = transformers.EsmForMaskedLM(config)
-    with torch.no_grad():
-        model.lm_head.dense.weight.mul_(20.0)
-        model.esm.embeddings.word_embeddings.weight.mul_(20.0)
-    model.save_pretrained(folder)
-    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in vocabulary))
-    transformers.EsmTokenizer(str(folder / "vocab.txt")).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -278,7 +278,10 @@ def test_the_documented_classification_runs_end_to_end(tmp_path, monkeypatch, ca
     assert split.column("source_line").to_pylist()[:4] == [2, 3, 4, 7]  # rows 0, 1, 2, 5 of the table: lines 2-4, 7
     head = json.loads(Path("charge_head/head.json").read_text())
     assert head["config"]["data"]["classes"] == ["-1", "0", "1"]
-    line = re.search(r"pmlm finetune: validation at step 100 \(charge_split/valid.parquet, 30 proteins\): (.*)", err)
+    kept = head["selected"]["step"]  # the best of the validations every eval_every steps (finetune.selection)
+    line = re.search(
+        rf"pmlm finetune: validation at step {kept} \(charge_split/valid.parquet, 30 proteins\): (.*)", err
+    )
     assert line is not None, err
     shown = dict(part.rsplit(" ", 1) for part in line.group(1).split(", "))
     assert list(shown) == ["accuracy", "macro_F1"]

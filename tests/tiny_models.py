@@ -1,5 +1,5 @@
-"""Tiny encoders written as `pmlm pretrain` writes them, and FASTA / CSV inputs, for the inference commands'
-tests (pmlm embed, contacts, score and pmlm.load)."""
+"""Tiny encoders written as `pmlm pretrain` writes them, an ESM-2 of tiny dims as transformers writes it, and FASTA /
+CSV inputs, for the tests of the commands that run them."""
 
 from __future__ import annotations
 
@@ -57,3 +57,41 @@ def random_letters(length: int, seed: int) -> str:
 def write_fasta(path: Path, records: dict[str, str]) -> Path:
     path.write_text("".join(f">{name} some description\n{seq}\n" for name, seq in records.items()))
     return path
+
+
+ESM_WINDOW = 96  # residues of make_esm2's encoders: max_position_embeddings 98 counts <cls> and <eos>
+
+
+def make_esm2(folder: Path, seed: int = 0) -> Path:
+    """An ESM-2 of tiny dims with random weights, as transformers writes it (rotary positions, pre-LN, token dropout,
+    ESM-2's 33 tokens), the LM head's output scaled up so that residues differ visibly."""
+    # transformers imported here: the other helpers' users (most inference tests) do not need it
+    import transformers
+    from transformers.models.esm.configuration_esm import get_default_vocab_list
+
+    vocabulary = list(get_default_vocab_list())
+    config = transformers.EsmConfig(
+        vocab_size=len(vocabulary),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=ESM_WINDOW + 2,
+        position_embedding_type="rotary",
+        token_dropout=True,
+        emb_layer_norm_before=False,
+        layer_norm_eps=1e-5,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=vocabulary.index("<pad>"),
+        mask_token_id=vocabulary.index("<mask>"),
+    )
+    torch.manual_seed(seed)
+    model = transformers.EsmForMaskedLM(config)
+    with torch.no_grad():
+        model.lm_head.dense.weight.mul_(20.0)
+        model.esm.embeddings.word_embeddings.weight.mul_(20.0)
+    model.save_pretrained(folder)
+    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in vocabulary))
+    transformers.EsmTokenizer(str(folder / "vocab.txt")).save_pretrained(folder)
+    return folder

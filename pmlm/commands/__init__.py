@@ -51,6 +51,17 @@ def add_precision(parser: argparse.ArgumentParser, recorded_by: str) -> None:
     )
 
 
+def add_adapter(parser: argparse.ArgumentParser) -> None:
+    """``--adapter``, shared by the commands that run an encoder (embed, score, contacts): the adapters of a
+    fine-tuned run put into MODEL (pmlm.pretrained.with_adapter)."""
+    parser.add_argument(
+        "--adapter",
+        metavar="RUN",
+        help="a fine-tuned run with adapters (its head.safetensors or folder, trained on MODEL: checked by sha256): "
+        "its adapters are put into the encoder, its head is not used",
+    )
+
+
 # the choices of --unknown (pmlm.inference.sequences.UNKNOWN_CHOICES; tests/test_embed.py holds them equal): written
 # out here, where the parsers are built without the engine's imports
 UNKNOWN_CHOICES = ("error", "x", "skip")

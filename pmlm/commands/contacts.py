@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_precision, add_unknown, print_repairs
+from pmlm.commands import add_adapter, add_precision, add_unknown, print_repairs
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
@@ -89,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_unknown(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the head's (without --head the encoder's)")
+    add_adapter(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         tokens_per_batch=args.tokens_per_batch,
         unknown=args.unknown,
         overwrite=args.overwrite,
+        adapter=args.adapter,
     )
     print_repairs("pmlm contacts", done["report"])
     parts = [

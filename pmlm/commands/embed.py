@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import UNKNOWN_CHOICES, add_precision, add_unknown, print_repairs
+from pmlm.commands import UNKNOWN_CHOICES, add_adapter, add_precision, add_unknown, print_repairs
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_unknown(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the encoder's")
+    add_adapter(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
         unknown=args.unknown,
         overwrite=args.overwrite,
+        adapter=args.adapter,
     )
     print_repairs("pmlm embed", done["report"])
     print(

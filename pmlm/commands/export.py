@@ -21,6 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("encoder", metavar="ENCODER", type=Path, help="model.safetensors (with model.json) or its folder")
     p.add_argument("-o", "--out", required=True, metavar="DIR", type=Path, help="folder to write (created if missing)")
+    p.add_argument(
+        "--adapter",
+        metavar="RUN",
+        help="a fine-tuned run with adapters (its head.safetensors or folder, trained on ENCODER): its adapters are "
+        "merged into the exported weights (W + alpha / r * B A), a plain encoder without them",
+    )
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
@@ -28,6 +34,6 @@ def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.hf_export import LAYOUT_CLASSES, export_encoder
 
-    out, layout = export_encoder(args.encoder, args.out, overwrite=args.overwrite)
+    out, layout = export_encoder(args.encoder, args.out, overwrite=args.overwrite, adapter=args.adapter)
     print(f"pmlm export: {args.encoder} -> {out} ({LAYOUT_CLASSES[layout]})", file=sys.stderr)
     return 0

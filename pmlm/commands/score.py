@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_precision, add_unknown, print_repairs
+from pmlm.commands import add_adapter, add_precision, add_unknown, print_repairs
 from pmlm.errors import ConfigError
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
@@ -85,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_unknown(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add_precision(p, "the encoder's")
+    add_adapter(p)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -118,6 +119,7 @@ def _saturation(args: argparse.Namespace) -> int:
         precision=args.precision,
         unknown=args.unknown,
         overwrite=args.overwrite,
+        adapter=args.adapter,
     )
     print_repairs("pmlm score", done["report"])
     print(
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
         unknown=args.unknown,
         overwrite=args.overwrite,
+        adapter=args.adapter,
     )
     print_repairs("pmlm score", done["report"])
     for note in done["notes"]:

@@ -21,6 +21,7 @@ NORMS = ("instance", "batch")
 DATA_FORMATS = ("auto", *FORMATS)
 CONTACT_ATOM_CHOICES = ("auto", "CA", "CB")
 ON_ERROR = ("raise", "skip")
+ADAPTER_KINDS = ("lora",)
 
 
 @dataclass
@@ -117,12 +118,36 @@ class TaskDataConfig:
         )
 
 
+@dataclass
+class AdapterConfig:
+    """Low-rank adapters (LoRA, through ``peft``) in the encoder's linear layers: the encoder's own weights stay
+    as pre-trained, the adapters and the head train (``pmlm.adapters``)."""
+
+    kind: str = "lora"  # lora: W x + (alpha / rank) B A x on each targeted linear layer (peft's LoraConfig)
+    rank: int = 8  # inner dimension r of A (r x in) and B (out x r)
+    alpha: float = 16.0  # scale numerator: the update is multiplied by alpha / rank
+    dropout: float = 0.05  # dropout on the adapter's input (training only)
+    # names of the encoder's linear layers that get an adapter: a name matches a layer whose path is it or ends in
+    # "." + it (peft's rule); auto = the attention projections (qkv, proj in pmlm encoders; query, key, value,
+    # attention.output.dense in ESM ones)
+    targets: tuple[str, ...] | str = "auto"
+
+    def __post_init__(self) -> None:
+        require(self.kind in ADAPTER_KINDS, "adapter.kind", f"must be one of {', '.join(ADAPTER_KINDS)}", self.kind)
+        require(self.rank >= 1, "adapter.rank", "must be >= 1", self.rank)
+        require(self.alpha > 0, "adapter.alpha", "must be > 0", self.alpha)
+        require(0.0 <= self.dropout < 1.0, "adapter.dropout", "must be in [0, 1)", self.dropout)
+        if isinstance(self.targets, str):
+            require(self.targets == "auto", "adapter.targets", "must be a list of layer names or auto", self.targets)
+        else:
+            require(len(self.targets) > 0, "adapter.targets", "must name at least one layer (or be auto)", self.targets)
+
+
 # Settings that do not change what a run computes: left out of the fingerprint that ties a checkpoint to its run
 # (pmlm.train.run_folder), so changing them resumes the run. The precision that `bf16` resolves to on the device
 # is fingerprinted in its place.
 NOT_IN_FINGERPRINT = (
     "log_every",  # when a metrics row is written
-    "eval_every",  # when validation runs (the final validation runs at the end either way)
     "save_every",  # when checkpoints are written
     "keep_last_checkpoints",  # how many are kept
     "device",  # where the arithmetic runs (the precision it resolves to is fingerprinted)
@@ -138,13 +163,20 @@ class FinetuneConfig(YamlConfig):
     # contact | ss3 | remote_homology | fluorescence | stability | residue_classification | sequence_classification |
     # sequence_regression, or a task registered by a plug-in (pmlm.tasks.registry)
     task: str = TASK_CONTACT
-    freeze_encoder: bool = True  # true: train the head only (frozen features); false: full fine-tuning
+    # true: train the head only (frozen features); false: the encoder trains too, all of it (full fine-tuning) or
+    # through the adapters that ``adapter`` puts in it
+    freeze_encoder: bool = True
+    adapter: AdapterConfig | None = None  # null: no adapters; e.g. {kind: lora, rank: 8} (needs freeze_encoder false)
     head: HeadConfig = field(default_factory=HeadConfig)
     optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
     data: TaskDataConfig = field(default_factory=TaskDataConfig)
     grad_accum: int = 1  # micro-batches per optimizer step
     log_every: int = 10  # optimizer steps between rows of metrics.csv
-    eval_every: int = 0  # optimizer steps between validations on --valid; 0 = only at the end
+    # optimizer steps between validations on --valid; 0 = only at the end. The head (and adapters) kept is the one of
+    # the best validation (the task's headline metric), its step recorded in head.json
+    eval_every: int = 0
+    # stop after this many validations in a row without a better headline metric; 0 = never stop early
+    patience: int = 0
     save_every: int = 500  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM / SIGUSR1
     keep_last_checkpoints: int = 2  # older step-N/ folders are deleted
     seed: int = 1  # seeds head initialisation, batch order, crops and dropout
@@ -169,7 +201,18 @@ class FinetuneConfig(YamlConfig):
             )
         for name in ("grad_accum", "log_every", "keep_last_checkpoints"):
             require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
-        for name in ("eval_every", "save_every", "seed"):
+        if self.adapter is not None and self.freeze_encoder:
+            raise ConfigError(
+                "adapter: an adapter trains inside the encoder, and freeze_encoder: true trains the head only; "
+                "set freeze_encoder: false (the encoder's own weights stay frozen under an adapter) or drop adapter"
+            )
+        require(
+            self.patience == 0 or self.eval_every > 0,
+            "patience",
+            "counts validations: set eval_every > 0 too",
+            self.patience,
+        )
+        for name in ("eval_every", "save_every", "seed", "patience"):
             require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
         require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)

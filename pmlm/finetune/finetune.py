@@ -4,7 +4,9 @@
 Single process (CPU or one GPU). Resumes from the newest complete checkpoint in ``out_dir``
 by itself; on SIGTERM / SIGUSR1 it saves at the next step boundary and exits with
 ``REQUEUE_EXIT_CODE``. Checkpoints hold the trained weights only (the head, plus the encoder
-under full fine-tuning), the optimizer, the RNG states and the loader position.
+under full fine-tuning or its adapters under ``adapter``, ``pmlm.adapters``), the optimizer, the RNG states, the
+loader position and the best validation so far (``finetune.selection``): the head file written at the end holds the
+best validation's weights, or the last step's without a validation set.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pmlm.adapters import adapter_parameters, attach, resolve_targets
 from pmlm.artefacts import write_head
 from pmlm.config.finetuning import NOT_IN_FINGERPRINT, FinetuneConfig
 from pmlm.errors import ConfigError
 from pmlm.files import file_digest
 from pmlm.finetune.data import Batch, TaskLoader
 from pmlm.finetune.head_scoring import score_task
+from pmlm.finetune.selection import Selection
 from pmlm.model.task_heads import TaskModel, resolve_features
 from pmlm.pretrained import load_encoder, pick_device
 from pmlm.tasks.registry import read_task_data, task_named
@@ -79,10 +83,12 @@ class FinetuneRun(TrainingRun):
     batches: list[Batch] = field(default_factory=list)  # the current step's micro-batches
     terms: int = 0  # the terms their loss sums over, its divisor
     valid_scores: dict | None = None  # of the last validation
+    selection: Selection | None = None  # the best validation so far
     command, counted, csv_fields = "finetune", "proteins", CSV_FIELDS
 
     def __post_init__(self) -> None:
         self.accumulation = self.cfg.grad_accum
+        self.selection = Selection(self.task.headline, self.cfg.patience)
 
     @property
     def validates(self) -> bool:
@@ -145,6 +151,15 @@ class FinetuneRun(TrainingRun):
         row = {"split": "valid", "step": step, "epoch": self.loader.epoch, "metric": name, "value": metrics[name][0]}
         log.write({**row, "proteins": proteins})
         self.valid_scores = {"step": step, **{k: v for k, (v, _) in metrics.items()}, "n_too_long": n_long}
+        if self.selection.observe(step, self.valid_scores, self.trainable.state_dict()):
+            print(f"pmlm finetune: step {step}: best validation so far, {name} {metrics[name][0]:.4f}", file=sys.stderr)
+
+    def stop_early(self) -> bool:
+        return self.selection.exhausted
+
+    def kept(self) -> dict:
+        """The weights the run's head file holds: the best validation's, else (no validation) the last step's."""
+        return self.selection.weights if self.selection.weights is not None else self.trainable.state_dict()
 
     def state(self, step: int) -> tuple[dict, dict]:
         weights, optim_state = gather_states(None, self.trainable, self.optimizer)
@@ -153,6 +168,7 @@ class FinetuneRun(TrainingRun):
             "optimizer": optim_state,
             "rng": capture_rng(),
             "loader": self.loader.state_dict(),
+            "selection": self.selection.state_dict(),
         }
         return weights, state
 
@@ -160,6 +176,7 @@ class FinetuneRun(TrainingRun):
         load_states(None, self.trainable, self.optimizer, ckpt.model, ckpt.state["optimizer"])
         restore_rng(ckpt.state["rng"])
         self.loader.load_state_dict(ckpt.state["loader"])
+        self.selection.load_state_dict(ckpt.state.get("selection"))
 
 
 def finetune(
@@ -183,14 +200,19 @@ def finetune(
     try:
         autocast = autocast_factory(device, cfg.bf16)
 
-        # -- data ------------------------------------------------------------------------------------
+        # -- the encoder, with its adapters' targets checked before the data are read ----------------------
         d = cfg.data
         task = task_named(cfg.task)
-        cfg, train_data, valid_data = _read_data(cfg, task, train_path, valid_path)
-
-        # -- model: the pre-trained encoder plus a freshly initialised head; AdamW ---------------------
         encoder, encoder_info, _ = load_encoder(encoder_path)
         encoder_sha = file_digest(encoder_path)
+        if cfg.adapter is not None:
+            targets = resolve_targets(cfg.adapter, encoder)
+            cfg = dataclasses.replace(cfg, adapter=dataclasses.replace(cfg.adapter, targets=targets))
+
+        # -- data ------------------------------------------------------------------------------------
+        cfg, train_data, valid_data = _read_data(cfg, task, train_path, valid_path)
+
+        # -- model: the pre-trained encoder plus a freshly initialised head (and adapters); AdamW -------
         cfg, model, window, crop = _task_model(cfg, task, encoder, train_data)
         trainable = model.to(device).trainable()
         loader = TaskLoader(train_data.examples, task, d.batch_size, crop, cfg.seed, d.contact_threshold)
@@ -213,24 +235,34 @@ def finetune(
             return code
 
         # -- finish: the declared head artefact -----------------------------------------------------------
+        selected = run.selection.record(run.step)
         if final_path is not None:
             info = _head_info(
                 cfg,
-                run.step,
+                selected["step"] if selected else run.step,  # the step whose weights the file holds
                 encoder_sha,
                 encoder_info,
                 train_data,
                 train_path,
                 valid_path,
                 valid_data,
-                run.valid_scores,
+                run.selection.scores,
                 precision(device, cfg.bf16),
             )
-            write_head(final_path, trainable.state_dict(), info, encoder_path)
+            info["selected"] = selected
+            info["last_step"] = run.step
+            if model.adapter is not None:
+                info["adapter"] = {**cfg.to_dict()["adapter"], "parameters": adapter_parameters(model.adapter)}
+            write_head(final_path, run.kept(), info, encoder_path)
         if metrics_path is not None:
             publish_metrics(out_dir, metrics_path)
-        if run.valid_scores is not None:  # the engine's final validation (FinetuneRun.validate)
-            print(validation_summary(task, run.valid_scores, valid_path, len(valid_data.examples)), file=sys.stderr)
+        if selected is not None:  # the best of the engine's validations (FinetuneRun.validate)
+            print(
+                f"pmlm finetune: kept the weights of step {selected['step']} of {run.step}, the best of "
+                f"{selected['validations']} validations by {selected['metric']}",
+                file=sys.stderr,
+            )
+            print(validation_summary(task, run.selection.scores, valid_path, len(valid_data.examples)), file=sys.stderr)
         return 0
     finally:
         stop.restore()
@@ -291,14 +323,15 @@ def _task_model(
     torch.manual_seed(cfg.seed)
     head = task.build_head(cfg, encoder.cfg.hidden)
     task.prepare_head(head, train_data, cfg)
-    return cfg, TaskModel(encoder, head, cfg.task, features, cfg.freeze_encoder), window, crop
+    adapter = attach(encoder, cfg.adapter) if cfg.adapter is not None else None  # peft's A: Kaiming from this seed
+    return cfg, TaskModel(encoder, head, cfg.task, features, cfg.freeze_encoder, adapter), window, crop
 
 
 def _adamw(trainable: nn.ModuleDict, cfg: FinetuneConfig, device) -> tuple[torch.optim.AdamW, list[dict]]:
     """AdamW, head and encoder at their own peak rates (``peak_lr`` per group), decay on matrices only."""
     o = cfg.optim
     groups = []
-    for part, peak in (("head", o.head_lr), ("encoder", o.lr)):
+    for part, peak in (("head", o.head_lr), ("encoder", o.lr), ("adapter", o.lr)):
         if part not in trainable:
             continue
         named = [(n, p) for n, p in trainable[part].named_parameters() if p.requires_grad]
@@ -331,7 +364,7 @@ def _head_info(
         "task": cfg.task,
         "head": cfg.head.kind,
         "features": cfg.head.features,
-        "encoder_trained": not cfg.freeze_encoder,
+        "encoder_trained": not cfg.freeze_encoder and cfg.adapter is None,
         "step": step,
         "encoder": {"sha256": encoder_sha, "objective": encoder_info.get("objective", {}).get("name")},
         "train": {

@@ -52,7 +52,7 @@ from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.files import file_digest
 from pmlm.inference.contact_tables import ContactWriter, Pairs, file_names, true_contacts
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, SequenceReport, read_fasta_sequences
-from pmlm.pretrained import load_encoder, load_head, pick_device
+from pmlm.pretrained import adapter_record, load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, WindowMean, batch_tokens, max_residues, padded_width, window_starts
 from pmlm.train.runtime import evaluation_precision
@@ -166,11 +166,14 @@ class Model:
     settings: dict
 
 
-def _model(model, head, readout, device, precision, tokens_per_batch) -> Model:
-    """Loads the head (with its encoder) or the encoder, and picks the read-out and the arithmetic."""
+def _model(model, head, readout, device, precision, tokens_per_batch, adapter=None) -> Model:
+    """Loads the head (with its encoder) or the encoder (with ``adapter``'s adapters), and picks the read-out and
+    the arithmetic."""
     if head is not None:
         if readout != AUTO:
             raise ConfigError(f"--readout {readout} reads the encoder without a head; drop --head or --readout")
+        if adapter is not None:
+            raise ConfigError("--head brings its own run's adapters (if it has any); drop --adapter")
         fine_tuned = load_head(head, device, encoder=model, task=TASK_CONTACT)
         kind, trained, recorded = PROBABILITY, "the head", recorded_precision(fine_tuned.info, fine_tuned.path)
         weights, encoder = fine_tuned.encoder_path, fine_tuned.model.encoder
@@ -179,9 +182,9 @@ def _model(model, head, readout, device, precision, tokens_per_batch) -> Model:
         def compute(residues):
             return head_map(fine_tuned.model, residues, device)
     else:
-        encoder, info, weights = load_encoder(model, device)
+        encoder, info, weights = load_encoder(model, device, adapter=adapter)
         kind = choose_readout(encoder, readout, weights)
-        trained, recorded, extra = "the encoder", recorded_precision(info, weights), {}
+        trained, recorded, extra = "the encoder", recorded_precision(info, weights), adapter_record(adapter)
 
         def compute(residues):
             return readout_map(encoder, residues, device, kind, tokens_per_batch)
@@ -208,10 +211,11 @@ def predict_contacts(
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
+    adapter: str | None = None,
 ) -> dict:
     """The contact pairs of every sequence of ``fasta`` into ``out`` (a folder, or a ``.parquet`` table; module
     docstring), from the contact ``head`` fine-tuned on encoder ``model``, or from ``model``'s ``readout`` without
-    one; ``precision`` as ``--precision``, ``unknown`` as ``--unknown`` (pmlm.inference.sequences). The target is
+    one (with ``adapter``'s adapters in it, ``--adapter``); ``precision`` as ``--precision``, ``unknown`` as ``--unknown`` (pmlm.inference.sequences). The target is
     checked before anything is read. Returns the counts of sequences, rows, pairs beyond the windows and sequences
     without a structure, the score kind, the precision, the mean long-range P@L and P@L/5 over the sequences with a
     structure (None without), and the SequenceReport of what was read and repaired as ``report``."""
@@ -226,7 +230,7 @@ def predict_contacts(
     names = file_names(records, fasta) if writer.folder else None
     truth = true_contacts(structure, records)
     dev = pick_device(device)
-    used = _model(model, head, readout, dev, precision, tokens_per_batch)
+    used = _model(model, head, readout, dev, precision, tokens_per_batch, adapter)
     settings = used.settings | {"min_separation": min_separation, "top": top, "unknown": unknown}
     settings["pmlm_version"] = __version__
     rows = beyond = 0

@@ -47,7 +47,7 @@ from pmlm.files import file_digest
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, Sequence, check_fasta, iter_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.outputs import file_target, writing_files
-from pmlm.pretrained import load_encoder, pick_device
+from pmlm.pretrained import adapter_record, load_encoder, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import (
     DEFAULT_TOKENS_PER_BATCH,
@@ -285,11 +285,12 @@ def embed_fasta(
     precision: str = "auto",
     unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
+    adapter: str | None = None,
 ) -> dict:
     """Embeddings of every sequence of ``fasta`` by encoder ``model`` (file or folder): per residue into ``out``,
     per sequence into ``per_sequence`` (default: OUT with .per_sequence.parquet); ``layer`` as ``--layer``,
     ``precision`` as ``--precision``, ``unknown`` as ``--unknown`` (pmlm.inference.sequences), ``overwrite`` as
-    ``--overwrite`` (pmlm.outputs). Returns what was written (sequences, residues, layer, num_layers, per_sequence,
+    ``--overwrite`` (pmlm.outputs), ``adapter`` as ``--adapter`` (pmlm.pretrained.with_adapter). Returns what was written (sequences, residues, layer, num_layers, per_sequence,
     precision, and the SequenceReport of what was read and repaired as ``report``)."""
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
@@ -302,7 +303,7 @@ def embed_fasta(
     # the first pass: every record checked before the model is loaded; only ids are kept
     report = check_fasta(fasta, unknown=unknown, repair_option=UNKNOWN_OPTION)
     dev = pick_device(device)
-    encoder, info, weights = load_encoder(model, dev)
+    encoder, info, weights = load_encoder(model, dev, adapter=adapter)
     arithmetic = evaluation_precision(
         dev, recorded_precision(info, weights), precision, trained="the encoder", command="pmlm embed"
     )
@@ -310,6 +311,7 @@ def embed_fasta(
     settings = {
         "model": str(weights),
         "model_sha256": file_digest(weights),
+        **adapter_record(adapter),
         "objective": info["objective"]["name"],
         "layer": layer,
         "num_layers": encoder.cfg.num_layers,

@@ -109,9 +109,10 @@ def score_fasta(
     precision: str = "auto",
     unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
+    adapter: str | None = None,
 ) -> dict:
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
-    ``model`` at ``precision`` (``--precision``); ``unknown`` as ``--unknown`` (pmlm.inference.sequences); writes
+    ``model`` (with ``adapter``'s adapters in it, ``--adapter``) at ``precision`` (``--precision``); ``unknown`` as ``--unknown`` (pmlm.inference.sequences); writes
     the TSV ``out``. Returns the wild type's id, the rows, the precision, the notes on mutants scored additively
     because their sites do not fit one window, and the SequenceReport of what was read and repaired as
     ``report``."""
@@ -129,7 +130,7 @@ def score_fasta(
     wild = records[0]
     table = read_mutants(mutations, wild.letters)
     dev = pick_device(device)
-    encoder, info, weights = load_encoder(model, dev)
+    encoder, info, weights = load_encoder(model, dev, adapter=adapter)
     recorded = recorded_precision(info, weights)
     arithmetic = evaluation_precision(dev, recorded, precision, trained="the encoder", command="pmlm score")
     with arithmetic.autocast():

@@ -49,7 +49,7 @@ from pmlm.inference.mutations import masked_rows, token_log_probs
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, Sequence, SequenceReport, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.outputs import file_target, writing_files
-from pmlm.pretrained import load_encoder, pick_device
+from pmlm.pretrained import adapter_record, load_encoder, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, RESIDUE_OFFSET, batch_tokens, max_residues, window_starts
 from pmlm.train.runtime import evaluation_precision
@@ -225,9 +225,10 @@ def score_saturation(
     precision: str = "auto",
     unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
+    adapter: str | None = None,
 ) -> dict:
     """Every substitution of every sequence of ``fasta`` scored by encoder ``model`` into ``out`` (.parquet or
-    .tsv); ``unknown`` as ``--unknown`` (pmlm.inference.sequences: a letter read as X gets no rows). Returns the
+    .tsv), with ``adapter``'s adapters in it (``--adapter``); ``unknown`` as ``--unknown`` (pmlm.inference.sequences: a letter read as X gets no rows). Returns the
     counts (sequences, residues, rows), the marginal, the precision and the SequenceReport of what was read and
     repaired as ``report``."""
     target = file_target(out, suffixes=SUFFIXES, what="saturation scores", overwrite=overwrite)
@@ -242,13 +243,14 @@ def score_saturation(
         left_out = f" ({UNKNOWN_OPTION} skip left out {report.skipped_sequences})" if report.skipped_sequences else ""
         raise InputError(fasta, f"no sequences{left_out}")
     dev = pick_device(device)
-    encoder, info, weights = load_encoder(model, dev)
+    encoder, info, weights = load_encoder(model, dev, adapter=adapter)
     arithmetic = evaluation_precision(
         dev, recorded_precision(info, weights), precision, trained="the encoder", command="pmlm score"
     )
     settings = {
         "model": str(weights),
         "model_sha256": file_digest(weights),
+        **adapter_record(adapter),
         "objective": info["objective"]["name"],
         "window": max_residues(encoder.cfg.max_len),
         "marginal": marginal,

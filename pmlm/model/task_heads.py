@@ -271,22 +271,35 @@ class TaskModel(nn.Module):
     """Pre-trained encoder plus one task head; ``forward(tokens, mask)`` returns the head's logits.
 
     With ``freeze_encoder`` the encoder (and the pair head's first block, for M+ features)
-    stays in eval mode without gradients; otherwise they train with the head. The token head
+    stays in eval mode without gradients; otherwise they train with the head, all of it, or only the
+    ``adapter`` weights put in it (pmlm.adapters: the encoder's own weights stay frozen). The token head
     and the pair head's output layer never train.
     """
 
-    def __init__(self, encoder: PMLMModel, head: nn.Module, task: str, features: str, freeze_encoder: bool):
+    def __init__(
+        self,
+        encoder: PMLMModel,
+        head: nn.Module,
+        task: str,
+        features: str,
+        freeze_encoder: bool,
+        adapter: nn.Module | None = None,
+    ):
         super().__init__()
         self.encoder = encoder
         self.head = head
         self.task = task
         self.features = features
         self.freeze_encoder = freeze_encoder
-        trained = set() if freeze_encoder else {"encoder."}
-        if not freeze_encoder and features == FEATURES_M_PLUS:
+        self.adapter = adapter
+        trained = set() if freeze_encoder or adapter is not None else {"encoder."}
+        if trained and features == FEATURES_M_PLUS:
             trained |= {"pair_head.dense.", "pair_head.norm."}
         for name, p in encoder.named_parameters():
             p.requires_grad_(any(name.startswith(prefix) for prefix in trained))
+        if adapter is not None:
+            for p in adapter.parameters():
+                p.requires_grad_(True)
 
     def train(self, mode: bool = True) -> TaskModel:
         super().train(mode)
@@ -297,7 +310,9 @@ class TaskModel(nn.Module):
     def trainable(self) -> nn.ModuleDict:
         """The parts whose weights change: what checkpoints and the final head file hold."""
         parts = {"head": self.head}
-        if not self.freeze_encoder:
+        if self.adapter is not None:
+            parts["adapter"] = self.adapter
+        elif not self.freeze_encoder:
             parts["encoder"] = self.encoder
         return nn.ModuleDict(parts)
 

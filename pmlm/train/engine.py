@@ -3,7 +3,8 @@ build their data, model and optimizer and hand the engine a ``TrainingRun``: wha
 batches and loss, their learning rates, their metrics rows, their state to save). The engine runs the rest, in
 this order: resume (only the run's own checkpoint, ``train.run_folder``), then per optimizer step the learning rate,
 the step's batch, forward / backward over its micro-batches, clipping, the divergence stop, the step, the metrics
-row, validation, checkpoints and the stop -> save -> requeue exit; at the end the last checkpoint and validation.
+row, validation (and the run's early stop), checkpoints and the stop -> save -> requeue exit; at the end the last
+checkpoint and validation.
 
 The gradient of a step is the sum of its micro-batches' backward passes: a run returns each micro-batch's share of
 the step's loss, normalised by the step's own counts (``begin_step`` draws the whole step first), so the update
@@ -83,6 +84,11 @@ class TrainingRun:
     def validate(self, log: MetricsLog | None, step: int, lrs: dict[str, float]) -> None:
         """Score the validation set and write its row; the run keeps the scores for its outputs."""
         raise NotImplementedError
+
+    def stop_early(self) -> bool:
+        """Whether the run is done before ``total_steps`` (fine-tuning's patience on validation); checked before
+        each step, so a resumed run that had stopped stays stopped."""
+        return False
 
     def state(self, step: int) -> tuple[dict, dict] | None:
         """(weights, training state) to save; None off the main rank (every rank calls it: it may be collective)."""
@@ -177,7 +183,7 @@ def fit(
         lrs = run.learning_rates(step)
         norms = NormWatch(run, device, out_dir)  # gradient norms since the last metrics row; divergence
         run.module.train()
-        while step < s.total_steps:
+        while step < s.total_steps and not run.stop_early():
             lrs = run.learning_rates(step)
             run.optimizer.zero_grad(set_to_none=True)
             run.begin_step(step)
@@ -216,6 +222,8 @@ def fit(
                 return stopped()
 
         # -- finish: checkpoint, final validation ----------------------------------------------------------
+        if is_main and step < s.total_steps:
+            print(f"pmlm {run.command}: stopped early at step {step} of {s.total_steps}", file=sys.stderr)
         norms.check()
         if saved_step != step:
             save(step)
