@@ -29,7 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="workflow config, e.g. config/paper.yaml; several are merged in order, as Snakemake merges them",
     )
     source.add_argument("--recipe", metavar="RECIPE.yaml", help="one training recipe instead (see --objective)")
-    parser.add_argument("--objective", default="pmlm", help="objective of --recipe (default: pmlm)")
+    source.add_argument(
+        "--finetune",
+        metavar="RECIPE.yaml",
+        help="a fine-tuning recipe: trainable parameters, peak memory per GPU and time per epoch with the encoder "
+        "frozen, adapted (LoRA) and fully fine-tuned, on --encoder or --preset, for --train or --proteins",
+    )
+    parser.add_argument("--objective", default="pmlm", help="objective of --recipe and --preset (default: pmlm)")
+    parser.add_argument("--encoder", metavar="MODEL", help="--finetune: the encoder to fine-tune (a pmlm encoder)")
+    parser.add_argument("--preset", metavar="PRESET", help="--finetune: an encoder of this size preset instead")
+    parser.add_argument("--train", metavar="FILE", help="--finetune: the training file (its proteins' lengths)")
     parser.add_argument(
         "--profile", default="profiles/slurm", metavar="DIR", help="SLURM profile with the pretrain resources"
     )
@@ -92,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.inference_flops is not None and args.inference_flops <= 0:
         raise ConfigError(f"--inference-flops must be > 0, got {args.inference_flops}")
+    if args.finetune:
+        return _finetune(args)
     inference = config = None
     if args.configfile:
         config = WorkflowConfig.load(args.configfile)
@@ -118,4 +129,32 @@ def run(args: argparse.Namespace) -> int:
     parts += [render(rows)] if rows else []
     parts += [render_inference(*inference)] if inference is not None else []
     sys.stdout.write("\n".join(parts))
+    return 0
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    """``--finetune``: the recipe priced frozen, adapted and fully fine-tuned (pmlm.finetune.cost)."""
+    # engine imports on use, as in run
+    from pmlm.config.finetuning import FinetuneConfig
+    from pmlm.errors import ConfigError
+    from pmlm.finetune.cost import encoder_spec, flop_rate, plan_finetune, render
+    from pmlm.tasks.registry import read_task_data, task_named
+    from pmlm.train.throughput import read_rates
+
+    if (args.encoder is None) == (args.preset is None):
+        raise ConfigError("--finetune prices a recipe on an encoder: give --encoder MODEL or --preset PRESET")
+    if (args.train is None) == (args.proteins is None) or (args.proteins is not None) != (args.mean_length is not None):
+        raise ConfigError("--finetune needs its training set: --train FILE, or --proteins N with --mean-length L")
+    cfg = FinetuneConfig.from_yaml(args.finetune, args.set)
+    spec = encoder_spec(args.encoder, args.preset, args.objective)
+    if args.train is not None:
+        lengths = [len(e) for e in read_task_data(args.train, task_named(cfg.task), cfg.read_options()).examples]
+    else:
+        lengths = [args.mean_length] * args.proteins
+    rate, note = flop_rate(spec, read_rates(args.throughput))
+    rows = plan_finetune(cfg, spec, lengths, rate, note)
+    if args.json:
+        print(json.dumps({"encoder": spec.label, "task": cfg.task, "proteins": len(lengths), "modes": rows}, indent=1))
+        return 0
+    sys.stdout.write(render(rows, spec, cfg.task, len(lengths)))
     return 0
