@@ -194,7 +194,7 @@ def test_demo_workflow(tmp_path):
         assert re.search(rf"^  demo/{objective}-tiny +\d+\.\d\d -> \d+\.\d\d \(step 10 -> 30\)", screen, re.M), screen
     assert "Tables in results/demo/tables (.csv/.html/.md/.tex):" in screen
     assert sorted(re.findall(r"^  ([a-z_]+) ", screen, re.M)) == sorted(
-        ["pretrain_scores", "precision_by_separation", "net_charge", *TABLES]
+        ["pretrain_scores", "precision_by_separation", "net_charge", "net_charge_lora", *TABLES]
     ), screen
     assert re.search(
         r"^  raptorx_contact +P@L, s >= 24 \(%\)  ours: MLM-tiny \d+\.\d, PMLM-tiny \d+\.\d$", screen, re.M
@@ -202,6 +202,10 @@ def test_demo_workflow(tmp_path):
     # the demo's task of one's own: its table's headline, the task's first metric on its test set
     assert re.search(
         r"^  net_charge +spearman demo_test  ours: MLM-tiny -?\d\.\d{3}, PMLM-tiny -?\d\.\d{3}$", screen, re.M
+    )
+    # the same task through LoRA adapters: a table of its own
+    assert re.search(
+        r"^  net_charge_lora +spearman demo_test  ours: MLM-tiny -?\d\.\d{3}, PMLM-tiny -?\d\.\d{3}$", screen, re.M
     )
     configs = f"--configfile {REPO / 'config' / 'config.yaml'} short.yaml"
     assert f"cd {tmp_path} && snakemake --report report.html -s {REPO / 'Snakefile'} {configs}" in screen
@@ -246,6 +250,15 @@ def test_demo_workflow(tmp_path):
             assert {"config_sha256", "encoder_sha256", "git_commit", "torch_version"} <= set(tsv.columns)
             assert (tsv["test_set"] == "demo_test").all()
             assert (tsv["n_proteins"][tsv["metric"] != "n_too_long"] > 0).all()
+    # the LoRA run keeps the head and the adapters only: a few % of the encoder's file; the full run the whole encoder
+    for objective in ("mlm", "pmlm"):
+        encoder = results / "pretrain" / "demo" / f"{objective}-tiny" / "model.safetensors"
+        lora = results / "finetune" / "demo" / f"{objective}-tiny" / "net_charge_lora" / "head.safetensors"
+        info = json.loads(lora.with_suffix(".json").read_text())
+        assert info["adapter"]["targets"] == ["qkv", "proj"] and info["selected"]["step"] == 6
+        assert lora.stat().st_size <= 0.05 * encoder.stat().st_size, (lora.stat().st_size, encoder.stat().st_size)
+        full = lora.parent.parent / "net_charge" / "head.safetensors"
+        assert full.stat().st_size > encoder.stat().st_size * 0.9
     tables = {t: (results / "tables" / f"{t}.md").read_text() for t in TABLES}
     # features `auto`: the MLM reads its encoder outputs (M), the PMLM's contact heads its pair head's block (M+)
     for label, contact_features in (("MLM-tiny", "M"), ("PMLM-tiny", "M+")):
