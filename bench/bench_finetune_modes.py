@@ -34,7 +34,7 @@ import torch
 
 from pmlm.adapters import attach
 from pmlm.config.finetuning import AdapterConfig, FinetuneConfig
-from pmlm.finetune.cost import parameters, with_mode
+from pmlm.finetune.cost import EncoderSpec, parameters, peak_memory, with_mode
 from pmlm.finetune.finetune import finetune
 from pmlm.finetune.head_scoring import evaluate
 from pmlm.model.config import ModelConfig
@@ -42,7 +42,7 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.task_heads import TaskModel
 from pmlm.pretrained import build_model, load_head
 from pmlm.tasks.registry import task_named
-from pmlm.train.budget import measured_bytes
+from pmlm.train.budget import Precision, measured_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_ENCODER = REPO / "results" / "demo" / "pretrain" / "demo" / "pmlm-tiny" / "model.safetensors"
@@ -174,7 +174,10 @@ def one_step(shape: dict, mode: str, residues: int) -> dict:
         seen["counts"] = parameters(model)
 
     peak, _ = measured_bytes(step, torch.device("cpu"))
-    return {"mode": mode, "peak_bytes": peak, **seen}
+    spec = EncoderSpec(mode, model_cfg, "pmlm")
+    short = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=1))
+    estimate = peak_memory(short, spec, residues, Precision(bf16=False, device="cpu"))["total_bytes"]
+    return {"mode": mode, "peak_bytes": peak, "estimate_bytes": estimate, **seen}
 
 
 def shape_650m(args: argparse.Namespace) -> list[dict]:
@@ -213,7 +216,8 @@ def main(argv=None) -> int:
             for r in rows:
                 c = r["counts"]
                 print(f"{r['shape']} {r['mode']}: {c['trainable']:,} trainable of {c['encoder']:,}, peak "
-                      f"{r['peak_bytes'] / 2**30:.2f} GiB, step {r['seconds']:.1f} s")  # fmt: skip
+                      f"{r['peak_bytes'] / 2**30:.2f} GiB (pmlm plan's estimate {r['estimate_bytes'] / 2**30:.2f} GiB), "
+                      f"step {r['seconds']:.1f} s")  # fmt: skip
             print(f"LoRA / full peak memory: {ratio:.3f} (bar <= {BAR})")
     print(json.dumps(result, default=float))
     return 0

@@ -6,7 +6,8 @@ priced three ways side by side, the encoder frozen (the head trains), adapted (L
   the adapters are built as ``pmlm finetune`` builds them, and their parameters that take gradients are counted;
 * **peak memory per GPU** of the recipe's largest micro-batch (``data.batch_size`` proteins cropped to
   ``data.crop``), from the pre-training budget's terms (``pmlm.train.budget``): fp32 weights; AdamW's state and (with
-  ``grad_accum`` > 1) the gradients of the trainable parameters only; autocast's bf16 copies of the trainable Linear
+  ``grad_accum`` > 1) the gradients of the trainable parameters only (the optimizer step's gradients and
+  temporaries where they outgrow the activations the backward frees as it makes them); autocast's bf16 copies of the trainable Linear
   weights (autocast caches casts of weights that take gradients only); the encoder's kept activations
   (``budget.encoder_bytes``) when gradients flow through it (adapted and full; a frozen encoder runs without autograd
   and keeps one layer's transients), each adapter's own kept tensors, the head's kept tensors and the backward's
@@ -165,7 +166,8 @@ def peak_memory(cfg: FinetuneConfig, spec: EncoderSpec, residues: int, precision
     trained = counts["trainable"]
     static = {
         "weights": FP32 * (counts["encoder"] + counts["head"] + counts["adapter"]),
-        "gradients": FP32 * trained if cfg.grad_accum > 1 else 0,
+        "position_table": FP32 * m.max_len * m.hidden,  # a buffer, computed at load (pmlm.model.encoder)
+        "gradients": FP32 * trained if cfg.grad_accum > 1 else 0,  # kept between the micro-batches of a step
         "adamw_state": ADAM_STATE * trained,
         "bf16_weight_copies": BF16 * _trained_linear(model) if precision.bf16 else 0,
     }
@@ -180,6 +182,18 @@ def peak_memory(cfg: FinetuneConfig, spec: EncoderSpec, residues: int, precision
         working = X * m.hidden * precision.act + X * m.ffn * FP32  # the output; the widest fp32 gradient
     kept["head"] = _head_kept(cfg, spec, rows, residues, precision)
     parts = {**static, **kept, "backward_working_set": working}
+    # the backward frees the activations as it makes the gradients; the optimizer step then holds the gradients and,
+    # off CUDA (AdamW's loop over tensors; CUDA's fused kernel makes none), two temporaries of the largest trained
+    # tensor. The step peaks at the larger of the two: on a large encoder with a short batch, the optimizer step
+    # (2.7 GB of gradients for 670M parameters beside 0.3 GB of activations)
+    largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
+    optimizer_step = FP32 * trained + (0 if precision.device == "cuda" else 2 * FP32 * largest)
+    backward = sum(kept.values()) + working + static["gradients"]
+    parts["optimizer_step_beyond_backward"] = max(0, optimizer_step - backward)
+    # loading computes the position table in float64 (the angles, their sines and cosines, both halves joined), 16
+    # bytes per entry beside the weights before training allocates anything: the peak of a step that needs less
+    training = sum(parts.values()) - static["weights"] - static["position_table"]
+    parts["load_transient_beyond_training"] = max(0, 16 * m.max_len * m.hidden - training)
     return {"parameters": counts, "bytes": parts, "total_bytes": sum(parts.values())}
 
 
