@@ -112,6 +112,23 @@ def test_embed_bench_smoke_run(capsys):
     assert result["ratio_embed_over_forward"] == result["rounds"][0]["ratio"] > 0
 
 
+def test_finetune_modes_bench_smoke_run(capsys, tmp_path):
+    """bench_finetune_modes.py --quick: the demo's tasks three ways on a tiny encoder, and one step of full and LoRA
+    fine-tuning at toy dims; every figure reported."""
+    from tiny_models import tiny_encoder
+
+    encoder = tiny_encoder(tmp_path / "encoder" / "model.safetensors", "pmlm", max_len=258)  # ss3_tiny crops at 254
+    assert load("bench_finetune_modes").main(["--quick", "--encoder", str(encoder)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["task"], r["mode"]) for r in result["demo"]] == [
+        (task, mode) for task in ("net_charge", "ss3") for mode in ("frozen", "adapter", "full")
+    ]
+    for row in result["demo"]:
+        assert row["steps"] == 10 and 0 < row["kept_step"] <= 10 and row["peak_bytes"] > 0 and -1 <= row["test"] <= 1
+    trainable = {r["mode"]: r["counts"]["trainable"] for r in result["650m"]}
+    assert trainable["adapter"] < trainable["full"] and result["650m_peak_ratio"] > 0
+
+
 def test_attention_dropout_bench_smoke_run(capsys):
     """bench_attention_dropout.py --quick: attention alone three ways, then the step with and without dropout."""
     bench = load("bench_attention_dropout")
