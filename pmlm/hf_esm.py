@@ -37,6 +37,7 @@ from transformers import EsmForMaskedLM, EsmTokenizer
 from pmlm import alphabet
 from pmlm.errors import ConfigError, InputError
 from pmlm.model.heads import TokenHead
+from pmlm.outputs import writing_folder
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"  # EsmTokenizer's vocabulary: one token a line, in id order
@@ -231,3 +232,18 @@ def load_esm_encoder(weights: Path, info: dict) -> EsmEncoderModel:
     }:
         raise InputError(weights.with_suffix(".json"), f"describes another model than {folder / CONFIG_FILE}")
     return model
+
+
+def save_merged(
+    model: EsmEncoderModel, weights: Path, out_dir, overwrite: bool, provenance: dict, command: str
+) -> Path:
+    """An ESM encoder whose adapters were merged into its trunk (``model``) as the transformers folder it came from:
+    ``EsmForMaskedLM`` read from the encoder's folder with the trunk's weights replaced, its tokenizer, and
+    ``provenance`` as config.json's ``pmlm`` section; ``out_dir`` a folder target of ``command`` (pmlm.outputs)."""
+    masked_lm = load_masked_lm(weights.parent, weights, local_files_only=True)
+    masked_lm.esm.load_state_dict(model.encoder.esm.state_dict())
+    masked_lm.config.pmlm = provenance
+    with writing_folder(out_dir, command=command, overwrite=overwrite) as staged:
+        masked_lm.save_pretrained(staged)
+        EsmTokenizer.from_pretrained(weights.parent).save_pretrained(staged)
+    return Path(out_dir)

@@ -51,7 +51,12 @@ ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"
 EXPORT_COMMAND = "pmlm export"  # the writer of the folders it writes (pmlm.outputs)
 # the config.json section that carries model.json's provenance and settings (read back by pmlm import)
 PROVENANCE_SECTION = "pmlm"
-LAYOUT_CLASSES = {ROBERTA: "RobertaForMaskedLM", PMLM_LAYOUT: "PmlmForMaskedLM, trust_remote_code=True"}
+ESM_LAYOUT = "esm"  # an ESM encoder's own folder, a LoRA run merged in
+LAYOUT_CLASSES = {
+    ROBERTA: "RobertaForMaskedLM",
+    PMLM_LAYOUT: "PmlmForMaskedLM, trust_remote_code=True",
+    ESM_LAYOUT: "EsmForMaskedLM",
+}
 REMOTE_MODULE = "modeling_pmlm.py"
 REMOTE_SOURCE = Path(__file__).with_name("hf_remote") / REMOTE_MODULE
 ROBERTA_POSITION_OFFSET = alphabet.PAD_ID + 1  # RoBERTa's position of the token at index 0
@@ -295,8 +300,14 @@ def export_encoder(
     folder_target(out_dir, command=EXPORT_COMMAND, overwrite=overwrite)
     model, info, weights = load_encoder(encoder, adapter=adapter)
     if is_esm(info):
-        what = "merging adapters into an ESM encoder is not supported (use --adapter with embed, score or contacts)"
-        raise InputError(weights, what if adapter else "an ESM encoder is a transformers folder already")
+        if adapter is None:
+            raise InputError(weights, "an ESM encoder is a transformers folder already (the folder holding it)")
+        # transformers is needed for ESM encoders only (the optional `hf` extra), as in pmlm.pretrained.load_encoder
+        from pmlm.hf_esm import save_merged
+
+        provenance = {"encoder_file": weights.name, "encoder_sha256": file_digest(weights), **adapter_record(adapter)}
+        provenance["exported_by"] = f"pmlm {__version__}"
+        return save_merged(merge(model), weights, out_dir, overwrite, provenance, EXPORT_COMMAND), ESM_LAYOUT
     if adapter is not None:
         merge(model)
     cfg = model.cfg

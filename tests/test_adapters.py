@@ -310,4 +310,17 @@ def test_an_imported_esm2_takes_adapters_on_its_attention_projections(tmp_path, 
     assert not any(k.startswith("encoder.") for k in keys)
     out = tmp_path / "e.parquet"
     assert main(["embed", str(encoder), str(data["fasta"]), "-o", str(out), "--adapter", str(head)]) == 0
-    assert main(["export", str(encoder), "--adapter", str(head), "-o", str(tmp_path / "x")]) == 2
+    # merged: ESM's own folder again, which transformers loads as EsmForMaskedLM and which computes the adapted trunk
+    assert main(["export", str(encoder), "--adapter", str(head), "-o", str(tmp_path / "merged")]) == 0
+    merged = transformers.EsmForMaskedLM.from_pretrained(tmp_path / "merged").eval()
+    assert merged.config.pmlm["adapter_sha256"] and not any("lora" in n for n, _ in merged.named_parameters())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
+    sequences = [random_letters(26, 7), random_letters(15, 8)]
+    batch = tokenizer(sequences, return_tensors="pt", padding=True)
+    adapted, _, _ = load_encoder(encoder, adapter=head)
+    tokens = torch.from_numpy(batch_tokens([alphabet.encode(s) for s in sequences]).tokens).long()
+    with torch.no_grad():
+        theirs = merged(**batch, output_hidden_states=True).hidden_states[-1]
+        ours = adapted.encoder(tokens)
+    real = batch["attention_mask"].bool()
+    assert float((theirs[real] - ours[real]).abs().max()) <= 1e-5

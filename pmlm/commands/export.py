@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "RobertaForMaskedLM; the others (PMLM with its pair head, the pair-only variant, the Triple MLM, ReLU or "
         "pre-LN layers) a class of pmlm's own shipped in DIR (modeling_pmlm.py; load with trust_remote_code=True). "
         "config.json's pmlm section carries model.json's settings and provenance; pmlm import DIR reads it back. "
+        "With --adapter RUN, the run's LoRA adapters are merged into the weights first (an imported ESM encoder is "
+        "then written as its own EsmForMaskedLM folder). "
         "DIR is a folder of its own: one holding files pmlm export did not write is refused (--overwrite replaces "
         "only its own); nothing appears there unless the export succeeds. See docs/huggingface.md."
     )
