@@ -154,6 +154,10 @@ def test_evaluate_embed_score_and_contacts_read_the_adapted_encoder(data, lora, 
     torch.testing.assert_close(reps(fine_tuned.model.encoder, sequences), ours, rtol=0, atol=0)
     assert (ours - reps(plain, sequences)).abs().max() > 1e-3  # the adapters change the representations
 
+    import pmlm
+
+    api = pmlm.load(data["encoder"], adapter=lora)  # the Python API as the commands
+    np.testing.assert_allclose(api.embed(sequences[0]), ours[0, 1:27].numpy(), rtol=0, atol=1e-5)
     out = tmp_path / "e.parquet"
     assert main(["embed", str(data["encoder"]), str(data["fasta"]), "-o", str(out), "--adapter", str(lora.parent)]) == 0
     rows = pd.read_parquet(out)

@@ -115,19 +115,24 @@ def load(
     *,
     encoder: str | os.PathLike | None = None,
     precision: str = "auto",
+    adapter: str | os.PathLike | None = None,
 ) -> TrainedModel:
     """An encoder (model.safetensors or its folder) or a contact head (head.safetensors or its folder);
     ``encoder`` overrides the encoder a head records (heads written before paths were recorded relative to
     the head's folder need it outside the folder they were made in); it is checked by sha256. ``precision``:
-    ``auto`` (what the head's or encoder's run recorded; fp32 off CUDA), ``fp32`` or ``bf16`` (CUDA only)."""
+    ``auto`` (what the head's or encoder's run recorded; fp32 off CUDA), ``fp32`` or ``bf16`` (CUDA only).
+    ``adapter``: a fine-tuned run with LoRA adapters, put into the encoder (``pmlm embed --adapter``); a head brings
+    its own run's."""
     dev = pick_device(device)
+    if is_head(path) and adapter is not None:
+        raise ConfigError("a head brings its own run's adapters (if it has any); drop adapter=")
     if is_head(path):
         head = load_head(path, dev, encoder=encoder, task=TASK_CONTACT)
         recorded = recorded_precision(head.info, head.path)
         arithmetic = evaluation_precision(dev, recorded, precision, trained="the head", command="pmlm.load")
         encoder_info = read_encoder_info(head.encoder_path)
         return TrainedModel(head.model.encoder, encoder_info, head.path, dev, arithmetic, head.model)
-    encoder, info, weights = load_encoder(path, dev)
+    encoder, info, weights = load_encoder(path, dev, adapter=adapter)
     recorded = recorded_precision(info, weights)
     arithmetic = evaluation_precision(dev, recorded, precision, trained="the encoder", command="pmlm.load")
     return TrainedModel(encoder, info, weights, dev, arithmetic)
