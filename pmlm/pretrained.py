@@ -184,11 +184,7 @@ def with_adapter(model: PMLMModel, run: str | os.PathLike, weights: Path) -> PML
     head = artefact_file(run, HEAD_FILE)
     if not head.is_file():
         raise InputError(head, "no fine-tuned run here (head.safetensors with its head.json, written by pmlm finetune)")
-    info, state = read_head(head)
-    try:
-        cfg = FinetuneConfig.from_dict(info["config"])
-    except ConfigError as exc:
-        raise InputError(sidecar_path(head), f"incompatible head description: {exc}") from None
+    info, state, cfg = _read_run(head)
     if cfg.adapter is None:
         trained = "the whole encoder" if not cfg.freeze_encoder else "the head only"
         raise InputError(head, f"this run has no adapters (it trained {trained}); --adapter takes a run with adapter:")
@@ -201,6 +197,15 @@ def with_adapter(model: PMLMModel, run: str | os.PathLike, weights: Path) -> PML
         first = str(exc).splitlines()[0]
         raise InputError(head, f"adapter weights do not match the adapters in the sidecar: {first}") from None
     return model
+
+
+def _read_run(head: Path) -> tuple[dict, dict, FinetuneConfig]:
+    """(sidecar, weights, recipe) of a fine-tuned run's head file; a recipe this version cannot read is one line."""
+    info, state = read_head(head)
+    try:
+        return info, state, FinetuneConfig.from_dict(info["config"])
+    except ConfigError as exc:
+        raise InputError(sidecar_path(head), f"incompatible head description: {exc}") from None
 
 
 def _head_not_encoder(path: str | os.PathLike) -> str:
@@ -266,11 +271,7 @@ def load_head(
         found = recorded.get("task") if isinstance(recorded, dict) else None
         if found != task:
             raise InputError(sidecar_path(head), f"a {found} head, not a {task} head")
-    info, state = read_head(head)
-    try:
-        cfg = FinetuneConfig.from_dict(info["config"])
-    except ConfigError as exc:
-        raise InputError(sidecar_path(head), f"incompatible head description: {exc}") from None
+    info, state, cfg = _read_run(head)
     override = None if encoder is None else artefact_file(encoder, ENCODER_FILE)
     encoder_path = head_encoder_path(head, info, override)
     encoder_model, _, _ = load_encoder(encoder_path)

@@ -31,6 +31,7 @@ from tiny_models import random_letters, tiny_encoder, write_fasta
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
+from pmlm.config.tree import apply_override
 from pmlm.finetune.finetune import FinetuneHooks, finetune
 from pmlm.pretrained import load_encoder, load_head
 from pmlm.tokens import batch_tokens
@@ -71,11 +72,7 @@ def recipe(path: Path, **changes) -> Path:
         "device": "cpu",
     }
     for key, value in changes.items():
-        *sections, leaf = key.split(".")
-        node = cfg
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
+        apply_override(cfg, f"{key}={json.dumps(value)}")  # as --set applies it (JSON is YAML)
     path.write_text(yaml.safe_dump(cfg))
     return path
 
