@@ -4,13 +4,17 @@ CORES ?= 2
 SHELL := /bin/bash
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-test demo test lint format bench clean-demo
+.PHONY: setup setup-test setup-lint demo test lint format bench clean-demo
 
 setup:
 	@bash scripts/setup.sh
 
 setup-test:
 	@bash scripts/setup.sh --slurm
+
+# the linters alone (pinned in pyproject.toml's lint extra): no torch, no SLURM
+setup-lint:
+	@bash scripts/setup.sh --lint
 
 demo: setup
 	snakemake --cores $(CORES)
@@ -20,15 +24,18 @@ demo: setup
 test: setup-test
 	OMP_NUM_THREADS=1 python -m pytest -n $(CORES) --dist loadfile
 
-# ruff's rules and settings are in pyproject.toml ([tool.ruff]); CI runs `make lint` before the tests
-LINTED := pmlm tests bench scripts
-lint: setup-test
+# ruff's and snakefmt's settings are in pyproject.toml ([tool.ruff], [tool.snakefmt]); CI runs `make lint` first
+LINTED := pmlm tests bench scripts workflow/lib
+SNAKEFILES := Snakefile workflow/rules
+lint: setup-lint
 	ruff check $(LINTED)
 	ruff format --check $(LINTED)
+	snakefmt --check $(SNAKEFILES)
 
-format: setup-test
+format: setup-lint
 	ruff check --fix $(LINTED)
 	ruff format $(LINTED)
+	snakefmt $(SNAKEFILES)
 
 bench: setup
 	python bench/bench_tokenize.py

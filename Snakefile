@@ -11,8 +11,9 @@ from snakemake.logging import logger
 from snakemake.utils import min_version, validate
 from pmlm.reports.run_summary import last_screen
 
-# The workflow's own Python lives in workflow/lib (ARCHITECTURE.md): the config's checks and the names the checks
-# and the rules share. It is workflow code, imported by path; no pmlm module imports it.
+# The workflow's own Python lives in workflow/lib (ARCHITECTURE.md): the config's checks, and the rules' helpers
+# (paths, inputs, params, resources), which workflow/rules/common.smk binds to the config. It is workflow code,
+# imported by path; no pmlm module imports it.
 WORKFLOW_LIB = os.path.join(workflow.basedir, "workflow", "lib")
 if WORKFLOW_LIB not in sys.path:
     sys.path.insert(0, WORKFLOW_LIB)
@@ -37,9 +38,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/common_coevolution.smk"
-include: "workflow/rules/common_proteingym.smk"
 include: "workflow/rules/common_inference.smk"
-include: "workflow/rules/resources.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/release.smk"
@@ -77,14 +76,13 @@ localrules:
 
 rule all:
     input:
-        data_targets(),
-        pretraining_targets(),
-        downstream_targets(),
-        report_targets(),
-        proteingym_targets(),
-        inference_targets(),
+        datasets.targets(),
+        encoders.targets(),
+        runs.targets(),
+        report_inputs.targets(),
+        proteingym.targets(),
+        inference.targets(),
     default_target: True
-
 
 
 # The last screen (`pmlm summary`): when a run that did something succeeds, the tables and where they are, their

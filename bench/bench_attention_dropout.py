@@ -170,7 +170,7 @@ def time_steps(args) -> dict:
                 generator = torch.Generator().manual_seed(args.seed + step)  # the same masks for every model
                 out = pretraining_losses(run["model"], tokens, objective, generator)
                 run["optimizer"].zero_grad(set_to_none=True)
-                out["loss"].backward()
+                out.loss.backward()
                 run["optimizer"].step()
                 elapsed = time.perf_counter() - start
             finally:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from pmlm.adapters import attach
+from pmlm.choices import Precision
 from pmlm.config.finetuning import AdapterConfig, FinetuneConfig
 from pmlm.finetune.cost import EncoderSpec, parameters, peak_memory, with_mode
 from pmlm.finetune.finetune import finetune
@@ -42,7 +43,7 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.task_heads import TaskModel
 from pmlm.pretrained import build_model, load_head
 from pmlm.tasks.registry import task_named
-from pmlm.train.budget import Precision, measured_bytes
+from pmlm.train.budget import Arithmetic, measured_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_ENCODER = REPO / "results" / "demo" / "pretrain" / "demo" / "pmlm-tiny" / "model.safetensors"
@@ -183,7 +184,7 @@ def one_step(shape: dict, mode: str, residues: int) -> dict:
     peak, _ = measured_bytes(step, torch.device("cpu"))
     spec = EncoderSpec(mode, model_cfg, "pmlm")
     short = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=1))
-    estimate = peak_memory(short, spec, residues, Precision(bf16=False, device="cpu"))["total_bytes"]
+    estimate = peak_memory(short, spec, residues, Arithmetic(Precision.FP32, "cpu"))["total_bytes"]
     return {"mode": mode, "peak_bytes": peak, "estimate_bytes": estimate, **seen}
 
 

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_esm import LENGTH_MEDIAN, LENGTH_SIGMA, MIN_RESIDUES, build_hf, make_sequences, pad_batch
 
 from pmlm.alphabet import FIRST_RESIDUE_ID, IGNORE_INDEX, PAD_ID
+from pmlm.choices import Precision
 from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.model.layout import Layout
@@ -176,7 +177,7 @@ def step_model_flops(cfg: TrainConfig, batches: list[torch.Tensor], seed: int) -
     for k, tokens in enumerate(batches):
         masked = mask_batch(tokens, cfg.objective, torch.Generator().manual_seed(seed + k))
         per_seq, masked_per_seq = tokens.ne(PAD_ID).sum(1).tolist(), masked.targets.ne(IGNORE_INDEX).sum(1).tolist()
-        out.append(budget.model_flops(m.num_layers, m.hidden, m.ffn, cfg.objective.name, per_seq, masked_per_seq))
+        out.append(budget.model_flops(m.num_layers, m.hidden, m.ffn, cfg.objective.kind, per_seq, masked_per_seq))
     return out
 
 
@@ -196,7 +197,9 @@ class OurStep:
             self.model.encoder.compile_encoder(static=cfg.cuda_graphs, **options)
         self.bf16 = device.type == "cuda"
         self.dtype = torch.bfloat16 if self.bf16 else torch.float32
-        self.layout = choose_layout(cfg, 1, card_memory(device), budget.Precision(self.bf16, device.type))
+        precision = budget.Arithmetic(Precision.AUTO.on(device.type), device.type)
+        params = budget.count_parameters(cfg.model_config(), cfg.objective.kind)
+        self.layout = choose_layout(cfg, 1, card_memory(device), precision, params)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda"
         )
@@ -392,7 +395,9 @@ def run_dims(dims: str, args, device: torch.device, peak, rows: list[dict], writ
 def _estimate_gib(cfg: TrainConfig, step: OurStep) -> float | None:
     """``pmlm plan``'s peak-memory estimate of this step, or None where the estimate does not model it (CPU dropout)."""
     try:
-        estimate = budget.peak_memory(cfg, 1, budget.Precision(step.bf16, step.device.type), step.layout.accumulation)
+        precision = budget.Arithmetic(Precision.AUTO.on(step.device.type), step.device.type)
+        params = budget.count_parameters(cfg.model_config(), cfg.objective.kind)
+        estimate = budget.peak_memory(cfg, params, 1, precision, step.layout.accumulation)
     except ConfigError:
         return None
     return round(estimate["total_bytes"] / 2**30, 2)

@@ -52,8 +52,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.model import model_config, pretraining_losses
-from pmlm.model.heads import PairHead
-from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens, masked_pair_loss, upper_pairs
+from pmlm.model.heads import PairHead, loss_precision
+from pmlm.model.objectives import IGNORE_INDEX, ObjectiveConfig, mask_tokens
+from pmlm.model.step_inputs import upper_pair_indices
 from pmlm.pretrained import build_model
 
 BAR = 1.0 / 20
@@ -114,10 +115,13 @@ def setup(length: int, hidden: int, mask_prob: float, seed: int, device: torch.d
 
 def pair_loss(head: PairHead, reps: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The pair term of ``pretraining_losses`` from encoder output: (CE sum, ordered pairs)."""
-    upper = upper_pairs(targets.ne(IGNORE_INDEX))  # (P, 3)
+    valid = targets.ne(IGNORE_INDEX)
+    pos, (first, second) = valid.nonzero(), upper_pair_indices(valid)
+    upper = torch.stack([pos[first, 0], pos[first, 1], pos[second, 1]], dim=1)  # (P, 3) rows (b, i, j), i < j
     logits, _ = head(reps, upper, mirror=True)  # (2P, K), as PMLMModel.forward with mirror_pairs=True
-    ce_sum, n_pairs, _ = masked_pair_loss(logits, upper, targets)
-    return ce_sum, n_pairs
+    a, b = targets[upper[:, 0], upper[:, 1]], targets[upper[:, 0], upper[:, 2]]
+    labels = torch.cat([a * NUM_RESIDUES + b, b * NUM_RESIDUES + a])  # the mirrored order's 400 classes
+    return F.cross_entropy(loss_precision(logits), labels, reduction="sum"), labels.numel()
 
 
 def ours_loss(head: PairHead, reps: torch.Tensor, targets: torch.Tensor) -> float:
@@ -220,7 +224,7 @@ def step_share(args, device: torch.device) -> dict:
                 with autocast:
                     out = pretraining_losses(model, tokens, objective, torch.Generator(device).manual_seed(seed))
                 optimizer.zero_grad(set_to_none=True)
-                out["loss"].backward()
+                out.loss.backward()
                 optimizer.step()
             if name == "pmlm":
                 with torch.no_grad(), autocast:

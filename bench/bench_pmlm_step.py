@@ -26,7 +26,8 @@ import torch
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES
 from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
-from pmlm.model.objectives import IGNORE_INDEX, mask_tokens, upper_pairs
+from pmlm.model.objectives import IGNORE_INDEX, mask_tokens
+from pmlm.model.step_inputs import upper_pair_indices
 from pmlm.pretrained import build_model
 
 BAR = 1.25
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
             start, cpu_start = time.perf_counter(), time.process_time()
             out = pretraining_losses(run["model"], tokens, run["objective"], generator)
             run["optimizer"].zero_grad(set_to_none=True)
-            out["loss"].backward()
+            out.loss.backward()
             run["optimizer"].step()
             sync(device)
             if step >= args.warmup:
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
                 run["cpu_times"].append(time.process_time() - cpu_start)
 
     _, targets, _ = mask_tokens(tokens.cpu(), runs["pmlm"]["objective"], torch.Generator().manual_seed(args.seed))
-    ordered_pairs_per_step = 2 * upper_pairs(targets.ne(IGNORE_INDEX)).shape[0]
+    ordered_pairs_per_step = 2 * upper_pair_indices(targets.ne(IGNORE_INDEX))[0].numel()
     median = {name: statistics.median(run["times"]) for name, run in runs.items()}
     paired = [p / m for p, m in zip(runs["pmlm"]["times"], runs["mlm"]["times"])]
     ratio = statistics.median(paired)

@@ -118,7 +118,7 @@ def step_times(args, device: torch.device) -> dict:
             start, cpu_start = time.perf_counter(), time.process_time()
             out = pretraining_losses(run["model"], tokens, run["objective"], generator)
             run["optimizer"].zero_grad(set_to_none=True)
-            out["loss"].backward()
+            out.loss.backward()
             run["optimizer"].step()
             sync(device)
             if step >= args.warmup:

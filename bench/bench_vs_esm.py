@@ -246,7 +246,7 @@ def sync(device: torch.device) -> None:
 def ours_step(model, optimizer, batch, objective, generator) -> None:
     out = pretraining_losses(model, batch, objective, generator)
     optimizer.zero_grad(set_to_none=True)
-    out["loss"].backward()
+    out.loss.backward()
     optimizer.step()
 
 

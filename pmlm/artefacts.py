@@ -22,9 +22,9 @@ import os
 import struct
 from pathlib import Path
 
+from pmlm.choices import Precision
 from pmlm.errors import InputError
 from pmlm.files import atomic_output, canonical_sha256, file_digest
-from pmlm.vocabulary import BF16, FP32
 
 ENCODER_FORMAT = "pmlm-encoder/3"
 HEAD_FORMAT = "pmlm-head/1"
@@ -37,14 +37,14 @@ def sidecar_path(weights: str | os.PathLike) -> Path:
     return Path(weights).with_suffix(".json")
 
 
-def recorded_precision(info: dict, weights: str | os.PathLike) -> str:
+def recorded_precision(info: dict, weights: str | os.PathLike) -> Precision:
     """The precision, ``fp32`` or ``bf16``, that an encoder's or a head's sidecar ``info`` says its run trained at
     (key ``precision``); a sidecar without one (runs from before it was recorded, imported released, ESM-2 and
     ``transformers`` models) counts as fp32. ``weights`` names the artefact in errors."""
-    value = info.get("precision", FP32)
-    if value not in (FP32, BF16):
-        raise InputError(sidecar_path(weights), f"precision {value!r} is neither {FP32} nor {BF16}")
-    return value
+    value = info.get("precision", Precision.FP32.value)
+    if value not in (Precision.FP32, Precision.BF16):
+        raise InputError(sidecar_path(weights), f"precision {value!r} is neither {Precision.FP32} nor {Precision.BF16}")
+    return Precision(value)
 
 
 # -- weights + sidecar, the layout shared by encoders and heads ----------------------------------------

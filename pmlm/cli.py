@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except PmlmError as exc:
         print(f"pmlm {args.command}: error: {exc}", file=sys.stderr)
-        if getattr(exc, "exit_at_once", False):  # no teardown (pmlm.train.parallel.LostRanks says why)
+        if getattr(exc, "exit_at_once", False):  # no teardown (pmlm.train.step_layout.LostRanks says why)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(2)

@@ -37,7 +37,7 @@ from pmlm import alphabet
 from pmlm.artefacts import write_encoder_tensors
 from pmlm.errors import ConfigError, InputError
 from pmlm.files import file_digest
-from pmlm.model.config import ModelConfig
+from pmlm.model.config import ModelConfig, PairVocab
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import ENCODER_FILE, build_model
 from pmlm.version import versions
@@ -63,29 +63,9 @@ FAIRSEQ_ROW = [
 ]
 
 # the released code's registered architectures (models/pmlm.py l.402-512, models/mlm.py l.360-450)
-PMLM_ARCHS = (
-    "prot_pmlm",
-    "prot_pmlm_base",
-    "prot_pmlm_small",
-    "prot_pmlm_tiny",
-    "prot_pmlm_large",
-    "prot_pmlm_xl",
-    "prot_pmlm_xlw",
-    "prot_pmlm_1b",
-    "prot_pmlm_1bw",
-    "prot_pmlm_xbase",
-    "prot_pmlm_finetune",
-)
-MLM_ARCHS = (
-    "prot_mlm",
-    "prot_mlm_base",
-    "prot_mlm_small",
-    "prot_mlm_large",
-    "prot_mlm_xl",
-    "prot_mlm_1b",
-    "prot_mlm_xbase",
-    "prot_mlm_finetune",
-)
+PMLM_SIZES = ("", "_base", "_small", "_tiny", "_large", "_xl", "_xlw", "_1b", "_1bw", "_xbase", "_finetune")
+PMLM_ARCHS = tuple(f"prot_pmlm{size}" for size in PMLM_SIZES)
+MLM_ARCHS = tuple(f"prot_mlm{size}" for size in ("", "_base", "_small", "_large", "_xl", "_1b", "_xbase", "_finetune"))
 # --pretrain-task of the prot_pmlm task (tasks/pmlm.py l.83) -> our objective; "pmlm" trains the pair head alone
 # without the diagonal, which leaves the token head untrained and has no objective of ours
 PRETRAIN_TASKS = {"pcomb": PMLM, "mlm": MLM}
@@ -221,7 +201,7 @@ def released_model(state: dict, path: Path) -> tuple[ModelConfig, ObjectiveConfi
             dropout=float(_arg(args, "dropout", path, (int, float))),
             attention_dropout=float(_arg(args, "attention_dropout", path, (int, float))),
             activation_dropout=float(_arg(args, "act_dropout", path, (int, float))),
-            pair_vocab="full",
+            pair_vocab=PairVocab.FULL,
             positions="fairseq",
         )
         mask_prob = float(getattr(args, "mask_prob", 0.15))
@@ -314,7 +294,7 @@ def tensor_plan(
     residues = FAIRSEQ_ROW[alphabet.FIRST_RESIDUE_ID : alphabet.FIRST_RESIDUE_ID + alphabet.NUM_RESIDUES]
     plan["token_head.out.weight"] = ((alphabet.NUM_RESIDUES, cfg.hidden), lambda: f32(out[residues]))
     plan["token_head.out.bias"] = ((alphabet.NUM_RESIDUES,), lambda: f32(bias[residues]))
-    if objective.name != MLM:
+    if objective.kind.pair_head:
         copy("pair_head.dense.weight", "encoder.plm_head_transform_weight.weight")
         copy("pair_head.dense.bias", "encoder.plm_head_transform_weight.bias")
         copy("pair_head.norm.weight", "encoder.p_layer_norm.weight")
@@ -333,7 +313,7 @@ def tensor_plan(
         plan["pair_head.out.bias"] = ((side * side,), lambda: f32(pair_b[rows]))
 
     dropped = {k: why for k, why in DROPPED.items() if k in weights}
-    if objective.name == MLM:
+    if not objective.kind.pair_head:
         dropped.update(
             {
                 k: "the pair head of a run trained with --pretrain-task mlm (untrained)"

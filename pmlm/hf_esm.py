@@ -1,14 +1,7 @@
 """ESM checkpoints in ``transformers``' format (ESM-2; ESM-1b and ESM-1v folders are read the same way) as pmlm
 encoders: ``transformers``' own ``EsmModel`` runs the layers, wrapped so that fine-tuning, evaluation, ``embed``,
-``contacts`` (through a fine-tuned head) and ``score`` use it like a ``PMLMModel``.
-
-Why a wrapper rather than converting the weights into ``pmlm.model.encoder``: ESM-2 adds rotary positions
-(applied to the query after it is scaled by 1/sqrt(head_dim)), pre-LN layers with a LayerNorm after the last one,
-"token dropout" (every ``<mask>`` embedding zeroed and the others rescaled by (1 - 0.15 * 0.8) / (1 - the row's
-masked fraction), at evaluation too) and its own 33-token alphabet. ``transformers``' ``EsmModel`` is the module
-the checkpoints are published for, so running it computes exactly what ``transformers`` computes (the masked
-marginals of ``pmlm score`` are those of ``EsmForMaskedLM`` at the masked site) and follows ESM's variants as
-``transformers`` does; our encoder keeps its one fast path (packed attention, compiled layers).
+``contacts`` (through a fine-tuned head) and ``score`` use it like a ``PMLMModel``. Why a wrapper rather than
+converting the weights, and what is exact: docs/huggingface.md, "Import".
 
 The wrapper's interface is the ``PMLMModel`` one that callers read: ``cfg`` (``EsmShape``: layers, width,
 window), ``encode``, ``forward`` (``representations``, ``logits``), ``token_head`` (our ``TokenHead`` holding
@@ -18,9 +11,9 @@ mapped onto ESM's ids by symbol inside ``encode``. Parameter names start with ``
 ``token_head.`` for the head, as ``TaskModel`` expects (the trunk trains under full fine-tuning, the head never).
 
 The encoder artefact (``pmlm import``, pmlm.hf_import) is a ``transformers`` folder written by
-``save_pretrained`` (``config.json``, ``model.safetensors``, the tokenizer's files) plus ``model.json`` with
-``model.architecture: esm``; loading goes through ``from_pretrained`` (which knows its own files' names across
-``transformers`` versions), with missing or mismatched tensors refused in one line.
+``save_pretrained`` plus ``model.json`` with ``model.architecture: esm``; loading goes through ``from_pretrained``
+(which knows its own files' names across ``transformers`` versions), with missing or mismatched tensors refused in
+one line.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """``pmlm export``: a pmlm encoder as a folder ``transformers`` loads offline, and the way back (``pmlm import DIR``).
 
-Two layouts, chosen from the encoder's layers (``layout``):
-
-* ``roberta``, no remote code, where a stock architecture computes exactly what ours does: post-LN layers,
-  LayerNorm on the embeddings, GELU (erf form, ``transformers``' "gelu"), no activation dropout, a token head and no
-  pair or triple head (the released MLM family). ``RobertaForMaskedLM`` then holds our tensors: q, k and v are
-  the three blocks of our ``qkv``; its learned position table holds our sinusoidal vectors, shifted by two rows
-  because RoBERTa numbers the token at index t as position t + padding_idx + 1 = t + 2 (``transformers``'
-  ``create_position_ids_from_input_ids``; rows 0 and 1 are zero and never read by a real token); its token-type
-  embedding is one zero row; LayerNorm eps is ours (1e-5, not RoBERTa's 1e-12); the LM head's decoder has our 20
-  residue rows and zero rows elsewhere, with bias -inf there (our head predicts residues only), untied from the
-  input embedding.
-* ``pmlm``, a ``transformers`` class of our own (pmlm/hf_remote/modeling_pmlm.py, copied into the folder, loaded
-  with ``trust_remote_code=True``) for every other encoder: PMLM (ReLU, no embedding LayerNorm, the pair head),
-  the pair-only variant, the Triple MLM, pre-LN encoders. Its parameters carry our names, plus the position table
-  as ``encoder.positions``.
-
-Both folders hold ``config.json`` (with a ``pmlm`` section: our model and objective settings, the encoder's
-provenance from model.json and the sha256 of the exported weights), ``model.safetensors`` and a fast tokenizer
-(``tokenizer.json``, ``tokenizer_json``: our ids, ``<cls>`` residues ``<eos>``, exactly one token per residue
-letter, letters read as ``pmlm embed --unknown x`` reads them; ``AutoTokenizer`` loads it without remote code).
+Two layouts, chosen from the encoder's layers (``HfLayout.of``): ``roberta``, a stock ``RobertaForMaskedLM`` where
+it computes exactly what ours does (the released MLM family), and ``pmlm``, our own class
+(pmlm/hf_remote/modeling_pmlm.py, copied into the folder, loaded with ``trust_remote_code=True``) for every other
+encoder. What each holds, why the stock one is exact, the tokenizer and ``config.json``'s ``pmlm`` section:
+docs/huggingface.md, "Export".
 
 ``encoder_state`` maps such a folder's tensors back onto our names, and refuses tensors that the export derives
 (position table, token types, the decoder's non-residue rows) when they differ from what it would write: such a
@@ -39,6 +24,7 @@ from safetensors.torch import save_file
 
 from pmlm import alphabet
 from pmlm.adapters import merge
+from pmlm.choices import Choice
 from pmlm.errors import InputError
 from pmlm.files import file_digest
 from pmlm.model.config import ModelConfig
@@ -47,15 +33,33 @@ from pmlm.outputs import folder_target, writing_folder
 from pmlm.pretrained import ENCODER_FILE, adapter_record, is_esm, load_encoder
 from pmlm.version import __version__
 
-ROBERTA, PMLM_LAYOUT = "roberta", "pmlm"
+
+class HfLayout(Choice):
+    """The ``transformers`` layout of an exported folder (config.json's ``pmlm.layout``)."""
+
+    ROBERTA = "roberta"
+    PMLM = "pmlm"  # pmlm's tensor names, and a class of its own shipped in the folder (pmlm/hf_remote)
+    ESM = "esm"  # an ESM encoder's own folder, a LoRA run merged in
+
+    @property
+    def own_names(self) -> bool:
+        return self is HfLayout.PMLM
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> HfLayout:
+        """``roberta`` where RoBERTa computes what the encoder does (module docstring), else ``pmlm``."""
+        stock = not cfg.norm.final and cfg.embedding_norm and cfg.activation == "gelu" and cfg.token_head
+        stock = stock and cfg.activation_dropout == 0.0 and not (cfg.pair_head or cfg.triple_head)
+        return cls.ROBERTA if stock else cls.PMLM
+
+
 EXPORT_COMMAND = "pmlm export"  # the writer of the folders it writes (pmlm.outputs)
 # the config.json section that carries model.json's provenance and settings (read back by pmlm import)
 PROVENANCE_SECTION = "pmlm"
-ESM_LAYOUT = "esm"  # an ESM encoder's own folder, a LoRA run merged in
 LAYOUT_CLASSES = {
-    ROBERTA: "RobertaForMaskedLM",
-    PMLM_LAYOUT: "PmlmForMaskedLM, trust_remote_code=True",
-    ESM_LAYOUT: "EsmForMaskedLM",
+    HfLayout.ROBERTA: "RobertaForMaskedLM",
+    HfLayout.PMLM: "PmlmForMaskedLM, trust_remote_code=True",
+    HfLayout.ESM: "EsmForMaskedLM",
 }
 REMOTE_MODULE = "modeling_pmlm.py"
 REMOTE_SOURCE = Path(__file__).with_name("hf_remote") / REMOTE_MODULE
@@ -72,20 +76,6 @@ ROBERTA_LAYER = {
 }
 ROBERTA_HEAD = {"token_head.dense": "lm_head.dense", "token_head.norm": "lm_head.layer_norm"}
 ROBERTA_EMBEDDINGS = "roberta.embeddings."
-
-
-def layout(cfg: ModelConfig) -> str:
-    """``roberta`` where RoBERTa computes what the encoder does (module docstring), else ``pmlm``."""
-    stock = (
-        cfg.norm == "post"
-        and cfg.embedding_norm
-        and cfg.activation == "gelu"
-        and cfg.activation_dropout == 0.0
-        and cfg.token_head
-        and not cfg.pair_head
-        and not cfg.triple_head
-    )
-    return ROBERTA if stock else PMLM_LAYOUT
 
 
 def roberta_positions(cfg: ModelConfig) -> torch.Tensor:
@@ -292,7 +282,7 @@ def export_encoder(
     *,
     overwrite: bool = False,
     adapter: str | os.PathLike | None = None,
-) -> tuple[Path, str]:
+) -> tuple[Path, HfLayout]:
     """Write the folder of ``encoder`` (model.safetensors or its folder) as ``out_dir``, a folder target of
     ``pmlm export`` (pmlm.outputs; ``overwrite`` as ``--overwrite``); (folder, layout). ``adapter``: a fine-tuned
     run whose adapters are merged into the weights first (pmlm.adapters.merge): a plain encoder that
@@ -307,14 +297,13 @@ def export_encoder(
 
         provenance = {"encoder_file": weights.name, "encoder_sha256": file_digest(weights), **adapter_record(adapter)}
         provenance["exported_by"] = f"pmlm {__version__}"
-        return save_merged(merge(model), weights, out_dir, overwrite, provenance, EXPORT_COMMAND), ESM_LAYOUT
+        return save_merged(merge(model), weights, out_dir, overwrite, provenance, EXPORT_COMMAND), HfLayout.ESM
     if adapter is not None:
         merge(model)
     cfg = model.cfg
-    kind = layout(cfg)
-    state = model.state_dict()
-    tensors = roberta_tensors(state, cfg) if kind == ROBERTA else pmlm_tensors(state, cfg)
-    config = roberta_config(cfg) if kind == ROBERTA else pmlm_config(cfg)
+    kind = HfLayout.of(cfg)
+    to_tensors, to_config = (pmlm_tensors, pmlm_config) if kind.own_names else (roberta_tensors, roberta_config)
+    tensors, config = to_tensors(model.state_dict(), cfg), to_config(cfg)
     config[PROVENANCE_SECTION] = {
         "layout": kind,
         "model": cfg.to_dict(),
@@ -332,7 +321,7 @@ def export_encoder(
         (staged / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name, text in tokenizer_files(cfg.max_len).items():
             (staged / name).write_text(text)
-        if kind == PMLM_LAYOUT:
+        if kind.own_names:
             shutil.copyfile(REMOTE_SOURCE, staged / REMOTE_MODULE)
     return Path(out_dir), kind
 
@@ -346,10 +335,10 @@ def _check_derived(tensors: dict, name: str, expected: torch.Tensor, where: Path
         raise InputError(where, f"{name} is not what pmlm export writes (changed after export?); not a pmlm encoder")
 
 
-def encoder_state(tensors: dict, cfg: ModelConfig, kind: str, where: Path) -> dict[str, torch.Tensor]:
+def encoder_state(tensors: dict, cfg: ModelConfig, kind: HfLayout, where: Path) -> dict[str, torch.Tensor]:
     """A folder's tensors (``export_encoder``'s layout ``kind``) under our names; the tensors the export derives
     must be exactly what it writes."""
-    if kind == PMLM_LAYOUT:
+    if kind.own_names:
         _check_derived(tensors, "encoder.positions", position_table(cfg), where)
         return {k: v for k, v in tensors.items() if k != "encoder.positions"}
     _check_derived(tensors, f"{ROBERTA_EMBEDDINGS}position_embeddings.weight", roberta_positions(cfg), where)
@@ -386,7 +375,7 @@ def encoder_state(tensors: dict, cfg: ModelConfig, kind: str, where: Path) -> di
 
 def described_model(section: dict, where: Path) -> dict:
     """The model.json sections a folder's ``pmlm`` section records (model, objective, step, source)."""
-    if not isinstance(section, dict) or section.get("layout") not in (ROBERTA, PMLM_LAYOUT):
+    if not isinstance(section, dict) or section.get("layout") not in (HfLayout.ROBERTA, HfLayout.PMLM):
         raise InputError(where, "config.json's pmlm section has no layout roberta / pmlm (not written by pmlm export)")
     for key in ("model", "objective"):
         if not isinstance(section.get(key), dict):

@@ -8,9 +8,7 @@ machine has network) as a pmlm encoder artefact in ``-o DIR``. Two kinds are rea
 * a folder written by ``pmlm export`` (its config.json carries a ``pmlm`` section): its tensors mapped back onto our
   names (pmlm.hf_export.encoder_state), so ``DIR`` holds the exported encoder tensor for tensor.
 
-Anything else is refused in one line, before anything is written: a folder without config.json (not a model),
-another ``model_type`` (an unsupported architecture), an ESM folder without its tokenizer's vocab.txt, weights
-whose tensors are missing or whose shapes disagree with config.json.
+Anything else is refused in one line, before anything is written (docs/huggingface.md, "Import").
 
 ``import_source`` is ``pmlm import``'s one entry, for these and for released checkpoints (pmlm.fairseq_checkpoint):
 ``DIR`` is a folder of its own (pmlm.outputs), checked before anything is read and written through a staging folder,
@@ -28,7 +26,7 @@ from pmlm.artefacts import ENCODER_FORMAT, read_weights, write_encoder
 from pmlm.errors import InputError
 from pmlm.fairseq_checkpoint import import_checkpoint, is_checkpoint_file
 from pmlm.files import file_digest
-from pmlm.hf_export import PROVENANCE_SECTION, described_model, encoder_state
+from pmlm.hf_export import PROVENANCE_SECTION, HfLayout, described_model, encoder_state
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.outputs import folder_target, writing_folder
 from pmlm.pretrained import ENCODER_FILE, ESM, encoder_configs, encoder_from_state
@@ -207,7 +205,7 @@ def import_exported(folder: Path, config: dict, out_dir: str | Path, expect_obje
     weights = folder / ENCODER_FILE
     if not weights.is_file():
         raise InputError(weights, "missing: the exported weights")
-    state = encoder_state(read_weights(weights), model_cfg, section["layout"], weights)
+    state = encoder_state(read_weights(weights), model_cfg, HfLayout(section["layout"]), weights)
     encoder_from_state(model_cfg, objective, state, weights, CONFIG_FILE)  # every tensor present with its shape
     info = {
         **described,

@@ -1,22 +1,7 @@
 """Where a command writes: one rule for every ``pmlm`` command that writes results, so that none ever removes or
-changes a file it did not write.
-
-A command writes one of three shapes, fixed by the command, never guessed from what is on disk:
-
-* **a file** (``pmlm embed -o OUT.parquet``, ``pmlm score -o SCORES.tsv``): the name must end with one of the
-  command's formats (``.parquet``, ``.tsv``, ...). An existing file of that name is the previous result and is
-  replaced when its content is of that format (a Parquet file, UTF-8 text, a PNG, ...); a folder, ``.``, or a file
-  of another format is refused.
-* **files with a prefix** (``--out-prefix PREFIX`` writes ``PREFIX.csv``, ``PREFIX.md``, ...): each is a file
-  target as above, the suffixes being the command's.
-* **a folder** (``pmlm contacts -o DIR``, ``pmlm export -o DIR``, ``pmlm tokenize --out-dir DIR``): the command
-  records the files it wrote (relative names, ``train/part-00000.parquet`` in a subfolder) in
-  ``DIR/.pmlm-outputs.json``. An existing folder is used only when everything in it is listed there by the same
-  command (or it is empty); a folder holding anything else is refused, and ``--overwrite`` replaces only the
-  command's own files, leaving the others as they are. A file where a folder is expected is refused.
-* **a run folder** (``pmlm pretrain --out DIR``, ``pmlm finetune --out DIR``): a folder the command keeps and
-  resumes (checkpoints, its log), so it is never replaced whole. It is the command's own when it is new, empty, or
-  holds only the names such a run writes (:func:`run_folder_target`); anything else, ``.``, or a file is refused.
+changes a file it did not write. The four shapes (a file, files with a prefix, a folder of its own listed in
+``DIR/.pmlm-outputs.json``, a run folder), each fixed by the command and never guessed from what is on disk:
+docs/cli.md, "Where results are written".
 
 Refusals are :class:`OutputError` (one line, exit 2), raised before any work. Results are written under temporary
 names beside their targets and renamed into place when the command succeeds (a new folder appears whole; in an
@@ -43,8 +28,9 @@ TEXT_SUFFIXES = (
     *(".tsv", ".csv", ".md", ".tex", ".html", ".json", ".svg", ".txt", ".fasta", ".fa", ".faa", ".jsonl", ".yaml"),
     *(".yml", ".xml", ".log"),
 )
-# the first bytes of binary formats a command may write or copy (pmlm extract, pmlm fetch)
+# the first bytes of binary formats a command may write or copy (pmlm extract, pmlm fetch), after MAGIC_OFFSET's
 MAGIC = {
+    ".safetensors": b"{",  # an 8-byte little-endian header length, then the JSON header
     ".parquet": PARQUET_MAGIC,
     ".png": PNG_MAGIC,
     ".npz": b"PK",
@@ -55,6 +41,7 @@ MAGIC = {
     ".xz": b"\xfd7zXZ\x00",
     ".zst": b"\x28\xb5\x2f\xfd",
 }
+MAGIC_OFFSET = {".safetensors": 8}
 OVERWRITE_HELP = (
     "replace the command's own earlier files even where the target holds files it did not write (those are kept)"
 )
@@ -83,9 +70,7 @@ def _is_format(path: Path, suffix: str) -> bool:
     if not head:
         return True  # an empty file holds nothing to lose
     if kind in MAGIC:
-        return head.startswith(MAGIC[kind])
-    if kind == ".safetensors":  # an 8-byte little-endian header length, then the JSON header
-        return len(head) > 8 and head[8:9] == b"{"
+        return head[MAGIC_OFFSET.get(kind, 0) :].startswith(MAGIC[kind])
     if kind in TEXT_SUFFIXES:
         try:
             head.decode("utf-8")

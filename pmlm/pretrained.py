@@ -23,6 +23,7 @@ import torch
 
 from pmlm.adapters import attach
 from pmlm.artefacts import head_encoder_path, read_encoder_info, read_head, read_head_info, read_weights, sidecar_path
+from pmlm.choices import Device
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError, InputError
 from pmlm.files import file_digest
@@ -32,22 +33,23 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.task_heads import TaskModel
 from pmlm.tasks.registry import task_named
-from pmlm.vocabulary import DEVICES, MLM, PMLM_PAIR_ONLY, TMLM
 
 ENCODER_FILE = "model.safetensors"
 ESM = "esm"  # model.architecture in the sidecar of an ESM encoder (pmlm.hf_esm)
 HEAD_FILE = "head.safetensors"
 
 
-def pick_device(choice: str, local_rank: int = 0, *, option: str = "--device") -> torch.device:
-    """``auto`` | ``cpu`` | ``cuda`` -> the device to run on: CUDA when asked for or (auto) available, on
-    GPU ``local_rank`` (torchrun's local rank; made the current device). ``option`` names the setting in
-    errors (``--device`` for commands, ``device:`` for recipes)."""
-    if choice not in DEVICES:
-        raise ConfigError(f"{option} must be one of {', '.join(DEVICES)}, got {choice!r}")
-    if choice == "cuda" and not torch.cuda.is_available():
+def pick_device(choice: Device | str, local_rank: int = 0, *, option: str = "--device") -> torch.device:
+    """``device_for`` of a Device or its name (the Python API's, checked here)."""
+    return device_for(Device.parse(choice, option), local_rank, option=option)
+
+
+def device_for(choice: Device, local_rank: int = 0, *, option: str = "--device") -> torch.device:
+    """CUDA when asked for or (auto) available, on GPU ``local_rank`` (torchrun's; made the current device), else
+    the CPU. ``option`` names the setting in errors (``--device`` for commands, ``device:`` for recipes)."""
+    if choice is Device.CUDA and not torch.cuda.is_available():
         raise ConfigError(f"{option} cuda was requested but no CUDA device is visible; use auto or cpu")
-    if choice == "cpu" or not torch.cuda.is_available():
+    if choice is Device.CPU or not torch.cuda.is_available():
         return torch.device("cpu")
     device = torch.device("cuda", local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
@@ -56,11 +58,9 @@ def pick_device(choice: str, local_rank: int = 0, *, option: str = "--device") -
 
 def build_model(model_cfg: ModelConfig, objective: ObjectiveConfig) -> PMLMModel:
     """A PMLMModel carrying exactly the heads ``objective`` trains (randomly initialised)."""
+    heads = objective.kind
     cfg = dataclasses.replace(
-        model_cfg,
-        token_head=objective.name != PMLM_PAIR_ONLY,
-        pair_head=objective.name != MLM,
-        triple_head=objective.name == TMLM,
+        model_cfg, token_head=heads.token_head, pair_head=heads.pair_head, triple_head=heads.triple_head
     )
     return PMLMModel(cfg)
 

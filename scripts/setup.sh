@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with pmlm and its dependencies,
 # plus the system tools the workflow calls (MMseqs2; SLURM only with --slurm, for its tests) and Chromium
-# (headless, for the report test).
-# Usage: scripts/setup.sh [--slurm]
+# (headless, for the report test). With --lint: the linters alone (pyproject.toml's lint extra), for `make lint`.
+# Usage: scripts/setup.sh [--slurm | --lint]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_VERSION=2.13.0
-want_slurm=0
-[ "${1:-}" = "--slurm" ] && want_slurm=1
+want_slurm=0 lint_only=0
+case "${1:-}" in
+    --slurm) want_slurm=1 ;;
+    --lint) lint_only=1 ;;
+    "") ;;
+    *) echo "usage: scripts/setup.sh [--slurm | --lint]" >&2; exit 2 ;;
+esac
 
 say() { printf '[setup] %s\n' "$*"; }
 is_root_debian() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
@@ -47,6 +52,21 @@ PY="$VENV/bin/python"
 # pip -q still prints one warning per local index entry that lacks a package; keep real errors only
 pip_install() { "$PY" -m pip install -q "$@" 2> >(grep -v "neither a file nor a directory" >&2); }
 pip_install --upgrade pip >/dev/null
+
+if [ "$lint_only" = 1 ]; then
+    # the pins of pyproject.toml's `lint = [...]` line (one home for them; the full set-up does not need them)
+    linters=$(sed -n 's/^lint = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
+    [ -n "$linters" ] || { say "no lint = [...] line in pyproject.toml"; exit 1; }
+    stamp="$VENV/.pmlm-linters"
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        say "installing the linters: $linters"
+        # shellcheck disable=SC2086  # one argument per pin
+        pip_install $linters
+        touch "$stamp"
+    fi
+    say "ready: $("$VENV/bin/ruff" --version) | $("$VENV/bin/snakefmt" --version)"
+    exit 0
+fi
 
 # torch first and pinned: an unpinned requirement would pull a multi-GB CUDA build
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then

@@ -47,13 +47,13 @@ class ChargedResidues(Task):
     def build_head(self, cfg, hidden):
         return ResidueLinear(hidden)
 
-    def targets(self, examples, windows, length, threshold):
+    def targets(self, examples, windows, length):
         return padded_labels(examples, windows, length), None
 
-    def terms(self, batch, min_separation):
+    def terms(self, batch):
         return int(batch.targets.ne(IGNORE_LABEL).sum())
 
-    def loss(self, logits, batch, min_separation, head=None):
+    def loss(self, logits, batch, head=None):
         return F.cross_entropy(
             logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
         )
@@ -61,7 +61,7 @@ class ChargedResidues(Task):
     def output(self, logits, k):
         return logits[:k].numpy()
 
-    def metrics(self, proteins, threshold):
+    def metrics(self, proteins):
         right = total = 0
         n = 0
         for protein, out in proteins:

@@ -4,7 +4,7 @@ import graph has no cycle; module base names are unique outside pmlm/commands/; 
 names are compared through pmlm.vocabulary's constants, never as string literals, in pmlm/ and in the workflow (the
 Snakefile, workflow/rules/*.smk and workflow/lib, read as tokens; task names too), and the workflow config schema's
 enums are the vocabulary's; no module is over 400 lines and no function over 120 unless a docstring says why it must
-be one piece; every path ARCHITECTURE.md names exists."""
+be one piece; every path ARCHITECTURE.md names exists. And of the tests: no test module imports another."""
 
 from __future__ import annotations
 
@@ -414,3 +414,130 @@ NAMED_PATH = rf"`((?:{'|'.join(NAMED_ROOTS)})/[\w/.-]*)"
 @pytest.mark.parametrize("path", sorted(set(re.findall(NAMED_PATH, ARCHITECTURE.read_text()))))
 def test_paths_architecture_names_exist(path):
     assert (REPO / path).exists(), f"ARCHITECTURE.md names {path}, which does not exist"
+
+
+# -- the tests themselves: shared helpers live in tests/conftest.py and tests/tiny_models.py, never in a test module
+
+
+def imports_of_test_modules(tree: ast.AST, test_modules: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import of one of ``test_modules`` in ``tree``, those inside functions included."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] in test_modules]
+    return found
+
+
+def test_the_test_import_check_finds_what_it_should():
+    tree = ast.parse(
+        "import test_a\nfrom test_b import x\nfrom conftest import y\nimport tiny_models\n"
+        "def f():\n    from test_a.sub import z\nimport test_other_name_not_a_module\n"
+    )
+    assert imports_of_test_modules(tree, {"test_a", "test_b"}) == [(1, "test_a"), (2, "test_b"), (6, "test_a.sub")]
+
+
+def test_no_test_module_imports_another():
+    """A helper two test files need is defined once, in conftest.py or tiny_models.py: a test module that imports
+    another runs the other's module-level code and couples the two files."""
+    paths = sorted((REPO / "tests").rglob("*.py"))  # the test modules and the helpers beside them
+    test_modules = {path.stem for path in paths if path.name.startswith("test_")}
+    found = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in paths
+        for line, module in imports_of_test_modules(ast.parse(path.read_text(), filename=str(path)), test_modules)
+    ]
+    assert not found, "move what is shared to tests/conftest.py or tests/tiny_models.py:\n" + "\n".join(found)
+
+
+# -- dispatch belongs to the type: a concept's name compared with a literal or a constant is a branch the type owes
+
+# the concepts the project gives a type (pmlm.choices, pmlm.model.objective, pmlm.inference.output_types, the task
+# types): a variable or attribute with one of these names, or ending in "_<name>", or its .name / .value
+CONCEPT_NAMES = (
+    "objective", "attention", "pair_vocab", "precision", "readout", "marginal", "double", "triple", "mode", "norm",
+    "output", "kind", "layout",
+)  # fmt: skip
+MAX_CONCEPT_COMPARISONS = 25  # the four left: hf_remote's norm (remote code imports no pmlm) and coevolution's arms
+
+
+def _concept(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute) and node.attr in ("name", "value"):
+        node = node.value
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        name = node.slice.value
+    else:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return isinstance(name, str) and any(name == c or name.endswith(f"_{c}") for c in CONCEPT_NAMES)
+
+
+def _constant(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (str, int))
+    if isinstance(node, ast.Name):
+        return node.id.isupper()
+    return isinstance(node, ast.Attribute) and (
+        node.attr.isupper() or (isinstance(node.value, ast.Name) and node.value.id[:1].isupper())
+    )
+
+
+def concept_comparisons(tree: ast.AST) -> list[int]:
+    """Lines where a concept's name is compared with == / != to a literal or a constant."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for op, a, b in zip(node.ops, sides[:-1], sides[1:], strict=True):
+                if isinstance(op, (ast.Eq, ast.NotEq)) and (
+                    (_concept(a) and _constant(b)) or (_concept(b) and _constant(a))
+                ):
+                    found.append(node.lineno)
+    return found
+
+
+def test_the_concept_check_finds_what_it_should():
+    tree = ast.parse(
+        "cfg.objective.name == MLM\nmode != 'batch'\nLayout.PACKED == self.layout\nx['readout'] == AUTO\n"
+        "score_mode == Mode.PAIR\nkind is HeadKind.AUTO\nsteps == 3\nobjective == other\nmodel == 'mlm'\n"
+    )
+    assert concept_comparisons(tree) == [1, 2, 3, 4, 5]
+
+
+def test_concepts_are_dispatched_by_their_types():
+    found = [f"pmlm/{_relative(name)}:{line}" for name in sorted(MODULES) for line in concept_comparisons(_tree(name))]
+    assert len(found) <= MAX_CONCEPT_COMPARISONS, (
+        f"{len(found)} comparisons of a concept's name (at most {MAX_CONCEPT_COMPARISONS}); give the branch to the "
+        "type (pmlm.choices, the objective, the output or the task):\n" + "\n".join(found)
+    )
+
+
+# -- the rule files hold rules; the workflow's Python is workflow/lib/ (under ruff, the size bars and unit tests)
+
+MAX_RULE_FILE_DEFS = 20
+
+
+def test_rule_files_hold_rules():
+    defs = {
+        f"{path.relative_to(REPO)}:{i}": line.strip()
+        for path in [REPO / "Snakefile", *sorted(WORKFLOW.glob("rules/*.smk"))]
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.match(r"\s*def \w+\(", line)
+    }
+    assert len(defs) <= MAX_RULE_FILE_DEFS, "move these to workflow/lib/:\n" + "\n".join(defs)
+
+
+def test_workflow_lib_within_the_size_bars():
+    over = []
+    for path in sorted(WORKFLOW.glob("lib/*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            over.append(f"{path.relative_to(REPO)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+            if isinstance(node, functions) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                over.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert not over, "\n".join(over)

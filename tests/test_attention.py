@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import mixed_batch, random_lengths
 
-from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
+from pmlm.alphabet import PAD_ID
 from pmlm.errors import PmlmError
 from pmlm.model import ObjectiveConfig, model_config, pretraining_losses
 from pmlm.model.attention import flash_usable, packed_attention, reference_varlen_attention
@@ -16,24 +17,6 @@ from pmlm.pretrained import build_model
 
 # tiny preset, shortened so the checks run in well under a second
 DIMS = {"num_layers": 2, "hidden": 64, "ffn": 256, "heads": 4, "max_len": 72}
-
-
-def mixed_batch(lengths: list[int], width: int, seed: int) -> torch.Tensor:
-    """<cls> residues <eos> <pad>...: (B, width) with each row's residues given by ``lengths`` (0 = all-<pad> row)."""
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.full((len(lengths), width), PAD_ID, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        if n == 0:
-            continue
-        tokens[row, 0] = CLS_ID
-        tokens[row, 1 : 1 + n] = torch.randint(FIRST_RESIDUE_ID, FIRST_RESIDUE_ID + NUM_RESIDUES, (n,), generator=g)
-        tokens[row, 1 + n] = EOS_ID
-    return tokens
-
-
-def random_lengths(seed: int, rows: int, most: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, most + 1, (rows,), generator=g).tolist()
 
 
 def tolerance(cfg, dtype: torch.dtype) -> float:
@@ -208,8 +191,8 @@ def test_packed_model_on_cuda_matches_the_padded_model_under_bf16(objective):
             out = pretraining_losses(
                 model, tokens, ObjectiveConfig(name=objective), torch.Generator("cuda").manual_seed(0)
             )
-        out["loss"].backward()
-        losses[layout] = out["loss"].item()
+        out.loss.backward()
+        losses[layout] = out.loss.item()
         grads[layout] = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
     with torch.autocast("cuda", dtype=torch.bfloat16):
         assert model.encoder.layout(tokens.device) == Layout.PACKED, "auto should pack under bf16 on this GPU"

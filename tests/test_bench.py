@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from pmlm.model.objective_registry import objective_named
 from pmlm.train import budget
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -26,10 +27,11 @@ def test_model_flops_on_a_hand_counted_batch():
     encoder = 6 * (4 * 16 + 2 * 4 * 8) * 8  # 6 x (4C^2 + 2CF) x T
     attention = 12 * 4 * (3 * 3 + 5 * 5)  # 12 x layers x C x sum n^2
     token_head = 6 * (16 + 20 * 4) * 3  # 6 x (C^2 + 20C) x M
-    assert budget.model_flops(1, 4, 8, "mlm", [3, 5], [1, 2]) == encoder + attention + token_head
+    assert budget.model_flops(1, 4, 8, objective_named("mlm"), [3, 5], [1, 2]) == encoder + attention + token_head
     # pair head: U = 2 positions with a partner, P = 1 unordered pair, 2P = 2 ordered rows of K = 400 classes
     pair_head = 6 * (2 * 16 * (2 + 1) + 2 * 4 * 400 * 2)
-    assert budget.model_flops(1, 4, 8, "pmlm", [3, 5], [1, 2]) == encoder + attention + token_head + pair_head
+    pmlm = objective_named("pmlm")
+    assert budget.model_flops(1, 4, 8, pmlm, [3, 5], [1, 2]) == encoder + attention + token_head + pair_head
 
 
 def _has_transformers() -> bool:

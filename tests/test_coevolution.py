@@ -19,7 +19,7 @@ import yaml
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.coevolution.exact_report import exact_rows
-from pmlm.coevolution.heldout import FamilyData, StudyConfig, heldout_draw, load_families
+from pmlm.coevolution.heldout import FamilyData, StudyConfig, load_families
 from pmlm.coevolution.readouts import (
     CHAIN_ROWS,
     attention_probabilities,
@@ -31,7 +31,8 @@ from pmlm.coevolution.readouts import (
 )
 from pmlm.coevolution.report import load_results, paired_test, supervised_rows, table_rows
 from pmlm.coevolution.study import evaluate_models, readout_costs
-from pmlm.coevolution.supervised import family_folds, family_precision, fit_contact_head
+from pmlm.coevolution.supervised import family_folds, family_precision, fit_contact_head, fold_heads
+from pmlm.data.split import seeded_draw
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.pair_readout import all_pairs
 from pmlm.model.config import model_config
@@ -225,6 +226,23 @@ def test_contact_head_learns_a_signature_and_scores_unseen_families():
     assert family_folds(["a"], seed=0) == []
 
 
+def test_fold_heads_score_each_family_with_heads_fitted_on_the_other_fold():
+    """Both runs of the study (per seed and the curves) fit their supervised heads here: every family is scored once
+    per head, by a head fitted on the other fold only; one family gives no folds."""
+    fams = [_family(f"f{k}", first=k, seed=k) for k in range(4)]
+    encoder = PlantedEncoder({k: f.contacts for k, f in enumerate(fams)})
+    heads = (("supervised_m", "a", "M"), ("supervised_m", "b", "M"))
+    cfg = StudyConfig(sequences=2, head_steps=1)
+    folds = family_folds([f.name for f in fams], seed=3)
+    scored = []
+    for readout, name, head, score_on in fold_heads({"a": encoder, "b": encoder}, fams, cfg, 3, heads):
+        assert readout == "supervised_m" and head.encoder is encoder
+        assert [f.name for f in score_on] in folds
+        scored += [(name, f.name) for f in score_on]
+    assert sorted(scored) == sorted((name, f.name) for name in "ab" for f in fams)
+    assert list(fold_heads({"a": encoder}, fams[:1], cfg, 3, heads[:1])) == []
+
+
 def test_every_readout_averages_over_the_same_heldout_sequences():
     """Each read-out, supervised heads included, reports the ids it averaged over: the same first
     `sequences` held-out ids of each family, for every read-out and model."""
@@ -324,7 +342,7 @@ def test_split_is_per_sequence_deterministic_and_complete(tmp_path):
         name, cluster, family = line[1:].split()
         assert cluster == family.replace("family=", "cluster=") and name.startswith(family[len("family=") :])
     for line in headers["valid"]:
-        assert heldout_draw(line[1:].split()[0], 0) < 0.2
+        assert seeded_draw(line[1:].split()[0], 0) < 0.2
     families = load_families(synth, StudyConfig(valid_fraction=0.2))
     assert [len(f.heldout) for f in families] == [
         sum(h.split()[2] == f"family={f.name}" for h in headers["valid"]) for f in families

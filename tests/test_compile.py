@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention import mixed_batch, random_lengths
+from tiny_models import mixed_batch, random_lengths
 
 from pmlm.model import ObjectiveConfig, model_config
 from pmlm.model.layout import Layout
@@ -52,7 +52,7 @@ def test_the_whole_encoder_compiles_to_one_graph_on_the_packed_path(objective):
         masked = mask_batch(tokens, cfg, generator)
         inputs = masked.step_inputs(cfg, Layout.PACKED, model.cfg.pair_vocab)
         out = objective_outputs(model, inputs, cfg, sample_sizes(masked, cfg))
-        out["loss"].backward()
+        out.loss.backward()
     breaks = dict(counters()["graph_break"])
     graphs = counters()["stats"]["unique_graphs"]
     assert breaks == {}, breaks
@@ -75,8 +75,8 @@ def test_the_compiled_encoder_computes_what_the_eager_one_does():
         for layout in (Layout.PACKED, Layout.PADDED):
             inputs = masked.step_inputs(cfg, layout, model.cfg.pair_vocab)
             out = objective_outputs(model, inputs, cfg, sizes)
-            out["loss"].backward()
-            results.append((out["loss"].detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+            out.loss.backward()
+            results.append((out.loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
     # aot_eager runs the same aten ops in the same order: equal bits
     for (loss, grads), (loss_c, grads_c) in zip(results[:2], results[2:]):
         assert torch.equal(loss, loss_c)
@@ -113,8 +113,8 @@ def test_cuda_graphs_pack_every_micro_batch_to_one_shape_and_compile_once():
         for (inputs, _), (reference, _) in zip(static, dynamic):
             enc = inputs.encoder
             shapes.add((enc.tokens.shape, enc.cu_seqlens.shape, enc.max_len))
-            ours = objective_outputs(model, inputs, cfg.objective, sizes)["loss"]
-            theirs = objective_outputs(eager, reference, cfg.objective, sizes)["loss"]
+            ours = objective_outputs(model, inputs, cfg.objective, sizes).loss
+            theirs = objective_outputs(eager, reference, cfg.objective, sizes).loss
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
             ours.backward()
     assert len(shapes) == 1, shapes  # 50 micro-batches, one shape

@@ -17,8 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_finetune import recipe, write_structures
-from tiny_models import random_letters, tiny_encoder, write_fasta
+from tiny_models import random_letters, recipe, tiny_encoder, write_fasta, write_structures
 
 import pmlm
 import pmlm.errors
@@ -258,7 +257,7 @@ def test_the_jacobian_readout_of_an_mlm_is_its_definition(tmp_path, case):
 
 def test_an_imported_esm_encoder_gets_the_jacobian(tmp_path):
     pytest.importorskip("transformers")
-    from test_huggingface import make_esm2
+    from tiny_models import make_esm2
 
     source = make_esm2(tmp_path / "esm2_tiny")
     assert main(["import", str(source), "-o", str(tmp_path / "encoder"), "--objective", "mlm"]) == 0

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import reorder_tolerance
-from test_attention import mixed_batch
+from tiny_models import mixed_batch
 
 from pmlm.model import ObjectiveConfig, PMLMModel, model_config, pretraining_losses
 from pmlm.model import dropout_attention as kernel
@@ -257,10 +257,10 @@ def test_training_with_attention_dropout_in_both_cpu_layouts_learns():
         for step in range(12):
             out = pretraining_losses(model, tokens, objective, torch.Generator().manual_seed(step % 2))
             optimizer.zero_grad()
-            out["loss"].backward()
+            out.loss.backward()
             assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
             optimizer.step()
-            losses.append(out["loss"].item())
+            losses.append(out.loss.item())
         assert losses[-1] < losses[0] and losses[-2] < losses[1], (layout, losses)
 
 
@@ -354,6 +354,6 @@ def test_the_released_recipes_train_packed_on_cuda_with_attention_dropout(object
         if model.encoder.layout(tokens.device) != Layout.PACKED:
             pytest.skip("FlashAttention does not run on this GPU")
         out = pretraining_losses(model, tokens, ObjectiveConfig(name=objective), torch.Generator("cuda").manual_seed(0))
-    out["loss"].backward()
-    assert torch.isfinite(out["loss"])
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -11,7 +11,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_exact import site_log_conditionals
+from conftest import site_log_conditionals
+from tiny_models import masked_pair_loss, upper_pairs
 
 from pmlm import alphabet
 from pmlm.coevolution.conditionals import (
@@ -23,7 +24,7 @@ from pmlm.coevolution.conditionals import (
 )
 from pmlm.coevolution.epistasis import family_readouts
 from pmlm.coevolution.measures import rank_correlation
-from pmlm.model.objectives import IGNORE_INDEX, masked_pair_loss, upper_pairs
+from pmlm.model.objectives import IGNORE_INDEX
 from pmlm.model.triple import triple_labels, triple_loss
 from pmlm.synth.exact import pair_epistasis, pair_log_conditional, triple_log_conditional
 from pmlm.synth.potts import PottsConfig, PottsModel, family_rng, generate_family

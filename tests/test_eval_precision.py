@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_finetune import make_encoder, recipe, write_structures
-from tiny_models import random_letters, write_fasta
+from tiny_models import make_encoder, random_letters, recipe, write_fasta, write_structures
 
 import pmlm
 from pmlm.cli import main

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_finetune import make_encoder, recipe, write_structures
+from tiny_models import make_encoder, recipe, write_structures
 
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
@@ -332,9 +332,7 @@ def test_a_protein_longer_than_the_window_is_scored_at_its_true_length(tmp_path,
         assert finetune(cfg, encoders["pmlm"], train, tmp_path / f"run_{task}", final) == 0
         model = load_head(final).model
         data = read_task_data(test, task)
-        metrics, n_long = score_task(
-            model, data, batch_size=3, window=22, too_long="windows", threshold=8.0, device="cpu"
-        )
+        metrics, n_long = score_task(model, data, batch_size=3, window=22, too_long="windows", device="cpu")
         assert n_long == 2
         plan = evaluation_plan(data.examples, 3, 22, "windows")
         assert plan.windows == [2, 2] and [[r[1:] for r in rows] for rows in plan.batches] == [

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import site_log_conditionals
 
 from pmlm.alphabet import NUM_RESIDUES, RESIDUES
 from pmlm.cli import main
@@ -27,14 +28,6 @@ from pmlm.synth.potts import PottsConfig, PottsModel, family_rng, generate_famil
 
 # float64 sums of a handful of O(1) terms: exact up to a few ulps
 ATOL = 1e-10
-
-
-def site_log_conditionals(model: PottsModel, x: np.ndarray) -> np.ndarray:
-    """log P(x_s = a | x_-s) of every site, (N, L, q), as pmlm.synth.exact's docstring defines it from
-    ``local_fields``: F_s(a) - logsumexp_a F_s(a)."""
-    f = local_fields(model, x)
-    top = f.max(axis=-1, keepdims=True)
-    return f - top - np.log(np.exp(f - top).sum(axis=-1, keepdims=True))
 
 
 def small_model(q: int, triplet: bool, seed: int = 0) -> PottsModel:

@@ -1,121 +1,31 @@
-"""The fine-tuning loop on CPU: contacts that can be learned are learned, frozen vs full fine-tuning,
-bit-identical resume after SIGTERM, NaN stop, bad configs, deterministic batches."""
+"""The fine-tuning loop on CPU: contacts that can be learned are learned, frozen vs full fine-tuning, bad configs,
+deterministic batches (how a run stops and resumes: tests/test_training_stops.py)."""
 
 from __future__ import annotations
 
-import csv
-import dataclasses
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import metrics_rows
 from safetensors.torch import load_file
+from tiny_models import make_encoder, recipe, write_structures
 
-from pmlm.alphabet import RESIDUES
-from pmlm.artefacts import write_encoder
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.data import TaskLoader
 from pmlm.finetune.finetune import FinetuneHooks, finetune
-from pmlm.model.config import ModelConfig
-from pmlm.model.objectives import ObjectiveConfig
-from pmlm.pretrained import build_model, load_head
+from pmlm.pretrained import load_head
 from pmlm.tasks.contact_task import CONTACT
 from pmlm.tasks.registry import read_task_data
-from pmlm.train import REQUEUE_EXIT_CODE
-from pmlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from pmlm.train.runtime import TrainingDiverged
-
-SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-CLUSTER_SPACING = 20.0  # Angstrom between residue-type clusters: far beyond the 8 A contact threshold
-CLUSTER_RADIUS = 2.5  # every C-beta lies this close to its type's centre, so same-type pairs are <= 5 A apart
-SS_OF_TYPE = "HEC"  # residue type k gets DSSP state SS_OF_TYPE[k % 3]: learnable from the residue alone
 
 # every test of this module runs torch on one thread (conftest.single_thread)
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def make_encoder(
-    path: Path,
-    objective: str = "pmlm",
-    hidden: int = 32,
-    max_len: int = 66,
-    dropout: float = 0.0,
-    seed: int = 0,
-    attention_dropout: float = 0.1,
-) -> Path:
-    """A randomly initialised tiny encoder written like `pmlm pretrain` writes its final weights."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        num_layers=1, hidden=hidden, ffn=2 * hidden, heads=2, max_len=max_len, dropout=dropout,
-        attention_dropout=attention_dropout,
-    )  # fmt: skip
-    objective_cfg = ObjectiveConfig(name=objective)
-    model = build_model(cfg, objective_cfg)
-    info = {"model": model.cfg.to_dict(), "objective": dataclasses.asdict(objective_cfg)}
-    write_encoder(path, model.state_dict(), info)
-    return path
-
-
-def write_structures(path: Path, n: int, seed: int, lengths=(24, 48), types: int = 8) -> Path:
-    """Structure JSONL whose contacts are exactly the pairs of identical residue types.
-
-    Each residue type sits in its own cluster (C-beta within CLUSTER_RADIUS of the type's centre,
-    centres CLUSTER_SPACING apart), so a pair is in contact iff both residues have the same type;
-    the DSSP state is a function of the type too. Geometry is not protein-like, only learnable.
-    """
-    rng = np.random.default_rng(seed)
-    alphabet = RESIDUES[:types]
-    centres = np.arange(types)[:, None] * np.array([CLUSTER_SPACING, 0.0, 0.0])
-    with open(path, "w") as fh:
-        for k in range(n):
-            length = int(rng.integers(lengths[0], lengths[1] + 1))
-            kinds = rng.integers(types, size=length)
-            direction = rng.normal(size=(length, 3))
-            direction /= np.linalg.norm(direction, axis=1, keepdims=True)
-            cb = centres[kinds] + direction * rng.uniform(0, CLUSTER_RADIUS, size=(length, 1))
-            ca = cb + 1.5 * direction
-            record = {
-                "id": f"p{k}",
-                "chain": "A",
-                "start_resnum": 1,
-                "seq": "".join(alphabet[t] for t in kinds),
-                "dssp": "".join(SS_OF_TYPE[t % 3] for t in kinds),
-                "ca": ca.round(3).tolist(),
-                "cb": cb.round(3).tolist(),
-            }
-            fh.write(json.dumps(record) + "\n")
-    return path
-
-
-def recipe(**changes) -> dict:
-    """A contact recipe small enough for CPU steps of a few milliseconds."""
-    cfg = {
-        "task": "contact",
-        "head": {"kind": "linear", "features": "M", "dropout": 0.5},
-        "optim": {"head_lr": 1e-2, "lr": 1e-3, "warmup_steps": 2, "total_steps": 10},
-        "data": {"batch_size": 4, "crop": 32},
-        "log_every": 1,
-        "save_every": 5,
-        "keep_last_checkpoints": 20,
-        "device": "cpu",
-    }
-    for key, value in changes.items():
-        *sections, leaf = key.split("__")
-        node = cfg
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +33,9 @@ def case(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("finetune")
     return {
         "encoder": make_encoder(root / "pmlm" / "model.safetensors"),
-        "encoder_dropout": make_encoder(root / "pmlm_dropout" / "model.safetensors", dropout=0.1, seed=1),
         "train": write_structures(root / "train.jsonl", 48, seed=1),
         "test": write_structures(root / "test.jsonl", 12, seed=2),
     }
-
-
-def _rows(out: Path, split: str = "train") -> list[dict]:
-    with open(out / "metrics.csv", newline="") as fh:
-        return [row for row in csv.DictReader(fh) if row["split"] == split]
 
 
 def test_learnable_contacts_are_learned_above_chance(tmp_path, case):
@@ -151,10 +55,10 @@ def test_learnable_contacts_are_learned_above_chance(tmp_path, case):
     chance = hits / total
     assert 0.05 < chance < 0.3
     assert scores["P@L_tape_s6"] > chance + 0.3, (scores["P@L_tape_s6"], chance)
-    losses = [float(r["loss"]) for r in _rows(tmp_path / "run")]
+    losses = [float(r["loss"]) for r in metrics_rows(tmp_path / "run")]
     assert np.mean(losses[-5:]) < np.mean(losses[:5])
     assert info["features"] == "M" and info["train"]["contact_atom"] == "CB" and info["step"] == 40
-    assert _rows(tmp_path / "run", "valid")[-1]["metric"] == "P@L/5_medium_long"
+    assert metrics_rows(tmp_path / "run", "valid")[-1]["metric"] == "P@L/5_medium_long"
 
 
 @pytest.mark.parametrize("freeze", [True, False])
@@ -187,105 +91,6 @@ def test_frozen_encoder_is_untouched_and_full_finetuning_updates_it(tmp_path, ca
             saved["encoder.encoder.layers.0.attn.qkv.weight"], seen["encoder"]["encoder.layers.0.attn.qkv.weight"]
         )
     assert json.loads(final.with_suffix(".json").read_text())["encoder_trained"] is (not freeze)
-
-
-def _cli(case: dict, out: Path, cfg_path: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pmlm",
-        "finetune",
-        "--config",
-        str(cfg_path),
-        "--encoder",
-        str(case["encoder_dropout"]),
-        "--train",
-        str(case["train"]),
-        "--out",
-        str(out),
-        "--final",
-        str(out / "final" / "head.safetensors"),
-    ]
-
-
-def _steps_logged(out: Path) -> int:
-    try:
-        return max((int(r["step"]) for r in _rows(out)), default=0)
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def test_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, case):
-    """ResNet head with batch norm (running buffers), M+ features, full fine-tuning with encoder
-    dropout: every piece of state that a resume must restore."""
-    total = 40
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(
-        yaml.safe_dump(
-            recipe(
-                freeze_encoder=False,
-                head__kind="resnet",
-                head__features="M+",
-                head__resnet_blocks=2,
-                head__resnet_channels=8,
-                head__resnet_norm="batch",
-                head__dropout=0.1,
-                optim__total_steps=total,
-                save_every=10,
-            )
-        )
-    )
-    ref = tmp_path / "reference"  # uninterrupted, in this process (same single-threaded CPU arithmetic)
-    assert (
-        finetune(
-            FinetuneConfig.from_yaml(cfg_path),
-            case["encoder_dropout"],
-            case["train"],
-            ref,
-            ref / "final" / "head.safetensors",
-        )
-        == 0
-    )
-
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        _cli(case, out, cfg_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV
-    )
-    deadline = time.monotonic() + 120
-    while _steps_logged(out) < 5:
-        assert proc.poll() is None, f"run ended (code {proc.returncode}) before step 5: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, "timed out waiting for step 5"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == REQUEUE_EXIT_CODE, err
-    assert "SIGTERM received" in err
-    stopped = load_checkpoint(latest_checkpoint(out)).step
-    assert 5 <= stopped < total
-    assert not (out / "final").exists()
-
-    done = subprocess.run(_cli(case, out, cfg_path), capture_output=True, text=True, timeout=300, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr
-    assert f"resuming from {out / 'checkpoints' / f'step-{stopped}'}" in done.stderr
-    a, b = load_file(ref / "final" / "head.safetensors"), load_file(out / "final" / "head.safetensors")
-    assert a.keys() == b.keys() and any(k.endswith("running_mean") for k in a)
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs"
-    assert [r["step"] for r in _rows(out)] == [str(s) for s in range(1, total + 1)]
-    assert [r["loss"] for r in _rows(out)] == [r["loss"] for r in _rows(ref)]
-
-
-def test_nan_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, case):
-    def poison(step, model):
-        if step == 7:
-            with torch.no_grad():
-                model.head.out.weight.fill_(float("nan"))
-
-    cfg = FinetuneConfig.from_dict(recipe(optim__total_steps=12))
-    final = tmp_path / "head.safetensors"
-    with pytest.raises(TrainingDiverged, match=r"non-finite loss or gradient at step 8 .*step-5"):
-        finetune(cfg, case["encoder"], case["train"], tmp_path / "run", final, hooks=FinetuneHooks(after_step=poison))
-    assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [5] and not final.exists()
 
 
 def test_ss3_and_remote_homology_run_from_their_formats(tmp_path, case):
@@ -372,7 +177,7 @@ def test_one_update_is_the_same_however_its_proteins_are_micro_batched(tmp_path,
 
 def test_batches_are_a_function_of_seed_and_epoch(case):
     data = read_task_data(case["train"], "contact")
-    first, second = (TaskLoader(data.examples, CONTACT, 4, 20, seed=3, threshold=8.0) for _ in range(2))
+    first, second = (TaskLoader(data.examples, CONTACT, 4, 20, seed=3) for _ in range(2))
     plan = first.epoch_plan(0)
     assert sorted(i for batch in plan for i, _ in batch) == list(range(len(data.examples)))
     assert plan == second.epoch_plan(0) and plan != first.epoch_plan(1)

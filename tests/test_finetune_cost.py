@@ -22,6 +22,7 @@ from tiny_models import random_letters
 
 from pmlm.adapters import attach
 from pmlm.artefacts import write_encoder
+from pmlm.choices import Precision
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.finetune.cost import encoder_spec, peak_memory, with_mode
@@ -31,7 +32,7 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.model.task_heads import TaskModel
 from pmlm.pretrained import build_model, load_encoder, load_head
 from pmlm.tasks.registry import task_named
-from pmlm.train.budget import Precision, measured_bytes
+from pmlm.train.budget import Arithmetic, measured_bytes
 
 RESIDUES = 128
 
@@ -118,7 +119,7 @@ def test_the_estimate_is_the_measured_peak_of_fine_tuning_steps(
         assert finetune(cfg, setup[encoder], setup["train"], out) == 0
 
     measured, _ = measured_bytes(steps, torch.device("cpu"))
-    estimate = peak_memory(cfg, encoder_spec(setup[encoder]), batch[1], Precision(bf16=False, device="cpu"))
+    estimate = peak_memory(cfg, encoder_spec(setup[encoder]), batch[1], Arithmetic(Precision.FP32, "cpu"))
     working = estimate["bytes"]["backward_working_set"]
     assert abs(estimate["total_bytes"] - measured) <= working / 2 + 0.01 * measured, (estimate, measured)
 

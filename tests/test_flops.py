@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention import mixed_batch
+from tiny_models import mixed_batch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pmlm.alphabet import IGNORE_INDEX
@@ -30,9 +30,9 @@ def test_the_model_flop_count_is_torchs_count_of_a_micro_batch(objective):
     inputs = masked.step_inputs(cfg, Layout.PACKED, model.cfg.pair_vocab)
     assert inputs.encoder.rows == sum(TOKENS)
     with FlopCounterMode(display=False) as counter:
-        objective_outputs(model, inputs, cfg, sample_sizes(masked, cfg))["loss"].backward()
+        objective_outputs(model, inputs, cfg, sample_sizes(masked, cfg)).loss.backward()
     per_sequence = masked.targets.ne(IGNORE_INDEX).sum(1).tolist()
     assert min(per_sequence) >= 2  # every masked residue has a partner: the formula's U is all of them
     # (on a GPU the fused output layer pads its 400 classes to 448 for the matmuls: work, not model FLOPs)
-    expected = budget.model_flops(DIMS["num_layers"], DIMS["hidden"], DIMS["ffn"], objective, TOKENS, per_sequence)
+    expected = budget.model_flops(DIMS["num_layers"], DIMS["hidden"], DIMS["ffn"], cfg.kind, TOKENS, per_sequence)
     assert counter.get_total_flops() == expected

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_model import LargestTensor
+from conftest import LargestTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pmlm.model import fused_ce, objectives

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import yaml
-from test_finetune import recipe, write_structures
+from tiny_models import recipe, write_structures
 
 # `python -m pmlm ...` with every import of Bio* / snakemake* failing, as on an image without them
 BLOCKED_RUNNER = textwrap.dedent(

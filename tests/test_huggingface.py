@@ -11,7 +11,7 @@
 
 Tolerances: our encoder and ``transformers``' modules do the same fp32 arithmetic in other orders (fused q/k/v
 against three projections, the pair head's split first layer against one Linear on the concatenation, attention
-kernels), so values may differ by the rounding of their sums, which grows with depth (test_import.layer_tolerance).
+kernels), so values may differ by the rounding of their sums, which grows with depth (conftest.layer_tolerance).
 The ESM encoder runs ``transformers``' module itself, so its representations are those of ``transformers`` exactly;
 only our 20-residue token head reorders sums (test ``esm_score_tolerance``).
 """
@@ -27,12 +27,10 @@ import pytest
 import torch
 import transformers
 import yaml
-from conftest import reorder_tolerance
+from conftest import RELEASED_FIXTURE as FIXTURE
+from conftest import REPO, job_counts, layer_tolerance, our_tokens, reorder_tolerance, snakemake
 from safetensors.torch import load_file, save_file
-from test_import import FIXTURE, layer_tolerance, our_tokens
-from test_release_workflow import _chains
-from test_workflow import REPO, job_counts, snakemake
-from tiny_models import ESM_WINDOW, make_esm2
+from tiny_models import ESM_WINDOW, demo_chains, make_esm2
 from transformers.models.esm.configuration_esm import get_default_vocab_list
 from workflow_rules import workflow_config
 
@@ -364,7 +362,7 @@ def test_esm2_masked_marginals_are_transformers_forward_at_the_masked_site(esm2,
 
 def write_chains(folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    chains = _chains(20, ESM_WINDOW)
+    chains = demo_chains(20, ESM_WINDOW)
     paths = {}
     for split, rows in (("train", chains[:12]), ("valid", chains[12:15]), ("test", chains[15:])):
         paths[split] = folder / f"chains_{split}.jsonl"

@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import reorder_tolerance
+from conftest import RELEASED_FIXTURE as FIXTURE
+from conftest import REPO, layer_tolerance, our_tokens, released_provenance
 from safetensors.torch import load_file
 
 import pmlm
@@ -32,8 +33,6 @@ from pmlm.model.config import model_config
 from pmlm.model.encoder import fairseq_positions, sinusoidal_positions
 from pmlm.pretrained import load_encoder
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "tests" / "data" / "released"
 EPS = torch.finfo(torch.float32).eps
 
 
@@ -297,7 +296,7 @@ def test_the_expected_objective_is_checked(released_tiny, tmp_path):
 
 # -- equivalence with the released code run by fairseq -------------------------------------------------------
 
-PROVENANCE = json.loads((FIXTURE / "provenance.json").read_text())
+PROVENANCE = released_provenance()
 
 
 def released_class_of_ours() -> list[int]:
@@ -310,22 +309,6 @@ def released_class_of_ours() -> list[int]:
     index = [fairseq.index(names.get(t, t)) for t in ours]
     side = len(fairseq)
     return [side * index[b] + index[a] for a in range(side) for b in range(side)]
-
-
-def our_tokens(released_tokens: torch.Tensor) -> torch.Tensor:
-    """The fixture's fairseq token ids as ours, symbol by symbol."""
-    names = {"<s>": alphabet.CLS, "<pad>": alphabet.PAD, "</s>": alphabet.EOS}
-    fairseq = PROVENANCE["models"]["pmlm"]["dictionary"]
-    table = torch.tensor([alphabet.TOKEN_TO_ID.get(names.get(s, s), -1) for s in fairseq])  # the gap: no token
-    ours = table[released_tokens]
-    assert (ours >= 0).all()
-    return ours
-
-
-def layer_tolerance(reference: torch.Tensor, depth: int, cfg) -> float:
-    """fp32 rounding, accumulated: each layer's sums run over at most C + ffn + T terms (projections, feed-forward,
-    attention), each layer adds its own rounding to what it was given, so the bound grows with the depth."""
-    return depth * reorder_tolerance(reference, cfg.hidden + cfg.ffn + cfg.max_len)
 
 
 @pytest.fixture(scope="module")

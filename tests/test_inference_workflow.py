@@ -2,7 +2,7 @@
 by residues (`pmlm shard-fasta`), the gather's refusals (parts of another shard, of another encoder, missing, with
 other settings), the config's checks and defaults, and `snakemake --cores 2 inference` whose gathered files equal
 the single commands' outputs on the whole FASTA. tests/test_slurm_inference.py runs the same through the local SLURM
-cluster, with a shard job killed mid-way; it imports the helpers here."""
+cluster, with a shard job killed mid-way; the two share their helpers (conftest.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import PROTEOME_MAX_LEN as MAX_LEN
+from conftest import PROTEOME_RUN as RUN
+from conftest import (
+    REPO,
+    assert_equals_single_commands,
+    assert_same_rows,
+    gathered,
+    inference_config,
+    proteome,
+    single_commands,
+)
 from tiny_models import tiny_encoder, write_fasta
 from workflow_rules import workflow_config
 
@@ -26,99 +37,10 @@ from pmlm.inference.embedding import PER_SEQUENCE_SUFFIX
 from pmlm.inference.fasta_shards import MANIFEST, assign_shards, read_manifest, shard_count
 from pmlm.inference.gather import SETTINGS_KEY
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
-from pmlm.vocabulary import INFERENCE_OUTPUTS, OUTPUT_CONTACTS, OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS
+from pmlm.vocabulary import INFERENCE_OUTPUTS, OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS
 
-REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
-DEMO_FASTA = REPO / "data" / "demo" / "uniprot_sample.fasta.gz"
-# the tiny encoder's positions: windows of 32 residues, so the longer sequences below are read as two windows
-MAX_LEN = 34
-RUN = "proteome"
-# float tolerance between a shard's batches and the whole file's (other batch shapes, other summation order)
-ATOL = 1e-4
-
-
-def proteome(n: int) -> dict[str, str]:
-    """``n`` sequences of the demo's UniProt sample (data/demo), cut to 20-69 residues (the longer ones span two of
-    the tiny encoder's windows); every tenth in lowercase, as files from other tools have them."""
-    out = {}
-    for k, record in enumerate(read_fasta(DEMO_FASTA)):
-        if k == n:
-            break
-        letters = record.sequence[: 20 + k % 50]
-        out[record.id] = letters.lower() if k % 10 == 3 else letters
-    return out
-
-
-def inference_config(fasta: Path, encoder: Path, residues_per_shard: int, **settings) -> dict:
-    """A workflow config with an inference section only: every output of one tiny encoder."""
-    section = {
-        "fasta": str(fasta),
-        "encoders": {"tiny": str(encoder)},
-        "outputs": list(INFERENCE_OUTPUTS),
-        "residues_per_shard": residues_per_shard,
-        # every pair within the windows: no cut at the L-th score, where near ties could fall either way
-        "contacts": {"top": "all"},
-        **settings,
-    }
-    return {"run": RUN, "inference": section}
-
-
-def gathered(workdir: Path, output: str, suffix: str = ".parquet") -> Path:
-    return workdir / "results" / RUN / "inference" / "tiny" / f"{output}{suffix}"
-
-
-def single_commands(model: Path, fasta: Path, out: Path, *unknown: str) -> dict[str, Path]:
-    """Each output of the whole FASTA by its command, as a user runs it on one machine (in this process)."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {
-        OUTPUT_EMBEDDINGS: out / "embeddings.parquet",
-        OUTPUT_SUBSTITUTIONS: out / "substitutions.parquet",
-        OUTPUT_CONTACTS: out / "contacts.parquet",
-    }
-    commands = {
-        OUTPUT_EMBEDDINGS: ["embed", str(model), str(fasta), "-o", str(files[OUTPUT_EMBEDDINGS]), *unknown],
-        OUTPUT_SUBSTITUTIONS: ["score", str(model), "--saturation", "--sequence", str(fasta), "-o",
-                               str(files[OUTPUT_SUBSTITUTIONS])],
-        OUTPUT_CONTACTS: ["contacts", str(model), str(fasta), "-o", str(files[OUTPUT_CONTACTS])],
-    }  # fmt: skip
-    for output, argv in commands.items():
-        assert main(argv) == 0, output
-    return files
-
-
-def assert_same_rows(got: Path, want: Path, sort: tuple[str, ...] = ()) -> None:
-    """The same columns and rows (float columns within ATOL); ``sort``: compare in that order (rows whose order the
-    command sets by score, which near ties may swap)."""
-    a, b = pq.read_table(got), pq.read_table(want)
-    assert a.schema.remove_metadata() == b.schema.remove_metadata(), (got, a.schema, b.schema)
-    a, b = a.to_pandas(), b.to_pandas()
-    if sort:
-        a, b = (t.sort_values(list(sort), kind="stable").reset_index(drop=True) for t in (a, b))
-    assert len(a) == len(b), (got, len(a), len(b))
-    for column in a.columns:
-        x, y = a[column].to_numpy(), b[column].to_numpy()
-        if column == "embedding":
-            np.testing.assert_allclose(np.stack(x), np.stack(y), atol=ATOL, err_msg=f"{got}: {column}")
-        elif x.dtype.kind == "f":
-            np.testing.assert_allclose(x, y, atol=ATOL, err_msg=f"{got}: {column}")
-        else:
-            assert (x == y).all(), f"{got}: column {column} differs"
-
-
-def assert_equals_single_commands(workdir: Path, reference: dict[str, Path], ids: list[str]) -> None:
-    """Every gathered file equals the command's output on the whole FASTA, row for row; the rows are in input order
-    (each sequence's rows together, sequences as in the FASTA)."""
-    assert_same_rows(gathered(workdir, OUTPUT_EMBEDDINGS), reference[OUTPUT_EMBEDDINGS])
-    per_sequence = Path(str(reference[OUTPUT_EMBEDDINGS]).removesuffix(".parquet") + PER_SEQUENCE_SUFFIX)
-    assert_same_rows(gathered(workdir, OUTPUT_EMBEDDINGS, PER_SEQUENCE_SUFFIX), per_sequence)
-    assert_same_rows(gathered(workdir, OUTPUT_SUBSTITUTIONS), reference[OUTPUT_SUBSTITUTIONS])
-    assert_same_rows(gathered(workdir, OUTPUT_CONTACTS), reference[OUTPUT_CONTACTS], sort=("id", "i", "j"))
-    for output in INFERENCE_OUTPUTS:
-        column = pq.read_table(gathered(workdir, output), columns=["id"]).column("id").to_pylist()
-        runs = [seq_id for k, seq_id in enumerate(column) if k == 0 or column[k - 1] != seq_id]
-        assert runs == [i for i in ids if i in set(runs)], f"{output}: rows not in input order"
 
 
 def settings(path: Path) -> dict:
@@ -301,9 +223,6 @@ def test_the_schema_names_the_vocabulary_and_the_commands_defaults():
     assert section["contacts"]["properties"]["readout"]["enum"] == list(options["contacts"]["readout"].choices)
     assert section["unknown"]["enum"] == list(options["embed"]["unknown"].choices)
     assert section["unknown"]["enum"] == list(options["shard-fasta"]["unknown"].choices)
-    # the workflow names the per-sequence file as pmlm embed and pmlm gather do
-    rules = (REPO / "workflow" / "rules" / "common_inference.smk").read_text()
-    assert f'PER_SEQUENCE = "{PER_SEQUENCE_SUFFIX}"' in rules
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,6 @@ def test_per_protein_mean_and_pooled():
     assert cell.mean == pytest.approx(0.75)
     assert cell.pooled == pytest.approx(2 / 3)
     assert (cell.n_proteins, cell.n_excluded) == (2, 1)
-    assert cell.as_dict()["n_excluded"] == 1
 
 
 def test_contact_metrics_default_table_and_torch_input():

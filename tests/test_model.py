@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from conftest import reorder_tolerance
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import LargestTensor, reorder_tolerance
+from tiny_models import pair_labels, swap_pairs, upper_pairs
 
 from pmlm import alphabet
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, NUM_RESIDUES, PAD_ID
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.model import PRESETS, ObjectiveConfig, PMLMModel, model_config
+from pmlm.model.config import ModelConfig, PairVocab
 from pmlm.model.heads import PairHead
-from pmlm.model.objectives import pair_labels, swap_pairs, upper_pairs
 from pmlm.pretrained import build_model
 
 # (preset, objective) -> parameter count stated by the paper / design table
@@ -107,8 +109,24 @@ def test_pair_vocabulary_class_counts(pair_vocab):
     classes = torch.arange(NUM_RESIDUES)
     targets = torch.cat([classes, classes]).view(1, -1)  # (1, 40): each residue class twice
     index = torch.tensor([[0, i, NUM_RESIDUES + j] for i in range(NUM_RESIDUES) for j in range(NUM_RESIDUES)])
-    labels = pair_labels(index, targets, pair_vocab)
+    labels = pair_labels(index, targets, model.cfg.pair_vocab)
     assert labels.unique().numel() == NUM_RESIDUES**2 and labels.min() >= 0 and labels.max() < expected
+
+
+def test_the_pair_vocabulary_is_a_type_written_as_its_name():
+    cfg = model_config("tiny", pair_vocab="full")
+    assert cfg.pair_vocab is PairVocab.FULL and cfg.pair_classes == PairVocab.FULL.side**2 == 729
+    assert json.loads(json.dumps(cfg.to_dict()))["pair_vocab"] == "full"  # sidecars keep their bytes
+    assert ModelConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ConfigError, match="model.pair_vocab must be one of standard, full, got 'huge'"):
+        model_config("tiny", pair_vocab="huge")
+    first, second = torch.tensor([0, 19]), torch.tensor([19, 0])
+    assert PairVocab.STANDARD.pair_class(first, second).tolist() == [19, 380]
+    side, offset = alphabet.FULL_PAIR_SIDE, alphabet.FIRST_RESIDUE_ID
+    assert PairVocab.FULL.pair_class(first, second).tolist() == [
+        offset * side + offset + 19,
+        (offset + 19) * side + offset,
+    ]
 
 
 def test_heads_follow_config_and_errors():
@@ -201,21 +219,6 @@ def test_pair_head_chunking_preserves_gradients():
     n_terms = pair_index.shape[0] * NUM_RESIDUES**2  # the longest sums: over pairs and pair classes
     for a, b in zip(grads_one, grads_many):
         torch.testing.assert_close(a, b, rtol=0, atol=reorder_tolerance(a, n_terms, torch.float64))
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any op produces while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.max_numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.max_numel = max(self.max_numel, t.numel())
-        return out
 
 
 def test_pair_head_never_builds_an_all_pairs_tensor():

@@ -7,12 +7,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import diagonal_pairs, pair_labels, swap_pairs, upper_pairs
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, FULL_PAIR_SIDE, MASK_ID, NUM_RESIDUES, PAD_ID, X_ID
 from pmlm.errors import ConfigError
 from pmlm.model import ObjectiveConfig, mask_tokens, model_config, pretraining_losses
-from pmlm.model.objectives import IGNORE_INDEX, diagonal_pairs, pair_labels, swap_pairs, upper_pairs
+from pmlm.model.config import PairVocab
+from pmlm.model.objective_registry import objective_named, objective_names
+from pmlm.model.objectives import IGNORE_INDEX
 from pmlm.pretrained import build_model
+from pmlm.vocabulary import OBJECTIVES
 
 
 def ordered_pairs_of(valid):
@@ -113,7 +117,7 @@ def test_pair_index_and_labels_match_brute_force():
     assert set(got) == expected
     up = upper_pairs(valid)
     assert (up[:, 1] < up[:, 2]).all() and up.tolist() == sorted(up.tolist())
-    full = pair_labels(index, targets, "full")
+    full = pair_labels(index, targets, PairVocab.FULL)
     ti, tj = targets[index[:, 0], index[:, 1]], targets[index[:, 0], index[:, 2]]
     assert full.equal((ti + FIRST_RESIDUE_ID) * FULL_PAIR_SIDE + tj + FIRST_RESIDUE_ID)
     diag = diagonal_pairs(valid)
@@ -140,16 +144,16 @@ def test_pmlm_loss_matches_reference_computation(pair_vocab):
     with torch.no_grad():
         ref = model(inputs, pair_index=index)
         l_mlm = F.cross_entropy(ref["logits"][valid], targets[valid])
-        labels = pair_labels(index, targets, pair_vocab)
+        labels = pair_labels(index, targets, PairVocab(pair_vocab))
         l_pmlm = F.cross_entropy(ref["pair_logits"], labels)
     sizes = valid.sum(1)
-    assert out["pair_total"].item() == int((sizes * sizes - sizes).sum())
-    assert out["mlm_total"].item() == int(valid.sum())
-    torch.testing.assert_close(out["l_mlm"], l_mlm, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out["l_pmlm"], l_pmlm, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out["loss"].detach(), l_mlm + 0.5 * l_pmlm, rtol=1e-4, atol=1e-5)
-    assert out["mlm_correct"].item() == int((ref["logits"][valid].argmax(-1) == targets[valid]).sum())
-    assert out["pair_correct"].item() == int((ref["pair_logits"].argmax(-1) == labels).sum())
+    assert out.pair_total.item() == int((sizes * sizes - sizes).sum())
+    assert out.mlm_total.item() == int(valid.sum())
+    torch.testing.assert_close(out.l_mlm, l_mlm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.l_pmlm, l_pmlm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.loss.detach(), l_mlm + 0.5 * l_pmlm, rtol=1e-4, atol=1e-5)
+    assert out.mlm_correct.item() == int((ref["logits"][valid].argmax(-1) == targets[valid]).sum())
+    assert out.pair_correct.item() == int((ref["pair_logits"].argmax(-1) == labels).sum())
     if pair_vocab == "full":
         assert ref["pair_logits"].shape[1] == FULL_PAIR_SIDE**2
 
@@ -174,30 +178,30 @@ def test_pair_only_uses_diagonal_and_its_marginal():
         F.cross_entropy(off_logits, off_labels, reduction="sum")
         + F.cross_entropy(diag_logits, diag_labels, reduction="sum")
     ) / n_all
-    torch.testing.assert_close(out["loss"].detach(), loss, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out["l_pmlm"], F.cross_entropy(off_logits, off_labels), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.loss.detach(), loss, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.l_pmlm, F.cross_entropy(off_logits, off_labels), rtol=1e-4, atol=1e-5)
     # marginal over the second residue of the 400-way softmax, explicitly summed
     marginal = diag_logits.softmax(-1).view(-1, NUM_RESIDUES, NUM_RESIDUES).sum(dim=2)  # (N, 20)
     t = targets[valid]
-    assert out["mlm_correct"].item() == int((marginal.argmax(-1) == t).sum())
-    torch.testing.assert_close(out["l_mlm"], -marginal[torch.arange(t.numel()), t].log().mean(), rtol=1e-4, atol=1e-5)
+    assert out.mlm_correct.item() == int((marginal.argmax(-1) == t).sum())
+    torch.testing.assert_close(out.l_mlm, -marginal[torch.arange(t.numel()), t].log().mean(), rtol=1e-4, atol=1e-5)
 
 
 def test_pair_only_with_full_vocab_scores_residues_only():
     model = tiny_model("pmlm_pair_only", pair_vocab="full")
     out = pretraining_losses(model, make_tokens([40, 30]), ObjectiveConfig(name="pmlm_pair_only"), gen(6))
-    assert torch.isfinite(out["loss"]) and torch.isfinite(out["l_mlm"])
-    assert 0 <= out["mlm_correct"].item() <= out["mlm_total"].item()
+    assert torch.isfinite(out.loss) and torch.isfinite(out.l_mlm)
+    assert 0 <= out.mlm_correct.item() <= out.mlm_total.item()
     # 20-way marginal restricted to residues: its CE is below that of the 1024-way pair softmax
-    assert out["l_mlm"].item() < out["l_pmlm"].item()
+    assert out.l_mlm.item() < out.l_pmlm.item()
 
 
 def test_mlm_objective_has_no_pair_terms():
     model = tiny_model("mlm")
     assert model.pair_head is None
     out = pretraining_losses(model, make_tokens([30, 30]), ObjectiveConfig(name="mlm"), gen(0))
-    assert out["pair_total"].item() == 0 and out["l_pmlm"].item() == 0.0
-    assert out["mlm_total"].item() > 0
+    assert out.pair_total.item() == 0 and out.l_pmlm.item() == 0.0
+    assert out.mlm_total.item() > 0
     with pytest.raises(ConfigError, match="pair head"):
         pretraining_losses(model, make_tokens([30]), ObjectiveConfig(name="pmlm"), gen(0))
 
@@ -207,9 +211,9 @@ def test_no_masked_residues_gives_zero_loss_and_finite_gradients():
     tokens = make_tokens([4, 6], x_every=1)  # only X residues: all selected, none has a target
     cfg = ObjectiveConfig(mask_prob=1.0)
     out = pretraining_losses(model, tokens, cfg, gen(0))
-    assert out["mlm_total"].item() == 0 and out["pair_total"].item() == 0
-    assert out["loss"].item() == 0.0
-    out["loss"].backward()
+    assert out.mlm_total.item() == 0 and out.pair_total.item() == 0
+    assert out.loss.item() == 0.0
+    out.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
@@ -222,6 +226,22 @@ def test_objective_config_validation():
         ObjectiveConfig(mask_token_prob=0.9, random_token_prob=0.2)
 
 
+def test_objectives_are_registered_types_that_own_their_heads_and_sample_sizes():
+    assert objective_names()[: len(OBJECTIVES)] == OBJECTIVES
+    with pytest.raises(ConfigError, match=r"objective.name must be one of mlm, pmlm, pmlm_pair_only, tmlm.*'bert'"):
+        ObjectiveConfig(name="bert")
+    counts = torch.tensor([5, 20, 3])  # N masked residues, 2P ordered pairs, T triples
+    sizes = {name: ObjectiveConfig(name=name).kind.sample_sizes(counts).tolist() for name in OBJECTIVES}
+    assert sizes == {"mlm": [5, 0, 0], "pmlm": [5, 20, 0], "pmlm_pair_only": [0, 25, 0], "tmlm": [5, 20, 3]}
+    for name in OBJECTIVES:
+        kind, model = objective_named(name), tiny_model(name)
+        assert (model.token_head is not None, model.pair_head is not None, model.triple_head is not None) == (
+            kind.token_head,
+            kind.pair_head,
+            kind.triple_head,
+        )
+
+
 @pytest.mark.parametrize("objective", ["mlm", "pmlm", "pmlm_pair_only", "tmlm"])
 def test_loss_decreases_with_adam(objective):
     model = tiny_model(objective)
@@ -232,9 +252,9 @@ def test_loss_decreases_with_adam(objective):
     for _ in range(30):
         out = pretraining_losses(model, tokens, cfg, gen(11))  # same masks each step: a fixed target
         optimizer.zero_grad()
-        out["loss"].backward()
+        out.loss.backward()
         optimizer.step()
-        losses.append(out["loss"].item())
+        losses.append(out.loss.item())
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.7 * losses[0], losses
 
@@ -252,11 +272,11 @@ def test_losses_go_through_a_distributed_wrapper(tmp_path):
     try:
         ddp = DistributedDataParallel(wrapped_inner)
         out_ddp = pretraining_losses(ddp, tokens, cfg, gen(4))
-        out_ddp["loss"].backward()
+        out_ddp.loss.backward()
     finally:
         dist.destroy_process_group()
     out_plain = pretraining_losses(plain, tokens, cfg, gen(4))
-    out_plain["loss"].backward()
-    torch.testing.assert_close(out_ddp["loss"], out_plain["loss"])
+    out_plain.loss.backward()
+    torch.testing.assert_close(out_ddp.loss, out_plain.loss)
     for a, b in zip(plain.parameters(), wrapped_inner.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)

@@ -19,8 +19,17 @@ from pathlib import Path
 
 import pytest
 from conftest import make_sequences, write_shards
-from test_finetune import write_structures
-from tiny_models import random_letters, tiny_encoder, write_fasta
+from tiny_models import (
+    assay_text,
+    pdb_text,
+    random_letters,
+    result_file,
+    tiny_encoder,
+    write_fasta,
+    write_reference,
+    write_structures,
+    write_zip,
+)
 
 from pmlm.cli import main
 from pmlm.outputs import (
@@ -596,10 +605,6 @@ def inputs(tmp_path_factory):
     """Inputs every command reads, each valid (the commands succeed on a fresh target), under one folder."""
     import tarfile
 
-    from test_proteingym import assay_text, write_reference, write_zip
-    from test_published_tasks import _pdb_text
-    from test_throughput_file import result_file
-
     root = tmp_path_factory.mktemp("inputs")
     encoder = tiny_encoder(root / "pmlm" / "model.safetensors", "pmlm", max_len=40)
     info = json.loads(encoder.with_suffix(".json").read_text())
@@ -634,7 +639,7 @@ def inputs(tmp_path_factory):
         ("train", "train", "valid", "test"))))  # fmt: skip
     pdb_dir = root / "pdb"
     pdb_dir.mkdir()
-    (pdb_dir / "1abc.pdb").write_text(_pdb_text())
+    (pdb_dir / "1abc.pdb").write_text(pdb_text())
     chains = root / "chains.txt"
     chains.write_text("1abcA\n")
     recipe = root / "recipe.yaml"

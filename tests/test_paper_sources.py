@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import pandas as pd
 import yaml
 from archives import tar_bytes, uniprot_release_archive
+from conftest import REPO, snakemake
 from loopback_servers import ftp_server, static_http_server
-from test_workflow import REPO, snakemake
 
 from pmlm.data.uniref import document_head, document_tail, format_entry
 from pmlm.tasks.tape import read_tape

@@ -14,6 +14,7 @@ import yaml
 from conftest import write_shards
 
 from pmlm.alphabet import CLS_ID, EOS_ID, FIRST_RESIDUE_ID, PAD_ID
+from pmlm.choices import Precision
 from pmlm.cli import main
 from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
@@ -47,6 +48,10 @@ def recipe(objective: str, hidden: int, layers: int, budget_tokens: int, accumul
     }
 
 
+def _params(cfg: TrainConfig) -> budget.Parameters:
+    return budget.count_parameters(cfg.model_config(), cfg.objective.kind)
+
+
 def equal_rows(cfg: TrainConfig) -> torch.Tensor:
     batch = budget.largest_micro_batch(cfg)  # one micro-batch per step
     tokens = torch.full((batch.rows, batch.width), PAD_ID, dtype=torch.long)
@@ -69,7 +74,7 @@ def test_kept_tensors_are_the_live_bytes_after_a_forward(objective, bf16, single
     and counters, which are alive too and not counted."""
     cfg = TrainConfig.from_dict(recipe(objective, 48, 3, 2448))
     batch, tokens = budget.largest_micro_batch(cfg), equal_rows(cfg)
-    precision = budget.Precision(bf16=bf16, device="cpu")
+    precision = budget.Arithmetic(Precision.BF16 if bf16 else Precision.FP32, "cpu")
     graph = {}
 
     def forward():
@@ -79,12 +84,12 @@ def test_kept_tensors_are_the_live_bytes_after_a_forward(objective, bf16, single
             graph["out"] = pretraining_losses(graph["model"], tokens, cfg.objective, torch.Generator().manual_seed(0))
 
     _, live = budget.measured_bytes(forward, torch.device("cpu"))
-    params = budget.count_parameters(cfg.model_config(), objective)
+    params = budget.count_parameters(cfg.model_config(), cfg.objective.kind)
     kept = sum(budget.encoder_bytes(cfg.model_config(), batch, precision).values())
-    kept += sum(budget.head_bytes(cfg.model_config(), objective, batch, precision).values())
+    kept += sum(budget.head_bytes(cfg.model_config(), cfg.objective.kind, batch, precision).values())
     kept += budget.FP32 * params.total + (budget.BF16 * params.linear if bf16 else 0)
     assert abs(live - kept) <= 0.01 * kept, (live, kept)
-    assert graph["out"]["loss"].requires_grad  # the graph was alive when the bytes were read
+    assert graph["out"].loss.requires_grad  # the graph was alive when the bytes were read
 
 
 @pytest.mark.parametrize("objective, bf16", CASES)
@@ -96,8 +101,8 @@ def test_the_estimate_is_the_measured_peak_of_training_steps(objective, bf16, si
     masks and the batch."""
     accumulation = 1 if bf16 else 2
     cfg = TrainConfig.from_dict(recipe(objective, 48, 3, 2448, accumulation))
-    precision = budget.Precision(bf16=bf16, device="cpu")
-    estimate = budget.peak_memory(cfg, 1, precision, accumulation)
+    precision = budget.Arithmetic(Precision.BF16 if bf16 else Precision.FP32, "cpu")
+    estimate = budget.peak_memory(cfg, _params(cfg), 1, precision, accumulation)
     batch = budget.largest_micro_batch(cfg, 1, accumulation)
     rng = np.random.default_rng(0)
     rows = [(rng.integers(0, 20, RESIDUES) + FIRST_RESIDUE_ID).astype(np.uint8) for _ in range(96)]
@@ -115,7 +120,7 @@ def test_the_estimate_is_the_measured_peak_of_training_steps(objective, bf16, si
         for _ in range(3):
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = pretraining_losses(model, tokens, cfg.objective, generator)["loss"]
+                loss = pretraining_losses(model, tokens, cfg.objective, generator).loss
             loss.backward()
             optimizer.step()
 
@@ -128,7 +133,7 @@ def test_the_estimate_is_the_measured_peak_of_training_steps(objective, bf16, si
 def test_counts_and_shapes():
     cfg = TrainConfig.from_dict(recipe("pmlm", 48, 3, 2448))
     model = build_model(cfg.model_config(), cfg.objective)
-    params = budget.count_parameters(cfg.model_config(), "pmlm")
+    params = budget.count_parameters(cfg.model_config(), cfg.objective.kind)
     assert params.total == sum(p.numel() for p in model.parameters())
     assert params.per_layer == sum(p.numel() for p in model.encoder.layers[1].parameters())
     batch = budget.largest_micro_batch(cfg)
@@ -144,19 +149,19 @@ def test_counts_and_shapes():
 def test_fsdp_shards_the_static_memory():
     xl = TrainConfig.from_yaml("config/train/xl.yaml", ["objective.name=pmlm_pair_only"])
     # the same micro-batch: one rank accumulating four, or four ranks one each
-    one, four = (budget.peak_memory(xl, world, budget.Precision(bf16=True), 4 // world) for world in (1, 4))
-    params = budget.count_parameters(xl.model_config(), "pmlm_pair_only")
+    params, bf16 = _params(xl), budget.Arithmetic(Precision.BF16)
+    one, four = (budget.peak_memory(xl, params, world, bf16, 4 // world) for world in (1, 4))
     assert one["bytes"]["adamw_state"] == 8 * params.total and four["bytes"]["adamw_state"] == 2 * params.total
     assert four["bytes"]["layers"] == one["bytes"]["layers"]  # activations are per rank, never sharded
     base = TrainConfig.from_yaml("config/train/base.yaml")
-    ddp = budget.peak_memory(base, 4, budget.Precision(bf16=True))
+    ddp = budget.peak_memory(base, _params(base), 4, bf16)
     assert ddp["bytes"]["ddp_buckets"] == 4 * ddp["parameters"] and ddp["bytes"]["weights"] == 4 * ddp["parameters"]
 
 
 def test_cpu_attention_dropout_is_not_estimated():
     cfg = TrainConfig.from_dict(recipe("pmlm", 32, 1, 1020, attention_dropout=0.1))
     with pytest.raises(ConfigError, match="attention dropout on CPU"):
-        budget.peak_memory(cfg, 1, budget.Precision(bf16=False, device="cpu"))
+        budget.peak_memory(cfg, _params(cfg), 1, budget.Arithmetic(Precision.FP32, "cpu"))
 
 
 def write_workflow(tmp_path, models: list[dict]) -> tuple:
@@ -272,22 +277,23 @@ def test_the_step_layout_splits_rows_and_sizes_the_micro_batch_by_the_card():
 
     # auto: the fewest micro-batches per rank whose estimate leaves CARD_HEADROOM of the card; one fewer would not
     large = TrainConfig.from_yaml("config/train/large.yaml")
-    bf16 = budget.Precision(bf16=True)
+    bf16, params = budget.Arithmetic(Precision.BF16), _params(large)
     for card in (24 * budget.GIB, 40 * budget.GIB):  # cards that need an accumulation (80 GiB holds one micro-batch)
-        chosen = choose_layout(large, 4, card, bf16)
+        chosen = choose_layout(large, 4, card, bf16, params)
         assert chosen.micro_tokens == -(-large.tokens_per_step // 4 // chosen.accumulation) and not chosen.note
-        fits = budget.peak_memory(large, 4, bf16, chosen.accumulation)["total_bytes"]
-        fewer = budget.peak_memory(large, 4, bf16, chosen.accumulation - 1)["total_bytes"]
+        fits = budget.peak_memory(large, params, 4, bf16, chosen.accumulation)["total_bytes"]
+        fewer = budget.peak_memory(large, params, 4, bf16, chosen.accumulation - 1)["total_bytes"]
         assert fits <= card * (1 - CARD_HEADROOM) < fewer
     # without a card (CPU): one micro-batch per rank; a recipe the estimate does not model: the same, and a note
     assert choose_layout(large, 4).accumulation == 1
-    tmlm = choose_layout(TrainConfig.from_yaml("config/train/tiny.yaml", ["objective.name=tmlm"]), 2, 80 * budget.GIB)
+    tiny_tmlm = TrainConfig.from_yaml("config/train/tiny.yaml", ["objective.name=tmlm"])
+    tmlm = choose_layout(tiny_tmlm, 2, 80 * budget.GIB, None, _params(tiny_tmlm))
     assert tmlm.accumulation == 1 and "does not model the triple head" in tmlm.note
     # a card too small for one row per micro-batch
     with pytest.raises(
         ConfigError, match="no micro-batch of tokens_per_step 262,144 over 4 ranks fits a card of 2 GiB"
     ):
-        choose_layout(large, 4, 2 * budget.GIB, bf16)
+        choose_layout(large, 4, 2 * budget.GIB, bf16, params)
 
 
 # -- the inference section: GPU-hours and disk per encoder and output ----------------------------------------------

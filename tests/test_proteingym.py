@@ -11,18 +11,22 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import REPO, job_counts, snakemake
 from loopback_servers import static_http_server
-from tiny_models import random_letters, tiny_encoder
+from tiny_models import (
+    PROTEINGYM_FOLDER,
+    assay_text,
+    mutated,
+    random_letters,
+    tiny_encoder,
+    write_reference,
+    write_zip,
+)
 
 from pmlm import alphabet
 from pmlm.cli import main
@@ -32,12 +36,9 @@ from pmlm.pretrained import load_encoder
 from pmlm.proteingym.summary import aggregate
 from pmlm.synth.potts import PottsModel
 
-REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "proteingym"
 POTTS_ID = "POTTS1_SYNTH_Potts"
-FOLDER = "DMS_ProteinGym_substitutions"  # the folder of the published archive's CSV files
 RECIPE = REPO / "config" / "train" / "coevolution_tiny.yaml"
-SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which("snakemake")
 # log-probabilities are fp32 softmaxes of logits of size ~10-100: differences agree to a few fp32 ulps of them
 ATOL = 1e-4
 
@@ -148,56 +149,6 @@ def test_proteingym_aggregation_by_hand():
 
 
 # --- assays as published, and bad input ---------------------------------------------------------------------
-
-REFERENCE_COLUMNS = [
-    "DMS_index",
-    "DMS_id",
-    "DMS_filename",
-    "UniProt_ID",
-    "taxon",
-    "target_seq",
-    "seq_len",
-    "coarse_selection_type",
-]
-
-
-def write_reference(path: Path, assays: list[dict]) -> Path:
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=REFERENCE_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        for k, a in enumerate(assays):
-            writer.writerow(
-                {
-                    "DMS_index": f"DMS_sub_{k}",
-                    "taxon": "Human",
-                    "seq_len": len(a["target_seq"]),
-                    "DMS_filename": f"{a['DMS_id']}.csv",
-                    **a,
-                }
-            )
-    return path
-
-
-def write_zip(path: Path, files: dict[str, str]) -> Path:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, text in files.items():
-            zf.writestr(f"{FOLDER}/{name}", text)
-    return path
-
-
-def mutated(target: str, mutant: str) -> str:
-    letters = list(target)
-    for part in mutant.split(":"):
-        letters[int(part[1:-1]) - 1] = part[-1]
-    return "".join(letters)
-
-
-def assay_text(target: str, mutants: list[str], *, seq_of=None) -> str:
-    lines = ["mutant,mutated_sequence,DMS_score,DMS_score_bin"]
-    for k, m in enumerate(mutants):
-        seq = seq_of(m) if seq_of else mutated(target, m)
-        lines.append(f"{m},{seq},{0.1 * k - 1:.2f},{k % 2}")
-    return "\n".join(lines) + "\n"
 
 
 def other(letter: str) -> str:
@@ -350,7 +301,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, capsys, proble
     files = {"ONE_TEST_2020.csv": assay_text(target, good)}
     extra, reference_rows = [], None
     as_wild = lambda m: mutated(target, m) if m in good else target  # noqa: E731  (no sequence for the bad one)
-    member = f"{tmp_path / 'assays.zip'}/{FOLDER}/ONE_TEST_2020.csv"
+    member = f"{tmp_path / 'assays.zip'}/{PROTEINGYM_FOLDER}/ONE_TEST_2020.csv"
     if problem == "wild_type":
         wrong = "C" if target[6] != "C" else "D"
         files = {"ONE_TEST_2020.csv": assay_text(target, [*good, f"{wrong}7A"], seq_of=as_wild)}
@@ -494,11 +445,6 @@ def test_potts_fixture_scores_are_exact_log_probability_ratios():
         epistasis[m] = (score - singles[a] - singles[b], (int(a[1:-1]) - 1, int(b[1:-1]) - 1) in edges)
     assert max(abs(e) for e, planted in epistasis.values() if not planted) < 1e-9
     assert np.mean([abs(e) for e, planted in epistasis.values() if planted]) > 0.5
-
-
-def snakemake(*args, cwd, timeout=1800):
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run([SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 # Training: the study recipe for 150 steps of 2,048 tokens (~5 passes over the 1,800 training sequences) learns
@@ -670,13 +616,6 @@ pretrain:
     - {dataset: demo, objective: pmlm, preset: tiny}
     - {dataset: demo, objective: mlm, preset: tiny}
 """
-
-
-def job_counts(output: str) -> dict[str, int]:
-    table = output.split("Job stats:", 1)[1]
-    return {
-        m[0]: int(m[1]) for m in (line.split() for line in table.splitlines()[3:]) if len(m) == 2 and m[1].isdigit()
-    }
 
 
 @pytest.mark.parametrize("assays", ["all", "listed"])

@@ -8,6 +8,7 @@ import pickle
 import numpy as np
 import pytest
 from archives import tar_bytes
+from tiny_models import pdb_text
 
 from pmlm.cli import main
 from pmlm.data.archive import extract_member
@@ -103,47 +104,10 @@ def test_raptorx_pickle_as_distributed(tmp_path):
     assert list(read_contact_set(bad, on_error="skip", counts=counts)) == [] and counts.skipped
 
 
-def _atom(serial, name, resname, chain, resnum, xyz, record="ATOM"):
-    element = name[0]
-    label = f" {name:<3}" if len(name) < 4 else name
-    return (
-        f"{record:<6}{serial:>5} {label}{'':1}{resname:>3} {chain}{resnum:>4}{'':1}   "
-        f"{xyz[0]:8.3f}{xyz[1]:8.3f}{xyz[2]:8.3f}{1.0:6.2f}{0.0:6.2f}          {element:>2}"
-    )
-
-
-def _pdb_text() -> str:
-    """Chain A: ALA, GLY (no CB), LYS, MSE (HETATM), TRP with C-alpha only; a water; chain B: one ALA."""
-    lines, serial = [], 1
-    residues = [
-        ("ALA", "ATOM", "N CA C O CB"),
-        ("GLY", "ATOM", "N CA C O"),
-        ("LYS", "ATOM", "N CA C O CB"),
-        ("MSE", "HETATM", "N CA C O CB"),
-        ("TRP", "ATOM", "CA"),
-    ]
-    # ideal backbone: N-CA 1.458 A, CA-C 1.525 A, N-CA-C 111 degrees
-    offsets = {
-        "N": (-1.458, 0.0, 0.0),
-        "CA": (0.0, 0.0, 0.0),
-        "C": (0.546, 1.424, 0.0),
-        "O": (0.2, 2.6, 0.0),
-        "CB": (0.0, -0.8, 1.3),
-    }
-    for i, (resname, record, atoms) in enumerate(residues, start=1):
-        for name in atoms.split():
-            dx, dy, dz = offsets[name]
-            lines.append(_atom(serial, name, resname, "A", i, (3.8 * i + dx, dy, dz), record))
-            serial += 1
-    lines.append(_atom(serial, "O", "HOH", "A", 101, (0.0, 9.0, 9.0), "HETATM"))
-    lines.append(_atom(serial + 1, "CA", "ALA", "B", 1, (50.0, 0.0, 0.0)))
-    return "\n".join([*lines, "END", ""])
-
-
 def test_contacts_from_pdb_coordinates(tmp_path, capsys):
     pdb_dir = tmp_path / "pdb"
     pdb_dir.mkdir()
-    (pdb_dir / "1abc.pdb").write_text(_pdb_text())
+    (pdb_dir / "1abc.pdb").write_text(pdb_text())
     chains = tmp_path / "test_list.txt"
     chains.write_text("# RaptorX-style chain list\n1abcA\n")
     out = tmp_path / "raptorx_test.jsonl"

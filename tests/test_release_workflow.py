@@ -3,7 +3,6 @@ tests/data/released served from a loopback HTTP server (fetch -> import -> fine-
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import shutil
@@ -12,10 +11,11 @@ import pandas as pd
 import pytest
 import yaml
 from archives import tar_bytes
+from conftest import RELEASED_FIXTURE, REPO, job_counts, snakemake
 from loopback_servers import static_http_server
-from test_workflow import REPO, job_counts, snakemake
+from tiny_models import demo_chains
 
-FIXTURE = REPO / "tests" / "data" / "released" / "pmlm_tiny.pt"
+FIXTURE = RELEASED_FIXTURE / "pmlm_tiny.pt"
 
 
 def test_released_config_plans_fetch_import_finetune_evaluate_tables():
@@ -49,26 +49,13 @@ def test_paper_config_adds_the_release_beside_the_trained_encoders():
     assert "--model PMLM-650m@ur50-release=results/paper/pretrain/ur50-release/pmlm-650m/model.safetensors" in kl
 
 
-def _chains(n: int, max_len: int) -> list[dict]:
-    """The first ``n`` demo PDB chains that fit the fixture's window."""
-    out = []
-    with gzip.open(REPO / "data" / "demo" / "pdb_chains_sample.jsonl.gz", "rt") as fh:
-        for line in fh:
-            record = json.loads(line)
-            if len(record["seq"]) <= max_len:
-                out.append(record)
-            if len(out) == n:
-                return out
-    raise AssertionError("not enough short chains in the demo set")
-
-
 @pytest.mark.slow
 def test_released_dag_runs_on_the_tiny_fixture(tmp_path):
     served = tmp_path / "served"
     served.mkdir()
     shutil.copy(FIXTURE, served / FIXTURE.name)
     data = FIXTURE.read_bytes()
-    chains = _chains(24, 120)
+    chains = demo_chains(24, 120)
     local = tmp_path / "resources" / "local"  # where the workflow takes task files the user provides
     local.mkdir(parents=True)
     for split, rows in (("train", chains[:14]), ("valid", chains[14:18]), ("test", chains[18:])):

@@ -1,4 +1,6 @@
-"""The workflow report (`snakemake --report`), built from a small run and opened in a real headless browser.
+"""The workflow report: `pmlm report`'s figures and pages (metrics logs, contact maps, bad input) and the report
+`snakemake --report` builds from a small run, opened in a real headless browser. The tables it shows:
+tests/test_result_tables.py.
 
 A tiny PMLM encoder is pre-trained, fine-tuned and evaluated in-process (seconds); the workflow then runs only
 its table and report rules on those outputs (`--allowed-rules`: the upstream rules' outputs are taken as they
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import make_sequences, write_shards
-from test_finetune import recipe, write_structures
+from tiny_models import make_encoder, recipe, write_structures
 
 from pmlm.cli import main
 
@@ -383,8 +385,6 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv,
 
 
 def test_contact_maps_refuse_an_encoder_without_a_pair_head(tmp_path, capsys):
-    from test_finetune import make_encoder
-
     weights = make_encoder(tmp_path / "mlm" / "model.safetensors", objective="mlm")
     test = write_structures(tmp_path / "test.jsonl", 2, seed=1)
     assert (

@@ -22,7 +22,7 @@ import torch
 import yaml
 from conftest import make_sequences, write_shards
 from safetensors.torch import load_file
-from test_finetune import make_encoder, recipe, write_structures
+from tiny_models import make_encoder, recipe, write_structures
 
 import pmlm.train.pretrain as pretrain_module
 from pmlm.cli import main
@@ -30,11 +30,12 @@ from pmlm.config.finetuning import FinetuneConfig
 from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
 from pmlm.config.tree import apply_override
 from pmlm.errors import ConfigError, PmlmError
+from pmlm.files import run_record
 from pmlm.finetune.finetune import FinetuneHooks, finetune
 from pmlm.train import REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import list_checkpoints
 from pmlm.train.pretrain import TrainHooks, train
-from pmlm.train.run_folder import NO_PROGRESS_LIMIT, STOPS_FILE, NoProgress, changed_settings, run_record
+from pmlm.train.run_folder import NO_PROGRESS_LIMIT, STOPS_FILE, NoProgress, changed_settings
 from pmlm.train.runtime import StopSignals, TrainingDiverged
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,13 +14,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from tiny_models import random_letters, tiny_encoder, write_fasta
+from tiny_models import pair_labels, random_letters, tiny_encoder, write_fasta
 
 import pmlm
 from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.inference import mutant_table, mutations
-from pmlm.model.objectives import pair_labels
 from pmlm.model.triple import triple_labels
 from pmlm.pretrained import load_encoder
 from pmlm.proteingym.assay_scoring import score_assay

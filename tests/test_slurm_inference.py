@@ -18,14 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_inference_workflow import (
-    MAX_LEN,
-    RUN,
-    assert_equals_single_commands,
-    inference_config,
-    proteome,
-    single_commands,
-)
+from conftest import PROTEOME_MAX_LEN as MAX_LEN
+from conftest import PROTEOME_RUN as RUN
+from conftest import assert_equals_single_commands, inference_config, proteome, single_commands
 from tiny_models import tiny_encoder, write_fasta
 
 from pmlm.inference.fasta_shards import read_manifest

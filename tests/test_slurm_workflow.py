@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import reversed_keys
 from safetensors.torch import load_file
-from test_workflow_config import reversed_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 from local_cluster import (

@@ -146,12 +146,12 @@ def _reference(shards: Path, objective: str, per_micro_batch: bool = False) -> d
     tokens = stream.next_batch().tokens
     generator = mask_generator(cfg)
     if not per_micro_batch:
-        pretraining_losses(model, tokens, cfg.objective, generator)["loss"].backward()
+        pretraining_losses(model, tokens, cfg.objective, generator).loss.backward()
     else:
         batch = mask_batch(tokens, cfg.objective, generator)
         for start, stop in StepLayout(TOKENS_PER_STEP, MICRO, 1, 4).rank_parts(len(tokens), 0):
             part = batch.rows(start, stop)
-            (objective_outputs(model, part, cfg.objective, sample_sizes(part, cfg.objective))["loss"] / 4).backward()
+            (objective_outputs(model, part, cfg.objective, sample_sizes(part, cfg.objective)).loss / 4).backward()
     return {name: p.grad for name, p in model.named_parameters()}
 
 

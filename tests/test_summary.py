@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from test_workflow import REPO, snakemake
+from conftest import REPO, snakemake
 
 from pmlm.cli import main
 from pmlm.reports import paper

@@ -4,9 +4,11 @@ with the released dropouts, and the counter itself is shown to find and name a s
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from test_attention import mixed_batch
+from tiny_models import mixed_batch
 
 from pmlm.model import ObjectiveConfig, model_config
 from pmlm.model.layout import Layout
@@ -36,9 +38,9 @@ def test_a_micro_batch_forward_and_backward_never_synchronise(objective, layout)
     inputs = part.step_inputs(cfg, layout, model.cfg.pair_vocab)  # on the host, as the training loop builds it
     with SyncCounter() as counter:
         out = objective_module(inputs, sizes)
-        out["loss"].backward()
+        out.loss.backward()
     assert counter.events == [], f"{objective}, {layout.value}: synchronising ops\n{counter.summary()}"
-    assert out["loss"].isfinite() and int(out["mlm_total"]) > 0
+    assert out.loss.isfinite() and int(out.mlm_total) > 0
 
 
 def test_the_counter_finds_and_names_a_synchronisation():
@@ -47,7 +49,7 @@ def test_the_counter_finds_and_names_a_synchronisation():
     cfg, masked, _ = step_batch("pmlm")
     model = build_model(model_config("tiny", objective="pmlm", **DIMS), cfg).train()
     with SyncCounter() as counter:
-        pretraining_losses(model, masked.inputs, cfg, torch.Generator().manual_seed(0))["loss"].backward()
+        pretraining_losses(model, masked.inputs, cfg, torch.Generator().manual_seed(0)).loss.backward()
     ops = {op for op, _ in counter.events}
     assert {"nonzero", "_local_scalar_dense"} <= ops
     assert any("pmlm/model/step_inputs.py" in where for _, where in counter.events), counter.summary()
@@ -67,8 +69,8 @@ def test_objective_outputs_of_step_inputs_equal_those_of_the_masked_batch():
     inputs = part.step_inputs(cfg, model.encoder.layout(torch.device("cpu")), model.cfg.pair_vocab)
     a = objective_outputs(model, part, cfg, sizes)
     b = objective_outputs(model, inputs, cfg, sizes)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    for field in dataclasses.fields(a):
+        assert torch.equal(getattr(a, field.name), getattr(b, field.name)), field.name
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pmlm.tasks.structures import (
     read_structure_jsonl,
     ss3_to_labels,
 )
-from pmlm.tasks.tape import TEST_SPLITS, read_tape
+from pmlm.tasks.tape import read_tape
 
 CA_STEP = 3.8  # Angstrom between consecutive C-alpha atoms
 
@@ -173,7 +173,7 @@ def test_tape_proteinnet_json(tmp_path):
     first, second = read_tape(path, "proteinnet", counts=counts)
     assert first.id == "1abc_A" and second.id == "1" and second.primary == "MKC"
     assert counts.repaired == {"lowercase residues uppercased": 2, "non-standard residues mapped": 1}
-    contacts, valid = first.contacts()
+    contacts, valid = contact_map(first.tertiary)  # C-alpha, as the contact task reads ProteinNet
     assert not valid[3].any() and np.isnan(first.tertiary[3]).all()
     assert contacts[2, 5] and contacts[0, 1] and not contacts[0, 5]  # C-alpha distances
     assert second.tertiary.shape == (3, 3)
@@ -195,7 +195,6 @@ def test_tape_proteinnet_units_and_errors(tmp_path):
 
 
 def test_tape_secondary_structure_and_remote_homology(tmp_path):
-    assert TEST_SPLITS["secondary_structure"] == ("cb513", "casp12", "ts115")
     ss = _write_tape(
         tmp_path,
         "secondary_structure",

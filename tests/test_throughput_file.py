@@ -3,36 +3,16 @@ measured rate, a rate derived at the same model-FLOP rate, or the paper's assume
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
+from tiny_models import CARD, DAY, result_file
 
 from pmlm.cli import main
 from pmlm.train.budget import flops_per_token
 from pmlm.train.jobs import recipe_job
-
-CARD = "NVIDIA H100 80GB HBM3"
-DAY = "2026-11-28"  # the result file's date (its modification time: the bench records none)
-
-
-def result_file(path, device=CARD, rows=None):
-    rows = rows or [
-        {"dims": "base", "model": "ours", "objective": "pmlm", "layout": "packed", "compiled": False,
-         "micro_tokens": 131072, "non_pad_tokens_per_s": 600000, "mfu": 0.41},
-        {"dims": "base", "model": "ours", "objective": "pmlm", "layout": "padded", "compiled": False,
-         "micro_tokens": 65536, "non_pad_tokens_per_s": 500000, "mfu": 0.35},
-        {"dims": "base", "model": "ours", "objective": "mlm", "layout": "packed", "micro_tokens": 131072,
-         "out_of_memory": True},
-        {"dims": "base", "model": "hf_esm", "objective": "mlm", "layout": "hf-default", "non_pad_tokens_per_s": 1e6},
-    ]  # fmt: skip
-    path.write_text(json.dumps({"bench": "gpu_throughput", "device": device, "torch": "2.11.0+cu130", "rows": rows}))
-    noon = datetime.datetime.fromisoformat(f"{DAY}T12:00").timestamp()
-    os.utime(path, (noon, noon))
-    return path
 
 
 def fpt(recipe: str, objective: str) -> int:

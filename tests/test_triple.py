@@ -87,17 +87,17 @@ def test_tmlm_objective_losses_and_counters():
     assert model.triple_head is not None and model.cfg.triple_hidden == 128
     tokens = _tokens([30, 22, 17])
     out = pretraining_losses(model, tokens, cfg, torch.Generator().manual_seed(3))
-    assert out["l_tmlm"] > 0 and int(out["triple_total"]) > 0
-    total = out["l_mlm"] + cfg.pair_weight * out["l_pmlm"] + cfg.triple_weight * out["l_tmlm"]
-    torch.testing.assert_close(out["loss"].detach(), total)
+    assert out.l_tmlm > 0 and int(out.triple_total) > 0
+    total = out.l_mlm + cfg.pair_weight * out.l_pmlm + cfg.triple_weight * out.l_tmlm
+    torch.testing.assert_close(out.loss.detach(), total)
     # the counters: the same masks as mask_tokens draws, then ceil(2 n) triples per sequence
     _, targets, _ = mask_tokens(tokens, cfg, torch.Generator().manual_seed(3))
     n = targets.ne(IGNORE_INDEX).sum(dim=1).tolist()
-    assert int(out["triple_total"]) == sum(triples_per_sequence(k, 2.0) for k in n)
-    out["loss"].backward()
+    assert int(out.triple_total) == sum(triples_per_sequence(k, 2.0) for k in n)
+    out.loss.backward()
     assert model.triple_head.out.weight.grad.abs().sum() > 0 and model.encoder.embed.weight.grad.abs().sum() > 0
     # untrained: the triple loss is near the uniform log(8000)
-    assert abs(float(out["l_tmlm"]) - math.log(NUM_TRIPLE_CLASSES)) < 1.0
+    assert abs(float(out.l_tmlm) - math.log(NUM_TRIPLE_CLASSES)) < 1.0
     pmlm = build_model(model_config("tiny", "pmlm"), ObjectiveConfig(name="pmlm"))
     assert pmlm.triple_head is None
     with pytest.raises(ConfigError, match="needs a triple head"):

@@ -19,14 +19,17 @@ import pytest
 import task_plugin
 from tiny_models import random_letters, tiny_encoder
 
+from pmlm import alphabet
 from pmlm.cli import main
 from pmlm.config.finetuning import FinetuneConfig
 from pmlm.errors import ConfigError, InputError
 from pmlm.finetune.finetune import finetune
 from pmlm.finetune.head_scoring import evaluate
 from pmlm.reports.task_tables import write_task_table
-from pmlm.tasks.registry import read_task_data, register, task_named, task_names
+from pmlm.tasks import registry
+from pmlm.tasks.registry import TaskFormat, read_task_data, register, register_format, task_named, task_names
 from pmlm.tasks.sequence_tasks import macro_f1
+from pmlm.tasks.task import Example, Task, TaskSettings
 from pmlm.vocabulary import TASKS
 
 
@@ -243,6 +246,64 @@ def test_evaluate_offers_every_format_a_task_reads():
     action = next(a for a in commands["evaluate"]._actions if "--format" in a.option_strings)
     declared = {f for name in task_names() for f in task_named(name).formats}
     assert action.choices[0] == "auto" and set(action.choices[1:]) == declared and "table" in declared
+
+
+def _read_fasta_values(path, task, options, counts):
+    """A plug-in's reader: FASTA whose header holds the protein's name and its value (``>p1 0.25``)."""
+    for block in Path(path).read_text().split(">")[1:]:
+        header, residues = block.split("\n", 1)
+        name, value = header.split()
+        counts.read += 1
+        yield Example(name, alphabet.encode(residues.replace("\n", "")), value=float(value))
+
+
+def test_a_file_format_of_ones_own_is_one_registration(tmp_path, monkeypatch):
+    """Registered in one call, a plug-in's format is told apart by auto, named by data.format and read for the
+    tasks it labels: a user's file of it is read and fine-tuned on with nothing else changed."""
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))  # the registration ends with this test
+    fasta = TaskFormat(
+        "fasta_values",
+        lambda path: path.name.endswith(".fa"),
+        (".fa",),
+        read=_read_fasta_values,
+        tasks=("sequence_regression",),
+    )
+    assert register_format(fasta) is fasta
+    seqs = [random_letters(12 + i % 9, seed=i) for i in range(16)]
+    path = tmp_path / "values.fa"
+    path.write_text("".join(f">p{i} {i / 10}\n{s[:6]}\n{s[6:]}\n" for i, s in enumerate(seqs)))
+    data = read_task_data(path, "sequence_regression")
+    assert data.format == "fasta_values" and [e.value for e in data.examples] == [i / 10 for i in range(16)]
+    assert [alphabet.decode(e.residues) for e in data.examples] == seqs
+    with pytest.raises(InputError, match=r"a fasta_values file has no labels for task ss3 \(it reads structure_jsonl"):
+        read_task_data(path, "ss3")
+    with pytest.raises(InputError, match=r"expected \.jsonl\[\.gz\], .* \.parquet or \.fa\); set data\.format"):
+        read_task_data(tmp_path / "values.txt", "sequence_regression")
+    encoder = tiny_encoder(tmp_path / "enc" / "model.safetensors", max_len=34)
+    cfg = _recipe("sequence_regression", steps=3, format="fasta_values")
+    assert finetune(cfg, encoder, path, tmp_path / "run", tmp_path / "head.safetensors") == 0
+    assert json.loads((tmp_path / "head.json").read_text())["train"]["format"] == "fasta_values"
+
+
+def test_tasks_are_abstract_and_carry_the_settings_they_are_configured_with():
+    """A task that leaves out a method is refused when built; ``configure`` binds the contact definition and the
+    loss's separation to a copy, which every later call reads, and leaves the registered task as it was."""
+
+    class Unfinished(Task):
+        def read(self, path, options, counts):
+            return iter(())
+
+    with pytest.raises(TypeError, match="abstract"):
+        Unfinished()
+    contact = task_named("contact")
+    near = contact.configure(TaskSettings(contact_threshold=5.0, min_separation=1))
+    assert near is not contact and contact.settings == TaskSettings() and near.settings.min_separation == 1
+    coords = np.array([[0.0, 0.0, 0.0], [4.0, 0.0, 0.0], [10.0, 0.0, 0.0], [0.0, 6.0, 0.0]])
+    protein = Example("p", alphabet.encode("ACDE"), coords=coords)
+    targets = {t.settings.contact_threshold: t.targets([protein], [(0, 4)], 4)[0][0] for t in (contact, near)}
+    assert targets[8.0][0, 3] and not targets[5.0][0, 3] and targets[5.0][0, 1]
+    cfg = FinetuneConfig.from_dict({"data": {"contact_atom": "CA", "contact_threshold": 7.0, "min_separation": 3}})
+    assert cfg.configured_task().settings == TaskSettings("CA", 7.0, 3)
 
 
 def _doc_blocks(section: str) -> tuple[str, list[list[str]]]:

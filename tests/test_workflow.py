@@ -1,40 +1,13 @@
 """The Snakemake workflow itself: lint, the paper's data DAG, config errors, and the demo's data stage."""
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REPO, job_counts, snakemake
 
 from pmlm.reports.results import TABLES
-
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which("snakemake")
-
-
-def snakemake(*args, cwd=REPO, timeout=900):
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run([SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def job_counts(output: str) -> dict[str, int]:
-    counts, in_table = {}, False
-    for line in output.splitlines():
-        if line.startswith("job ") and "count" in line:
-            in_table = True
-            continue
-        if in_table:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                counts[parts[0]] = int(parts[1])
-            elif parts and not set(line.strip()) <= {"-", " "}:
-                break
-    return counts
 
 
 def test_lint_is_clean():

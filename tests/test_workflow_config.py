@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import reversed_keys, snakemake
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
-from test_workflow import snakemake
 from workflow_rules import workflow_config
 
 from pmlm.cli import build_parser
@@ -212,15 +212,6 @@ def test_schema_rejects_unknown_features():
 
 
 # -- params are canonical: the same settings in another order plan no job --------------------------------------
-
-
-def reversed_keys(value):
-    """``value`` with the keys of every mapping, at any depth, in reverse order (lists keep theirs)."""
-    if isinstance(value, dict):
-        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
-    if isinstance(value, list):
-        return [reversed_keys(v) for v in value]
-    return value
 
 
 def _planned_commands(configfile: Path, workdir: Path) -> list[str]:

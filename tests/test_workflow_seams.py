@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from test_workflow import snakemake
+from conftest import snakemake
 
 from pmlm.train import METRICS_CSV
 

@@ -43,7 +43,7 @@ from pmlm.coevolution.conditionals import (
     substitution_log_conditionals,
 )
 from pmlm.coevolution.curves_config import CurveEvaluation
-from pmlm.coevolution.heldout import FamilyData, StudyConfig
+from pmlm.coevolution.heldout import FamilyData
 from pmlm.coevolution.measures import (
     epistasis_measures,
     exact_pair_values,
@@ -55,7 +55,7 @@ from pmlm.coevolution.measures import (
 )
 from pmlm.coevolution.pseudolikelihood import FittedPotts
 from pmlm.coevolution.readouts import attention_contact_scores, dependence_map
-from pmlm.coevolution.supervised import family_folds, family_scores, fit_contact_head
+from pmlm.coevolution.supervised import family_scores, fold_heads
 from pmlm.evaluation.metrics import chance_precision, contact_precision, top_k_precision
 from pmlm.evaluation.pair_readout import joint_dependence
 from pmlm.evaluation.unsupervised import apc, msa_mi_apc, mutual_information
@@ -213,25 +213,22 @@ def _token_records(model, t: FamilyTargets, ev: CurveEvaluation, marginals: np.n
 
 
 def supervised_records(model, targets: list[FamilyTargets], ev: CurveEvaluation, seed: int) -> dict[str, list[Record]]:
-    """The paper's protocol: a linear contact head on frozen pair features (M; M+ with a pair head) fitted on the
-    planted maps of one half of the families and scored on the other half, then swapped; precision per
-    evaluation sequence, averaged. family name -> records."""
-    cfg = StudyConfig(
-        sequences=ev.sequences, min_separation=ev.min_separation, k_divisor=ev.k_divisor,
-        head_steps=ev.head_steps, head_lr=ev.head_lr, batch_rows=ev.batch_rows, seed=seed,
-    )  # fmt: skip
+    """The paper's protocol (``pmlm.coevolution.supervised.fold_heads``): linear contact heads on frozen M (and M+
+    with a pair head) fitted on one half of the families, scored on the other; precision per evaluation sequence,
+    averaged. family name -> records."""
     by_name = {t.family.name: t for t in targets}
-    folds = family_folds(list(by_name), seed)
+    heads = [
+        (readout, "encoder", features)
+        for readout, features, pair in SUPERVISED
+        if model.pair_head is not None or not pair
+    ]
     out: dict[str, list[Record]] = {name: [] for name in by_name}
-    for k, (fit_on, score_on) in enumerate(((folds[0], folds[1]), (folds[1], folds[0])) if folds else ()):
-        for readout, features, needs_pair in SUPERVISED:
-            if needs_pair and model.pair_head is None:
-                continue
-            head = fit_contact_head(model, features, [by_name[f].family for f in fit_on], cfg, seed=seed * 1000 + k)
-            for name in score_on:
-                scores, _ = family_scores(head, by_name[name].family, cfg)
-                per_sequence = [{m: v for _, m, v in contact_records(readout, s, by_name[name], ev)} for s in scores]
-                out[name] += [(readout, m, float(np.nanmean([p[m] for p in per_sequence]))) for m in per_sequence[0]]
+    for readout, _, head, score_on in fold_heads({"encoder": model}, [t.family for t in targets], ev, seed, heads):
+        for family in score_on:
+            scores, _ = family_scores(head, family, ev)
+            t = by_name[family.name]
+            per_sequence = [{m: v for _, m, v in contact_records(readout, s, t, ev)} for s in scores]
+            out[family.name] += [(readout, m, float(np.nanmean([p[m] for p in per_sequence]))) for m in per_sequence[0]]
     return out
 
 

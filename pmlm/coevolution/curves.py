@@ -150,7 +150,7 @@ def step_flops(train_cfg: TrainConfig, families: list[tuple[str, FamilyData]]) -
         tokens = torch.from_numpy(batch_tokens(list(residue_ids(family.train[:rows]))).tokens)
         counter = FlopCounterMode(display=False)
         with counter:
-            pretraining_losses(model, tokens, train_cfg.objective, generator)["loss"].backward()
+            pretraining_losses(model, tokens, train_cfg.objective, generator).loss.backward()
         residues = family.train.size
         total += counter.get_total_flops() * residues
         weight += residues

@@ -66,6 +66,7 @@ class CurveEvaluation:
     token_contacts: str = "jacobian"
     head_steps: int = 200  # full-batch Adam steps of the supervised linear contact head
     head_lr: float = 1e-2
+    head_dropout: float = 0.0  # on the head's pair features
     batch_rows: int = 1024  # encoder rows per forward pass (bounds memory)
 
     def __post_init__(self) -> None:
@@ -78,6 +79,7 @@ class CurveEvaluation:
             self.long_separation,
         )
         require(self.head_lr > 0, "evaluate.head_lr", "must be > 0", self.head_lr)
+        require(0 <= self.head_dropout < 1, "evaluate.head_dropout", "must be in [0, 1)", self.head_dropout)
         require(
             self.token_contacts in TOKEN_CONTACTS,
             "evaluate.token_contacts",

@@ -113,38 +113,26 @@ def evaluate_study(
     families of ``pmlm synth``'s folder ``synth``: writes PREFIX.json (the document, returned) and PREFIX.tsv."""
     device = str(pick_device(device))
     families = load_families(synth, cfg)
+    longest = max(f.length for f in families)
     models, infos = {}, {}
-    for name, weights, head in ((MLM, mlm, "token_head"), (PMLM, pmlm, "pair_head")):
-        model, info, _ = load_encoder(weights, device)
-        if getattr(model, head) is None:
+    # the Triple MLM joins the exact read-outs only
+    for name, weights, head in ((MLM, mlm, "token_head"), (PMLM, pmlm, "pair_head"), (TMLM, tmlm, "triple_head")):
+        if not weights:
+            continue
+        models[name], infos[name], _ = load_encoder(weights, device)
+        if getattr(models[name], head) is None:
             raise InputError(
                 weights,
                 f"--{name} needs a model with a {head.replace('_', ' ')} "
-                f"(this one was trained with objective {info['objective']['name']})",
+                f"(this one was trained with objective {infos[name]['objective']['name']})",
             )
-        models[name], infos[name] = model, info
-        if model.cfg.max_len < max(f.length for f in families) + 2:
+        if models[name].cfg.max_len < longest + 2:
             raise InputError(
                 weights,
-                f"model max_len {model.cfg.max_len} is too short for length-"
-                f"{max(f.length for f in families)} families (+2 specials)",
+                f"model max_len {models[name].cfg.max_len} is too short for length-{longest} families (+2 specials)",
             )
-    exact_models = dict(models)
-    if tmlm:  # the Triple MLM joins the exact read-outs only
-        model, info, _ = load_encoder(tmlm, device)
-        if model.triple_head is None:
-            raise InputError(
-                tmlm,
-                f"--tmlm needs a model with a triple head (this one was trained with "
-                f"objective {info['objective']['name']})",
-            )
-        if model.cfg.max_len < max(f.length for f in families) + 2:
-            raise InputError(
-                tmlm,
-                f"model max_len {model.cfg.max_len} is too short for length-"
-                f"{max(f.length for f in families)} families (+2 specials)",
-            )
-        exact_models[TMLM], infos[TMLM] = model, info
+    exact_models = models
+    models = {name: models[name] for name in (MLM, PMLM)}
     # read-outs run under no_grad (the probe enables grad for its own fit); no process-wide switch
     result = evaluate_models(families, models, cfg)
     exact = study_readouts(families, exact_models, cfg) if cfg.exact else None

@@ -4,7 +4,6 @@ the families read back with their planted contacts (see ``pmlm.coevolution.evalu
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 
 from pmlm.alphabet import RESIDUES
 from pmlm.data.fasta import read_fasta
+from pmlm.data.split import seeded_draw
 from pmlm.errors import ConfigError, InputError
 from pmlm.synth.parameters import PARAMS_DIR, read_potts
 from pmlm.synth.potts import PottsModel, read_contacts
@@ -80,12 +80,6 @@ class FamilyData:
         return int(self.contacts.shape[0])
 
 
-def heldout_draw(sequence_id: str, split_seed: int) -> float:
-    """A uniform number in [0, 1) fixed by (split seed, sequence id)."""
-    digest = hashlib.blake2b(f"{split_seed}:{sequence_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0**64
-
-
 def _family_of(title: str) -> str | None:
     for word in title.split()[1:]:
         if word.startswith("family="):
@@ -107,7 +101,7 @@ def read_family_records(fasta: str | Path):
 def split_records(fasta: str | Path, cfg: StudyConfig):
     """Yield (id, family, sequence, line, held_out) for every record of the FASTA."""
     for seq_id, family, sequence, line in read_family_records(fasta):
-        yield seq_id, family, sequence, line, heldout_draw(seq_id, cfg.split_seed) < cfg.valid_fraction
+        yield seq_id, family, sequence, line, seeded_draw(seq_id, cfg.split_seed) < cfg.valid_fraction
 
 
 def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:

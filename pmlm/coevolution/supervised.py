@@ -97,24 +97,27 @@ def family_precision(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> 
     return {key: float(np.mean([p[key] for p in per_sequence])) for key in per_sequence[0]}, ids
 
 
+def fold_heads(models: dict, families: list[FamilyData], cfg, seed: int, heads):
+    """The paper's protocol, one code path for both runs of the study: per fold, a head per (read-out, model,
+    features) of ``heads`` fitted on the fold's families; yields (read-out, model, head, the other fold's families).
+    ``cfg``: the read-out settings (sequences, min_separation, head_steps, head_lr, head_dropout, batch_rows). The
+    head of each (read-out, fold) starts from the same seed for every encoder, so heads differ only in features."""
+    by_name = {f.name: f for f in families}
+    folds = family_folds(list(by_name), seed)
+    for k, (fit_on, score_on) in enumerate(((folds[0], folds[1]), (folds[1], folds[0])) if folds else ()):
+        for readout, name, features in heads:
+            head = fit_contact_head(models[name], features, [by_name[f] for f in fit_on], cfg, seed=seed * 1000 + k)
+            yield readout, name, head, [by_name[f] for f in score_on]
+
+
 def supervised_contacts(families: list[FamilyData], models: dict, cfg: StudyConfig) -> tuple[dict, list, dict]:
     """Every family scored by heads fitted on the other fold: family -> read-out -> model -> precisions,
-    the two folds, and family -> read-out -> the sequence ids each score averaged over.
-
-    The head of each (read-out, fold) starts from the same seed for every encoder, so MLM and PMLM
-    heads differ only in their features.
-    """
-    folds = family_folds([f.name for f in families], cfg.seed)
-    by_name = {f.name: f for f in families}
+    the two folds, and family -> read-out -> the sequence ids each score averaged over."""
     out: dict[str, dict] = {}
     used: dict[str, dict[str, list[str]]] = {}
-    for k, (fit_on, score_on) in enumerate(((folds[0], folds[1]), (folds[1], folds[0])) if folds else ()):
-        for readout, name, features in HEADS:
-            model = fit_contact_head(
-                models[name], features, [by_name[f] for f in fit_on], cfg, seed=cfg.seed * 1000 + k
-            )
-            for f in score_on:
-                scores, ids = family_precision(model, by_name[f], cfg)
-                out.setdefault(f, {}).setdefault(readout, {})[name] = scores
-                used.setdefault(f, {})[readout] = ids
-    return out, folds, used
+    for readout, name, head, score_on in fold_heads(models, families, cfg, cfg.seed, HEADS):
+        for f in score_on:
+            scores, ids = family_precision(head, f, cfg)
+            out.setdefault(f.name, {}).setdefault(readout, {})[name] = scores
+            used.setdefault(f.name, {})[readout] = ids
+    return out, family_folds([f.name for f in families], cfg.seed), used

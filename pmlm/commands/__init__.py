@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.choices import Device, Precision
 from pmlm.errors import ConfigError
-from pmlm.vocabulary import PRECISIONS
-
-# what a pre-training or fine-tuning run keeps in its --out folder (pmlm.train.run_folder, pmlm.train.checkpoint),
-# and the log the workflow's rules append beside them (tee -a RUN/train.log)
 
 
 def labelled_paths(
@@ -44,11 +41,17 @@ def add_precision(parser: argparse.ArgumentParser, recorded_by: str) -> None:
     says whose run's record ``auto`` follows (``the head's``)."""
     parser.add_argument(
         "--precision",
-        choices=PRECISIONS,
-        default="auto",
+        type=Precision.argument,
+        choices=Precision.values(),
+        default=Precision.AUTO,
         help=f"arithmetic of the forward passes: auto (default) = what {recorded_by} run recorded (fp32 if nothing, "
         "and fp32 off CUDA, said on stderr), or fp32 / bf16 (bf16 needs CUDA); the outputs record which",
     )
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    """``--device``, shared by the commands that run a model."""
+    parser.add_argument("--device", type=Device.argument, choices=Device.values(), default=Device.AUTO)
 
 
 def add_adapter(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_adapter, add_precision, add_unknown, print_repairs
+from pmlm.commands import add_adapter, add_device, add_precision, add_unknown, print_repairs
+from pmlm.inference.options import Readout
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
@@ -55,8 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--readout",
-        choices=("auto", "pair", "jacobian"),
-        default="auto",
+        type=Readout.argument,
+        choices=Readout.values(),
+        default=Readout.AUTO,
         help="unsupervised read-out without --head: pair (the pair head's KL + APC), jacobian (the token head's "
         "categorical Jacobian + APC) or auto (default: pair if the encoder has a pair head, else jacobian)",
     )
@@ -87,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--png", action="store_true", help="also write a contact-map PNG per sequence (-o DIR only)")
     add_unknown(p)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(p)
     add_precision(p, "the head's (without --head the encoder's)")
     add_adapter(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

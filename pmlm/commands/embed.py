@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import UNKNOWN_CHOICES, add_adapter, add_precision, add_unknown, print_repairs
+from pmlm.commands import UNKNOWN_CHOICES, add_adapter, add_device, add_precision, add_unknown, print_repairs
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="token budget of a forward pass: rows x padded width (default %(default)s)",
     )
     add_unknown(p)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(p)
     add_precision(p, "the encoder's")
     add_adapter(p)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

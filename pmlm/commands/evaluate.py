@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pmlm.commands import add_precision, labelled_paths
+from pmlm.commands import add_device, add_precision, labelled_paths
 from pmlm.outputs import FILE_OVERWRITE_HELP
 from pmlm.tasks.task import FORMATS  # the formats the task types declare (light: numpy only), so the choices follow
 
@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="contact distance in Angstrom; default: the head's config, 8.0 for pair-*",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(p)
     add_precision(p, "the head's (for pair-kl / pair-mi the encoder's)")
 
 

@@ -138,7 +138,7 @@ def _finetune(args: argparse.Namespace) -> int:
     from pmlm.config.finetuning import FinetuneConfig
     from pmlm.errors import ConfigError
     from pmlm.finetune.cost import encoder_spec, flop_rate, plan_finetune, render
-    from pmlm.tasks.registry import read_task_data, task_named
+    from pmlm.tasks.registry import read_task_data
     from pmlm.train.throughput import read_rates
 
     if (args.encoder is None) == (args.preset is None):
@@ -148,7 +148,7 @@ def _finetune(args: argparse.Namespace) -> int:
     cfg = FinetuneConfig.from_yaml(args.finetune, args.set)
     spec = encoder_spec(args.encoder, args.preset, args.objective)
     if args.train is not None:
-        lengths = [len(e) for e in read_task_data(args.train, task_named(cfg.task), cfg.read_options()).examples]
+        lengths = [len(e) for e in read_task_data(args.train, cfg.configured_task(), cfg.read_options()).examples]
     else:
         lengths = [args.mean_length] * args.proteins
     rate, note = flop_rate(spec, read_rates(args.throughput))

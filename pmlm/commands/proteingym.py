@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pmlm.commands import add_device
+from pmlm.inference.options import DoubleScore
 from pmlm.outputs import FILE_OVERWRITE_HELP
 
 TABLE = (".csv", ".md", ".tex", ".html")
@@ -34,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     score.add_argument("--out-prefix", required=True, help="writes PREFIX.tsv (per mutant) and PREFIX.json (summary)")
     score.add_argument(
         "--double",
-        choices=("auto", "pair", "additive"),
-        default="auto",
+        type=DoubleScore.argument,
+        choices=DoubleScore.values(),
+        default=DoubleScore.AUTO,
         help="double mutants from the pair head's joint (pair), the sum of the singles (additive), or "
         "the joint where the encoder has a pair head (auto, default)",
     )
@@ -53,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     score.add_argument("--seed", type=int, default=0, help="seed of the permutations")
     score.add_argument("--label", help="the encoder's name in the summary (default: its path)")
-    score.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(score)
     score.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
 
     agg = sub.add_parser("aggregate", help="per UniProt ID, per function category, overall (ProteinGym's aggregation)")
@@ -133,7 +136,7 @@ def _score(args: argparse.Namespace) -> int:
         label=args.label,
         device=args.device,
     )
-    use_pair = summary["encoder"]["pair_head"] and args.double != "additive"
+    use_pair = args.double.joint(has_pair=summary["encoder"]["pair_head"], fits=True)
     main = summary["metrics"][PAIR_JOINT if use_pair else ADDITIVE]["all"]
     rho = "nan" if main.get("spearman") is None else f"{main['spearman']:.3f}"
     depths = summary["counts"]["depth"]

@@ -8,6 +8,7 @@ import sys
 
 from pmlm.commands import labelled_paths
 from pmlm.outputs import OVERWRITE_HELP
+from pmlm.reports.training_curves import Curves  # light: its figures import matplotlib when they draw
 
 PAIR_READOUTS = ("pair-kl", "pair-mi")
 
@@ -17,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     curves = sub.add_parser("curves", help="training curves (loss, accuracies) from runs' metrics.csv logs")
     curves.add_argument(
         "--kind",
-        choices=("pretrain", "finetune"),
+        type=Curves.argument,
+        choices=Curves.values(),
         required=True,
         help="pretrain: L_mlm, L_pmlm, Acc_mlm, Acc_pmlm; finetune: loss and the validation metric",
     )

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pmlm.commands import add_adapter, add_precision, add_unknown, print_repairs
+from pmlm.commands import add_adapter, add_device, add_precision, add_unknown, print_repairs
 from pmlm.errors import ConfigError
+from pmlm.inference.options import DoubleScore, Marginal, TripleScore
 from pmlm.outputs import OVERWRITE_HELP
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH
 
@@ -59,20 +60,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument(
         "--double",
-        choices=("auto", "pair", "additive"),
+        type=DoubleScore.argument,
+        choices=DoubleScore.values(),
         help="double mutants: from the pair head's joint (pair), the sum of the singles (additive), or "
         "the joint when the encoder has a pair head and the sites fit one window (auto, default)",
     )
     p.add_argument(
         "--triple",
-        choices=("auto", "triple", "pairs", "additive"),
+        type=TripleScore.argument,
+        choices=TripleScore.values(),
         help="mutants of three or more sites: from the triple head's joint (triple: three sites, a Triple MLM), "
         "the singles plus every pair's epistasis (pairs), the sum of the singles (additive), or the richest the "
         "encoder has where the sites fit one window (auto, default)",
     )
     p.add_argument(
         "--marginal",
-        choices=("masked", "wildtype"),
+        type=Marginal.argument,
+        choices=Marginal.values(),
         help="--saturation: masked marginal, one masked row per site (masked, default), or the wild-type "
         "marginal, one unmasked pass per window (wildtype)",
     )
@@ -83,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"--saturation: token budget of a forward pass, rows x padded width (default {DEFAULT_TOKENS_PER_BATCH})",
     )
     add_unknown(p)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(p)
     add_precision(p, "the encoder's")
     add_adapter(p)
 
@@ -113,7 +117,7 @@ def _saturation(args: argparse.Namespace) -> int:
         args.model,
         args.sequence,
         args.out,
-        marginal=args.marginal or "masked",
+        marginal=args.marginal or Marginal.MASKED,
         tokens_per_batch=DEFAULT_TOKENS_PER_BATCH if args.tokens_per_batch is None else args.tokens_per_batch,
         device=args.device,
         precision=args.precision,
@@ -136,14 +140,15 @@ def run(args: argparse.Namespace) -> int:
         return _saturation(args)
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.inference.mutant_table import score_fasta
+    from pmlm.inference.mutations import SOURCE_COLUMN
 
     done = score_fasta(
         args.model,
         args.sequence,
         args.mutations,
         args.out,
-        double=args.double or "auto",
-        triple=args.triple or "auto",
+        double=args.double or DoubleScore.AUTO,
+        triple=args.triple or TripleScore.AUTO,
         device=args.device,
         precision=args.precision,
         unknown=args.unknown,
@@ -153,12 +158,13 @@ def run(args: argparse.Namespace) -> int:
     print_repairs("pmlm score", done["report"])
     for note in done["notes"]:
         print(f"pmlm score: {note}", file=sys.stderr)
-    rows = done["rows"]
-    parts = [f"{sum(r['kind'] == 'single' for r in rows)} single"]
-    for kind, column in (("double", "double_from"), ("triple", "triple_from"), ("multiple", "multi_from")):
-        chosen = [r for r in rows if r["kind"] == kind]
-        if chosen:
-            sources = sorted({r[column] for r in chosen})
-            parts.append(f"{len(chosen)} {kind} ({column} {', '.join(sources)})")
+    by_kind = {}
+    for row in done["rows"]:
+        by_kind.setdefault(row["kind"], []).append(row)
+    parts = [f"{len(by_kind.get('single', ()))} single"]
+    for kind, column in SOURCE_COLUMN.items():
+        if kind in by_kind:
+            sources = sorted({r[column] for r in by_kind[kind]})
+            parts.append(f"{len(by_kind[kind])} {kind} ({column} {', '.join(sources)})")
     print(f"pmlm score: {done['id']}: {', '.join(parts)} mutants ({done['precision']}) -> {args.out}", file=sys.stderr)
     return 0

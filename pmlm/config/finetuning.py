@@ -6,19 +6,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from pmlm.choices import Device, Precision
 from pmlm.config.optim import FinetuneOptimConfig
 from pmlm.config.tree import YamlConfig, require
 from pmlm.errors import ConfigError
-from pmlm.tasks.registry import task_named
+from pmlm.model.task_heads import HeadKind, HeadNorm
+from pmlm.tasks.registry import format_names, task_named
 from pmlm.tasks.structures import CONTACT_THRESHOLD
-from pmlm.tasks.task import FORMATS, ReadOptions
-from pmlm.vocabulary import DEVICES, FEATURES_M, FEATURES_M_PLUS, TASK_CONTACT
+from pmlm.tasks.task import ReadOptions, Task, TaskSettings
+from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS, TASK_CONTACT
 
 # head.features: M (encoder outputs), M+ (the pair head's first block) or auto (M+ where the encoder has a pair
 # head)
 FEATURES = ("auto", FEATURES_M, FEATURES_M_PLUS)
-NORMS = ("instance", "batch")
-DATA_FORMATS = ("auto", *FORMATS)
 CONTACT_ATOM_CHOICES = ("auto", "CA", "CB")
 ON_ERROR = ("raise", "skip")
 ADAPTER_KINDS = ("lora",)
@@ -44,7 +44,7 @@ class HeadConfig:
     resnet_channels: int = 64  # channels of the pairwise map inside the resnet head
     resnet_kernel: int = 3  # square, non-dilated convolution kernel (odd)
     # instance | batch: normalisation inside the residual blocks (statistics over real pairs only)
-    resnet_norm: str = "instance"
+    resnet_norm: HeadNorm = HeadNorm.INSTANCE
     mlp_hidden: int = 512  # hidden width of the mlp head (TAPE's SimpleMLP: 512)
     conv_hidden: int = 512  # channels between the conv head's two convolutions (TAPE's SimpleConv: 512)
     # output classes; None = the task's (3 for ss3, 1,195 folds for remote homology, data.classes for a user's)
@@ -64,7 +64,7 @@ class HeadConfig:
             "must be a positive odd number (the pairwise map keeps its size)",
             self.resnet_kernel,
         )
-        require(self.resnet_norm in NORMS, "head.resnet_norm", f"must be one of {', '.join(NORMS)}", self.resnet_norm)
+        self.resnet_norm = HeadNorm.parse(self.resnet_norm, "head.resnet_norm")
         require(
             self.num_classes is None or self.num_classes >= 1,
             "head.num_classes",
@@ -77,7 +77,8 @@ class HeadConfig:
 class TaskDataConfig:
     """How task files become labelled, cropped batches."""
 
-    format: str = "auto"  # auto (by file name / content) | structure_jsonl | tape | raptorx | table
+    # auto (by file name / content) | structure_jsonl | tape | raptorx | table, or a plug-in's (pmlm.tasks.registry)
+    format: str = "auto"
     batch_size: int = 8  # proteins per micro-batch
     # training crop in residues: longer proteins get a random window of this size (per epoch);
     # null = the encoder's window (max_len - 2). Evaluation always uses full length.
@@ -98,7 +99,8 @@ class TaskDataConfig:
     classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        require(self.format in DATA_FORMATS, "data.format", f"must be one of {', '.join(DATA_FORMATS)}", self.format)
+        formats = ("auto", *format_names())
+        require(self.format in formats, "data.format", f"must be one of {', '.join(formats)}", self.format)
         require(self.batch_size >= 1, "data.batch_size", "must be >= 1", self.batch_size)
         require(self.crop is None or self.crop >= 1, "data.crop", "must be >= 1 or null", self.crop)
         require(
@@ -180,14 +182,13 @@ class FinetuneConfig(YamlConfig):
     save_every: int = 500  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM / SIGUSR1
     keep_last_checkpoints: int = 2  # older step-N/ folders are deleted
     seed: int = 1  # seeds head initialisation, batch order, crops and dropout
-    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    device: Device = Device.AUTO  # auto (CUDA when available) | cpu | cuda
     bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false (never on CPU)
 
     def __post_init__(self) -> None:
         task = task_named(self.task)
         allowed = task.heads
-        if self.head.kind == "auto":
-            self.head = dataclasses.replace(self.head, kind=allowed[0])
+        self.head = dataclasses.replace(self.head, kind=HeadKind.chosen(self.head.kind, allowed))
         require(
             self.head.kind in allowed,
             "head.kind",
@@ -214,16 +215,19 @@ class FinetuneConfig(YamlConfig):
         )
         for name in ("eval_every", "save_every", "seed", "patience"):
             require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
-        require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
-        require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+        self.device = Device.parse(self.device, "device")
+        Precision.of_recipe(self.bf16)
+
+    @property
+    def precision(self) -> Precision:
+        """``bf16`` as a precision (auto: bf16 on CUDA, fp32 elsewhere)."""
+        return Precision.of_recipe(self.bf16)
 
     def read_options(self, **changes) -> ReadOptions:
         """How this run's task files are read (``data``'s settings and the head's classes); ``changes`` override."""
         d = self.data
         options = ReadOptions(
             fmt=d.format,
-            contact_atom=d.contact_atom,
-            threshold=d.contact_threshold,
             on_error=d.on_error,
             num_classes=self.head.num_classes or task_named(self.task).num_classes,
             classes=d.classes,
@@ -233,7 +237,8 @@ class FinetuneConfig(YamlConfig):
         )
         return dataclasses.replace(options, **changes)
 
-    @property
-    def num_classes(self) -> int:
-        """Output units of the head: ``head.num_classes``, else the task's (``data.classes`` for a user's)."""
-        return task_named(self.task).head_outputs(self)
+    def configured_task(self, **changes) -> Task:
+        """The run's task with ``data``'s contact definition and loss pairs bound; ``changes`` override them."""
+        d = self.data
+        settings = TaskSettings(d.contact_atom, d.contact_threshold, d.min_separation)
+        return task_named(self.task).configure(dataclasses.replace(settings, **changes))

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from pmlm.choices import Device, Precision
 from pmlm.config.optim import PretrainOptimConfig
 from pmlm.config.tree import YamlConfig, require
 from pmlm.errors import ConfigError
 from pmlm.model.config import PRESETS, ModelConfig, model_config
-from pmlm.model.encoder import ATTENTION_LAYOUTS
+from pmlm.model.layout import Layout
 from pmlm.model.objectives import ObjectiveConfig
-from pmlm.vocabulary import DEVICES, PMLM
+from pmlm.vocabulary import PMLM
 
 AUTO = "auto"  # data.tokens_per_batch: the micro-batch chosen for the hardware (pmlm.train.step_layout)
 
@@ -113,7 +114,7 @@ class TrainConfig(YamlConfig):
     save_every: int = 1000  # optimizer steps between checkpoints; 0 = only at the end and on SIGTERM/SIGUSR1
     keep_last_checkpoints: int = 3  # older step-N/ folders are deleted
     seed: int = 1  # seeds model init, data order, crops and masks
-    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    device: Device = Device.AUTO  # auto (CUDA when available) | cpu | cuda
     bf16: bool | str = "auto"  # bf16 autocast: auto (on CUDA only) | true | false
     compile: bool = False  # torch.compile the encoder whole (per layer under FSDP; Encoder.compile_encoder)
     # capture the compiled encoder as CUDA graphs (torch.compile's reduce-overhead mode): every micro-batch is packed
@@ -122,7 +123,7 @@ class TrainConfig(YamlConfig):
     cuda_graphs: bool = False
     # layout of padded batches: auto (packed with the fused variable-length kernel on CUDA under bf16,
     # padded with a key mask elsewhere) | packed | padded; see pmlm.model.encoder
-    attention: str = "auto"
+    attention: Layout = Layout.AUTO
     # shard parameters and optimizer state with FSDP instead of DDP (for xl); also on one GPU under torchrun
     fsdp: bool = False
     tensorboard: bool = True  # also write TensorBoard events to <out>/tb
@@ -132,17 +133,12 @@ class TrainConfig(YamlConfig):
             require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("eval_every", "save_every", "seed"):
             require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
-        require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}", self.device)
-        require(
-            self.attention in ATTENTION_LAYOUTS,
-            "attention",
-            f"must be one of {', '.join(ATTENTION_LAYOUTS)}",
-            self.attention,
-        )
-        require(isinstance(self.bf16, bool) or self.bf16 == "auto", "bf16", "must be auto, true or false", self.bf16)
+        self.device = Device.parse(self.device, "device")
+        self.attention = Layout.parse(self.attention, "attention")
+        Precision.of_recipe(self.bf16)
         require(not self.cuda_graphs or self.compile, "cuda_graphs", "needs compile: true", self.cuda_graphs)
         require(
-            not self.cuda_graphs or self.attention != "padded",
+            not self.cuda_graphs or self.attention in (Layout.AUTO, Layout.PACKED),
             "cuda_graphs",
             "needs the packed layout (attention: auto or packed)",
             self.cuda_graphs,
@@ -154,6 +150,11 @@ class TrainConfig(YamlConfig):
             f"must be <= the model's max_len ({model_max}); raise model.overrides.max_len to go longer",
             self.data.max_len,
         )
+
+    @property
+    def precision(self) -> Precision:
+        """``bf16`` as a precision (auto: bf16 on CUDA, fp32 elsewhere)."""
+        return Precision.of_recipe(self.bf16)
 
     @property
     def max_len(self) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from pmlm.choices import Choice
 from pmlm.errors import ConfigError
 
 
@@ -75,7 +76,10 @@ def require(ok: bool, key: str, what: str, value) -> None:
 
 
 def to_plain(value):
-    """Tuples -> lists, recursively, so the dict round-trips through JSON / YAML unchanged."""
+    """Tuples -> lists and choices -> their names, recursively, so the dict round-trips through JSON / YAML
+    unchanged."""
+    if isinstance(value, Choice):
+        return value.value
     if isinstance(value, dict):
         return {k: to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

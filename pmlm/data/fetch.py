@@ -7,7 +7,6 @@ The transfer itself (protocols, resume, retries) is :mod:`pmlm.data.transfer`'s.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,6 +14,7 @@ from urllib.parse import urlsplit
 from pmlm.data.checksums import published_checksums
 from pmlm.data.transfer import FetchOptions, PartFile, ProgressFn, download, local_path, log, redact
 from pmlm.errors import ConfigError, DownloadError
+from pmlm.files import file_digests
 
 SCHEMES = ("http", "https", "ftp", "file")
 # hex digest length per supported algorithm, to reject a truncated or mistyped checksum up front
@@ -33,15 +33,6 @@ def _parse_digests(md5: str | None, sha256: str | None) -> dict[str, str]:
             raise ConfigError(f"--{name} must be {DIGEST_HEX_LEN[name]} hexadecimal digits, got {value!r}")
         expected[name] = value
     return expected
-
-
-def _hash_file(path: Path, algorithms: list[str], chunk_size: int) -> dict[str, str]:
-    hashers = {name: hashlib.new(name) for name in algorithms}
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk_size):
-            for hasher in hashers.values():
-                hasher.update(block)
-    return {name: hasher.hexdigest() for name, hasher in hashers.items()}
 
 
 def _mismatches(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
@@ -96,7 +87,7 @@ def _fetch_to(url: str, dest: Path, expected: dict[str, str], opts: FetchOptions
         if not expected:
             log(f"{dest} already present (no checksum given); not fetching")
             return dest
-        problems = _mismatches(expected, _hash_file(dest, algorithms, opts.chunk_size))
+        problems = _mismatches(expected, file_digests(dest, algorithms, opts.chunk_size))
         if not problems:
             log(f"{dest} already present and verified; not fetching")
             return dest

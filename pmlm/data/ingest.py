@@ -1,19 +1,13 @@
 """``pmlm ingest``: normalise sequence sources (FASTA, Pfam-A FASTA, UniRef XML) into clean, uniquely
-named sequences plus an accounting JSON.
-
-Every input record ends up either kept or dropped with a named reason, and every repair is
-counted, so ``kept + sum(dropped) == read`` always holds in the stats file.
+named sequences plus an accounting JSON (docs/data.md, "Ingest"): ``kept + sum(dropped) == read`` always holds.
 
 Memory stays at a few bytes per record whatever the input size: the first pass streams records
 through the normaliser into a temporary FASTA and logs 64-bit hashes of sequences and ids to disk;
 duplicates are then found by sorting one hash array at a time and confirmed by content
 (:mod:`pmlm.data.dedup`); a second pass over the temporary file drops or renames them, and is
 skipped when there is nothing to drop. Of duplicate sequences or ids, the first occurrence in
-input order is kept (inputs in the order given, records in file order).
-
-Clean FASTA: one line per sequence, header ``>ID`` plus the source's annotations as
-``key=value`` words (``members=``/``taxon=`` from UniRef XML, ``family=`` from Pfam-A), which
-``pmlm split`` keeps and ``pmlm tokenize`` turns into shard columns.
+input order is kept (inputs in the order given, records in file order). The clean FASTA's headers carry the
+source's ``key=value`` annotations, which ``pmlm split`` keeps and ``pmlm tokenize`` turns into shard columns.
 """
 
 from __future__ import annotations

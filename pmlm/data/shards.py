@@ -1,28 +1,9 @@
 """``pmlm tokenize``: tokenized Parquet shards (zstd) plus a manifest, streaming, for pre-training.
 
-Layout written under ``--out-dir``::
-
-    manifest.json
-    <split>/part-00000-of-00008.parquet  ...   for each split (e.g. train, valid)
-
-Schema (one row per sequence; readable with ``pandas.read_parquet``):
-
-    id          string      sequence identifier (first word of the FASTA header)
-    cluster_id  string      MMseqs2 cluster representative (``cluster=`` in the header; else the id)
-    length      int32       number of residues
-    tokens      binary      residue token ids from ``pmlm.alphabet``, one byte per residue,
-                            WITHOUT <cls>/<eos> (``np.frombuffer(tokens, np.uint8)``); loaders
-                            add the specials and crop. One byte per id rather than list<uint8>
-                            (stored as INT32 in Parquet): ~4x faster to write and ~6x to read.
-    members     int32       source cluster size (UniRef XML ``member count``; ``members=`` in the
-                            header), null when the source has none
-    taxon_id    int32       NCBI id of the source cluster's common taxon (UniRef XML ``common
-                            taxon ID``; ``taxon=``), null when the source has none
-    family      string      Pfam family accession with version (Pfam-A FASTA; ``family=``), or null
-
-A row's shard is ``crc32(cluster_id) % num_shards``: members of one cluster share a shard, so
-per-rank sharding of files never splits a cluster. Row groups hold ``row_group_size`` rows,
-small enough to stream and shuffle at row-group granularity.
+Layout, schema and sharding rule: docs/data.md, "Parquet shard schema". ``tokens`` is one byte per residue
+rather than list<uint8> (stored as INT32 in Parquet): ~4x faster to write and ~6x to read. A row's shard is
+``crc32(cluster_id) % num_shards``, so per-rank sharding of files never splits a cluster; row groups hold
+``row_group_size`` rows, small enough to stream and shuffle at row-group granularity.
 """
 
 from __future__ import annotations

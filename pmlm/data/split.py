@@ -152,42 +152,28 @@ def contaminated(cfg: SplitConfig, indexed_fasta: str, references: list[str], wo
             for seq in reference_sequences(path):
                 out.write(f">ref{k}\n{seq}\n")
                 k += 1
+    options = ["--min-seq-id", str(cfg.decontam_min_seq_id), "-c", str(cfg.decontam_coverage), "--cov-mode", "0"]
     hits = os.path.join(workdir, "decontam.m8")
-    _run_mmseqs(
-        [
-            exe,
-            "easy-search",
-            indexed_fasta,
-            ref,
-            hits,
-            os.path.join(workdir, "tmp_search"),
-            "--min-seq-id",
-            str(cfg.decontam_min_seq_id),
-            "-c",
-            str(cfg.decontam_coverage),
-            "--cov-mode",
-            "0",
-            "--max-seqs",
-            "10",
-            "--threads",
-            str(cfg.threads),
-            "-v",
-            "2",
-        ],
-        log,
-    )
-    with open(hits) as fh:
+    return easy_search(exe, indexed_fasta, ref, hits, [*options, "--max-seqs", "10"], cfg.threads, log)
+
+
+def easy_search(exe: str, query: str, target: str, out: str, options: list[str], threads: int, log) -> set[int]:
+    """The record indices of ``query`` (its FASTA ids) that hit ``target`` under ``options`` (mmseqs easy-search,
+    its m8 table written to ``out``, its temporary folder beside it)."""
+    tmp = os.path.join(os.path.dirname(out), "tmp_search")
+    _run_mmseqs([exe, "easy-search", query, target, out, tmp, *options, "--threads", str(threads), "-v", "2"], log)
+    with open(out) as fh:
         return {int(line.split("\t", 1)[0]) for line in fh if line.strip()}
 
 
-def _draw(cluster: str, cfg: SplitConfig) -> float:
-    """Deterministic, platform-independent uniform draw per cluster (never Python's salted hash())."""
-    digest = hashlib.blake2b(f"{cfg.seed}:{cluster}".encode(), digest_size=8).digest()
+def seeded_draw(name: str, seed: int) -> float:
+    """Deterministic, platform-independent uniform draw per name (never Python's salted hash())."""
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 
 def in_valid(cluster: str, cfg: SplitConfig) -> bool:
-    return _draw(cluster, cfg) < cfg.valid_fraction
+    return seeded_draw(cluster, cfg.seed) < cfg.valid_fraction
 
 
 def split(
@@ -222,7 +208,7 @@ def split(
     forced = False
     if cfg.valid_fraction > 0 and not valid_rep.any() and len(reps) > 1:
         # tiny datasets: hold out the single cluster with the smallest draw so validation is never empty
-        valid_rep[int(np.argmin([_draw(ids[r], cfg) for r in reps]))] = True
+        valid_rep[int(np.argmin([seeded_draw(ids[r], cfg.seed) for r in reps]))] = True
         forced = True
     is_valid_rep = np.zeros(len(ids), dtype=bool)
     is_valid_rep[reps[valid_rep]] = True

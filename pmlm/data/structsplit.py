@@ -8,7 +8,6 @@ threshold; the drops are counted. Lines are copied verbatim, so every field of t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,18 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from pmlm.data.fasta import open_binary
-from pmlm.data.split import SplitConfig, _run_mmseqs, cluster_members, mmseqs_binary
+from pmlm.data.split import SplitConfig, cluster_members, easy_search, mmseqs_binary, seeded_draw
 from pmlm.errors import ConfigError
 from pmlm.outputs import folder_target, writing_folder
 from pmlm.tasks.structures import ReadCounts, read_structure_jsonl
 
 SIDES = ("train", "valid", "test")
 SPLIT_STRUCTURES_COMMAND = "pmlm split-structures"
-
-
-def _draw(name: str, seed: int) -> float:
-    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
 
 
 def _raw_lines(path: str) -> list[str]:
@@ -41,29 +35,8 @@ def _raw_lines(path: str) -> list[str]:
 
 def _hits(exe: str, query: str, target: str, cfg: SplitConfig, workdir: str, log) -> set[int]:
     out = os.path.join(workdir, f"{Path(query).stem}_vs_{Path(target).stem}.m8")
-    _run_mmseqs(
-        [
-            exe,
-            "easy-search",
-            query,
-            target,
-            out,
-            os.path.join(workdir, "tmp_search"),
-            "--min-seq-id",
-            str(cfg.min_seq_id),
-            "-c",
-            str(cfg.coverage),
-            "--cov-mode",
-            str(cfg.cov_mode),
-            "--threads",
-            str(cfg.threads),
-            "-v",
-            "2",
-        ],
-        log,
-    )
-    with open(out) as fh:
-        return {int(line.split("\t", 1)[0]) for line in fh if line.strip()}
+    options = ["--min-seq-id", str(cfg.min_seq_id), "-c", str(cfg.coverage), "--cov-mode", str(cfg.cov_mode)]
+    return easy_search(exe, query, target, out, options, cfg.threads, log)
 
 
 def split_settings(cfg: SplitConfig, fractions) -> dict:
@@ -94,7 +67,7 @@ def assign_sides(
         rep_of = cluster_members(cfg, indexed, len(seqs), work, log)
         side_of_rep = {}
         for r in np.unique(rep_of):
-            u = _draw(names[r], cfg.seed)
+            u = seeded_draw(names[r], cfg.seed)
             side_of_rep[int(r)] = (
                 "train" if u < fractions[0] else ("valid" if u < fractions[0] + fractions[1] else "test")
             )

@@ -1,13 +1,11 @@
 """``pmlm split-table``: train / valid / test files of a labelled table (a user's task, ``pmlm.tasks.labelled``).
 
-Either the table says where each row goes (``--split-column``: values train, valid, test; any other value is an
-error naming its line) or the rows are split by sequence identity as the structures are
-(``pmlm.data.structsplit.assign_sides``: MMseqs2 clusters drawn whole to one side, then every held-out sequence
-that still hits a training one at ``--min-seq-id`` dropped and counted). Each side is written as Parquet with every
-column of the input in its type (a CSV / TSV's types inferred: integers stay integers, numbers floats, and the
-sequence and split columns text), rows in input order, plus ``source_line``, the line of the row in the input (the
-header is line 1; ``source_row``, its 1-based row, for a Parquet input), and the input's path in the schema metadata
-(key ``pmlm``), so that a reader names a bad row by the user's file and line (``pmlm.tasks.labelled.RowPlaces``);
+Either the table says where each row goes (``--split-column``: values train, valid, test) or the rows are split by
+sequence identity as the structures are (``pmlm.data.structsplit.assign_sides``; docs/tasks.md, "Your own labelled
+data"). Each side is written as Parquet with every column of the input in its type (a CSV / TSV's types inferred:
+integers stay integers, numbers floats, and the sequence and split columns text), rows in input order, plus
+``source_line`` (``source_row`` for a Parquet input) and the input's path in the schema metadata (key ``pmlm``), so
+that a reader names a bad row by the user's file and line (``pmlm.tasks.labelled.RowPlaces``);
 ``table_split_stats.json`` says what went where.
 
 An empty (or blank) sequence is refused, in one line naming the input and the line, as is a split value other than

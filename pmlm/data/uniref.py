@@ -1,26 +1,10 @@
 """Streaming reader of UniProt's UniRef XML (``uniref50.xml.gz``): one record per cluster entry.
 
-Layout (namespace ``http://uniprot.org/uniref``, schema ``uniref.xsd``; declared ISO-8859-1)::
+Layout (namespace ``http://uniprot.org/uniref``, schema ``uniref.xsd``; declared ISO-8859-1): a ``<UniRef50>``
+root of ``<entry id=..>`` elements, each with ``<property type="member count" ..>``, ``<property type="common taxon
+ID" ..>`` and a ``<representativeMember>`` holding ``<sequence length=".." checksum="..">``.
 
-    <UniRef50 xmlns="http://uniprot.org/uniref" releaseDate="2018-03-28" version="2018_03">
-    <entry id="UniRef50_Q6GZX4" updated="2011-07-27">
-    <name>Cluster: Putative transcription factor 001R</name>
-    <property type="member count" value="2"/>
-    <property type="common taxon" value="Frog virus 3"/>
-    <property type="common taxon ID" value="10493"/>
-    <representativeMember>
-      <dbReference type="UniProtKB ID" id="001R_FRG3G"> <property .../> ... </dbReference>
-      <sequence length="256" checksum="B4840739BF7D4121">
-    MAFSAEDVLKEYDRRRRMEALLLSLYYPNDRKLLDYKEWSPPRVQVECPKAPVEWNNPPS
-    ...
-      </sequence>
-    </representativeMember>
-    <member> <dbReference ...> ... </dbReference> </member>   (one per further member)
-    </entry>
-    ...
-    </UniRef50>
-
-Until release 2019_09 the sequence text is wrapped at 60 columns between whitespace (above);
+Until release 2019_09 the sequence text is wrapped at 60 columns;
 from 2019_11 on it is one line, ``<sequence length=".." checksum="..">MAFS...FTPL</sequence>``
 (PIR's unirefxml2fasta notes). Whitespace is removed, so both read the same.
 

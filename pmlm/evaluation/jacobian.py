@@ -1,19 +1,11 @@
 """The categorical Jacobian of an encoder's token head: nothing masked, one copy of the sequence per (site j,
 residue b), the token head's log-probabilities l_i(a) at every site i. Any encoder with a token head has it (an
 MLM, PMLM, an imported ESM model); the co-evolution study reads its epistasis (``categorical_jacobian``) and
-``pmlm contacts`` its unsupervised contact map (``jacobian_contact_scores``).
+``pmlm contacts`` its unsupervised contact map (``jacobian_contact_scores``). The definition, its cost and memory:
+docs/contacts.md, "The categorical Jacobian".
 
-For a sequence x, with D[i, j, a, b] = l_i(a | x_j = b) - l_i(a | x) (L x 20 substituted copies and x itself):
-
-    J[i, j, a, b] = D[i, j, a, b] - D[i, j, w_i, b]
-
-the double difference of log P(x_i = a) against the wild-type residues w_i, w_j (exact epistasis for a model
-emitting the true conditionals; the read site sees its own residue, so it is not the conditional), averaged
-with its transpose J[j, i, b, a]; zero on the diagonal. A site holding X has no residue of the 20 to refer to: its
-reference is the mean over the 20 instead (``D``'s reference in b is x itself, so X there needs nothing).
-
-Cost: L x 20 + 1 forward passes of the window, ``rows_per_batch`` copies at once; memory L^2 x 400 values of the
-``dtype`` (the table of every pair's 20 x 20 block, 1.7 GB in float32 for a window of 1,022 residues).
+J is exact epistasis for a model emitting the true conditionals; the read site sees its own residue, so it is not
+the conditional. ``D``'s reference in b is x itself, so X there needs nothing.
 """
 
 from __future__ import annotations

@@ -154,9 +154,6 @@ class PrecisionSummary:
     n_proteins: int  # proteins that entered the averages
     n_excluded: int  # proteins with floor(L/k) == 0 (NaN), left out and counted here
 
-    def as_dict(self) -> dict:
-        return {"mean": self.mean, "pooled": self.pooled, "n_proteins": self.n_proteins, "n_excluded": self.n_excluded}
-
 
 def contact_metrics(
     proteins: Iterable[tuple],
@@ -220,14 +217,6 @@ class AccuracySummary:
     per_protein_mean: float  # mean of each protein's accuracy (proteins with no scored residue left out)
     n_residues: int
     n_proteins: int
-
-    def as_dict(self) -> dict:
-        return {
-            "pooled": self.pooled,
-            "per_protein_mean": self.per_protein_mean,
-            "n_residues": self.n_residues,
-            "n_proteins": self.n_proteins,
-        }
 
 
 def q3_accuracy(preds: Sequence, targets: Sequence, masks: Sequence | None = None) -> AccuracySummary:

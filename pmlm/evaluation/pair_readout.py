@@ -94,8 +94,8 @@ def pair_positions(rows: int, pos_i: torch.Tensor, pos_j: torch.Tensor, length: 
     return selected
 
 
-def _masked_chunk(model, tokens, chunk, mirror, device, measures) -> list[dict]:
-    """Exactly the pair masked, one copy per pair; dependence of the given orders (and the swaps)."""
+def _masked_chunk(model, tokens, chunk, mirror, device) -> tuple:
+    """Exactly the pair masked, one copy per pair: (joints of the given orders, then the swaps; p_i; p_j)."""
     copies, pos_i, pos_j = masked_copies(tokens, chunk)  # (p, T)
     n = len(chunk)
     rows = torch.arange(n)
@@ -113,26 +113,17 @@ def _masked_chunk(model, tokens, chunk, mirror, device, measures) -> list[dict]:
         # row-major selection and i < j: each row's two logits are (i, j) in that order
         marginals = torch.softmax(out["logits"].float(), dim=-1).view(n, 2, alphabet.NUM_RESIDUES)
         p_i, p_j = marginals[:, 0], marginals[:, 1]
-    parts = [joint_dependence(joint[:n], p_i, p_j, measures)]
-    if mirror:
-        parts.append(joint_dependence(joint[n:], p_j, p_i, measures))
-    return parts
+    return joint, p_i, p_j
 
 
-def _unmasked_chunk(model, reps, p, chunk, mirror, device, measures) -> list[dict]:
-    """The pair head read at the given pairs of one unmasked pass (``reps`` (1, T, C))."""
+def _unmasked_chunk(model, reps, p, chunk, mirror, device) -> tuple:
+    """The pair head read at the given pairs of one unmasked pass (``reps`` (1, T, C)), as ``_masked_chunk``."""
     i = torch.as_tensor(chunk[:, 0], device=device)
     j = torch.as_tensor(chunk[:, 1], device=device)
-    n = len(chunk)
     index = torch.stack([torch.zeros_like(i), i + RESIDUE_OFFSET, j + RESIDUE_OFFSET], dim=1)  # (p, 3)
     logits, _ = model.pair_head(reps, index, mirror=mirror)
     joint = residue_joint(logits.float())  # (p, 20, 20), or (2p, 20, 20) mirrored
-    p_i = None if p is None else p[i]
-    p_j = None if p is None else p[j]
-    parts = [joint_dependence(joint[:n], p_i, p_j, measures)]
-    if mirror:
-        parts.append(joint_dependence(joint[n:], p_j, p_i, measures))
-    return parts
+    return joint, None if p is None else p[i], None if p is None else p[j]
 
 
 @torch.no_grad()
@@ -168,11 +159,12 @@ def pair_dependence(
     for start in range(0, len(pairs), batch_pairs):
         chunk = pairs[start : start + batch_pairs]
         if mask_pairs:
-            parts = _masked_chunk(model, tokens, chunk, mirror, device, measures)
+            joint, p_i, p_j = _masked_chunk(model, tokens, chunk, mirror, device)
         else:
-            parts = _unmasked_chunk(model, reps, p, chunk, mirror, device, measures)
-        given.append(parts[0])
-        swapped.extend(parts[1:])
+            joint, p_i, p_j = _unmasked_chunk(model, reps, p, chunk, mirror, device)
+        given.append(joint_dependence(joint[: len(chunk)], p_i, p_j, measures))
+        if mirror:
+            swapped.append(joint_dependence(joint[len(chunk) :], p_j, p_i, measures))
     return {key: torch.cat([part[key].cpu() for part in given + swapped]) for key in MEASURES if key in measures}
 
 

@@ -33,23 +33,33 @@ from torch import nn
 
 from pmlm.adapters import attach, resolve_targets, trunk_of
 from pmlm.artefacts import read_encoder_info
+from pmlm.choices import Choice, Device
 from pmlm.config.finetuning import AdapterConfig, FinetuneConfig
 from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig, model_config
 from pmlm.model.objectives import ObjectiveConfig
-from pmlm.model.task_heads import TaskModel, resolve_features
+from pmlm.model.task_heads import HeadKind, TaskModel, resolve_features
 from pmlm.pretrained import build_model, encoder_configs, encoder_weights, is_esm
 from pmlm.tasks.registry import task_named
 from pmlm.tasks.task import PAIR, PROTEIN
 from pmlm.tokens import max_residues
-from pmlm.train.budget import ADAM_STATE, BF16, FP32, MicroBatch, Precision, encoder_bytes, flops_per_token
+from pmlm.train.budget import ADAM_STATE, BF16, FP32, Arithmetic, MicroBatch, encoder_bytes, flops_per_token
 from pmlm.train.jobs import recipe_job
 from pmlm.train.rates import paper_rate
 from pmlm.train.throughput import ANY_OBJECTIVE, MeasuredRate
 from pmlm.vocabulary import FEATURES_M_PLUS
 
-MODES = ("frozen", "adapter", "full")
-PASSES = {"frozen": 1, "adapter": 2, "full": 3}  # forward-pass equivalents of one training step's encoder work
+
+class FinetuneMode(Choice):
+    """What a fine-tuning run trains: the head alone, adapters inside the encoder too, or all of the encoder."""
+
+    FROZEN = "frozen"
+    ADAPTER = "adapter"
+    FULL = "full"
+
+
+# forward-pass equivalents of one training step's encoder work
+PASSES = {FinetuneMode.FROZEN: 1, FinetuneMode.ADAPTER: 2, FinetuneMode.FULL: 3}
 
 
 @dataclass(frozen=True)
@@ -79,17 +89,17 @@ def encoder_spec(encoder: str | Path | None = None, preset: str | None = None, o
     return EncoderSpec(f"{objective}-{preset}", model_config(preset, objective), objective, preset)
 
 
-def with_mode(cfg: FinetuneConfig, mode: str) -> FinetuneConfig:
+def with_mode(cfg: FinetuneConfig, mode: FinetuneMode) -> FinetuneConfig:
     """``cfg`` as a frozen, adapted (the recipe's adapter, else the default LoRA) or fully fine-tuned run."""
-    if mode == "frozen":
-        return dataclasses.replace(cfg, freeze_encoder=True, adapter=None)
-    if mode == "adapter":
-        return dataclasses.replace(cfg, freeze_encoder=False, adapter=cfg.adapter or AdapterConfig())
-    return dataclasses.replace(cfg, freeze_encoder=False, adapter=None)
+    mode = FinetuneMode(mode)
+    adapter = (cfg.adapter or AdapterConfig()) if mode is FinetuneMode.ADAPTER else None
+    return dataclasses.replace(cfg, freeze_encoder=mode is FinetuneMode.FROZEN, adapter=adapter)
 
 
-def mode_of(cfg: FinetuneConfig) -> str:
-    return "frozen" if cfg.freeze_encoder else "adapter" if cfg.adapter is not None else "full"
+def mode_of(cfg: FinetuneConfig) -> FinetuneMode:
+    if cfg.freeze_encoder:
+        return FinetuneMode.FROZEN
+    return FinetuneMode.FULL if cfg.adapter is None else FinetuneMode.ADAPTER
 
 
 def task_model(cfg: FinetuneConfig, spec: EncoderSpec) -> TaskModel:
@@ -123,7 +133,7 @@ def _trained_linear(model: TaskModel) -> int:
     )
 
 
-def _adapter_kept(model: TaskModel, cfg: AdapterConfig, X: int, precision: Precision) -> int:
+def _adapter_kept(model: TaskModel, cfg: AdapterConfig, X: int, precision: Arithmetic) -> int:
     """Bytes each adapted layer keeps beside its base layer's: the dropout's output, which A keeps (without dropout
     A keeps the input the base Linear keeps already), and A's output, which B keeps. The dropout's mask is kept only
     where the input takes gradients, and is a bool on CUDA: not counted."""
@@ -139,7 +149,7 @@ def _adapter_kept(model: TaskModel, cfg: AdapterConfig, X: int, precision: Preci
     return total
 
 
-def _head_kept(cfg: FinetuneConfig, spec: EncoderSpec, rows: int, residues: int, precision: Precision) -> int:
+def _head_kept(cfg: FinetuneConfig, spec: EncoderSpec, rows: int, residues: int, precision: Arithmetic) -> int:
     """Bytes the head keeps for its backward, by the task's level (an approximation by shape)."""
     a, C, h = precision.act, spec.model.hidden, cfg.head
     level = task_named(cfg.task).level
@@ -150,12 +160,10 @@ def _head_kept(cfg: FinetuneConfig, spec: EncoderSpec, rows: int, residues: int,
     pairs = rows * residues * residues
     features = 2 * C * a if pairs * 2 * C <= h.pair_chunk_elements else 0  # recomputed in the backward if chunked
     kept = pairs * (features + 3 * FP32)  # one chunk's features; logits, targets and mask
-    if h.kind == "resnet":
-        kept += pairs * h.resnet_channels * a * (4 * h.resnet_blocks + 2)  # per block: two convs' inputs and norms
-    return kept
+    return kept + pairs * HeadKind.pair_blocks(h)[0] * a
 
 
-def peak_memory(cfg: FinetuneConfig, spec: EncoderSpec, residues: int, precision: Precision) -> dict:
+def peak_memory(cfg: FinetuneConfig, spec: EncoderSpec, residues: int, precision: Arithmetic) -> dict:
     """Peak bytes of one training step of ``cfg``'s largest micro-batch (``residues`` per protein), by component."""
     model = task_model(cfg, spec)
     counts = parameters(model)
@@ -187,7 +195,7 @@ def peak_memory(cfg: FinetuneConfig, spec: EncoderSpec, residues: int, precision
     # tensor. The step peaks at the larger of the two: on a large encoder with a short batch, the optimizer step
     # (2.7 GB of gradients for 670M parameters beside 0.3 GB of activations)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
-    optimizer_step = FP32 * trained + (0 if precision.device == "cuda" else 2 * FP32 * largest)
+    optimizer_step = FP32 * trained + (0 if precision.cuda else 2 * FP32 * largest)
     backward = sum(kept.values()) + working + static["gradients"]
     parts["optimizer_step_beyond_backward"] = max(0, optimizer_step - backward)
     # loading computes the position table in float64 (the angles, their sines and cosines, both halves joined), 16
@@ -205,9 +213,7 @@ def protein_flops(cfg: FinetuneConfig, spec: EncoderSpec, residues: int) -> floa
     if task_named(cfg.task).level == PAIR:
         pairs, h = residues * residues, cfg.head
         head = 2 * 2 * m.hidden * (m.hidden if cfg.head.features == FEATURES_M_PLUS else 1)
-        if h.kind == "resnet":
-            head += 2 * 2 * h.resnet_blocks * h.resnet_kernel**2 * h.resnet_channels**2
-        flops += 3 * pairs * head
+        flops += 3 * pairs * (head + HeadKind.pair_blocks(h)[1])
     return flops
 
 
@@ -217,18 +223,18 @@ def plan_finetune(
     lengths: list[int],
     flop_rate: float,
     rate_note: str,
-    precision: Precision | None = None,
+    precision: Arithmetic | None = None,
 ) -> list[dict]:
     """One row per mode (the recipe's own first): trainable parameters, peak memory, time per epoch and for the
     recipe's steps, for the training set's protein ``lengths``."""
     if not lengths:
         raise ConfigError("no training proteins to price (give --train or --proteins with --mean-length)")
-    precision = precision or Precision(bf16=cfg.bf16 is not False)
+    precision = precision or Arithmetic(cfg.precision.on(Device.CUDA))
     window = max_residues(spec.model.max_len)
     crop = min(cfg.data.crop or window, window)
     own = mode_of(cfg)
     rows = []
-    for mode in sorted(MODES, key=lambda m: m != own):
+    for mode in sorted(FinetuneMode, key=lambda m: m is not own):
         run = with_mode(cfg, mode)
         if run.adapter is not None:
             with torch.device("meta"):
@@ -240,7 +246,7 @@ def plan_finetune(
         rows.append(
             {
                 "mode": mode,
-                "recipe": mode == own,
+                "recipe": mode is own,
                 "adapter": None if run.adapter is None else {"rank": run.adapter.rank, "targets": list(targets)},
                 "parameters": memory["parameters"],
                 "peak_bytes": memory["total_bytes"],
@@ -251,7 +257,7 @@ def plan_finetune(
                 "epochs": run.optim.total_steps / steps_per_epoch,
                 "run_hours": epoch / flop_rate / 3600 * run.optim.total_steps / steps_per_epoch,
                 "rate": rate_note,
-                "precision": "bf16" if precision.bf16 else "fp32",
+                "precision": precision.precision,
             }
         )
     return rows

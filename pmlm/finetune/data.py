@@ -39,11 +39,11 @@ class Batch:
         return Batch(**move)
 
 
-def collate(examples: list[Example], windows: list[tuple[int, int]], task: Task, threshold: float) -> Batch:
+def collate(examples: list[Example], windows: list[tuple[int, int]], task: Task) -> Batch:
     """Residues [start, stop) of each example -> one padded Batch with ``task``'s targets."""
     rows = batch_tokens([ex.residues[start:stop] for ex, (start, stop) in zip(examples, windows)])
     length = rows.tokens.shape[1] - 2  # the longest window
-    targets, valid = task.targets(examples, windows, length, threshold)
+    targets, valid = task.targets(examples, windows, length)
     return Batch(
         tokens=torch.from_numpy(rows.tokens),
         mask=torch.from_numpy(rows.residue_mask()),
@@ -57,13 +57,12 @@ def collate(examples: list[Example], windows: list[tuple[int, int]], task: Task,
 class TaskLoader:
     """Endless stream of training batches; order and crops are a function of (seed, epoch)."""
 
-    def __init__(self, examples: list[Example], task: Task, batch_size: int, crop: int, seed: int, threshold: float):
+    def __init__(self, examples: list[Example], task: Task, batch_size: int, crop: int, seed: int):
         self.examples = examples
         self.task = task
         self.batch_size = batch_size
         self.crop = crop
         self.seed = seed
-        self.threshold = threshold
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
         self._plan: list[list[tuple[int, int]]] | None = None
@@ -89,7 +88,7 @@ class TaskLoader:
         self.position += 1
         examples = [self.examples[i] for i, _ in chosen]
         windows = [(s, min(s + self.crop, len(self.examples[i]))) for i, s in chosen]
-        return collate(examples, windows, self.task, self.threshold)
+        return collate(examples, windows, self.task)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}
@@ -108,8 +107,8 @@ class EvaluationPlan:
     windows: list[int]  # windows per protein (1 unless it is longer than the window)
     n_long: int  # proteins of the test set longer than the window
 
-    def collate(self, rows: list[tuple[int, int, int]], task: Task, threshold: float) -> Batch:
-        return collate([self.proteins[p] for p, _, _ in rows], [(a, b) for _, a, b in rows], task, threshold)
+    def collate(self, rows: list[tuple[int, int, int]], task: Task) -> Batch:
+        return collate([self.proteins[p] for p, _, _ in rows], [(a, b) for _, a, b in rows], task)
 
 
 def evaluation_plan(examples: list[Example], batch_size: int, window: int, too_long: str) -> EvaluationPlan:

@@ -25,19 +25,20 @@ from pmlm.adapters import adapter_parameters, attach, resolve_targets
 from pmlm.artefacts import write_head
 from pmlm.config.finetuning import NOT_IN_FINGERPRINT, FinetuneConfig
 from pmlm.errors import ConfigError
-from pmlm.files import file_digest
+from pmlm.files import file_digest, run_record
 from pmlm.finetune.data import Batch, TaskLoader
 from pmlm.finetune.head_scoring import score_task
 from pmlm.finetune.selection import Selection
 from pmlm.model.task_heads import TaskModel, resolve_features
 from pmlm.pretrained import load_encoder, pick_device
-from pmlm.tasks.registry import read_task_data, task_named
+from pmlm.tasks.registry import read_task_data
 from pmlm.tasks.task import Task, TaskData
 from pmlm.tokens import max_residues
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
 from pmlm.train.engine import TrainingRun, fit
-from pmlm.train.run_folder import content_digest, publish_metrics, run_record
-from pmlm.train.runtime import StopSignals, autocast_factory, precision
+from pmlm.train.run_folder import content_digest, publish_metrics
+from pmlm.train.runtime import StopSignals
+from pmlm.train.runtime import autocast as precision_context
 from pmlm.version import versions
 
 CSV_FIELDS = (
@@ -107,14 +108,14 @@ class FinetuneRun(TrainingRun):
     def begin_step(self, step: int) -> None:
         self.batches = [self.loader.next_batch().to(self.device) for _ in range(self.accumulation)]
         # the step's loss is the mean over all its terms, whichever micro-batch holds them
-        self.terms = sum(self.task.terms(b, self.cfg.data.min_separation) for b in self.batches)
+        self.terms = sum(self.task.terms(b) for b in self.batches)
         self.sums["steps"] += 1
 
     def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
         batch = self.batches[micro]
         with self.autocast():
             logits = self.module(batch.tokens, batch.mask)
-        loss = self.task.loss(logits, batch, self.cfg.data.min_separation, self.module.head) / max(self.terms, 1)
+        loss = self.task.loss(logits, batch, self.module.head) / max(self.terms, 1)
         self.sums["loss"] += float(loss.detach())
         self.sums["proteins"] += len(batch.ids)
         self.proteins += len(batch.ids)
@@ -135,14 +136,12 @@ class FinetuneRun(TrainingRun):
         self.sums = {"loss": 0.0, "steps": 0, "proteins": 0}
 
     def validate(self, log, step: int, lrs: dict[str, float]) -> None:
-        d = self.cfg.data
         metrics, n_long = score_task(
             self.module,
             self.valid_data,
-            batch_size=d.batch_size,
+            batch_size=self.cfg.data.batch_size,
             window=self.encoder_window,
             too_long="crop",
-            threshold=d.contact_threshold,
             device=self.device,
             autocast=self.autocast,
         )
@@ -198,11 +197,12 @@ def finetune(
     device = pick_device(cfg.device, option="device:")
     stop = StopSignals().install()
     try:
-        autocast = autocast_factory(device, cfg.bf16)
+        arithmetic = cfg.precision.on(device.type)
+        autocast = precision_context(arithmetic, device)
 
         # -- the encoder, with its adapters' targets checked before the data are read ----------------------
         d = cfg.data
-        task = task_named(cfg.task)
+        task = cfg.configured_task()
         encoder, encoder_info, _ = load_encoder(encoder_path)
         encoder_sha = file_digest(encoder_path)
         if cfg.adapter is not None:
@@ -215,13 +215,11 @@ def finetune(
         # -- model: the pre-trained encoder plus a freshly initialised head (and adapters); AdamW -------
         cfg, model, window, crop = _task_model(cfg, task, encoder, train_data)
         trainable = model.to(device).trainable()
-        loader = TaskLoader(train_data.examples, task, d.batch_size, crop, cfg.seed, d.contact_threshold)
+        loader = TaskLoader(train_data.examples, task, d.batch_size, crop, cfg.seed)
         optimizer, groups = _adamw(trainable, cfg, device)
         # what determines the result: the settings (features resolved), the encoder, the data, the precision
         data = {"train": content_digest(train_path), "valid": content_digest(valid_path) if valid_path else None}
-        record = run_record(
-            cfg.to_dict(), NOT_IN_FINGERPRINT, encoder=encoder_sha, **data, precision=precision(device, cfg.bf16)
-        )
+        record = run_record(cfg.to_dict(), NOT_IN_FINGERPRINT, encoder=encoder_sha, **data, precision=arithmetic)
 
         # -- the loop: the engine's, from the newest checkpoint if any ---------------------------------
         run = FinetuneRun(cfg, task, model, trainable, optimizer, groups, loader, valid_data, window, device, autocast)
@@ -247,7 +245,7 @@ def finetune(
                 valid_path,
                 valid_data,
                 run.selection.scores,
-                precision(device, cfg.bf16),
+                arithmetic,
             )
             info["selected"] = selected
             info["last_step"] = run.step
@@ -322,7 +320,7 @@ def _task_model(
         )
     torch.manual_seed(cfg.seed)
     head = task.build_head(cfg, encoder.cfg.hidden)
-    task.prepare_head(head, train_data, cfg)
+    task.prepare_head(head, train_data)
     adapter = attach(encoder, cfg.adapter) if cfg.adapter is not None else None  # peft's A: Kaiming from this seed
     return cfg, TaskModel(encoder, head, cfg.task, features, cfg.freeze_encoder, adapter), window, crop
 

@@ -2,18 +2,12 @@
 head's unsupervised contacts (``score_unsupervised``), and ``evaluate``, the engine of ``pmlm evaluate``, which
 writes one long-format TSV per (model, task, head) over all its test sets.
 
-A test protein longer than the encoder's window is scored at its true length by default
-(``too_long="windows"``, see ``pmlm.finetune.data.evaluation_plan``): the model reads overlapping
-windows, and each residue's logits (a per-residue task such as ss3), each pair's contact logit (contact) or the
-protein's logits or value (a per-protein task) are the mean over the windows that hold it
-(``pmlm.tokens.WindowMean``);
-for ``pair-kl`` / ``pair-mi`` each window's APC-corrected scores are averaged. Contact precision then
-takes k = floor(L / divisor) with L the protein's length. A pair that no window holds (residues farther
-apart than about half a window) has no score and is no candidate: it ranks after every scored pair, and
-when fewer than k scored candidates exist the picks it would fill count as misses
-(``pmlm.evaluation.metrics``, rule 3), whether or not it is a contact. ``crop`` instead scores the first
-``window`` residues with L = window, ``skip`` leaves the protein out; either way their number is reported
-as the metric ``n_too_long``.
+A test protein longer than the encoder's window is read as ``too_long`` says (``pmlm.finetune.data.evaluation_plan``;
+their number is the metric ``n_too_long``): by default at its true length, each residue's, pair's or the protein's
+output the mean over the windows that hold it (``pmlm.tokens.WindowMean``; for ``pair-kl`` / ``pair-mi`` each
+window's APC-corrected scores). Contact precision takes k = floor(L / divisor), L the protein's length; a pair that
+no window holds (residues farther apart than about half a window) has no score and is no candidate, so the picks it
+would fill count as misses (``pmlm.evaluation.metrics``, rule 3).
 
 Unsupervised read-out (``pair-kl`` / ``pair-mi``, contact task only): for each protein, ONE forward pass
 of the unmasked sequence gives the pair head's joint P(x_i, x_j) for every pair i < j (and, mirrored,
@@ -50,11 +44,11 @@ from pmlm.finetune.data import EvaluationPlan, evaluation_plan
 from pmlm.pretrained import load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tasks.contact_task import CONTACT
-from pmlm.tasks.registry import read_task_data, task_named
+from pmlm.tasks.registry import read_task_data
 from pmlm.tasks.structures import CONTACT_THRESHOLD
-from pmlm.tasks.task import PAIR, PROTEIN, Example, ReadOptions
+from pmlm.tasks.task import PAIR, PROTEIN, Example, ReadOptions, TaskSettings
 from pmlm.tokens import WindowMean, max_residues
-from pmlm.train.runtime import evaluation_precision
+from pmlm.train.runtime import autocast, evaluation_precision
 from pmlm.version import versions
 from pmlm.vocabulary import FEATURES_PAIR_JOINT
 
@@ -78,26 +72,28 @@ TSV_COLUMNS = (
 
 
 def whole_proteins(
-    plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, int, int], np.ndarray]], level: str
+    plan: EvaluationPlan, row_outputs: Iterable[tuple[tuple[int, int, int], np.ndarray]], level: str, progress=None
 ) -> Iterator[tuple[Example, np.ndarray]]:
     """(protein, output over the protein) per protein of ``plan``, from the outputs of its rows in plan order:
     ``(n, ...)`` per residue, ``(n, n, ...)`` per pair, or ``(1, ...)`` for the whole protein (``level``); a
     protein read as several windows gets their mean (per pair: NaN where no window holds a pair) and n = its
-    length, else n = its row's length."""
+    length, else n = its row's length. ``progress`` (a pmlm.progress.Progress) counts the proteins."""
     pending: dict[int, tuple[WindowMean, list[int]]] = {}
     pairs = level == PAIR
     for (p, start, _stop), out in row_outputs:
-        if plan.windows[p] == 1:
-            yield plan.proteins[p], out
-            continue
-        length = 1 if level == PROTEIN else len(plan.proteins[p])
-        trailing = out.shape[2:] if pairs else out.shape[1:]
-        acc, seen = pending.setdefault(p, (WindowMean(length, tuple(trailing), pairs=pairs), [0]))
-        acc.add(0 if level == PROTEIN else start, out)
-        seen[0] += 1
-        if seen[0] == plan.windows[p]:
+        if plan.windows[p] > 1:
+            length = 1 if level == PROTEIN else len(plan.proteins[p])
+            trailing = out.shape[2:] if pairs else out.shape[1:]
+            acc, seen = pending.setdefault(p, (WindowMean(length, tuple(trailing), pairs=pairs), [0]))
+            acc.add(0 if level == PROTEIN else start, out)
+            seen[0] += 1
+            if seen[0] < plan.windows[p]:
+                continue
             del pending[p]
-            yield plan.proteins[p], acc.mean()
+            out = acc.mean()
+        if progress is not None:
+            progress.advance()
+        yield plan.proteins[p], out
 
 
 def score_task(
@@ -107,35 +103,28 @@ def score_task(
     batch_size: int,
     window: int,
     too_long: str,
-    threshold: float,
     device,
     autocast=nullcontext,
     progress=None,
 ) -> tuple[dict[str, tuple[float, int]], int]:
-    """Metrics of a TaskModel on one test set (its task's): ({metric: (value, n)}, proteins too long).
-    ``progress`` (a pmlm.progress.Progress) counts the proteins scored."""
+    """Metrics of a TaskModel on one test set (its task's, as configured for the read): ({metric: (value, n)},
+    proteins too long); ``progress`` as ``whole_proteins``."""
     plan = evaluation_plan(data.examples, batch_size, window, too_long)
-    task = task_named(data.task)
+    task = data.task
     was_training = model.training
     model.eval()
 
     def row_outputs():
         with torch.no_grad():
             for rows in plan.batches:
-                batch = plan.collate(rows, task, threshold).to(device)
+                batch = plan.collate(rows, task).to(device)
                 with autocast():
                     logits = model(batch.tokens, batch.mask).float().cpu().double()
                 for b, row in enumerate(rows):
                     yield row, task.output(logits[b], batch.lengths[b])
 
-    def proteins():
-        for protein, out in whole_proteins(plan, row_outputs(), task.level):
-            if progress is not None:
-                progress.advance()
-            yield protein, out
-
     try:
-        return task.metrics(proteins(), threshold), plan.n_long
+        return task.metrics(whole_proteins(plan, row_outputs(), task.level, progress)), plan.n_long
     finally:
         model.train(was_training)
 
@@ -147,14 +136,13 @@ def score_unsupervised(
     *,
     window: int,
     too_long: str,
-    threshold: float,
     mask_pairs: bool,
     pair_batch: int,
     device,
     autocast=nullcontext,
     progress=None,
 ) -> tuple[dict[str, tuple[float, int]], int]:
-    """Contact metrics of the unsupervised read-out on one test set."""
+    """Contact metrics of the unsupervised read-out on one test set (read for the contact task)."""
     plan = evaluation_plan(data.examples, 1, window, too_long)
 
     def row_scores():
@@ -166,13 +154,7 @@ def score_unsupervised(
                 )
             yield (p, start, stop), scores
 
-    def proteins():
-        for protein, scores in whole_proteins(plan, row_scores(), PAIR):
-            if progress is not None:
-                progress.advance()
-            yield protein, scores
-
-    return CONTACT.metrics(proteins(), threshold), plan.n_long
+    return data.task.metrics(whole_proteins(plan, row_scores(), PAIR, progress)), plan.n_long
 
 
 def write_tsv(path: str | Path, rows: list[dict]) -> None:
@@ -224,8 +206,9 @@ def evaluate(
                 f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
                 f"--head {head} needs a PMLM model"
             )
-        task, head_name, features = CONTACT, head, FEATURES_PAIR_JOINT
-        atom, threshold = contact_atom or "auto", contact_threshold or CONTACT_THRESHOLD
+        head_name, features = head, FEATURES_PAIR_JOINT
+        task = CONTACT.configure(TaskSettings(contact_atom or "auto", contact_threshold or CONTACT_THRESHOLD))
+        atom, threshold = task.settings.contact_atom, task.settings.contact_threshold
         settings = {
             "head": head,
             "mask_pairs": mask_pairs,
@@ -234,20 +217,21 @@ def evaluate(
             "contact_threshold": threshold,
         }
         window = max_residues(model.cfg.max_len)
-        read = ReadOptions(fmt, contact_atom=atom, threshold=threshold)
+        read = ReadOptions(fmt)
         trained, recorded = "the encoder", recorded_precision(info, encoder_path)
     else:
         if not Path(head).is_file():
             raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
         model, cfg, info, head_path, encoder_path = load_head(head, dev, encoder=encoder)
-        task, head_name, features = task_named(cfg.task), cfg.head.kind, cfg.head.features
+        head_name, features = cfg.head.kind, cfg.head.features
         atom = contact_atom or cfg.data.contact_atom
         threshold = contact_threshold or cfg.data.contact_threshold
+        task = cfg.configured_task(contact_atom=atom, contact_threshold=threshold)
         settings = info["config"]  # the head's own config, plus any contact definition changed here
         if (atom, threshold) != (cfg.data.contact_atom, cfg.data.contact_threshold):
             settings = {**settings, "evaluation": {"contact_atom": atom, "contact_threshold": threshold}}
         window = max_residues(model.encoder.cfg.max_len)
-        read = cfg.read_options(fmt=fmt, contact_atom=atom, threshold=threshold)
+        read = cfg.read_options(fmt=fmt)
         trained, recorded = "the head", recorded_precision(info, head_path)
     if threshold <= 0:
         raise ConfigError(f"--contact-threshold must be > 0 (Angstrom), got {threshold}")
@@ -259,7 +243,7 @@ def evaluate(
         "task": task.name,
         "head": head_name,
         "features": features,
-        "precision": arithmetic.name,
+        "precision": arithmetic,
         "config_sha256": canonical_sha256(settings),
         "encoder_sha256": file_digest(encoder_path),
         "pmlm_version": v["pmlm"],
@@ -267,7 +251,7 @@ def evaluate(
         "git_commit": v["git_commit"] or "",
     }
 
-    shared = {"window": window, "too_long": too_long, "threshold": threshold, "device": dev}
+    shared = {"window": window, "too_long": too_long, "device": dev}
     if unsupervised:
         measure = PAIR_HEADS[head]
         score = partial(score_unsupervised, measure=measure, mask_pairs=mask_pairs, pair_batch=pair_batch, **shared)
@@ -278,7 +262,7 @@ def evaluate(
     for name, path in tests.items():
         data = read_task_data(path, task, read)
         with Progress(f"pmlm evaluate {name}", len(data.examples), unit="proteins") as progress:
-            metrics, n_long = score(model, data, autocast=arithmetic.autocast, progress=progress)
+            metrics, n_long = score(model, data, autocast=autocast(arithmetic, dev), progress=progress)
         metrics["n_too_long"] = (n_long, len(data.examples))
         for metric, (value, n) in metrics.items():
             rows.append({**common, "test_set": name, "metric": metric, "value": value, "n_proteins": n})
@@ -286,7 +270,7 @@ def evaluate(
         atom_note = f", contacts by {data.contact_atom}" if data.contact_atom else ""
         print(
             f"pmlm evaluate: {label} {head_name} on {name}: {len(data.examples)} proteins ({n_long} longer than "
-            f"{window}, {too_long}{atom_note}, {arithmetic.name}), {task.headline} {headline:.4f}",
+            f"{window}, {too_long}{atom_note}, {arithmetic}), {task.headline} {headline:.4f}",
             file=sys.stderr,
         )
     write_tsv(out, rows)

@@ -14,26 +14,26 @@ import numpy as np
 import torch
 
 from pmlm.artefacts import read_encoder_info, recorded_precision
+from pmlm.choices import Precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.inference.contacts import choose_readout, head_map, readout_map
 from pmlm.inference.embedding import embed_residues, layer_index
 from pmlm.inference.mutations import parse_mutant, score_mutants
+from pmlm.inference.options import Readout
 from pmlm.inference.sequences import check_sequence
 from pmlm.pretrained import is_head, load_encoder, load_head, pick_device
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, max_residues
-from pmlm.train.runtime import EvaluationPrecision, evaluation_precision
+from pmlm.train.runtime import autocast, evaluation_precision
 from pmlm.vocabulary import TASK_CONTACT
 
 
 class TrainedModel:
-    """A loaded encoder; ``head`` (a contact TaskModel) when loaded from a fine-tuned contact head; ``arithmetic``,
-    the precision of its forward passes (``precision``: its name)."""
+    """A loaded encoder; ``head`` (a contact TaskModel) when loaded from a fine-tuned contact head; ``precision``,
+    that of its forward passes."""
 
-    def __init__(
-        self, encoder, info: dict, path: Path, device: torch.device, arithmetic: EvaluationPrecision, head=None
-    ):
+    def __init__(self, encoder, info: dict, path: Path, device: torch.device, precision: Precision, head=None):
         self.encoder, self.info, self.path, self.device, self.head = encoder, info, path, device, head
-        self.arithmetic, self.precision = arithmetic, arithmetic.name
+        self.precision, self.autocast = precision, autocast(precision, device)
 
     def __repr__(self) -> str:
         cfg = self.encoder.cfg
@@ -68,7 +68,7 @@ class TrainedModel:
             layer=layer_index(layer, self.encoder.cfg.num_layers),
             tokens_per_batch=tokens_per_batch,
             device=self.device,
-            autocast=self.arithmetic.autocast,
+            autocast=self.autocast,
         )
         if mean:
             out = [e.mean(axis=0, dtype=np.float64).astype(np.float32) for e in out]
@@ -81,13 +81,14 @@ class TrainedModel:
         (``readout``: ``pair``, ``jacobian`` or ``auto``, as ``pmlm contacts --readout``); NaN for pairs no window
         holds."""
         residues = self._residues(sequence)
-        if self.head is not None and readout != "auto":
-            raise ConfigError(f"{self.path}: readout={readout!r} reads an encoder; this is a contact head")
-        kind = None if self.head is not None else choose_readout(self.encoder, readout, self.path)
-        with self.arithmetic.autocast():
+        chosen = Readout.parse(readout, "readout")
+        if self.head is not None and chosen is not Readout.AUTO:
+            raise ConfigError(f"{self.path}: readout={chosen.value!r} reads an encoder; this is a contact head")
+        with self.autocast():
             if self.head is not None:
                 return head_map(self.head, residues, self.device)
-            return readout_map(self.encoder, residues, self.device, kind, tokens_per_batch)
+            chosen = choose_readout(self.encoder, chosen, self.path)
+            return readout_map(self.encoder, residues, self.device, chosen, tokens_per_batch)
 
     def score(self, sequence: str, mutants: list[str], *, double: str = "auto", triple: str = "auto") -> list[dict]:
         """One dict per mutant (``A23G``, ``A23G:L40P``, ``A23G:L40P:K51E``, ...; 1-based): mutant, kind, score,
@@ -96,7 +97,7 @@ class TrainedModel:
         residues = self._residues(sequence)
         letters = sequence.upper()  # the wild type as read (lowercase accepted, as in a FASTA)
         parsed = [parse_mutant(m, letters, "<mutants>", k + 1) for k, m in enumerate(mutants)]
-        with self.arithmetic.autocast():
+        with self.autocast():
             return score_mutants(
                 self.encoder,
                 residues,

@@ -27,7 +27,9 @@ COMMAND = "pmlm contacts"
 TABLE_SUFFIX = ".parquet"
 # names of files, not of the folder -o otherwise names (a TSV or NPZ is written per sequence inside it)
 FILE_SUFFIXES = (".tsv", ".npz", ".png", ".csv", ".json", ".txt", ".gz")
-COLUMNS = ("i", "j", "residue_i", "residue_j", "separation", "score")
+# each pair's columns (1-based i < j), as both forms write them; the table's rows start with the sequence's id
+COLUMNS = {"i": pa.int32(), "j": pa.int32(), "residue_i": pa.string(), "residue_j": pa.string(),
+           "separation": pa.int32(), "score": pa.float32()}  # fmt: skip
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -77,16 +79,15 @@ def _contact_column(pairs: Pairs, known) -> tuple[np.ndarray, np.ndarray]:
     return contacts[pairs.i, pairs.j].astype(np.int8), valid[pairs.i, pairs.j].astype(bool)
 
 
-def write_tsv(path: Path, record: Sequence, pairs: Pairs, known, with_contact: bool) -> None:
+def _columns(record: Sequence, pairs: Pairs) -> list[np.ndarray]:
+    """The COLUMNS of one sequence's rows, (P,) each."""
     letters = np.array(list(record.letters))
-    columns = [
-        (pairs.i + 1).tolist(),
-        (pairs.j + 1).tolist(),
-        letters[pairs.i].tolist(),
-        letters[pairs.j].tolist(),
-        (pairs.j - pairs.i).tolist(),
-        [str(v) for v in pairs.score],  # float32's shortest text, the value the Parquet table holds
-    ]
+    return [pairs.i + 1, pairs.j + 1, letters[pairs.i], letters[pairs.j], pairs.j - pairs.i, pairs.score]
+
+
+def write_tsv(path: Path, record: Sequence, pairs: Pairs, known, with_contact: bool) -> None:
+    columns = [c.tolist() for c in _columns(record, pairs)[:-1]]
+    columns.append([str(v) for v in pairs.score])  # float32's shortest text, the value the Parquet table holds
     header = list(COLUMNS)
     if with_contact:
         values, resolved = _contact_column(pairs, known)
@@ -114,31 +115,13 @@ def plot_map(path: Path, record: Sequence, scores: np.ndarray, known, kind: str,
 
 
 def table_schema(settings: dict, with_contact: bool) -> pa.Schema:
-    fields = [
-        ("id", pa.string()),
-        ("i", pa.int32()),
-        ("j", pa.int32()),
-        ("residue_i", pa.string()),
-        ("residue_j", pa.string()),
-        ("separation", pa.int32()),
-        ("score", pa.float32()),
-    ]
-    if with_contact:
-        fields.append(("contact", pa.int8()))
+    fields = [("id", pa.string()), *COLUMNS.items(), *([("contact", pa.int8())] if with_contact else [])]
     return pa.schema(fields, metadata={b"pmlm": json.dumps(settings).encode()})
 
 
 def pair_table(record: Sequence, pairs: Pairs, known, schema: pa.Schema, with_contact: bool) -> pa.Table:
-    letters = np.array(list(record.letters))
-    arrays = [
-        pa.array([record.id] * len(pairs.i), pa.string()),
-        pa.array((pairs.i + 1).astype(np.int32)),
-        pa.array((pairs.j + 1).astype(np.int32)),
-        pa.array(letters[pairs.i], pa.string()),
-        pa.array(letters[pairs.j], pa.string()),
-        pa.array((pairs.j - pairs.i).astype(np.int32)),
-        pa.array(pairs.score.astype(np.float32)),
-    ]
+    arrays = [pa.array([record.id] * len(pairs.i), pa.string())]
+    arrays += [pa.array(c.astype(t.to_pandas_dtype()), t) for c, t in zip(_columns(record, pairs), COLUMNS.values())]
     if with_contact:
         values, resolved = _contact_column(pairs, known)
         arrays.append(pa.array(values, pa.int8(), mask=~resolved))

@@ -1,38 +1,9 @@
 """``pmlm contacts``: the contact pairs of every FASTA sequence, from a fine-tuned contact head or, without one,
-from an unsupervised read-out of the encoder.
+from an unsupervised read-out of the encoder (``pmlm.evaluation.pair_readout``, ``pmlm.evaluation.jacobian``).
 
-Scores (``score_kind``):
-
-* ``probability`` (``--head``): the head's contact probability, sigmoid of its (symmetrised) logit.
-* ``pair_kl_apc`` (``--readout pair``, auto for an encoder with a pair head, PMLM): the read-out of ``pmlm evaluate
-  --head pair-kl``, KL(P(x_i) P(x_j) || P(x_i, x_j)) of the pair head's joint on the unmasked sequence, both orders,
-  symmetrised, with average-product correction (``pmlm.evaluation.pair_readout``).
-* ``jacobian_apc`` (``--readout jacobian``, auto for an encoder without a pair head: an MLM, an imported ESM model):
-  the token head's categorical Jacobian, the Frobenius norm of each pair's symmetrised 20 x 20 block, then APC
-  (``pmlm.evaluation.jacobian``): L x 20 + 1 forward passes per window, ``--tokens-per-batch`` tokens at a time.
-
-The unsupervised scores rank pairs; they are not probabilities (they can be negative after APC). Sequences longer
-than the window are read as overlapping windows (``pmlm.tokens.window_starts``) and a pair's value is the mean over
-the windows that hold both residues (``WindowMean``, per window after APC); a pair no window holds (farther apart
-than about half a window) has no value: NaN in the NPZ, no row in the tables (the summary counts them).
-
-Rows: pairs with ``j - i >= min_separation`` (default 6; the field's ranges: short 6-11, medium 12-23, long >= 24),
-the highest scores first (ties by i, then j), with ``top`` the first ``L``, ``L/K`` (floor(L / K)) or ``N`` of
-them per sequence. ``i``, ``j`` are 1-based, ``separation`` is ``j - i``; with ``--structure``, ``contact`` 1/0,
-empty (null) where a residue is unresolved or the sequence has no structure.
-
-``-o DIR`` writes per-sequence files; ``-o NAME.parquet`` writes one table of every sequence's pairs
-(``pmlm.outputs``: a folder holding files this command did not write is refused, ``--overwrite`` replaces only its
-own; nothing is written unless the command succeeds). In a folder, per sequence ``NAME`` (its id, characters other
-than letters, digits, ``._-`` replaced by ``_``): ``NAME.tsv`` (``i j residue_i residue_j separation score`` (+
-``contact``)), ``NAME.npz`` (``scores`` (L, L) float32, every pair, NaN where no window holds it; ``sequence``,
-``id``, ``score_kind``, ``precision``, ``settings``) and with ``--png`` ``NAME.png`` (the map; with ``--structure``
-the true contacts in the lower triangle against the predicted top L pairs in the upper one). The Parquet table:
-``id``, ``i``, ``j`` (int32), ``residue_i``, ``residue_j``, ``separation`` (int32), ``score`` (float32) (+
-``contact`` int8), written a sequence at a time, with the settings (model sha256, score_kind, window, precision,
-min_separation, top, unknown, pmlm_version) as JSON under the schema metadata key ``pmlm``. ``precision`` is the forward
-passes' arithmetic (the head's recorded one, or the encoder's without a head, unless asked otherwise;
-``pmlm.train.runtime.evaluation_precision``).
+The scores, the windows, the rows and the output files (``-o DIR`` per sequence or ``-o NAME.parquet``) are
+docs/contacts.md's. A pair no window holds (farther apart than about half a window) has no value: NaN in the NPZ,
+no row in the tables (the summary counts them).
 """
 
 from __future__ import annotations
@@ -45,23 +16,39 @@ import numpy as np
 import torch
 
 from pmlm.artefacts import recorded_precision
+from pmlm.choices import Precision
 from pmlm.errors import ConfigError
 from pmlm.evaluation.jacobian import jacobian_contact_scores
 from pmlm.evaluation.metrics import contact_precision
 from pmlm.evaluation.pair_readout import unsupervised_contact_scores
 from pmlm.files import file_digest
 from pmlm.inference.contact_tables import ContactWriter, Pairs, file_names, true_contacts
+from pmlm.inference.options import Readout
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, SequenceReport, read_fasta_sequences
 from pmlm.pretrained import adapter_record, load_encoder, load_head, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, WindowMean, batch_tokens, max_residues, padded_width, window_starts
-from pmlm.train.runtime import evaluation_precision
+from pmlm.train.runtime import autocast, evaluation_precision
 from pmlm.version import __version__
 from pmlm.vocabulary import TASK_CONTACT
 
-PROBABILITY, PAIR_READOUT, JACOBIAN_READOUT = "probability", "pair_kl_apc", "jacobian_apc"
-AUTO, PAIR, JACOBIAN = "auto", "pair", "jacobian"
-READOUTS = (AUTO, PAIR, JACOBIAN)  # --readout
+PROBABILITY = "probability"  # the score kind of a contact head's maps
+
+
+# what an encoder without the head a read-out reads is told
+MISSING_HEAD = {
+    Readout.PAIR: "this encoder has no pair head; --readout jacobian (or auto) reads its token head, --head a "
+    "fine-tuned contact head",
+    Readout.JACOBIAN: "this encoder has no token head for the categorical Jacobian; --readout pair",
+}
+# one window's (n, n) APC-corrected scores by read-out; the Jacobian's substituted copies go ``tokens`` at a time
+WINDOW_SCORES = {
+    Readout.PAIR: lambda model, window, device, tokens: unsupervised_contact_scores(model, window, "kl", device=device),
+    Readout.JACOBIAN: lambda model, window, device, tokens: jacobian_contact_scores(
+        model, window, rows_per_batch=max(1, tokens // padded_width(len(window))), device=device
+    ),
+}
+
 MIN_SEPARATION = 6  # the field's short range starts here (short 6-11, medium 12-23, long >= 24)
 LONG_RANGE = 24  # |i - j| of the precision printed with --structure (the paper's long range)
 _TOP = re.compile(r"L(?:/([1-9][0-9]*))?|([1-9][0-9]*)")
@@ -80,21 +67,14 @@ def top_count(top: str | None, length: int) -> int | None:
     return length // int(divisor or 1)
 
 
-def choose_readout(encoder, readout: str, where) -> str:
-    """The score kind of ``readout`` (auto, pair, jacobian) on ``encoder``; a one-line error where it cannot."""
-    if readout not in READOUTS:
-        raise ConfigError(f"--readout {readout!r}: choose from {', '.join(READOUTS)}")
-    has_pair, has_tokens = encoder.pair_head is not None, encoder.token_head is not None
-    if readout == AUTO:
-        readout = PAIR if has_pair else JACOBIAN
-    if readout == PAIR and not has_pair:
-        raise ConfigError(
-            f"{where}: this encoder has no pair head; --readout jacobian (or auto) reads its token head, "
-            "--head a fine-tuned contact head"
-        )
-    if readout == JACOBIAN and not has_tokens:
-        raise ConfigError(f"{where}: this encoder has no token head for the categorical Jacobian; --readout pair")
-    return PAIR_READOUT if readout == PAIR else JACOBIAN_READOUT
+def choose_readout(encoder, readout: Readout, where) -> Readout:
+    """``readout`` on ``encoder``, auto resolved (its pair head's, else its token head's); a one-line error where
+    the encoder lacks the head it reads."""
+    if readout is Readout.AUTO:
+        readout = Readout.PAIR if encoder.pair_head is not None else Readout.JACOBIAN
+    if readout.head(encoder) is None:
+        raise ConfigError(f"{where}: {MISSING_HEAD[readout]}")
+    return readout
 
 
 @torch.no_grad()
@@ -117,24 +97,15 @@ def readout_map(
     model,
     residues: np.ndarray,
     device: torch.device,
-    kind: str = PAIR_READOUT,
+    readout: Readout = Readout.PAIR,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
 ) -> np.ndarray:
-    """(L, L) unsupervised contact scores of ``kind`` (``pair_kl_apc``, ``jacobian_apc``; APC per window), windows
-    averaged; the Jacobian's substituted copies go ``tokens_per_batch`` tokens at a time."""
+    """(L, L) unsupervised contact scores of ``readout`` (pair or jacobian: ``WINDOW_SCORES``), windows averaged."""
     room = max_residues(model.cfg.max_len)
     length = int(residues.size)
     mean = WindowMean(length, pairs=True)
     for start in window_starts(length, room):
-        window = residues[start : start + room]
-        if kind == PAIR_READOUT:
-            values = unsupervised_contact_scores(model, window, "kl", device=device)
-        elif kind == JACOBIAN_READOUT:
-            rows = max(1, tokens_per_batch // padded_width(len(window)))
-            values = jacobian_contact_scores(model, window, rows_per_batch=rows, device=device)
-        else:
-            raise ValueError(f"unknown read-out {kind!r}")
-        mean.add(start, values)
+        mean.add(start, WINDOW_SCORES[readout](model, residues[start : start + room], device, tokens_per_batch))
     return mean.mean()
 
 
@@ -162,7 +133,7 @@ class Model:
 
     compute: object
     kind: str
-    arithmetic: object
+    autocast: object
     settings: dict
 
 
@@ -170,7 +141,7 @@ def _model(model, head, readout, device, precision, tokens_per_batch, adapter=No
     """Loads the head (with its encoder) or the encoder (with ``adapter``'s adapters), and picks the read-out and
     the arithmetic."""
     if head is not None:
-        if readout != AUTO:
+        if readout is not Readout.AUTO:
             raise ConfigError(f"--readout {readout} reads the encoder without a head; drop --head or --readout")
         if adapter is not None:
             raise ConfigError("--head brings its own run's adapters (if it has any); drop --adapter")
@@ -183,16 +154,17 @@ def _model(model, head, readout, device, precision, tokens_per_batch, adapter=No
             return head_map(fine_tuned.model, residues, device)
     else:
         encoder, info, weights = load_encoder(model, device, adapter=adapter)
-        kind = choose_readout(encoder, readout, weights)
+        chosen = choose_readout(encoder, readout, weights)
+        kind = chosen.score_kind
         trained, recorded, extra = "the encoder", recorded_precision(info, weights), adapter_record(adapter)
 
         def compute(residues):
-            return readout_map(encoder, residues, device, kind, tokens_per_batch)
+            return readout_map(encoder, residues, device, chosen, tokens_per_batch)
 
     arithmetic = evaluation_precision(device, recorded, precision, trained=trained, command="pmlm contacts")
     settings = {"model": str(weights), "model_sha256": file_digest(weights), **extra, "score_kind": kind}
-    settings |= {"window": max_residues(encoder.cfg.max_len), "precision": arithmetic.name}
-    return Model(compute, kind, arithmetic, settings)
+    settings |= {"window": max_residues(encoder.cfg.max_len), "precision": arithmetic}
+    return Model(compute, kind, autocast(arithmetic, device), settings)
 
 
 def predict_contacts(
@@ -201,11 +173,11 @@ def predict_contacts(
     out: str,
     *,
     head: str | None = None,
-    readout: str = AUTO,
+    readout: Readout = Readout.AUTO,
     structure: str | None = None,
     png: bool = False,
     device: str = "auto",
-    precision: str = "auto",
+    precision: Precision = Precision.AUTO,
     min_separation: int = MIN_SEPARATION,
     top: str | None = None,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
@@ -237,7 +209,7 @@ def predict_contacts(
     precisions = []
     with writer.open(settings) as write, Progress("pmlm contacts", len(records), unit="sequences") as progress:
         for k, record in enumerate(records):
-            with used.arithmetic.autocast():
+            with used.autocast():
                 scores = used.compute(record.residues)
             pairs = ranked_pairs(scores, min_separation, top)
             known = truth.get(record.id)

@@ -1,31 +1,12 @@
 """``pmlm embed``: per-residue and per-sequence (mean over residues) embeddings of a FASTA file, as Parquet.
 
-Layers (``--layer``, as ESM's extract counts them): 0 is the token embedding plus positions, k in
-1..num_layers the output of layer k; the last one, num_layers (also -1, the default), is the encoder's
-output, what the heads read (after the final LayerNorm of pre-LN layers). Negative values count from the end.
-
-Windows: a sequence longer than the model's window (max_len - 2 residues) is read as overlapping windows
-(``pmlm.tokens.window_starts``: half a window apart, the last one flush with the end) and each residue's
-embedding is the mean over the windows that hold it (``pmlm.tokens.WindowMean``). Windows are batched
-by a token budget: rows x padded width <= ``--tokens-per-batch``, longest first within a chunk of the
-input, so padding stays small; rows come out in input order.
-
-Input: the FASTA is read twice, streamed (``pmlm.inference.sequences``): a first pass checks every record (and
-counts the repairs ``unknown`` asks for) keeping only the ids, before the model is loaded; the second computes, a
-chunk of records at a time. So the peak memory is set by the token budget and the longest sequence, not by the
-number of sequences.
-
-Outputs (checked before any work and written under temporary names, both renamed together at the end, so neither
-appears unless both do; ``pmlm.outputs``):
-
-* ``OUT`` (one row per residue): ``id`` string, ``position`` int32 (1-based), ``residue`` string,
-  ``embedding`` list<float32> (C values);
-* ``--per-sequence`` (default ``OUT`` with ``.per_sequence.parquet``): ``id``, ``length`` int32,
-  ``embedding`` list<float32>, the mean of the sequence's residue embeddings.
-
-Both carry the settings (model sha256, layer, window, the ``precision`` the forward passes used: the encoder's
-recorded one unless asked otherwise, ``pmlm.train.runtime.evaluation_precision``) as JSON under the schema metadata
-key ``pmlm``.
+Layers, files and settings are docs/cli.md's (``pmlm embed``). A sequence longer than the window is read as
+overlapping windows (``pmlm.tokens.window_starts``), each residue's embedding the mean over the windows that hold
+it (``pmlm.tokens.WindowMean``); windows are batched by a token budget (rows x padded width <=
+``--tokens-per-batch``), longest first within a chunk of the input, so padding stays small; rows come out in input
+order. The FASTA is read twice, streamed (``pmlm.inference.sequences``): a first pass checks every record before the
+model loads, the second computes a chunk at a time, so memory is set by the budget, not the number of sequences.
+Both files are written under temporary names and renamed together at the end (``pmlm.outputs``).
 """
 
 from __future__ import annotations
@@ -42,9 +23,11 @@ import pyarrow.parquet as pq
 import torch
 
 from pmlm.artefacts import recorded_precision
+from pmlm.choices import Precision
 from pmlm.errors import ConfigError
 from pmlm.files import file_digest
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, Sequence, check_fasta, iter_fasta_sequences
+from pmlm.model.layout import Layout
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import adapter_record, load_encoder, pick_device
@@ -58,7 +41,7 @@ from pmlm.tokens import (
     padded_width,
     window_starts,
 )
-from pmlm.train.runtime import evaluation_precision
+from pmlm.train.runtime import autocast, evaluation_precision
 from pmlm.version import __version__
 
 # windows planned and batched together: enough batches that sorting by length pays, few enough that the
@@ -102,7 +85,7 @@ def representations(model: PMLMModel, tokens: torch.Tensor, layer: int) -> torch
 
     handle = module.register_forward_hook(hook)
     layout = encoder.attention
-    encoder.attention = "padded"  # the packed layout would hand the hook (tokens, C) rows, not (B, T, C)
+    encoder.attention = Layout.PADDED  # the packed layout would hand the hook (tokens, C) rows, not (B, T, C)
     try:
         model.encode(tokens)
     except _Reached as reached:
@@ -282,7 +265,7 @@ def embed_fasta(
     layer: int = -1,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     device: str = "auto",
-    precision: str = "auto",
+    precision: Precision = Precision.AUTO,
     unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
     adapter: str | None = None,
@@ -317,7 +300,7 @@ def embed_fasta(
         "num_layers": encoder.cfg.num_layers,
         "window": max_residues(encoder.cfg.max_len),
         "window_stride": max_residues(encoder.cfg.max_len) // 2,
-        "precision": arithmetic.name,
+        "precision": arithmetic,
         "unknown": unknown,
         "pmlm_version": __version__,
     }
@@ -330,7 +313,7 @@ def embed_fasta(
         layer=layer,
         tokens_per_batch=tokens_per_batch,
         device=dev,
-        autocast=arithmetic.autocast,
+        autocast=autocast(arithmetic, dev),
         settings=settings,
     )
     return {
@@ -339,6 +322,6 @@ def embed_fasta(
         "layer": layer,
         "num_layers": encoder.cfg.num_layers,
         "per_sequence": per_sequence,
-        "precision": arithmetic.name,
+        "precision": arithmetic,
         "report": report,
     }

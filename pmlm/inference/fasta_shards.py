@@ -1,16 +1,6 @@
 """A FASTA file cut into shards for the workflow's inference jobs (``pmlm shard-fasta``), and the manifest that says
-what each shard holds.
-
-The records are checked once, here, as the inference commands check them (``pmlm.inference.sequences``): a bad
-record is a one-line error naming the file and line (or, with ``unknown`` x or skip, a counted repair), and ids must
-be unique across the whole file, which no shard job could see. The shards hold the records as the commands read
-them (uppercase, X for a letter read as unknown, records left out by skip left out), so every shard job reads a clean
-file and does what the same command would do with the whole file. Then the file is cut into **contiguous runs balanced by residue count**: with T residues in all and
-``residues_per_shard`` R, there are N = ceil(T / R) equal ranges of the running residue count (never more than the
-records), and each record goes to the range holding the middle of its residues; ranges left empty by a very long
-record are dropped, and the shards are numbered 00000, 00001, ... in input order. A shard holds T / N <= R
-residues, give or take the halves of the records at its two ends, so the jobs are of a size, and concatenating the shards' outputs in shard
-order gives the input order back: the gather needs no sort and no index column.
+what each shard holds. The checks, the repairs and the cut (contiguous runs balanced by residue count, so the
+gather needs no sort): docs/inference.md, "The shards".
 
 The shards are written under temporary names and appear together with ``manifest.json`` (``pmlm.outputs``): input
 path and sha256, the strategy, R, the counts, the repairs, and per shard its name, records, residues and the sha256
@@ -70,17 +60,9 @@ class Manifest:
     @property
     def settings(self) -> dict:
         """What the gathered outputs record of the sharding (the input, the strategy and the counts)."""
-        return {
-            "input": self.input,
-            "input_sha256": self.input_sha256,
-            "strategy": STRATEGY,
-            "residues_per_shard": self.residues_per_shard,
-            "shards": len(self.shards),
-            "sequences": self.records,
-            "residues": self.residues,
-            "unknown": self.unknown,
-            "repairs": self.repairs,
-        }
+        return {"input": self.input, "input_sha256": self.input_sha256, "strategy": STRATEGY,
+                "residues_per_shard": self.residues_per_shard, "shards": len(self.shards), "sequences": self.records,
+                "residues": self.residues, "unknown": self.unknown, "repairs": self.repairs}  # fmt: skip
 
 
 def ids_digest(ids: Iterable[str]) -> str:
@@ -138,14 +120,13 @@ def shard_fasta(
     with writing_folder(out, command=COMMAND, overwrite=overwrite) as staging:
         kept = ((next(shard_of), r, letters) for r, letters in _as_read(fasta, unknown))
         for number, group in groupby(kept, key=lambda item: item[0]):
-            name, ids, residues, records = f"{number:0{width}d}", hashlib.sha256(), 0, 0
+            name, ids, residues = f"{number:0{width}d}", [], 0
             with open(staging / f"{name}{SUFFIX}", "w") as handle:
                 for _, record, letters in group:
                     handle.write(f">{record.title}\n{letters}\n")
-                    ids.update(record.id.encode() + b"\n")
+                    ids.append(record.id)
                     residues += len(letters)
-                    records += 1
-            shards.append(Shard(name, records, residues, ids.hexdigest()))
+            shards.append(Shard(name, len(ids), residues, ids_digest(ids)))
         repairs = {k: v for k, v in report.as_dict().items() if k not in ("sequences", "residues")}
         manifest = Manifest(
             out, os.fspath(fasta), file_digest(fasta), residues_per_shard, report.sequences, report.residues,
@@ -165,11 +146,7 @@ def _as_read(fasta: str | os.PathLike, unknown: str) -> Iterator[tuple[FastaReco
 
 
 def _as_json(manifest: Manifest) -> dict:
-    return {
-        "format": FORMAT,
-        **manifest.settings,
-        "shards": [vars(s) for s in manifest.shards],
-    }
+    return {"format": FORMAT, **manifest.settings, "shards": [vars(s) for s in manifest.shards]}
 
 
 def read_manifest(folder: str | os.PathLike) -> Manifest:
@@ -185,16 +162,7 @@ def read_manifest(folder: str | os.PathLike) -> Manifest:
         raise InputError(path, f"not a manifest of pmlm shard-fasta (format {FORMAT!r} expected)")
     try:
         shards = tuple(Shard(**s) for s in data["shards"])
-        return Manifest(
-            Path(folder),
-            data["input"],
-            data["input_sha256"],
-            data["residues_per_shard"],
-            data["sequences"],
-            data["residues"],
-            data["unknown"],
-            data["repairs"],
-            shards,
-        )
+        keys = ("input", "input_sha256", "residues_per_shard", "sequences", "residues", "unknown", "repairs")
+        return Manifest(Path(folder), *(data[k] for k in keys), shards)
     except (KeyError, TypeError) as exc:
         raise InputError(path, f"incomplete manifest ({exc})") from None

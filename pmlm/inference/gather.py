@@ -2,20 +2,10 @@
 
 The shards are contiguous runs of the input (``pmlm.inference.fasta_shards``) and each command writes its rows in
 its input's order, so the shards' files concatenated in shard order are the input's rows in order. Before anything
-is written the gather checks that the parts are the manifest's shards' and nothing else:
-
-* every shard of the manifest has its part, and every part the same columns;
-* every part was computed with the same settings (the JSON under the schema metadata key ``pmlm``, less what names
-  a part's own input, ``PER_INPUT_KEYS``): a model, layer, window or precision that differs from the first part's
-  is a one-line error naming both files and the setting, never a mixed file;
-* each part's rows are its shard's records, in order, each in one run of rows: for embeddings every record and
-  exactly its residues (per residue) or one row (per sequence); for substitutions and contacts the records in
-  order, each at most once (a record may have no rows: a sequence of X only, one shorter than the separation).
-
-A part from another shard, a shard gathered twice or a record lost or repeated is therefore an error, not a file.
-The gathered file holds the parts' row groups as they are (same columns, same compression per column) and its
-settings: the parts' common ones, plus ``inference`` (the input FASTA, its sha256, the sharding strategy, the
-shard count, sequences, residues, repairs and rows). Written under a temporary name, renamed at the end.
+is written the gather checks that the parts are the manifest's shards' and nothing else (docs/inference.md, "The
+outputs"): every shard has its part with the same columns, the same settings (less ``PER_INPUT_KEYS``) and its
+shard's records in order, each in one run of rows. The gathered file holds the parts' row groups as they are and
+the settings plus ``inference``; written under a temporary name, renamed at the end.
 """
 
 from __future__ import annotations
@@ -23,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +22,12 @@ import pyarrow.parquet as pq
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import InputError
 from pmlm.files import file_digest
-from pmlm.inference.embedding import PER_SEQUENCE_SUFFIX
 from pmlm.inference.fasta_shards import Manifest, Shard, ids_digest, read_manifest
+from pmlm.inference.output_types import OUTPUTS, PARQUET, Table
 from pmlm.outputs import file_target, writing_files
-from pmlm.vocabulary import OUTPUT_CONTACTS, OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS
 
 SETTINGS_KEY = b"pmlm"
 MODEL_DIGEST = "model_sha256"  # the settings' key of the encoder file's sha256, in every inference command's
-PARQUET = ".parquet"
 ROW_GROUP_BYTES = 64 << 20  # a gathered row group holds the parts' groups up to about this much data
 # settings that name or count a part's own input, not how it was computed: they differ from shard to shard (the
 # gathered file's `inference` section says them for the whole input)
@@ -50,37 +37,11 @@ PER_INPUT_KEYS = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Table:
-    """One gathered file of an output: its parts' suffix and what rows each shard's records get."""
-
-    suffix: str  # <shard><suffix> in the parts folder; <OUT without .parquet><suffix> gathered
-    rows: str  # "residues": every record, one row per residue; "records": one row each; "some": in order, or none
-
-
-TABLES = {
-    OUTPUT_EMBEDDINGS: (Table(PARQUET, "residues"), Table(PER_SEQUENCE_SUFFIX, "records")),
-    OUTPUT_SUBSTITUTIONS: (Table(PARQUET, "some"),),
-    OUTPUT_CONTACTS: (Table(PARQUET, "some"),),
-}
-
-
-def gathered_paths(output: str, out: str | os.PathLike) -> list[Path]:
-    """The files ``pmlm gather OUTPUT -o OUT`` writes: OUT, and for embeddings OUT's per-sequence file beside it
-    (named as ``pmlm embed`` names it)."""
-    stem = os.fspath(out).removesuffix(PARQUET)
-    return [Path(stem + t.suffix) for t in TABLES[output]]
-
-
 def settings_of(path: Path, schema: pa.Schema) -> dict:
     raw = (schema.metadata or {}).get(SETTINGS_KEY)
     if raw is None:
         raise InputError(path, "no pmlm settings in the schema metadata: not written by a pmlm command")
     return json.loads(raw)
-
-
-def common_settings(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if k not in PER_INPUT_KEYS}
 
 
 def _runs(part: Path) -> Iterator[tuple[str, int]]:
@@ -122,13 +83,13 @@ def check_rows(part: Path, table: Table, records: list[tuple[str, int]]) -> int:
         if k is None or k < following:
             where = "not of its shard" if k is None else "twice, or out of order"
             raise InputError(part, f"rows of {seq_id!r}: {where}; this file is not its shard's output")
-        if k != following and table.rows != "some":
-            raise InputError(part, f"record {records[following][0]!r} of its shard has no rows")
-        wanted = {"residues": records[k][1], "records": 1}.get(table.rows)
-        if wanted is not None and n != wanted:
-            raise InputError(part, f"record {seq_id!r} has {n} rows, not {wanted}")
+        if table.rows_of is not None:
+            if k != following:
+                raise InputError(part, f"record {records[following][0]!r} of its shard has no rows")
+            if n != table.rows_of(records[k][1]):
+                raise InputError(part, f"record {seq_id!r} has {n} rows, not {table.rows_of(records[k][1])}")
         following = k + 1
-    if following < len(records) and table.rows != "some":
+    if following < len(records) and table.rows_of is not None:
         raise InputError(part, f"record {records[following][0]!r} of its shard has no rows (the file ends before it)")
     return rows
 
@@ -137,13 +98,9 @@ def _compression(meta: pq.FileMetaData) -> dict[str, str] | str:
     """Each column's codec as the part was written (the first row group's), as ParquetWriter takes it."""
     if meta.num_row_groups == 0:
         return "zstd"
-    group = meta.row_group(0)
-    codecs = {}
-    for k in range(group.num_columns):
-        column = group.column(k)
-        codec = column.compression.lower()
-        codecs[column.path_in_schema.split(".")[0]] = "none" if codec == "uncompressed" else codec
-    return codecs
+    columns = [meta.row_group(0).column(k) for k in range(meta.num_columns)]
+    codecs = {c.path_in_schema.split(".")[0]: c.compression.lower() for c in columns}
+    return {name: "none" if codec == "uncompressed" else codec for name, codec in codecs.items()}
 
 
 def gather(
@@ -158,13 +115,14 @@ def gather(
     """Gather output ``output``'s parts (``parts``/<shard><suffix>) of the shards of ``shards`` (a folder ``pmlm
     shard-fasta`` wrote) into ``out`` (and, for embeddings, its per-sequence file); with ``model`` (the encoder's
     weights) every part must also have been computed by that file. Returns counts for the summary."""
-    if output not in TABLES:
-        raise InputError(out, f"unknown output {output!r} (one of {', '.join(TABLES)})")
+    if output not in OUTPUTS:
+        raise InputError(out, f"unknown output {output!r} (one of {', '.join(OUTPUTS)})")
+    kind = OUTPUTS[output]
     what = f"gathered {output}"
     file_target(out, suffixes=(PARQUET,), what=what, overwrite=overwrite)  # OUT itself before the names beside it
-    targets = [file_target(p, suffixes=(PARQUET,), what=what, overwrite=overwrite) for p in gathered_paths(output, out)]
+    targets = [file_target(p, suffixes=(PARQUET,), what=what, overwrite=overwrite) for p in kind.gathered_paths(out)]
     manifest = read_manifest(shards)
-    files = {t: [Path(parts) / f"{s.name}{t.suffix}" for s in manifest.shards] for t in TABLES[output]}
+    files = {t: [Path(parts) / f"{s.name}{t.suffix}" for s in manifest.shards] for t in kind.tables}
     for paths in files.values():
         absent = [p for p in paths if not p.is_file()]
         if absent:
@@ -177,7 +135,7 @@ def gather(
         for table, paths in files.items():
             part = paths[k]
             schema = pq.read_schema(part)
-            settings = common_settings(settings_of(part, schema))
+            settings = {key: v for key, v in settings_of(part, schema).items() if key not in PER_INPUT_KEYS}
             if digest is not None and settings.get(MODEL_DIGEST) != digest:
                 raise InputError(
                     part,

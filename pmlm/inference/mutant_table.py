@@ -1,19 +1,10 @@
 """``pmlm score MODEL --sequence FASTA --mutations CSV -o SCORES.tsv``: the mutants of a CSV scored against one wild
-type (``pmlm.inference.mutations``' rule), written beside the CSV's own columns.
+type (``pmlm.inference.mutations``' rule), written beside the CSV's own columns (docs/cli.md, ``pmlm score``).
 
-Mutations CSV: a header row with a ``mutant`` column (the ProteinGym / ESM variant-prediction convention;
-``mutation`` is accepted too), one mutant per row (``A23G``, ``A23G:L40P``, ... in either case); blank rows are
-skipped. Output TSV, one row per mutant in input order: every column of the input, in order and as given (the
-mutant text too), then ``kind`` (single | double | triple | multiple: 4 or more sites), ``score``,
-``additive``, ``epistasis``, ``double_from`` (pair_joint | additive), ``triple_from`` (triple_joint | pairs |
-additive), ``multi_from`` (pairs | additive) and ``precision`` (fp32 | bf16: the forward passes' arithmetic,
-the encoder's recorded one unless asked otherwise, ``pmlm.train.runtime.evaluation_precision``). An input
-column named like one of those is an error (line 1 of the CSV), so the columns this command adds always have
-these names.
-
-The output is a file target of ``pmlm.outputs``: checked before anything is read or loaded (a folder, ``.``,
-or an existing file that is not text is refused unless ``--overwrite``), written under a temporary name and
-renamed at the end.
+The CSV's mutant column is ``mutant`` (the ProteinGym / ESM convention; ``mutation`` is accepted too); blank rows
+are skipped. An input column named like one the command adds is an error (line 1 of the CSV). The output is a file
+target of ``pmlm.outputs``: checked before anything is read or loaded, written under a temporary name and renamed
+at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ from pmlm.inference.mutations import Mutant, far_apart_notes, mutant_scores, par
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, SequenceReport, read_fasta_sequences
 from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import load_encoder, pick_device
-from pmlm.train.runtime import evaluation_precision
+from pmlm.train.runtime import autocast, evaluation_precision
 
 MUTANT_COLUMNS = ("mutant", "mutation")
 SCORE_COLUMNS = ("kind", "score", "additive", "epistasis", "double_from", "triple_from", "multi_from", "precision")
@@ -60,11 +51,8 @@ def read_mutants(path: str | Path, letters: str) -> MutationsFile:
                 raise InputError(path, f"no 'mutant' column in the header {','.join(names)!r}", line=1)
             clash = next((n for n in names if n in SCORE_COLUMNS), None)
             if clash is not None:
-                raise InputError(
-                    path,
-                    f"column {clash!r} is one that pmlm score adds ({', '.join(SCORE_COLUMNS)}); rename it",
-                    line=1,
-                )
+                added = ", ".join(SCORE_COLUMNS)
+                raise InputError(path, f"column {clash!r} is one that pmlm score adds ({added}); rename it", line=1)
             cells, mutants = [], []
             for row in reader:
                 if not any(cell.strip() for cell in row):
@@ -112,39 +100,28 @@ def score_fasta(
     adapter: str | None = None,
 ) -> dict:
     """Score the mutants listed in the CSV ``mutations`` of the one wild type in FASTA ``sequence`` with encoder
-    ``model`` (with ``adapter``'s adapters in it, ``--adapter``) at ``precision`` (``--precision``); ``unknown`` as ``--unknown`` (pmlm.inference.sequences); writes
-    the TSV ``out``. Returns the wild type's id, the rows, the precision, the notes on mutants scored additively
-    because their sites do not fit one window, and the SequenceReport of what was read and repaired as
-    ``report``."""
+    ``model`` (with ``adapter``'s adapters in it, ``--adapter``) at ``precision`` (``--precision``); ``unknown`` as
+    ``--unknown`` (pmlm.inference.sequences); writes the TSV ``out``. Returns the wild type's id, the rows, the
+    precision, the notes on mutants scored additively because their sites do not fit one window, and the
+    SequenceReport of what was read and repaired as ``report``."""
     target = file_target(out, suffixes=SUFFIXES, what="scores", overwrite=overwrite)
     report = SequenceReport()
     records = read_fasta_sequences(sequence, unknown=unknown, report=report, repair_option=UNKNOWN_OPTION)
     if not records and report.skipped_sequences:
         raise InputError(sequence, f"{UNKNOWN_OPTION} skip left out the wild type (letters outside the alphabet)")
     if len(records) != 1:
-        raise InputError(
-            sequence,
-            f"expected one sequence (the wild type), found {len(records)}",
-            line=records[1].line if len(records) > 1 else None,
-        )
+        line = records[1].line if len(records) > 1 else None
+        raise InputError(sequence, f"expected one sequence (the wild type), found {len(records)}", line=line)
     wild = records[0]
     table = read_mutants(mutations, wild.letters)
     dev = pick_device(device)
     encoder, info, weights = load_encoder(model, dev, adapter=adapter)
     recorded = recorded_precision(info, weights)
     arithmetic = evaluation_precision(dev, recorded, precision, trained="the encoder", command="pmlm score")
-    with arithmetic.autocast():
-        scored = mutant_scores(
-            encoder,
-            wild.residues,
-            table.mutants,
-            double=double,
-            triple=triple,
-            device=dev,
-            path=mutations,
-            model_name=str(weights),
-        )
-    rows = [{**row, "precision": arithmetic.name} for row in scored.rows]
+    with autocast(arithmetic, dev)():
+        scored = mutant_scores(encoder, wild.residues, table.mutants, double=double, triple=triple, device=dev,
+                               path=mutations, model_name=str(weights))  # fmt: skip
+    rows = [{**row, "precision": arithmetic} for row in scored.rows]
     write_scores(target, table, rows)
     notes = far_apart_notes(scored)
-    return {"id": wild.id, "rows": rows, "precision": arithmetic.name, "notes": notes, "report": report}
+    return {"id": wild.id, "rows": rows, "precision": arithmetic, "notes": notes, "report": report}

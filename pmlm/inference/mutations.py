@@ -1,37 +1,15 @@
 """``pmlm score``: mutant scores of one sequence, and the one rule that scores a mutant of any number of sites
 (``pmlm proteingym score`` scores its assays with it too, so both commands give a mutant the same score).
 
-A mutant is one or more substitutions ``A23G`` (wild type, 1-based position, mutant; sites joined by ``:``;
-letters in either case, read as uppercase). Its score is a log-likelihood ratio against the wild type:
-
-* single ``A23G``: the masked marginal, log P(G) - log P(A) at site 23 with that site set to ``<mask>``
-  (ESM-1v's masked-marginal score), from the token head (a pair-only model takes the marginal of the pair
-  head's diagonal, as its objective trains it);
-* double ``A23G:L40P`` from the pair head (``double_from = pair_joint``): both sites masked, the pair head's
-  joint over residue classes at (23, 40), log P(G, P) - log P(A, L);
-* triple ``A23G:L40P:K51E`` from the Triple MLM's triple head (``triple_from = triple_joint``): the three sites
-  masked, log P(a', b', c') - log P(a, b, c) of its joint;
-* pairwise (``triple_from`` or ``multi_from = pairs``), for three sites on an encoder with a pair head but no
-  triple head and for four or more sites on any encoder with a pair head: the sum of the single scores plus,
-  for every pair of its sites, that pair's epistasis (its double score, the pair's joint with that pair
-  masked, minus its two single scores); no term of more than two sites;
-* additive (``double_from``, ``triple_from`` or ``multi_from = additive``): the sum of the single scores, for
-  encoders without the head a rule needs, with ``--double additive`` / ``--triple additive`` (the latter for
-  every mutant of three or more sites), and per mutant for one whose sites do not fit in one window (below).
-
-``additive`` is the sum of the single scores beside every score; ``epistasis`` is score - additive (0 for an
-additive score, empty for singles). ``--double`` picks the doubles' rule (auto | pair | additive) and
-``--triple`` that of three or more sites (auto | triple | pairs | additive; ``triple`` is for exactly three).
-
+The rule (singles: the masked marginal; doubles: the pair head's joint; triples: the triple head's joint, else the
+singles plus each pair's epistasis, else additive; ``--double`` / ``--triple``) is docs/cli.md's (``pmlm score``).
 Windows: every forward row is a window of the model's size (max_len - 2 residues) centred on its site(s). A
 joint needs all its sites in one window: under ``auto`` a mutant whose first and last sites are a window or
 more apart gets the additive score (per mutant, counted: ``far_apart_notes``); under ``--double pair``,
 ``--triple triple`` or ``--triple pairs`` such a mutant is an error naming its file and line. Sites sharing a
 masked input share its forward pass; rows are batched ``ROWS_PER_PASS`` to a pass.
 
-``pmlm score``'s files (the mutations CSV in, its columns kept, the scores beside them) are
-``pmlm.inference.mutant_table``; ``pmlm score --saturation`` (every substitution of every sequence) is
-``pmlm.inference.saturation``.
+The CSV in and the TSV out are ``pmlm.inference.mutant_table``; ``--saturation`` is ``pmlm.inference.saturation``.
 """
 
 from __future__ import annotations
@@ -45,15 +23,13 @@ import numpy as np
 import torch
 
 from pmlm import alphabet
-from pmlm.errors import ConfigError, InputError
+from pmlm.errors import InputError
 from pmlm.evaluation.pair_readout import residue_joint
+from pmlm.inference.options import ADDITIVE, PAIR_JOINT, PAIRS, TRIPLE_JOINT, DoubleScore, TripleScore
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.model.triple import Q
 from pmlm.tokens import RESIDUE_OFFSET, batch_tokens, max_residues
 
-DOUBLE_MODES = ("auto", "pair", "additive")
-TRIPLE_MODES = ("auto", "triple", "pairs", "additive")
-PAIR_JOINT, ADDITIVE, TRIPLE_JOINT, PAIRS = "pair_joint", "additive", "triple_joint", "pairs"
 KINDS = {1: "single", 2: "double", 3: "triple"}
 MULTIPLE = "multiple"  # the kind of 4 or more sites
 SOURCE_COLUMN = {"double": "double_from", "triple": "triple_from", MULTIPLE: "multi_from"}
@@ -234,52 +210,50 @@ def _refuse_far(m, path: str, room: int, what: str, fallback: str) -> None:
     )
 
 
-def _source(m, double: str, triple: str, heads: tuple[bool, bool], fits: bool, room: int, path: str) -> str | None:
+def _source(
+    m, double: DoubleScore, triple: TripleScore, heads: tuple[bool, bool], fits: bool, room: int, path: str
+) -> str | None:
     """The rule (module docstring) that scores mutant ``m``, whose sites ``fits`` in one window of ``room``
     residues or not; None for a single. ``heads``: whether the encoder has a (pair, triple) head."""
-    has_pair, has_triple = heads
     n = len(m.sites)
     if n == 1:
         return None
     if n == 2:
-        if double == "additive" or (double == "auto" and not (has_pair and fits)):
+        if not double.joint(heads[0], fits):
             return ADDITIVE
         if not fits:
             _refuse_far(m, path, room, "pair head", "--double additive")
         return PAIR_JOINT
-    if triple == "additive":
-        return ADDITIVE
-    if triple == "auto":
-        if not fits:
-            return ADDITIVE
-        return TRIPLE_JOINT if n == 3 and has_triple else PAIRS if has_pair else ADDITIVE
-    if triple == "triple" and n > 3:
+    source = triple.source(n, heads, fits)
+    if source == TRIPLE_JOINT and n > 3:
         raise InputError(
             path,
             f"{m.text!r}: {n} sites, and the triple head's joint holds three (use --triple auto, pairs or additive)",
             line=m.line,
         )
-    if not fits:
-        _refuse_far(m, path, room, "triple head" if triple == "triple" else "pair head", "--triple additive")
-    return TRIPLE_JOINT if triple == "triple" else PAIRS
+    if not fits and source != ADDITIVE:
+        _refuse_far(m, path, room, "triple head" if source == TRIPLE_JOINT else "pair head", "--triple additive")
+    return source
 
 
-def _check_heads(mutants, double: str, triple: str, heads: tuple[bool, bool], path: str, model_name: str) -> None:
+def _check_heads(
+    mutants, double: DoubleScore, triple: TripleScore, heads: tuple[bool, bool], path: str, model_name: str
+) -> None:
     has_pair, has_triple = heads
     sizes = {len(m.sites) for m in mutants}
-    if 2 in sizes and double == "pair" and not has_pair:
+    if 2 in sizes and not has_pair and double.joint(has_pair, True):
         raise InputError(
             model_name,
             f"no pair head (an MLM model): the double mutants of {path} need the pair "
             "head's joint (a PMLM model), or --double additive",
         )
-    if 3 in sizes and triple == "triple" and not has_triple:
+    if 3 in sizes and not has_triple and triple.source(3, heads, True) == TRIPLE_JOINT:
         raise InputError(
             model_name,
             f"no triple head: the triple mutants of {path} need a Triple MLM (objective tmlm), "
             "or --triple pairs / additive",
         )
-    if max(sizes, default=0) >= 3 and triple == "pairs" and not has_pair:
+    if max(sizes, default=0) >= 3 and not has_pair and triple.source(max(sizes), heads, True) == PAIRS:
         raise InputError(
             model_name,
             "no pair head (an MLM model): --triple pairs needs the pair head's joints; use --triple additive",
@@ -291,18 +265,15 @@ def mutant_scores(
     residues: np.ndarray,
     mutants: list,
     *,
-    double: str = "auto",
-    triple: str = "auto",
+    double: DoubleScore = DoubleScore.AUTO,
+    triple: TripleScore = TripleScore.AUTO,
     device="cpu",
     path: str = "mutations",
     model_name: str = "the encoder",
 ) -> MutantScores:
     """Every mutant (anything with ``text``, ``sites`` sorted by position and ``line``) scored by the module
     docstring's rule; ``path`` and ``model_name`` name the mutant file and the encoder in errors."""
-    if double not in DOUBLE_MODES:
-        raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
-    if triple not in TRIPLE_MODES:
-        raise ConfigError(f"--triple must be one of {', '.join(TRIPLE_MODES)}, got {triple!r}")
+    double, triple = DoubleScore.parse(double, "--double"), TripleScore.parse(triple, "--triple")  # the Python API's
     heads = (model.pair_head is not None, getattr(model, "triple_head", None) is not None)
     _check_heads(mutants, double, triple, heads, path, model_name)
     room = max_residues(model.cfg.max_len)

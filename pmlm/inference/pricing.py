@@ -1,33 +1,10 @@
 """What a proteome costs through the workflow's inference target before anything runs (``pmlm plan`` on a config
 with an ``inference`` section): per encoder and output, the forward passes, model FLOPs, GPU-hours, shard jobs and
-hours per job, rows and disk.
-
-Forward passes, per sequence of L residues and an encoder whose window holds W = max_len - 2 residues (a longer
-sequence is read as windows half a window apart, ``pmlm.tokens.window_starts``), each pass a row of n = w + 2 tokens:
-
-* embeddings: one pass per window;
-* substitutions, masked marginal: one pass per residue, the site masked, over its window (min(L, W) + 2 tokens);
-  wild-type marginal: one pass per window;
-* contacts, the pair head's read-out: one pass per window plus the pair head on its w (w - 1) / 2 pairs; the
-  categorical Jacobian (encoders without a pair head, or ``readout: jacobian``): 20 w + 1 passes per window.
-
-A pass's model FLOPs are the training count of ``pmlm.train.budget.model_flops`` without the backward (a third of
-it): 2 x layers x (4 C^2 + 2 C F) x n + 4 x layers x C x n^2, plus the heads on the residues they read. GPU-hours
-are FLOPs over a per-GPU rate of model FLOP/s at the run's precision: config/throughput.yaml's
-``inference_flops_per_gpu_second`` once measured, else ASSUMED_RATE: an H100 SXM's dense peak (989 TFLOP/s bf16,
-67 fp32) times the model-FLOP utilisation this code measured on one (17.1 %, PMLM-base training with padded
-attention, bench/README.md), marked * in the table.
-
-Rows and disk: embeddings one row per residue and one per sequence, C float32 values each (stored uncompressed by
-``pmlm embed``); substitutions 19 rows per residue; contacts the ``top`` pairs per sequence (all: the pairs a window
-holds at the separation asked). Bytes per row (BYTES_PER_ROW) were measured on the tests' proteome (300 sequences,
-zstd, the gathered files): 7.9 per substitution and 9.0 per contact, all columns; an embedding row's C float32
-values (4 C bytes) plus about 8 for its id, position and residue.
+hours per job, rows and disk. How each figure is made: docs/inference.md, "What it costs".
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,28 +12,28 @@ from pathlib import Path
 import yaml
 
 from pmlm.artefacts import read_encoder_info, recorded_precision, sidecar_path
+from pmlm.choices import Precision
 from pmlm.data.fasta import read_fasta
 from pmlm.errors import ConfigError
-from pmlm.tokens import max_residues, window_starts
+from pmlm.inference.contacts import Readout
+from pmlm.inference.fasta_shards import shard_count
+from pmlm.inference.output_types import OUTPUTS
+from pmlm.inference.saturation import Marginal
+from pmlm.model.config import PairVocab
+from pmlm.model.objective_registry import objective_named
+from pmlm.pretrained import ENCODER_FILE
+from pmlm.tokens import max_residues
 from pmlm.train.budget import model_flops
 from pmlm.train.jobs import WorkflowConfig, read_yaml, workflow_jobs
-from pmlm.vocabulary import BF16, FP32, MLM, OUTPUT_CONTACTS, OUTPUT_EMBEDDINGS, OUTPUT_SUBSTITUTIONS, PMLM
+from pmlm.vocabulary import MLM
 
-NUM_SUBSTITUTIONS = 19  # per residue: every other standard residue
-JACOBIAN_PASSES = 20  # per residue of a window: each of the 20 residues substituted (plus the window itself)
 # model FLOP/s per GPU assumed until config/throughput.yaml holds a measured figure (module docstring)
 MEASURED_MFU = 0.171
-ASSUMED_RATE = {BF16: 989e12 * MEASURED_MFU, FP32: 67e12 * MEASURED_MFU}
-BYTES_PER_ROW = {  # per row on disk (Parquet, zstd): module docstring
-    "residue": 8,  # id, position, residue; plus 4 C of the embedding
-    "sequence": 24,  # id, length; plus 4 C
-    OUTPUT_SUBSTITUTIONS: 8,  # id, mutant, position, wt, mut, score
-    OUTPUT_CONTACTS: 10,  # id, i, j, residue_i, residue_j, separation, score
-}
+ASSUMED_RATE = {Precision.BF16: 989e12 * MEASURED_MFU, Precision.FP32: 67e12 * MEASURED_MFU}
 GB = 1e9
-# the workflow's rule of each output's shard jobs (workflow/rules/inference.smk): its time limit in the profile
-SHARD_RULES = {OUTPUT_EMBEDDINGS: "embed_shard", OUTPUT_SUBSTITUTIONS: "score_shard", OUTPUT_CONTACTS: "contacts_shard"}
-ENCODER_WEIGHTS = "model.safetensors"
+# the workflow's rule of each output's shard jobs, whose block in a profile is their time limit: in this file of the
+# lib folder of the workflow whose config schema --schema names (workflow/lib/shard_rules.yaml)
+SHARD_RULES_FILE = Path("lib") / "shard_rules.yaml"
 
 
 @dataclass(frozen=True)
@@ -70,16 +47,16 @@ class Encoder:
     max_len: int
     pair_head: bool
     pair_classes: int
-    precision: str
+    precision: Precision
     source: str  # where the dims come from (a model.json, a recipe)
 
     @classmethod
-    def from_model(cls, label: str, model: dict, precision: str, source: str) -> Encoder:
+    def from_model(cls, label: str, model: dict, precision: Precision, source: str) -> Encoder:
         """From a model section (model.json's ``model``, ``ModelConfig.to_dict()``)."""
         try:
             return cls(label, int(model["num_layers"]), int(model["hidden"]), int(model["ffn"]),
                        int(model["max_len"]), bool(model.get("pair_head")),
-                       729 if model.get("pair_vocab") == "full" else 400, precision, source)  # fmt: skip
+                       PairVocab(model.get("pair_vocab", PairVocab.STANDARD)).classes, precision, source)  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: no encoder dims in its model section ({exc})") from None
 
@@ -90,7 +67,9 @@ class Encoder:
     def passes_flops(self, tokens: int, head_residues: int = 0, objective: str = MLM) -> float:
         """Model FLOPs of one forward pass over ``tokens`` tokens, the token head (and, for PMLM, the pair head on
         their pairs) on ``head_residues`` of them."""
-        flops = model_flops(self.layers, self.hidden, self.ffn, objective, [tokens], [head_residues], self.pair_classes)
+        flops = model_flops(
+            self.layers, self.hidden, self.ffn, objective_named(objective), [tokens], [head_residues], self.pair_classes
+        )
         return flops / 3  # the training count is forward + backward, the backward twice the forward
 
 
@@ -98,57 +77,10 @@ class Encoder:
 class Settings:
     """The inference section's settings that change the cost."""
 
-    marginal: str = "masked"
-    readout: str = "auto"
+    marginal: Marginal = Marginal.MASKED
+    readout: Readout = Readout.AUTO
     top: str | int = "L"
     min_separation: int = 6
-
-
-def held_pairs(length: int, room: int, separation: int) -> int:
-    """Pairs i < j with j - i >= ``separation`` that a window of ``room`` residues holds (those pmlm contacts scores)."""
-    starts = window_starts(length, room)
-    total = k = end = 0
-    for i in range(length):
-        while k < len(starts) and starts[k] <= i:  # the furthest end of a window holding residue i
-            end = max(end, min(length, starts[k] + room))
-            k += 1
-        total += max(0, end - i - separation)
-    return total
-
-
-def sequence_cost(encoder: Encoder, output: str, length: int, settings: Settings) -> tuple[int, float, int]:
-    """(forward passes, model FLOPs, rows) of ``output`` for one sequence of ``length`` residues (module docstring)."""
-    room = encoder.window
-    windows = [min(room, length - s) for s in window_starts(length, room)]
-    if output == OUTPUT_EMBEDDINGS:
-        return len(windows), sum(encoder.passes_flops(w + 2) for w in windows), length
-    if output == OUTPUT_SUBSTITUTIONS:
-        rows = NUM_SUBSTITUTIONS * length
-        if settings.marginal == "masked":
-            return length, length * encoder.passes_flops(min(length, room) + 2, 1), rows
-        return len(windows), sum(encoder.passes_flops(w + 2, w) for w in windows), rows
-    if output != OUTPUT_CONTACTS:
-        raise ConfigError(f"no cost for output {output!r}")
-    held = held_pairs(length, room, settings.min_separation)
-    rows = held if settings.top == "all" else min(held, _top(settings.top, length))
-    if settings.readout == "jacobian" or (settings.readout == "auto" and not encoder.pair_head):
-        passes = sum(JACOBIAN_PASSES * w + 1 for w in windows)
-        return passes, sum((JACOBIAN_PASSES * w + 1) * encoder.passes_flops(w + 2, w) for w in windows), rows
-    return len(windows), sum(encoder.passes_flops(w + 2, w, PMLM) for w in windows), rows
-
-
-def _top(top: str | int, length: int) -> int:
-    if isinstance(top, int):
-        return top
-    _, _, k = str(top).partition("/")
-    return length // int(k) if k else length
-
-
-def disk_bytes(encoder: Encoder, output: str, rows: int, sequences: int) -> float:
-    if output == OUTPUT_EMBEDDINGS:
-        vector = 4 * encoder.hidden
-        return rows * (vector + BYTES_PER_ROW["residue"]) + sequences * (vector + BYTES_PER_ROW["sequence"])
-    return rows * BYTES_PER_ROW[output]
 
 
 def estimate(
@@ -164,16 +96,17 @@ def estimate(
     limit (``runtimes``: output -> minutes), rows and disk. ``rates``: measured FLOP/s per precision (else assumed)."""
     counts = Counter(lengths)
     residues = sum(lengths)
-    shards = max(1, min(len(lengths), math.ceil(residues / residues_per_shard)))
+    shards = shard_count(residues, len(lengths), residues_per_shard)
     rows = []
     for encoder in encoders:
         rate = rates.get(encoder.precision)
         assumed = rate is None
         rate = ASSUMED_RATE[encoder.precision] if assumed else rate
         for output in outputs:
+            kind = OUTPUTS[output]
             passes = flops = out_rows = 0
             for length, n in counts.items():
-                p, f, r = sequence_cost(encoder, output, length, settings)
+                p, f, r = kind.cost(encoder, length, settings)
                 passes, flops, out_rows = passes + n * p, flops + n * f, out_rows + n * r
             gpu_hours = flops / rate / 3600
             limit = runtimes.get(output)
@@ -183,7 +116,7 @@ def estimate(
                 "flops_per_gpu_second": rate, "assumed_rate": assumed, "gpu_hours": gpu_hours, "shards": shards,
                 "hours_per_shard": gpu_hours / shards, "runtime_min": limit,
                 "within_limit": None if limit is None else gpu_hours / shards * 60 <= limit,
-                "rows": out_rows, "disk_gb": disk_bytes(encoder, output, out_rows, len(lengths)) / GB,
+                "rows": out_rows, "disk_gb": kind.disk_bytes(encoder, out_rows, len(lengths)) / GB,
                 "source": encoder.source,
             })  # fmt: skip
     return rows
@@ -195,12 +128,8 @@ def throughput(path: str | Path | None) -> dict[str, float]:
         return {}
     table = (yaml.safe_load(Path(path).read_text()) or {}).get("inference_flops_per_gpu_second") or {}
     for precision, value in table.items():
-        if (
-            precision not in (BF16, FP32)
-            or isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or value <= 0
-        ):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if precision not in ASSUMED_RATE or not number or value <= 0:
             raise ConfigError(f"{path}: inference_flops_per_gpu_second.{precision} must be a positive number")
     return {str(k): float(v) for k, v in table.items()}
 
@@ -225,14 +154,18 @@ def inference_section(config: dict, schema: str | Path) -> dict | None:
     section = config.get("inference") or {}
     if not section.get("fasta"):
         return None
-    filled = {**section_defaults(schema), **section}
-    filled["contacts"] = {**section_defaults(schema)["contacts"], **(section.get("contacts") or {})}
-    return filled
+    defaults = section_defaults(schema)
+    return {**defaults, **section, "contacts": {**defaults["contacts"], **(section.get("contacts") or {})}}
 
 
 def settings_of(section: dict) -> Settings:
     contacts = section["contacts"]
-    return Settings(section["marginal"], contacts["readout"], contacts["top"], int(contacts["min_separation"]))
+    return Settings(
+        Marginal.parse(section["marginal"], "config.inference.marginal"),
+        Readout.parse(contacts["readout"], "config.inference.contacts.readout"),
+        contacts["top"],
+        int(contacts["min_separation"]),
+    )
 
 
 def sequence_lengths(section: dict, proteins: int | None, mean_length: int | None) -> tuple[list[int], str]:
@@ -240,9 +173,8 @@ def sequence_lengths(section: dict, proteins: int | None, mean_length: int | Non
     if proteins is not None or mean_length is not None:
         if not proteins or not mean_length or proteins < 1 or mean_length < 1:
             raise ConfigError("--proteins N and --mean-length L go together, both >= 1")
-        return [
-            mean_length
-        ] * proteins, f"{proteins:,} proteins of {mean_length:,} residues (--proteins, --mean-length)"
+        given = f"{proteins:,} proteins of {mean_length:,} residues (--proteins, --mean-length)"
+        return [mean_length] * proteins, given
     fasta = Path(section["fasta"])
     if not fasta.is_file():
         raise ConfigError(
@@ -272,13 +204,13 @@ def config_encoders(config: WorkflowConfig, section: dict, root: str | Path = ".
                     "dims (release.model: num_layers, hidden, ffn, heads, max_len, pair_head, pair_vocab); state them, "
                     "or price its imported folder as the encoder"
                 )
-            trained, source = FP32, f"{config.name}: pretrain.models[{i}].release.model"
+            trained, source = Precision.FP32, f"{config.name}: pretrain.models[{i}].release.model"
         elif model is not None:
             job = next(j for j in workflow_jobs(config, root) if j.name == value)
-            trained = FP32 if job.config.bf16 is False else BF16
+            trained = Precision.FP32 if job.config.precision is Precision.FP32 else Precision.BF16
             dims, source = job.config.model_config().to_dict(), f"recipe {job.recipe}"
         else:
-            weights = Path(value) if value.endswith(".safetensors") else Path(value) / ENCODER_WEIGHTS
+            weights = Path(value) if value.endswith(".safetensors") else Path(value) / ENCODER_FILE
             if not sidecar_path(weights).is_file():
                 raise ConfigError(
                     f"{where}: {sidecar_path(weights)}: no such file (the encoder's model.json); to price a released "
@@ -286,16 +218,20 @@ def config_encoders(config: WorkflowConfig, section: dict, root: str | Path = ".
                 )
             info = read_encoder_info(weights)
             trained, dims, source = recorded_precision(info, weights), info["model"], str(sidecar_path(weights))
-        precision = trained if section["precision"] == "auto" else section["precision"]
+        asked = Precision.parse(section["precision"], "config.inference.precision")
+        precision = Precision(trained) if asked is Precision.AUTO else asked
         encoders.append(Encoder.from_model(label, dims, precision, source))
     return encoders
 
 
-def shard_runtimes(profile: str | Path) -> dict[str, int | None]:
-    """Output -> the time limit (minutes) the SLURM profile gives its shard jobs (``set-resources``)."""
+def shard_runtimes(profile: str | Path, schema: str | Path) -> dict[str, int | None]:
+    """Output -> the time limit (minutes) the SLURM profile gives its shard jobs (``set-resources``): the block of
+    the rule the workflow of ``schema`` runs them by (SHARD_RULES_FILE)."""
     path = Path(profile) / "config.yaml" if Path(profile).is_dir() else Path(profile)
     blocks = (read_yaml(path).get("set-resources") or {}) if path.exists() else {}
-    return {output: (blocks.get(rule) or {}).get("runtime") for output, rule in SHARD_RULES.items()}
+    rules_file = Path(schema).parent.parent / SHARD_RULES_FILE
+    rules = read_yaml(rules_file) if rules_file.exists() else {}
+    return {output: (blocks.get(rules.get(output)) or {}).get("runtime") for output in OUTPUTS}
 
 
 def _figure(x: float) -> str:
@@ -311,9 +247,8 @@ def render(rows: list[dict], lengths_source: str) -> str:
     )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
-        limit = (
-            "" if r["runtime_min"] is None else f" ({r['runtime_min'] / 60:g} h{'' if r['within_limit'] else ', over'})"
-        )
+        over = "" if r["within_limit"] else ", over"
+        limit = "" if r["runtime_min"] is None else f" ({r['runtime_min'] / 60:g} h{over})"
         lines.append(
             f"| {r['encoder']} | {r['output']} | {r['precision']} | {r['passes']:,} | {r['flops']:.3g} | "
             f"{r['flops_per_gpu_second'] / 1e12:.0f}{'*' if r['assumed_rate'] else ''} | {_figure(r['gpu_hours'])} | "
@@ -366,7 +301,7 @@ def plan_inference(
     encoders = config_encoders(config, section)
     rates = throughput(throughput_file)
     if flops_per_second is not None:
-        rates = dict.fromkeys((BF16, FP32), flops_per_second)
+        rates = dict.fromkeys(ASSUMED_RATE, flops_per_second)
     rows = estimate(encoders, section["outputs"], lengths, settings_of(section), section["residues_per_shard"], rates,
-                    shard_runtimes(profile))  # fmt: skip
+                    shard_runtimes(profile, schema))  # fmt: skip
     return rows, source

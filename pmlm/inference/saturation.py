@@ -1,28 +1,11 @@
 """``pmlm score --saturation``: every single substitution of every sequence of a FASTA file, scored as
-log P(mut) - log P(wt) at its site (19 rows per residue).
+log P(mut) - log P(wt) at its site (19 rows per residue); the marginals and the file are docs/cli.md's.
 
-Marginals (``--marginal``, ESM-1v's names):
-
-* ``masked`` (default): the masked marginal, one row per site with that site set to ``<mask>``, each in the
-  window of the model's size centred on its site: the same rows, windows and read-out as ``pmlm score``'s
-  singles (``pmlm.inference.mutations``), so a site's 19 scores are the singles ``pmlm score`` gives them.
-  L rows per sequence of L residues;
-* ``wildtype``: the wild-type marginal, every site read from one unmasked forward pass; L times fewer rows. A
-  sequence longer than the window is read as the windows of ``pmlm.tokens.window_starts`` (half a window
-  apart, the last flush with the end) and each site takes its values from the window in which it is most
-  central (the first such window on a tie), so every value comes from one forward pass.
-
-The log-probabilities are the token head's softmax, or on a pair-only encoder the marginal of the pair head's
-diagonal (``pmlm.inference.mutations.token_log_probs``). Rows of all sequences are batched together under a token
-budget (rows x padded width <= ``--tokens-per-batch``, longest first within a chunk of the input; padding is
-masked), and the results are written sequence by sequence, so memory follows the budget, not the FASTA's size.
-A site whose residue is X (unknown) has no wild-type class and gets no rows.
-
-Output (Parquet or TSV, by the name's suffix), one row per substitution, by sequence in file order, then position,
-then mutant residue in ``ACDEFGHIKLMNPQRSTVWY`` order: ``id`` (string), ``mutant`` (``A23G``), ``position``
-(int32, 1-based), ``wt``, ``mut`` (one letter each), ``score`` (float32; the TSV writes the same float32 value
-exactly, as Python's repr of it). The Parquet schema's metadata holds the settings as JSON under the key
-``pmlm``: model, model_sha256, objective, window, marginal, precision, unknown (``--unknown``), pmlm_version.
+``masked`` uses the same rows, windows and read-out as ``pmlm score``'s singles (``pmlm.inference.mutations``), so a
+site's 19 scores are the singles ``pmlm score`` gives them. ``wildtype`` reads each site from the window in which it
+is most central (the first such window on a tie), so every value comes from one forward pass. Rows of all sequences
+are batched together under a token budget and written sequence by sequence, so memory follows the budget, not the
+FASTA's size. A site whose residue is X (unknown) has no wild-type class and gets no rows.
 """
 
 from __future__ import annotations
@@ -42,21 +25,21 @@ import torch
 
 from pmlm import alphabet
 from pmlm.artefacts import recorded_precision
+from pmlm.choices import Precision
 from pmlm.errors import ConfigError, InputError
 from pmlm.files import file_digest
 from pmlm.inference.embedding import plan_batches
 from pmlm.inference.mutations import masked_rows, token_log_probs
+from pmlm.inference.options import Marginal
 from pmlm.inference.sequences import UNKNOWN_ERROR, UNKNOWN_OPTION, Sequence, SequenceReport, read_fasta_sequences
 from pmlm.model.pmlm_model import PMLMModel
 from pmlm.outputs import file_target, writing_files
 from pmlm.pretrained import adapter_record, load_encoder, pick_device
 from pmlm.progress import Progress
 from pmlm.tokens import DEFAULT_TOKENS_PER_BATCH, RESIDUE_OFFSET, batch_tokens, max_residues, window_starts
-from pmlm.train.runtime import evaluation_precision
+from pmlm.train.runtime import autocast, evaluation_precision
 from pmlm.version import __version__
 
-MASKED, WILDTYPE = "masked", "wildtype"
-MARGINALS = (MASKED, WILDTYPE)
 SUFFIXES = (".parquet", ".tsv")
 SCHEMA = pa.schema(
     [
@@ -90,13 +73,13 @@ def _classes(residues: np.ndarray) -> np.ndarray:
     return alphabet.residue_class(residues)
 
 
-def plan_rows(chunk: list[np.ndarray], room: int, marginal: str) -> list[Row]:
+def plan_rows(chunk: list[np.ndarray], room: int, marginal: Marginal) -> list[Row]:
     """The forward rows of the sequences of ``chunk`` (``Row.seq`` indexes the chunk; module docstring)."""
     rows = []
     for k, residues in enumerate(chunk):
         n = int(residues.size)
         known = np.flatnonzero(_classes(residues) >= 0)
-        if marginal == MASKED:
+        if marginal.masks:
             rows += [Row(k, 0, min(n, room), (int(p),)) for p in known]  # the window is masked_rows' to place
             continue
         starts = window_starts(n, room)
@@ -107,13 +90,13 @@ def plan_rows(chunk: list[np.ndarray], room: int, marginal: str) -> list[Row]:
     return rows
 
 
-def _chunks(sequences: Iterable[np.ndarray], room: int, marginal: str, tokens: int) -> Iterator[list[np.ndarray]]:
+def _chunks(sequences: Iterable[np.ndarray], room: int, marginal: Marginal, tokens: int) -> Iterator[list[np.ndarray]]:
     """Consecutive runs of sequences, read as they come, whose forward rows hold about ``tokens`` tokens (one
     sequence at least)."""
     chunk, total = [], 0
     for residues in sequences:
         n = int(residues.size)
-        rows = n if marginal == MASKED else len(window_starts(n, room))
+        rows = n if marginal.masks else len(window_starts(n, room))
         chunk.append(residues)
         total += rows * (min(n, room) + 2)
         if total >= tokens:
@@ -123,9 +106,9 @@ def _chunks(sequences: Iterable[np.ndarray], room: int, marginal: str, tokens: i
         yield chunk
 
 
-def _batch_inputs(batch: list[Row], sequences: list[np.ndarray], room: int, marginal: str):
+def _batch_inputs(batch: list[Row], sequences: list[np.ndarray], room: int, marginal: Marginal):
     """(B, T) token rows, and the (row, token position, sequence, site) of every value the batch gives."""
-    if marginal == MASKED:
+    if marginal.masks:
         tokens, positions = masked_rows([sequences[r.seq] for r in batch], room, [r.sites for r in batch])
         return tokens, torch.arange(len(batch)), positions[:, 0], [(r.seq, r.sites[0]) for r in batch]
     tokens = torch.from_numpy(
@@ -145,7 +128,7 @@ def saturation_scores(
     model: PMLMModel,
     sequences: Iterable[np.ndarray],
     *,
-    marginal: str = MASKED,
+    marginal: Marginal = Marginal.MASKED,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     device="cpu",
     autocast=nullcontext,
@@ -154,8 +137,7 @@ def saturation_scores(
     index, (L, 20) float32 log P(a) - log P(wt) at every site, classes in ``alphabet.RESIDUES`` order, 0 at the
     wild type, NaN rows at X), by ``marginal`` (module docstring); ``autocast`` makes a forward pass's precision
     context."""
-    if marginal not in MARGINALS:
-        raise ConfigError(f"--marginal must be one of {', '.join(MARGINALS)}, got {marginal!r}")
+    marginal = Marginal.parse(marginal, "--marginal")  # the Python API's
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
     room = max_residues(model.cfg.max_len)
@@ -219,10 +201,10 @@ def score_saturation(
     fasta: str,
     out: str,
     *,
-    marginal: str = MASKED,
+    marginal: Marginal = Marginal.MASKED,
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
     device: str = "auto",
-    precision: str = "auto",
+    precision: Precision = Precision.AUTO,
     unknown: str = UNKNOWN_ERROR,
     overwrite: bool = False,
     adapter: str | None = None,
@@ -232,8 +214,7 @@ def score_saturation(
     counts (sequences, residues, rows), the marginal, the precision and the SequenceReport of what was read and
     repaired as ``report``."""
     target = file_target(out, suffixes=SUFFIXES, what="saturation scores", overwrite=overwrite)
-    if marginal not in MARGINALS:
-        raise ConfigError(f"--marginal must be one of {', '.join(MARGINALS)}, got {marginal!r}")
+    marginal = Marginal.parse(marginal, "--marginal")  # the Python API's
     if tokens_per_batch < 1:
         raise ConfigError(f"--tokens-per-batch must be >= 1, got {tokens_per_batch}")
     report = SequenceReport()
@@ -254,7 +235,7 @@ def score_saturation(
         "objective": info["objective"]["name"],
         "window": max_residues(encoder.cfg.max_len),
         "marginal": marginal,
-        "precision": arithmetic.name,
+        "precision": arithmetic,
         "unknown": unknown,
         "pmlm_version": __version__,
     }
@@ -275,7 +256,7 @@ def score_saturation(
             marginal=marginal,
             tokens_per_batch=tokens_per_batch,
             device=dev,
-            autocast=arithmetic.autocast,
+            autocast=autocast(arithmetic, dev),
         )
         for k, values in scores:
             pending.append(substitution_table(records[k].id, records[k].residues, values))
@@ -290,6 +271,6 @@ def score_saturation(
         "residues": sum(len(r.letters) for r in records),
         "rows": rows,
         "marginal": marginal,
-        "precision": arithmetic.name,
+        "precision": arithmetic,
         "report": report,
     }

@@ -1,19 +1,6 @@
 """The sequences the inference commands read (embed, contacts, score): FASTA records checked to be protein
-sequences, streamed one at a time, with one-line errors naming the file and the line.
-
-What a record must be, and what is accepted or repaired on the way:
-
-* residues ``ACDEFGHIKLMNPQRSTVWY`` or ``X``; lowercase letters are the same residues (read as uppercase: accepted,
-  not a repair);
-* a letter outside that alphabet (``B``, ``Z``, ``J``, ``U``, ``O``, ...) is an error naming the file and the line
-  the letter is on, unless the caller repairs: ``unknown="x"`` reads every such letter as ``X`` (the model's unknown
-  residue, what ``pmlm ingest`` makes of B, Z and J), ``unknown="skip"`` leaves such records out; both are counted
-  in a :class:`SequenceReport`. A character that is no letter (``*``, ``-``, a digit) is always an error
-  (``pmlm ingest`` normalises such files);
-* not nucleotides: a record of 20 or more letters that are 90 % or more ``A C G T U N``, or a whole file that is,
-  is an error ("looks like nucleotides"); so is a shorter such record that a letter outside the alphabet (``U``)
-  would refuse anyway;
-* a non-empty id, unique in the file, and at least one residue.
+sequences, streamed one at a time, with one-line errors naming the file and the line. What a record must be and
+what ``unknown`` repairs (counted in a :class:`SequenceReport`): docs/cli.md, "Sequences as users have them".
 
 Memory: :func:`iter_fasta_sequences` holds one record at a time plus the ids seen (for the duplicate check), so a
 caller that streams keeps its peak set by its own batches, not by the file (``pmlm embed`` checks the whole file in

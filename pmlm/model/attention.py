@@ -7,17 +7,13 @@ bound on the longest run are decided where the batch is built, on the host (``pm
 reads a tensor back.
 
 The op is a ``torch.library.custom_op`` with a fake implementation and its own backward op, so ``torch.compile``
-traces it without a graph break and ``torch.utils.flop_counter`` counts it:
-
-* on CUDA, for bf16 / fp16 with head dims a multiple of 8 up to 256 on Ampere or later, it is FlashAttention 2's
-  variable-length kernel (``aten._flash_attention_forward`` / ``_backward``, the kernels torch's own
-  ``nn.attention.varlen`` calls) **with** dropout on the attention probabilities, the released recipe's 0.1;
-* anywhere else it is the reference: per sequence, the CPU's fused kernel
-  (``aten._scaled_dot_product_flash_attention_for_cpu``) without dropout, or the softmax written out with dropout,
-  whose mask is a function of one seed (drawn from torch's default generator, so ``manual_seed`` and a checkpoint's
-  RNG state fix it) and is drawn again in the backward instead of being kept. On a CUDA device the reference is a
-  slow fallback (a Python loop over sequences that reads the offsets back) and says so once on stderr; on a CPU it is
-  the designed kernel.
+traces it without a graph break and ``torch.utils.flop_counter`` counts it (docs/gpu.md, "The step on a GPU"): on
+CUDA, for bf16 / fp16 with head dims a multiple of 8 up to 256 on Ampere or later, FlashAttention 2's
+variable-length kernel **with** dropout; anywhere else the reference, per sequence: the CPU's fused kernel without
+dropout, or the softmax written out with dropout, whose mask is a function of one seed (drawn from torch's default
+generator, so ``manual_seed`` and a checkpoint's RNG state fix it) and is drawn again in the backward instead of
+being kept. On a CUDA device the reference is a slow fallback (a Python loop over sequences that reads the offsets
+back) and says so once on stderr; on a CPU it is the designed kernel.
 
 Both compute ``softmax(q k^T / sqrt(D)) * keep / (1 - p) @ v`` per sequence, ``keep ~ Bernoulli(1 - p)`` per score;
 the reference is what the fused kernel is tested against.

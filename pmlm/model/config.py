@@ -1,28 +1,14 @@
 """Typed configuration of the PMLM encoder and its heads, the named size presets, and the layer recipe each
-objective's encoder gets by default.
+objective's encoder gets by default (the table: docs/model.md, "Encoder layers").
 
 Layer recipes (``RELEASED_LAYERS``) are what the released PMLM code registers (microsoft/Mu-Protein at
 ff29ce1, ``pmlm/src/protein/models/{pmlm,mlm,pmlmx}.py``, run on fairseq 0.10.2; its ``pretrain.sh``
-passes none of these flags, so the registered defaults are what it trains with). In that fairseq version every
-``TransformerSentenceEncoder`` layer is post-LN with no final LayerNorm, and ``encoder_normalize_before``
-only adds a LayerNorm on the embeddings (``transformer_sentence_encoder.py`` l.171-174, 273-278;
-``transformer_sentence_encoder_layer.py`` l.104-134). So:
-
-=================  ====  ======  ==========  =================  ==========================================
-objective          norm  emb LN  activation  dropout/attn/act   released arch, registered defaults
-=================  ====  ======  ==========  =================  ==========================================
-``pmlm``           post  no      relu        0.1 / 0.1 / 0.0    ``prot_pmlm_base``: pmlm.py:404-406, 418, 420
-``mlm``            post  yes     gelu        0.1 / 0.1 / 0.0    ``prot_mlm_base``: mlm.py:362-364, 378, 380
-``pmlm_pair_only`` post  yes     gelu        0.0 / 0.0 / 0.0    ``prot_pmlmx`` (pair-only with the diagonal):
-                                                                pmlmx.py:436-438, 450, 452
-=================  ====  ======  ==========  =================  ==========================================
-
-The size presets (``PRESETS``) say nothing about layers: ``model_config(preset, objective)`` joins a
-preset's dimensions with the objective's recipe, so the paper's MLM-base and PMLM-base differ in their
-layers as the released code's do. ``model.overrides`` replace any field for every objective, e.g.
-``{activation: relu, embedding_norm: false}`` trains the MLM baseline with PMLM's layers (one encoder
-for all objectives). ``norm: pre`` (pre-LN layers plus a final LayerNorm, as ESM-1b and this package
-before) is the option for deep stacks that diverge post-LN.
+passes none of these flags, so the registered defaults are what it trains with): ``prot_pmlm_base``
+pmlm.py:404-406, 418, 420; ``prot_mlm_base`` mlm.py:362-364, 378, 380; ``prot_pmlmx`` pmlmx.py:436-438, 450, 452.
+In that fairseq version every ``TransformerSentenceEncoder`` layer is post-LN with no final LayerNorm, and
+``encoder_normalize_before`` only adds a LayerNorm on the embeddings (``transformer_sentence_encoder.py``
+l.171-174, 273-278; ``transformer_sentence_encoder_layer.py`` l.104-134). The size presets (``PRESETS``) say
+nothing about layers: ``model_config(preset, objective)`` joins a preset's dimensions with the objective's recipe.
 """
 
 from __future__ import annotations
@@ -30,12 +16,56 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pmlm.alphabet import NUM_FULL_PAIR_CLASSES, NUM_PAIR_CLASSES
+from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, NUM_RESIDUES
+from pmlm.choices import Choice
 from pmlm.errors import ConfigError
-from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY, TMLM
+from pmlm.vocabulary import MLM, PMLM, PMLM_PAIR_ONLY
 
-PAIR_VOCABS = ("standard", "full")
-NORMS = ("post", "pre")
+
+class PairVocab(Choice):
+    """The pair head's classes (``model.pair_vocab``): the pairs of what, and how a pair's class is numbered."""
+
+    STANDARD = "standard"  # 20 * 20 = 400 residue-pair classes, 20 a + b (the paper)
+    FULL = "full"  # the released code's dictionary squared, FULL_PAIR_SIDE ** 2 = 729 classes over token ids
+
+    @property
+    def residue_pairs(self) -> bool:
+        """Whether the classes are pairs of the 20 residues (the token head's classes), not of token ids."""
+        return self is PairVocab.STANDARD
+
+    @property
+    def side(self) -> int:
+        """Rows (and columns) of the joint: 20 residues, or the released dictionary's 27 symbols."""
+        return NUM_RESIDUES if self.residue_pairs else FULL_PAIR_SIDE
+
+    @property
+    def offset(self) -> int:
+        """Where residue class 0 sits along a side."""
+        return 0 if self.residue_pairs else FIRST_RESIDUE_ID
+
+    @property
+    def classes(self) -> int:
+        """Number of classes K of the pair head."""
+        return self.side**2
+
+    def pair_class(self, first, second):
+        """The class of ordered pairs (tensors) of residue classes ``first``, ``second``: ``side * a + b`` along
+        the sides."""
+        return (first + self.offset) * self.side + (second + self.offset)
+
+
+class Norm(Choice):
+    """Where each encoder block's LayerNorm sits (``model.norm``)."""
+
+    POST = "post"  # x = LN(x + f(x)) per block, no final LayerNorm (fairseq 0.10.2, the released code)
+    PRE = "pre"  # x = x + f(LN(x)) per block plus a final LayerNorm (ESM-1b; steadier at depth)
+
+    @property
+    def final(self) -> bool:
+        """Whether the encoder ends in a LayerNorm of its own (pre-LN leaves the residual stream unnormalised)."""
+        return self is Norm.PRE
+
+
 ACTIVATIONS = ("relu", "gelu")
 POSITIONS = ("pmlm", "fairseq")
 
@@ -66,8 +96,7 @@ RELEASED_LAYERS: dict[str, dict] = {
         "activation_dropout": 0.0,
     },
 }
-# the Triple MLM has no released code: it trains with PMLM's layers, so the two differ in their objective only
-RELEASED_LAYERS[TMLM] = dict(RELEASED_LAYERS[PMLM])
+# an objective without released code names the recipe it takes (``Objective.layers``; the Triple MLM: PMLM's)
 
 
 @dataclass
@@ -79,9 +108,7 @@ class ModelConfig:
     ffn: int  # inner width of each feed-forward block
     heads: int  # attention heads; hidden must be divisible by it
     max_len: int  # longest input in tokens, <cls> and <eos> included (so max_len - 2 residues)
-    # post: x = LN(x + f(x)) per block, no final LayerNorm (fairseq 0.10.2, the released code);
-    # pre: x = x + f(LN(x)) per block plus a final LayerNorm (ESM-1b; steadier at depth)
-    norm: str = "post"
+    norm: Norm = Norm.POST  # post | pre (Norm)
     embedding_norm: bool = False  # LayerNorm on token + position embeddings (fairseq's encoder_normalize_before)
     activation: str = "relu"  # of the feed-forward blocks and of both heads' hidden layers: relu | gelu
     dropout: float = 0.1  # dropout on embeddings, attention output and feed-forward output
@@ -90,9 +117,7 @@ class ModelConfig:
     activation_dropout: float = 0.0  # dropout after the feed-forward activation
     token_head: bool = True  # 20-class masked-token head; False for the pmlm_pair_only objective
     pair_head: bool = True  # masked-pair head; False for plain MLM models
-    # "standard": 20 * 20 = 400 residue-pair classes (the paper);
-    # "full": the released code's dictionary squared, FULL_PAIR_SIDE ** 2 = 729 classes over token ids (pmlm.alphabet)
-    pair_vocab: str = "standard"
+    pair_vocab: PairVocab = PairVocab.STANDARD  # standard | full (PairVocab; pmlm.alphabet)
     pair_chunk_size: int = 65536  # rows of pair_index pushed through the pair head at once (bounds transient memory)
     # sinusoidal position table: "pmlm" (token t at angle t * f_k, <cls> = 0) or "fairseq" (fairseq 0.10.2's
     # SinusoidalPositionalEmbedding: t + padding index + 1, computed in fp32), the convention of imported
@@ -124,8 +149,7 @@ class ModelConfig:
         if self.hidden % 2:
             # sinusoidal positions fill sin/cos halves of the width
             raise ConfigError(f"model.hidden must be even for sinusoidal positions, got {self.hidden}")
-        if self.norm not in NORMS:
-            raise ConfigError(f"model.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        self.norm = Norm.parse(self.norm, "model.norm")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         for name in ("embedding_norm", "pair_unary", "product_base", "triple_head", "token_head", "pair_head"):
@@ -139,12 +163,11 @@ class ModelConfig:
             raise ConfigError(f"model.positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
         if not isinstance(self.triple_width, int) or isinstance(self.triple_width, bool) or self.triple_width < 0:
             raise ConfigError(f"model.triple_width must be an integer >= 0 (0: 2 * hidden), got {self.triple_width!r}")
-        if self.pair_vocab not in PAIR_VOCABS:
-            raise ConfigError(f"model.pair_vocab must be one of {', '.join(PAIR_VOCABS)}, got {self.pair_vocab!r}")
+        self.pair_vocab = PairVocab.parse(self.pair_vocab, "model.pair_vocab")
         if (
             self.product_base
             and (self.pair_head or self.triple_head)
-            and (self.pair_vocab != "standard" or not self.token_head)
+            and (not self.pair_vocab.residue_pairs or not self.token_head)
         ):
             raise ConfigError(
                 "model.product_base needs a token head and pair_vocab standard (the product of "
@@ -158,7 +181,7 @@ class ModelConfig:
     @property
     def pair_classes(self) -> int:
         """Number of classes K of the pair head."""
-        return NUM_PAIR_CLASSES if self.pair_vocab == "standard" else NUM_FULL_PAIR_CLASSES
+        return self.pair_vocab.classes
 
     @property
     def triple_hidden(self) -> int:

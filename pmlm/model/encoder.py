@@ -1,21 +1,14 @@
 """The sequence encoder: token embeddings plus fixed sinusoidal positions, then Transformer layers, post-LN
 (the released code's) or pre-LN.
 
-Choices (documented here once):
+Choices (the layer recipes per objective: docs/model.md, "Encoder layers"):
 
-* ``model.norm`` picks the layer (``pmlm.model.config`` says which objective gets which by default):
-
-  - ``post`` (fairseq 0.10.2's ``TransformerSentenceEncoderLayer``, what the released PMLM code runs;
-    BERT, RoBERTa): ``x = LN(x + Drop(Attn(x)))``, then ``x = LN(x + Drop(FFN(x)))``; no final
-    LayerNorm, the last layer's output is the representation;
-  - ``pre`` (ESM-1b, fairseq's later ``TransformerEncoder`` with ``--encoder-normalize-before``):
-    ``x = x + Drop(Attn(LN(x)))``, ``x = x + Drop(FFN(LN(x)))``, and a final LayerNorm. Gradients
-    reach deep stacks without passing through every LayerNorm, so it is the option when a 34- or
-    36-layer post-LN run diverges or needs a longer warm-up.
-
-  ``FFN(x) = W2 ActDrop(act(W1 x))`` with ``act`` relu or gelu. ``model.embedding_norm`` adds a
-  LayerNorm on token + position embeddings, before the embedding dropout (fairseq 0.10.2's
-  ``encoder_normalize_before``). Both layers keep the same parameter names.
+* ``model.norm`` picks the layer: ``post`` (fairseq 0.10.2's ``TransformerSentenceEncoderLayer``, what the
+  released PMLM code runs): ``x = LN(x + Drop(Attn(x)))``, then ``x = LN(x + Drop(FFN(x)))``, no final LayerNorm;
+  ``pre`` (ESM-1b): ``x = x + Drop(Attn(LN(x)))``, ``x = x + Drop(FFN(LN(x)))``, and a final LayerNorm.
+  ``FFN(x) = W2 ActDrop(act(W1 x))``. ``model.embedding_norm`` adds a LayerNorm on token + position embeddings,
+  before the embedding dropout (fairseq 0.10.2's ``encoder_normalize_before``). Both layers keep the same
+  parameter names.
 * **Non-learnable sinusoidal positions** (paper, Experiment Setup): position ``t`` of the
   token sequence (``<cls>`` is position 0) gets ``[sin(t * f_k), cos(t * f_k)]`` with
   ``f_k = 10000^(-k / (C/2 - 1))``, the fairseq layout (sine half, then cosine half).
@@ -31,17 +24,14 @@ Choices (documented here once):
   BERT/fairseq-RoBERTa initialisation, for every objective (the released code uses it for its MLM
   baseline, ``apply_bert_init`` True in mlm.py:376, and keeps torch's default Linear initialisation
   for PMLM, pmlm.py:416; we do not follow that difference).
-* No query ever attends to ``<pad>``. Two layouts give that (``pmlm.model.layout`` builds them, on the host):
-  ``padded`` keeps (B, L, C) and passes a key-padding mask (None when the batch has no ``<pad>``: fused kernels) to
-  ``scaled_dot_product_attention`` (on CPU with attention dropout, ``pmlm.model.dropout_attention``'s blockwise
-  kernel); ``packed`` drops the pads, runs every layer on the T real tokens and attention per sequence through one
-  op (``pmlm.model.attention``: FlashAttention's variable-length kernel with dropout on CUDA, a reference
-  elsewhere). ``auto`` packs where the fused kernel runs (CUDA under bf16 / fp16) and for inference on a CPU (no
-  autograd: the linear layers skip the pads, and the per-sequence attention costs little without a backward), and
-  stays padded elsewhere, e.g. training on a CPU, where the blockwise dropout kernel is the faster path.
-* **Precision.** Under autocast the residual stream stays in autocast's dtype: the embeddings are cast once, and
-  the LayerNorms (``LayerNorm``) compute in fp32 internally from half inputs and fp32 weights and return the input's
-  dtype (autocast would return fp32 and add a cast before every projection). Without autocast nothing changes.
+* No query ever attends to ``<pad>``, in either layout (``pmlm.model.layout``): ``padded`` passes a key-padding mask
+  to ``scaled_dot_product_attention`` (on CPU with attention dropout, ``pmlm.model.dropout_attention``), ``packed``
+  runs every layer on the T real tokens (``pmlm.model.attention``). ``auto`` packs where the fused kernel runs (CUDA
+  under bf16 / fp16) and for inference on a CPU (no autograd: the linear layers skip the pads, and the per-sequence
+  attention costs little without a backward), and stays padded elsewhere, e.g. training on a CPU, where the
+  blockwise dropout kernel is the faster path.
+* **Precision** (docs/gpu.md): under autocast the residual stream stays in autocast's dtype; ``LayerNorm`` computes
+  in fp32 internally and returns the input's dtype.
 * ``encode`` is the whole computation from ``EncoderInputs`` to the output rows, without a host synchronisation, and
   ``compile_encoder`` compiles it whole (one graph: the packed attention is an op, not a graph break).
 """
@@ -59,7 +49,7 @@ from pmlm.errors import PmlmError
 from pmlm.model.attention import HALF_DTYPES, Packing, flash_usable, packed_attention
 from pmlm.model.config import ModelConfig
 from pmlm.model.dropout_attention import attention
-from pmlm.model.layout import ATTENTION_LAYOUTS, EncoderInputs, Layout, build_inputs, unpack
+from pmlm.model.layout import EncoderInputs, Layout, build_inputs, unpack
 
 INIT_STD = 0.02  # std of Linear weights (BERT / fairseq RoBERTa)
 POSITION_BASE = 10000.0  # wavelength base of the sinusoidal positions
@@ -136,7 +126,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.post_norm = cfg.norm == "post"
+        self.post_norm = not cfg.norm.final
         self.act = ACTIVATIONS[cfg.activation]
         self.attn_norm = LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg)
@@ -161,14 +151,14 @@ class EncoderLayer(nn.Module):
 class Encoder(nn.Module):
     """Token ids (B, L) -> contextual representations (B, L, C); ``encode``: ``EncoderInputs`` -> output rows.
 
-    ``attention`` ("auto", "packed", "padded") picks the layout of padded batches (module docstring); it is a
+    ``attention`` (a ``Layout``: auto, packed, padded) picks the layout of padded batches (module docstring); it is a
     run-time setting, not part of the weights or the config.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.attention = "auto"
+        self.attention = Layout.AUTO
         self.embed = nn.Embedding(VOCAB_SIZE, cfg.hidden, padding_idx=PAD_ID)
         # not a parameter and not saved: rebuilt from the config on load
         self.register_buffer("positions", position_table(cfg), persistent=False)
@@ -176,7 +166,7 @@ class Encoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
         # post-LN layers end in a LayerNorm already; pre-LN leaves the residual stream unnormalised
-        self.final_norm = LayerNorm(cfg.hidden) if cfg.norm == "pre" else None
+        self.final_norm = LayerNorm(cfg.hidden) if cfg.norm.final else None
         self._compiled = None  # compile_encoder's function, if compiled
         self._static = False  # whether it takes one shape (compile_encoder)
 
@@ -264,10 +254,9 @@ class Encoder(nn.Module):
     def layout(self, device: torch.device, dtype: torch.dtype | None = None, *, grad: bool | None = None) -> Layout:
         """The layout a batch takes here (module docstring): ``attention`` unless auto. ``dtype``: attention's
         (default: autocast's on this device, else the weights'); ``grad``: whether autograd records (default: now)."""
-        if self.attention not in ATTENTION_LAYOUTS:
-            raise PmlmError(f"attention must be one of {', '.join(ATTENTION_LAYOUTS)}, got {self.attention!r}")
-        if self.attention != Layout.AUTO:
-            return Layout(self.attention)
+        chosen = Layout.parse(self.attention, "attention")  # the Python API may set a name
+        if chosen is not Layout.AUTO:
+            return chosen
         grad = torch.is_grad_enabled() if grad is None else grad
         if device.type == "cpu" and not grad:
             # inference on a CPU: every linear layer skips the pads, and a per-sequence attention loop without a

@@ -24,7 +24,6 @@ tokens on the device builds them there at the cost of a few synchronisations (in
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pmlm.alphabet import PAD_ID
+from pmlm.choices import Choice
 from pmlm.model.attention import Packing
 from pmlm.tokens import round_up
 
@@ -39,7 +39,7 @@ ROW_MULTIPLE = 64  # packed rows are filled up to a multiple of this
 LENGTH_MULTIPLE = 64  # the packed layout's bound on a sequence's rows is a multiple of this
 
 
-class Layout(str, enum.Enum):
+class Layout(Choice):
     """The attention layout of a run or command (``attention:`` in recipes). ``auto`` is decided per device, dtype
     and autograd (``pmlm.model.encoder.Encoder.layout``)."""
 
@@ -47,8 +47,9 @@ class Layout(str, enum.Enum):
     PACKED = "packed"
     PADDED = "padded"
 
-
-ATTENTION_LAYOUTS = tuple(layout.value for layout in Layout)
+    @property
+    def packs(self) -> bool:
+        return self is Layout.PACKED
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def packed_inputs(tokens: Tensor, row_multiple: int = ROW_MULTIPLE, static: Stat
 
 def build_inputs(tokens: Tensor, layout: Layout, static: StaticShape | None = None) -> EncoderInputs:
     """``tokens`` (B, L) in ``layout`` (packed, in ``static`` shapes if given, or padded)."""
-    return packed_inputs(tokens, static=static) if layout == Layout.PACKED else padded_inputs(tokens)
+    return packed_inputs(tokens, static=static) if layout.packs else padded_inputs(tokens)
 
 
 def output_rows(inputs: EncoderInputs, flat: Tensor) -> Tensor:

@@ -13,7 +13,6 @@ from pmlm.model.encoder import Encoder, init_weights
 from pmlm.model.heads import PairHead, TokenHead
 from pmlm.model.step_inputs import StepInputs
 from pmlm.model.triple import TripleHead
-from pmlm.vocabulary import PMLM_PAIR_ONLY
 
 
 @dataclass
@@ -24,7 +23,7 @@ class PretrainingOutputs:
     token_logits: torch.Tensor | None = None  # (N, 20) at the masked standard residues
     pair_ce: torch.Tensor | None = None  # cross-entropy summed over both orders of every masked pair
     pair_correct: torch.Tensor | None = None  # int64: of those, how many the head's argmax gets right
-    diagonal_logits: torch.Tensor | None = None  # (N, K) pmlm_pair_only: the pair head at (i, i)
+    diagonal_logits: torch.Tensor | None = None  # (N, K) the pair head at (i, i), where the objective scores them
     triple_logits: torch.Tensor | None = None  # (T, 8000)
 
 
@@ -115,7 +114,7 @@ class PMLMModel(nn.Module):
         reps = self.encoder.encode(step.encoder)  # (rows, C)
         h = reps.index_select(0, step.token_rows)  # (N, C)
         out = PretrainingOutputs(reps)
-        if step.objective != PMLM_PAIR_ONLY:
+        if step.objective.token_head:
             out.token_logits = self.token_head(h)  # (N, 20)
         if step.pairs is not None:
             out.pair_ce, out.pair_correct = self.pair_head.loss(h, step.pairs, step.pair_labels)

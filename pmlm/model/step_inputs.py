@@ -21,23 +21,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pmlm.alphabet import FIRST_RESIDUE_ID, FULL_PAIR_SIDE, IGNORE_INDEX, NUM_RESIDUES
+from pmlm.alphabet import IGNORE_INDEX, NUM_RESIDUES
+from pmlm.model.config import PairVocab
 from pmlm.model.layout import EncoderInputs, Layout, StaticShape, build_inputs, output_rows
-from pmlm.vocabulary import MLM, PMLM_PAIR_ONLY, TMLM
+from pmlm.model.objective import Objective
 
 
 @dataclass(frozen=True)
 class StepInputs:
     """One micro-batch of an objective, as the device takes it (module docstring)."""
 
-    objective: str  # the objective's name (pmlm.vocabulary.OBJECTIVES): which heads run
+    objective: Objective  # which heads run
+    pair_vocab: PairVocab  # the pair head's classes
     encoder: EncoderInputs
     token_rows: Tensor  # (N,) int64 the encoder's output rows of the masked standard residues, row-major
     targets: Tensor  # (N,) int64 their residue classes
     counts: Tensor  # (3,) int64 N, 2P ordered pairs i != j, T triples: this micro-batch's counters
     pairs: Tensor | None = None  # (P, 2) int64 rows of the N: every i < j of one sequence, sorted
     pair_labels: Tensor | None = None  # (2P,) int64 the pairs' classes, then their swaps' (the mirrored order)
-    diagonal_labels: Tensor | None = None  # (N,) int64 pmlm_pair_only: the class of (i, i)
+    diagonal_labels: Tensor | None = None  # (N,) int64 the class of (i, i), where the pair term has the diagonal
     triples: Tensor | None = None  # (T, 3) int64 rows of the N, i < j < k in the sequence
     triple_labels: Tensor | None = None  # (T,) int64 class 400 x_i + 20 x_j + x_k
 
@@ -53,13 +55,6 @@ class StepInputs:
     def _tensors(self) -> dict[str, Tensor]:
         names = (f.name for f in dataclasses.fields(self) if f.name != "encoder")
         return {name: getattr(self, name) for name in names if isinstance(getattr(self, name), Tensor)}
-
-
-def pair_classes(first: Tensor, second: Tensor, pair_vocab: str = "standard") -> Tensor:
-    """The class of ordered pairs of residue classes: ``20 a + b``, or over token ids with the full vocabulary."""
-    if pair_vocab == "standard":
-        return first * NUM_RESIDUES + second
-    return (first + FIRST_RESIDUE_ID) * FULL_PAIR_SIDE + (second + FIRST_RESIDUE_ID)
 
 
 def upper_pair_indices(valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,15 +77,15 @@ def step_inputs(
     inputs: Tensor,
     targets: Tensor,
     triples: Tensor | None,
-    objective: str,
+    objective: Objective,
     layout: Layout,
-    pair_vocab: str,
+    pair_vocab: PairVocab,
     static: StaticShape | None = None,
 ) -> StepInputs:
     """The StepInputs of masked rows: ``inputs`` (B, L) token ids after masking, ``targets`` (B, L) residue class at
-    masked standard residues (IGNORE_INDEX elsewhere), ``triples`` (T, 4) rows (b, i, j, k) of the Triple MLM;
-    the encoder's inputs in ``layout`` (packed or padded; ``static``: the packed layout's fixed shapes). Runs where
-    the tensors are: on the host in training."""
+    masked standard residues (IGNORE_INDEX elsewhere), ``triples`` (T, 4) rows (b, i, j, k) of the triple head:
+    the rows and labels of ``objective``'s heads, the encoder's inputs in ``layout`` (packed or padded; ``static``:
+    the packed layout's fixed shapes). Runs where the tensors are: on the host in training."""
     B, L = inputs.shape
     encoder = build_inputs(inputs, layout, static)
     valid = targets.ne(IGNORE_INDEX)  # (B, L) masked standard residues
@@ -99,16 +94,16 @@ def step_inputs(
     n = flat.numel()
     fields = {}
     ordered = 0
-    if objective != MLM:
+    if objective.pair_head:
         first, second = upper_pair_indices(valid)
         ordered = 2 * first.numel()
         a, b = classes[first], classes[second]
-        labels = torch.cat([pair_classes(a, b, pair_vocab), pair_classes(b, a, pair_vocab)])  # (2P,)
+        labels = torch.cat([pair_vocab.pair_class(a, b), pair_vocab.pair_class(b, a)])  # (2P,)
         fields.update(pairs=torch.stack([first, second], dim=1), pair_labels=labels)
-        if objective == PMLM_PAIR_ONLY:
-            fields["diagonal_labels"] = pair_classes(classes, classes, pair_vocab)
+        if objective.diagonal:
+            fields["diagonal_labels"] = pair_vocab.pair_class(classes, classes)
     count = 0
-    if objective == TMLM:
+    if objective.triple_head:
         # the N residues' ranks by place: a triple's (b, i) -> its row of the N
         rank = torch.full((B * L,), -1, dtype=torch.long, device=inputs.device)
         rank[flat] = torch.arange(n, device=inputs.device)
@@ -117,4 +112,4 @@ def step_inputs(
         fields.update(triples=rows, triple_labels=(a * NUM_RESIDUES + b) * NUM_RESIDUES + c)
         count = rows.shape[0]
     counts = torch.tensor([n, ordered, count], dtype=torch.long, device=inputs.device)
-    return StepInputs(objective, encoder, output_rows(encoder, flat), classes, counts, **fields)
+    return StepInputs(objective, pair_vocab, encoder, output_rows(encoder, flat), classes, counts, **fields)

@@ -2,18 +2,13 @@
 head; per protein: the residues' mean through an MLP, for classes or a value) and ``TaskModel``, the encoder plus one
 head. Which task uses which head is the task's (``pmlm.tasks``).
 
-Every head takes residue representations ``reps`` (B, L, C) (``<cls>`` / ``<eos>`` stripped)
-and a residue mask (B, L). Contact heads score all L x L pairs from pair features, either
-
-* ``M``: ``concat(f_i * f_j, f_i - f_j)`` (B, L, L, 2C) of the encoder outputs, TAPE's pairwise features, or
-* ``M+``: the PMLM pair head's first block on those features,
-  ``LayerNorm(act(Linear(concat(h_i * h_j, h_i - h_j))))`` with the encoder's activation (the
-  paper's fine-tuning input),
-
-built in row chunks of at most ``pair_chunk_elements`` elements. When a chunk's features
-need gradients and there is more than one chunk, each chunk is recomputed in the backward
-pass (activation checkpointing, RNG state preserved so dropout replays exactly) instead of
-keeping all L^2 features alive. Contact logits are symmetrised, ``(s(i, j) + s(j, i)) / 2``.
+Every head takes residue representations ``reps`` (B, L, C) (``<cls>`` / ``<eos>`` stripped) and a residue mask
+(B, L). Contact heads score all L x L pairs from pair features, either ``M`` (``concat(f_i * f_j, f_i - f_j)``
+(B, L, L, 2C) of the encoder outputs, TAPE's pairwise features) or ``M+`` (the PMLM pair head's first block on
+those features, ``pmlm.model.heads``; the paper's fine-tuning input), built in row chunks of at most
+``pair_chunk_elements`` elements. When a chunk's features need gradients and there is more than one chunk, each
+chunk is recomputed in the backward pass (activation checkpointing, RNG state preserved so dropout replays exactly)
+instead of keeping all L^2 features alive. Contact logits are symmetrised, ``(s(i, j) + s(j, i)) / 2``.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pmlm.choices import Choice
 from pmlm.errors import ConfigError
 from pmlm.model.heads import PairHead
 from pmlm.model.pmlm_model import PMLMModel
@@ -34,6 +30,42 @@ from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS
 
 NORM_EPS = 1e-5  # variance floor of the masked norms (torch's BatchNorm / InstanceNorm default)
 NORM_MOMENTUM = 0.1  # running-statistics update rate of the masked batch norm (torch's default)
+
+
+class HeadKind(Choice):
+    """A task head's architecture (``head.kind``); which kinds a task accepts and what it builds for each is the
+    task's (``pmlm.tasks``). A plug-in task's own kinds stay their names."""
+
+    AUTO = "auto"  # the task's first
+    LINEAR = "linear"  # contacts: TAPE's shallow decoder
+    RESNET = "resnet"  # contacts: a 2-D ResNet on the pair map
+    MLP = "mlp"  # per residue, or on the residues' mean
+    CONV = "conv"  # per residue: TAPE's convolutional head
+
+    @classmethod
+    def chosen(cls, kind: str, accepted: tuple[str, ...]) -> str:
+        """``kind``, or for auto the first of the task's ``accepted`` kinds."""
+        return str(accepted[0]) if cls.argument(kind) is cls.AUTO else kind
+
+    @classmethod
+    def pair_blocks(cls, h) -> tuple[int, int]:
+        """(elements kept for the backward, model FLOPs) per pair of a ResNet head's blocks, two convolutions each
+        (inputs and norms kept); none for the other kinds (``pmlm plan --finetune``)."""
+        if cls.argument(h.kind) is not cls.RESNET:
+            return 0, 0
+        c, n = h.resnet_channels, h.resnet_blocks
+        return c * (4 * n + 2), 2 * 2 * n * h.resnet_kernel**2 * c**2
+
+
+class HeadNorm(Choice):
+    """``head.resnet_norm``: statistics per map (instance), or over the batch with running ones for evaluation."""
+
+    INSTANCE = "instance"
+    BATCH = "batch"
+
+    @property
+    def over_batch(self) -> bool:
+        return self is HeadNorm.BATCH
 
 
 def pair_features(reps: torch.Tensor, start: int, stop: int, pair_block: PairHead | None) -> torch.Tensor:
@@ -93,28 +125,28 @@ class MaskedNorm(nn.Module):
     """Instance or batch normalisation of a (B, C, *spatial) map, e.g. (B, C, L, L) pairs or (B, C, L) residues,
     whose statistics skip padded positions."""
 
-    def __init__(self, channels: int, mode: str):
+    def __init__(self, channels: int, norm: str):
         super().__init__()
-        self.mode = mode
+        self.over_batch = HeadNorm(norm).over_batch
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
-        if mode == "batch":
+        if self.over_batch:
             self.register_buffer("running_mean", torch.zeros(channels))
             self.register_buffer("running_var", torch.ones(channels))
 
     def forward(self, x: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         # x (B, C, *S); pair_mask (B, 1, *S) float, 1 at real residues (pairs of them)
         channel = (1, -1) + (1,) * (x.dim() - 2)  # broadcast a (C,) vector over (B, C, *S)
-        if self.mode == "batch" and not self.training:
+        if self.over_batch and not self.training:
             mean = self.running_mean.view(channel)
             var = self.running_var.view(channel)
         else:
             spatial = tuple(range(2, x.dim()))
-            dims = spatial if self.mode == "instance" else (0, *spatial)
+            dims = (0, *spatial) if self.over_batch else spatial
             count = pair_mask.sum(dim=dims, keepdim=True).clamp_min(1.0)
             mean = (x * pair_mask).sum(dim=dims, keepdim=True) / count  # (B or 1, C, 1, 1)
             var = (((x - mean) * pair_mask) ** 2).sum(dim=dims, keepdim=True) / count
-            if self.mode == "batch":
+            if self.over_batch:
                 with torch.no_grad():
                     self.running_mean.lerp_(mean.flatten().to(self.running_mean.dtype), NORM_MOMENTUM)
                     self.running_var.lerp_(var.flatten().to(self.running_var.dtype), NORM_MOMENTUM)
@@ -198,7 +230,7 @@ class TapeConvHead(nn.Module):
     def __init__(self, hidden: int, conv_hidden: int, classes: int, dropout: float):
         super().__init__()
         weight_norm = torch.nn.utils.parametrizations.weight_norm
-        self.norm = MaskedNorm(hidden, "batch")
+        self.norm = MaskedNorm(hidden, HeadNorm.BATCH)
         self.conv1 = weight_norm(nn.Conv1d(hidden, conv_hidden, kernel_size=5, padding=2), dim=None)
         self.dropout = nn.Dropout(dropout)
         self.conv2 = weight_norm(nn.Conv1d(conv_hidden, classes, kernel_size=3, padding=1), dim=None)

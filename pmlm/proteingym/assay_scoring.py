@@ -1,27 +1,10 @@
 """``pmlm proteingym score``: every mutant of one assay scored by one encoder, and the assay's metrics.
 
-A mutant's score is its log-likelihood ratio against the wild type (``target_seq``), by the one rule
-``pmlm score`` uses (``pmlm.inference.mutations.mutant_scores``, whose docstring is the full statement):
-
-* single ``A23G``: the masked marginal log P(G) - log P(A) at site 23, that site masked (ESM-1v's score);
-* double ``A23G:L40P`` on an encoder with a pair head: the pair head's joint, both sites masked,
-  log P(G, P) - log P(A, L) (``double_from = pair_joint``); every double of an encoder without a pair head (or
-  with ``--double additive``) gets the additive score;
-* triple: the Triple MLM's joint of the three sites masked (``triple_from = triple_joint``), else on an encoder
-  with a pair head the singles plus the three pairs' epistasis (``pairs``), else additive;
-* four or more sites: the singles plus every pair's epistasis on an encoder with a pair head
-  (``multi_from = pairs``), else additive;
-* a mutant whose first and last sites do not fit in one window of the model gets the additive score (counted in
-  the summary's ``far_apart`` and said on stderr); with ``--double pair`` such a double is an error;
-* ``additive`` beside every score: the sum of the single-site masked marginals, so the joints can be compared
-  with additive scoring on the same mutants.
-
-The forward passes (``pmlm.inference.mutations``): one masked row per distinct mutated site gives all 19
-substitutions there, one row per distinct pair its 20 x 20 joint, one per distinct triple (Triple MLM) its
-20 x 20 x 20 joint; rows are batched 32 to a forward pass, each in a window of the model's size centred on its
-site(s), so proteins longer than the window are read around the mutated sites. Masked marginals need one masked
-site per row: masking several sites in one row would condition each on the others' masks, so no fewer rows give
-the same scores.
+A mutant's score is its log-likelihood ratio against the wild type (``target_seq``), by the one rule ``pmlm score``
+uses (``pmlm.inference.mutations.mutant_scores``), with ``additive`` beside every score so the joints can be
+compared with additive scoring on the same mutants; the rule and the batched forward passes: docs/proteingym.md,
+"How it works". Masked marginals need one masked site per row: masking several sites in one row would condition
+each on the others' masks, so no fewer rows give the same scores.
 
 Outputs: ``PREFIX.tsv`` (one row per kept mutant, in file order: ``mutant``, ``depth``, ``DMS_score``,
 ``DMS_score_bin``, ``score``, ``additive``, ``double_from``, ``triple_from``, ``multi_from``) and
@@ -50,9 +33,9 @@ from pmlm.files import atomic_output
 from pmlm.inference import mutations
 from pmlm.inference.mutations import (
     ADDITIVE,
-    DOUBLE_MODES,
     PAIR_JOINT,
     SOURCE_COLUMN,
+    DoubleScore,
     far_apart_notes,
     mutant_scores,
 )
@@ -73,7 +56,7 @@ def score_assay(
     residues: np.ndarray,
     mutants: list[AssayMutant],
     *,
-    double: str = "auto",
+    double: DoubleScore = DoubleScore.AUTO,
     device="cpu",
     where: str = "assay",
 ) -> dict:
@@ -81,9 +64,8 @@ def score_assay(
     ``triple_from``, ``multi_from`` ('' where it does not apply); the mutants scored additively because their
     sites do not fit one window (``far_apart``, and ``notes`` saying so); and the cost: forward rows and passes,
     seconds. ``where`` names the assay file in errors."""
-    if double not in DOUBLE_MODES:
-        raise ConfigError(f"--double must be one of {', '.join(DOUBLE_MODES)}, got {double!r}")
-    if double == "pair" and model.pair_head is None:
+    double = DoubleScore.parse(double, "--double")  # the Python API's
+    if model.pair_head is None and double.joint(has_pair=False, fits=True):
         raise ConfigError("--double pair needs an encoder with a pair head (PMLM); this one has none (MLM)")
     start = time.perf_counter()
     scored = mutant_scores(model, residues, mutants, double=double, device=device, path=where)
@@ -94,7 +76,7 @@ def score_assay(
         "additive": np.array([r["additive"] for r in rows], dtype=np.float64),
         "depth": np.array([len(m.sites) for m in mutants], dtype=np.int64),
         **{column: [r[column] or "" for r in rows] for column in SOURCES},
-        "use_pair": model.pair_head is not None and double != "additive",
+        "use_pair": double.joint(has_pair=model.pair_head is not None, fits=True),
         "far_apart": dict(scored.far_apart),
         "notes": far_apart_notes(scored),
         "forward_rows": scored.forward_rows,

@@ -1,13 +1,8 @@
 """``pmlm proteingym aggregate``: the per-assay metrics of every encoder, aggregated the way ProteinGym aggregates.
 
 ProteinGym (``proteingym/performance_DMS_benchmarks.py``) does not average over assays: a protein with several
-assays would weigh more, and so would the function categories with many proteins. Per metric:
-
-1. per UniProt ID: the mean over its assays (ProteinGym's ``Uniprot_level`` files);
-2. per function category: the mean over the (UniProt ID, category) groups of that category;
-3. overall: the mean over the categories. For the subsets by mutational depth (singles, doubles, 3+ sites)
-   ProteinGym takes the mean over the (UniProt ID, category) groups that have such mutants instead, and so
-   does this.
+assays would weigh more, and so would the function categories with many proteins; the three levels (UniProt ID,
+function category, overall) and the depth subsets: docs/proteingym.md, "How it works" (4.).
 
 An assay whose metric is undefined (e.g. AUC when every mutant has the same ``DMS_score_bin``) is left out of
 that metric's means, as pandas' ``mean`` leaves it out there. Every value comes with the number of assays,

@@ -1,17 +1,7 @@
-"""``pmlm proteingym tables``: the benchmark's tables beside the published models, and its figures.
-
-Tables (CSV, Markdown, LaTeX, HTML; ``pmlm.reports.tables``), from ``pmlm proteingym aggregate``'s outputs:
-
-* ``PREFIX``: the headline, one row per encoder and scorer (doubles from the pair joint, or additive) beside
-  the published rows (``pmlm.proteingym.published``): Spearman, AUC, MCC, NDCG over categories, Spearman per
-  function category and on singles / doubles, with the assays, proteins and mutants behind them;
-* ``PREFIX_categories``: every metric per function category, with its proteins, assays and mutants;
-* ``PREFIX_assays``: every assay (mutants scored and skipped, each metric, Spearman's permutation p-value);
-* ``PREFIX_doubles``: per assay with double mutants, Spearman on the doubles from the pair joint and from
-  additive scoring, and of the predicted epistasis with the measured one, plus the aggregate over assays.
-
-Figures (PNG + SVG): ``FIGURE_categories`` (one panel per function category: each assay's Spearman, the
-category's mean, the published means) and ``FIGURE_doubles`` (per assay, pair joint vs additive on doubles).
+"""``pmlm proteingym tables``: the benchmark's tables beside the published models (``pmlm.proteingym.published``), and
+its figures, from ``pmlm proteingym aggregate``'s outputs: ``PREFIX``, ``PREFIX_categories``, ``PREFIX_assays``,
+``PREFIX_doubles`` (CSV, Markdown, LaTeX, HTML; ``pmlm.reports.tables``) and ``FIGURE_categories``,
+``FIGURE_doubles`` (PNG + SVG). What each holds: docs/proteingym.md, "How it works" (5.).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from pmlm.pretrained import load_encoder, load_head
 from pmlm.reports.staging import staged, staged_outputs
 from pmlm.tasks.contact_task import CONTACT
 from pmlm.tasks.registry import read_task_data
-from pmlm.tasks.structures import CONTACT_THRESHOLD
 from pmlm.tokens import max_residues
 from pmlm.vocabulary import TASK_CONTACT
 
@@ -48,16 +47,16 @@ def predicted_maps(
                 f"{encoder}: the model has no pair head (objective {info['objective']['name']}); "
                 f"--head {head} needs a PMLM model"
             )
-        atom, threshold, window = "auto", CONTACT_THRESHOLD, max_residues(model.cfg.max_len)
+        task, window = CONTACT, max_residues(model.cfg.max_len)
     else:
         if not Path(head).is_file():
             raise InputError(head, f"no such head file (or use one of {', '.join(PAIR_HEADS)})")
         model, cfg, *_ = load_head(head, encoder=encoder)
         if cfg.task != TASK_CONTACT:
             raise ConfigError(f"{head}: a {cfg.task} head has no contact map")
-        atom, threshold = cfg.data.contact_atom, cfg.data.contact_threshold
+        task = cfg.configured_task()
         window = max_residues(model.encoder.cfg.max_len)
-    data = read_task_data(test, CONTACT, contact_atom=atom, threshold=threshold, limit=chains * READ_LIMIT_PER_CHAIN)
+    data = read_task_data(test, task, limit=chains * READ_LIMIT_PER_CHAIN)
     chosen = [ex for ex in data.examples if len(ex) <= window][:chains]
     if not chosen:
         raise InputError(
@@ -67,7 +66,7 @@ def predicted_maps(
     out = []
     with torch.no_grad():
         for rows in plan.batches:
-            batch = plan.collate(rows, CONTACT, threshold)
+            batch = plan.collate(rows, task)
             k = batch.lengths[0]
             if unsupervised:
                 scores = unsupervised_contact_scores(model, batch.tokens[0, 1 : k + 1].numpy(), PAIR_HEADS[head])

@@ -4,12 +4,12 @@ read from their sidecars, beside the paper's rows."""
 from __future__ import annotations
 
 from pmlm.artefacts import read_encoder_info
+from pmlm.model.objective_registry import objective_named
 from pmlm.outputs import prefix_targets
 from pmlm.pretrained import encoder_parameters
 from pmlm.reports import paper
 from pmlm.reports.staging import staged, staged_outputs
 from pmlm.reports.tables import TABLE_SUFFIXES, Column, write_table
-from pmlm.vocabulary import MLM
 
 PRETRAIN_COLUMNS = [
     Column("model", "model"),
@@ -23,6 +23,9 @@ PRETRAIN_COLUMNS = [
     Column("dacc", "dAcc (%)", "{:.2f}", percent=True),
     Column("dacc_ratio", "dAcc / Acc_pmlm (%)", "{:.1f}", percent=True),
 ]
+
+
+SCORES = ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc")  # an encoder's columns from its final scores
 
 
 def dacc_ratio(row: dict) -> float | None:
@@ -45,7 +48,8 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
     for label, dataset, weights in entries:
         info = read_encoder_info(weights)
         scores = info["final_scores"]
-        objective = info["objective"]["name"]
+        shown = objective_named(info["objective"]["name"]).table_scores
+        ours = {k: scores.get(k) if k in shown else None for k in SCORES}
         rows.append(
             {
                 "source": "ours",
@@ -53,11 +57,7 @@ def pretrain_rows(entries: list[tuple[str, str, str]]) -> list[dict]:
                 "data": dataset,
                 "params": _params_label(info, weights),
                 "step": scores["step"],
-                "l_mlm": scores.get("l_mlm"),
-                "l_pmlm": scores.get("l_pmlm") if objective != MLM else None,
-                "acc_mlm": scores.get("acc_mlm"),
-                "acc_pmlm": scores.get("acc_pmlm") if objective != MLM else None,
-                "dacc": scores.get("dacc") if objective != MLM else None,
+                **ours,
             }
         )
     return [{**row, "dacc_ratio": dacc_ratio(row)} for row in rows]

@@ -7,10 +7,19 @@ import csv
 import math
 from pathlib import Path
 
+from pmlm.choices import Choice
 from pmlm.errors import InputError
 from pmlm.figures import FORMATS, pyplot, save_figure
 from pmlm.outputs import prefix_targets
 from pmlm.reports.staging import staged, staged_outputs
+
+
+class Curves(Choice):
+    """Whose curves are drawn (``pmlm report curves --kind``)."""
+
+    PRETRAIN = "pretrain"  # L_mlm, L_pmlm, Acc_mlm, Acc_pmlm
+    FINETUNE = "finetune"  # loss and the validation metric
+
 
 # (column, panel title): pre-training logs L_mlm / Acc_mlm per masked residue, L_pmlm / Acc_pmlm per masked pair
 PRETRAIN_PANELS = (
@@ -130,12 +139,13 @@ def plot_finetune(runs: list[tuple[str, dict]], prefix: str | Path) -> list[Path
     return save_figure(fig, prefix)
 
 
-def write_curves(kind: str, runs: list[tuple[str, str]], prefix: str | Path, *, overwrite: bool = False) -> list[Path]:
+def write_curves(
+    kind: Curves, runs: list[tuple[str, str]], prefix: str | Path, *, overwrite: bool = False
+) -> list[Path]:
     """kind ``pretrain`` or ``finetune``; runs: (label, metrics.csv); PREFIX.png and .svg are prefix targets
     (pmlm.outputs; ``overwrite`` as ``--overwrite``)."""
     targets = prefix_targets(prefix, FORMATS, overwrite=overwrite)
     logs = [(label, read_metrics(path)) for label, path in runs]
     with staged_outputs(targets) as folder:
-        plot = plot_pretrain if kind == "pretrain" else plot_finetune
-        plot(logs, staged(folder, prefix))
+        {Curves.PRETRAIN: plot_pretrain, Curves.FINETUNE: plot_finetune}[kind](logs, staged(folder, prefix))
     return targets

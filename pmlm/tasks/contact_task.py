@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from pmlm import alphabet
 from pmlm.errors import ConfigError
 from pmlm.evaluation.metrics import CONTACT_RANGES, TOP_K_DIVISORS, contact_metrics
-from pmlm.model.task_heads import ContactLinearHead, ContactResNetHead, set_contact_prior
+from pmlm.model.task_heads import ContactLinearHead, ContactResNetHead, HeadKind, set_contact_prior
 from pmlm.tasks.raptorx import read_contact_set
 from pmlm.tasks.structures import CONTACT_ATOMS, read_structure_jsonl
 from pmlm.tasks.tape import PROTEINNET, read_tape
@@ -85,7 +85,7 @@ def contact_items(proteins, threshold: float):
 class ContactTask(Task):
     name = TASK_CONTACT
     kind = "contact map"
-    heads = ("linear", "resnet")
+    heads = (HeadKind.LINEAR, HeadKind.RESNET)
     formats = (STRUCTURE_JSONL, TAPE, RAPTORX)
     headline = "P@L/5_medium_long"
     metric_names = tuple(
@@ -95,8 +95,9 @@ class ContactTask(Task):
     reads_pairs = True
     num_classes = 1
 
-    def contact_atom(self, path, fmt: str, requested: str) -> str:
+    def contact_atom(self, path, fmt: str) -> str:
         """The format's atom (auto) or the requested one where the format holds it."""
+        requested = self.settings.contact_atom
         atom = FORMAT_ATOMS[fmt] if requested == "auto" else requested
         if fmt != STRUCTURE_JSONL and atom != FORMAT_ATOMS[fmt]:
             raise ConfigError(
@@ -107,32 +108,37 @@ class ContactTask(Task):
 
     def read(self, path, options: ReadOptions, counts):
         if options.fmt == STRUCTURE_JSONL:
+            atom = self.contact_atom(path, options.fmt)
             for rec in read_structure_jsonl(path, on_error=options.on_error, counts=counts):
-                yield Example(rec.name, alphabet.encode(rec.seq), coords=rec.coords(options.contact_atom))
+                yield Example(rec.name, alphabet.encode(rec.seq), coords=rec.coords(atom))
         elif options.fmt == TAPE:
             for rec in read_tape(path, PROTEINNET, on_error=options.on_error, counts=counts):
                 yield Example(rec.id, alphabet.encode(rec.primary), coords=rec.tertiary)
         else:
-            for rec in read_contact_set(path, threshold=options.threshold, on_error=options.on_error, counts=counts):
+            threshold = self.settings.contact_threshold
+            for rec in read_contact_set(path, threshold=threshold, on_error=options.on_error, counts=counts):
                 yield Example(rec.id, alphabet.encode(rec.seq), contacts=rec.contacts, valid=rec.valid)
 
     def build_head(self, cfg, hidden: int):
         h = cfg.head
-        if h.kind == "linear":
-            return ContactLinearHead(hidden, h.dropout, h.pair_chunk_elements)
-        return ContactResNetHead(
-            hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel, h.resnet_norm, h.pair_chunk_elements
-        )
+        build = {
+            HeadKind.LINEAR: lambda: ContactLinearHead(hidden, h.dropout, h.pair_chunk_elements),
+            HeadKind.RESNET: lambda: ContactResNetHead(
+                hidden, h.dropout, h.resnet_channels, h.resnet_blocks, h.resnet_kernel, h.resnet_norm,
+                h.pair_chunk_elements,
+            ),
+        }  # fmt: skip
+        return build[h.kind]()
 
-    def prepare_head(self, head, train, cfg) -> None:
+    def prepare_head(self, head, train) -> None:
         """Start the head at the training set's contact rate (``set_contact_prior``)."""
-        d = cfg.data
-        rate = contact_rate(train.examples, d.contact_threshold, d.min_separation, PRIOR_PROTEINS)
+        s = self.settings
+        rate = contact_rate(train.examples, s.contact_threshold, s.min_separation, PRIOR_PROTEINS)
         if rate is not None and 0.0 < rate < 1.0:
             set_contact_prior(head, rate)
 
-    def targets(self, examples, windows, length, threshold):
-        n = len(examples)
+    def targets(self, examples, windows, length):
+        n, threshold = len(examples), self.settings.contact_threshold
         targets = np.zeros((n, length, length), dtype=bool)
         valid = np.zeros((n, length, length), dtype=bool)
         for b, (ex, (start, stop)) in enumerate(zip(examples, windows)):
@@ -140,13 +146,14 @@ class ContactTask(Task):
             targets[b, :k, :k], valid[b, :k, :k] = ex.contact_window(start, stop, threshold)
         return targets, valid
 
-    def terms(self, batch, min_separation: int) -> int:
-        """Valid pairs i < j with j - i >= min_separation."""
-        return int((batch.valid & far_pairs(batch.valid.shape[-1], min_separation, batch.valid.device)).sum())
+    def terms(self, batch) -> int:
+        """Valid pairs i < j with j - i >= ``settings.min_separation``."""
+        separation = self.settings.min_separation
+        return int((batch.valid & far_pairs(batch.valid.shape[-1], separation, batch.valid.device)).sum())
 
-    def loss(self, logits, batch, min_separation: int, head=None):
-        """BCE over the valid pairs i < j with j - i >= min_separation."""
-        scored = batch.valid & far_pairs(logits.shape[-1], min_separation, logits.device)  # (B, L, L)
+    def loss(self, logits, batch, head=None):
+        """BCE over the valid pairs i < j with j - i >= ``settings.min_separation``."""
+        scored = batch.valid & far_pairs(logits.shape[-1], self.settings.min_separation, logits.device)  # (B, L, L)
         return F.binary_cross_entropy_with_logits(
             logits.float()[scored], batch.targets[scored].float(), reduction="sum"
         )
@@ -154,8 +161,8 @@ class ContactTask(Task):
     def output(self, logits, k: int) -> np.ndarray:
         return logits[:k, :k].numpy()  # (k, k)
 
-    def metrics(self, proteins, threshold: float):
-        return contact_summary(contact_items(proteins, threshold))
+    def metrics(self, proteins):
+        return contact_summary(contact_items(proteins, self.settings.contact_threshold))
 
 
 CONTACT = ContactTask()

@@ -1,20 +1,8 @@
 """A user's labelled sequences as a table: CSV, TSV (either optionally gzipped) or Parquet, one protein per row.
 
-Columns (names set by ``data.sequence_column``, ``data.label_column``, ``data.id_column``):
-
-* the sequence: amino-acid letters; lowercase is uppercased and the non-standard letters of
-  ``pmlm.alphabet.NONSTANDARD_MAP`` mapped (counted repairs); any other letter is a bad record;
-* the label, by task:
-  - a value (``sequence_regression``, ``fluorescence``, ``stability``): a finite number;
-  - a class (``sequence_classification``): any text or integer;
-  - per-residue classes (``residue_classification``): a string with one class letter per residue, or a list with
-    one class per residue (a Parquet list column, or a JSON list such as ``[0, 1, null]`` in a CSV cell), where
-    null marks a residue without a label;
-* the id (optional): the protein's name; the 1-based row number when the column is absent.
-
-Classes are named by their text. A classification head's classes are the training file's distinct labels, sorted
-(numerically when every label is an integer), recorded in the head's config (``data.classes``); a label outside
-them in another file is a bad record. Other columns (a ``split`` column, measurements) are ignored here.
+Columns (names set by ``data.sequence_column``, ``data.label_column``, ``data.id_column``), the labels per task and
+the classes: docs/tasks.md, "Your own labelled data". The id is the 1-based row number when its column is absent;
+a per-residue label list may be a Parquet list column or a JSON list such as ``[0, 1, null]`` in a CSV cell.
 
 A bad record raises one line naming the file and its line (CSV / TSV: the header is line 1; a blank line counts, a
 quoted cell may span lines) or row (Parquet), or with ``data.on_error: skip`` is counted by reason. A split file of
@@ -34,15 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from pmlm import alphabet
+from pmlm.choices import Choice
 from pmlm.errors import InputError
 from pmlm.evaluation.metrics import IGNORE_LABEL
 from pmlm.tasks.structures import RecordError
 from pmlm.tasks.tape import residue_string
 from pmlm.tasks.task import Example
 
-VALUE = "value"  # one number per protein
-CLASS = "class"  # one class per protein
-RESIDUE_LABELS = "residue labels"  # one class per residue
 SEQUENCE_SETTING, LABEL_SETTING = "data.sequence_column", "data.label_column"  # the recipe keys naming the columns
 TABLE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".parquet", ".pq")
 # a split file's record of where its rows came from (pmlm split-table): the schema metadata key holding the source
@@ -57,14 +43,6 @@ def is_table(path: str | Path) -> bool:
 
 def is_parquet(path: str | Path) -> bool:
     return Path(path).name.lower().endswith((".parquet", ".pq"))
-
-
-def row_error(path: str | Path, row: int, message: str) -> InputError:
-    """The error of 0-based data row ``row``: at its line in a text table (the header is line 1, no blank lines
-    before the row: ``RowPlaces`` knows better), as ``row N`` in Parquet."""
-    if is_parquet(path):
-        return InputError(path, f"row {row + 1}: {message}")
-    return InputError(path, message, line=row + 2)
 
 
 def text_table_lines(path: str | Path) -> list[int]:
@@ -125,7 +103,9 @@ class RowPlaces:
             return InputError(source, beside, line=places[row])
         if self.lines is not None:
             return InputError(self.path, message, line=self.lines[row])
-        return row_error(self.path, row, message)
+        if is_parquet(self.path):
+            return InputError(self.path, f"row {row + 1}: {message}")
+        return InputError(self.path, message, line=row + 2)  # lines unknown: the header is line 1, rows follow
 
 
 def load_table(path: str | Path, columns: list[str] | None, required: dict[str, str], *, typed: bool = False, text=()):
@@ -197,26 +177,63 @@ def _sorted_classes(names: set[str]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def table_classes(path: str | Path, label_kind: str, options) -> tuple[str, ...]:
+class LabelKind(Choice):
+    """What a table's label column holds, by task: how a cell becomes an ``Example``'s label."""
+
+    VALUE = "value"  # one number per protein
+    CLASS = "class"  # one class per protein
+    RESIDUE_LABELS = "residue labels"  # one class per residue
+
+    def class_names(self, value) -> list[str]:
+        """The class names in one label cell (a classification's)."""
+        cells = _residue_classes(value, None) if self is LabelKind.RESIDUE_LABELS else [_class_text(value)]
+        return [c for c in cells if c is not None]
+
+    def set_label(self, example: Example, value, class_ids: dict[str, int]) -> None:
+        """``example``'s label from its cell ``value`` (classes by ``class_ids``); a bad one is a RecordError."""
+        field, parse = _LABELS[self]
+        setattr(example, field, parse(value, len(example), class_ids))
+
+
+def _number(value, length: int, class_ids) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RecordError(f"label {value!r} is not a number", "bad label") from None
+    if not math.isfinite(number):
+        raise RecordError(f"label {value!r} is not a finite number", "bad label")
+    return number
+
+
+def _residue_ids(value, length: int, class_ids: dict[str, int]) -> np.ndarray:
+    cells = _residue_classes(value, length)
+    return np.asarray([IGNORE_LABEL if c is None else _class_id(c, class_ids) for c in cells], dtype=np.int64)
+
+
+# each kind's Example field and the parse of a cell into it
+_LABELS = {
+    LabelKind.VALUE: ("value", _number),
+    LabelKind.CLASS: ("label", lambda value, length, class_ids: _class_id(_class_text(value), class_ids)),
+    LabelKind.RESIDUE_LABELS: ("labels", _residue_ids),
+}
+
+
+def table_classes(path: str | Path, label_kind: LabelKind, options) -> tuple[str, ...]:
     """The distinct class names of a table file's label column (of its first ``options.limit`` rows)."""
     frame = load_table(path, [options.sequence_column, options.label_column], {options.label_column: LABEL_SETTING})
     labels = frame[options.label_column].tolist()[: options.limit or None]
     names: set[str] = set()
     for value in labels:
-        if _missing(value):
-            continue
-        if label_kind == RESIDUE_LABELS:
-            names.update(c for c in _residue_classes(value, None) if c is not None)
-        else:
-            names.add(_class_text(value))
+        if not _missing(value):
+            names.update(label_kind.class_names(value))
     if not names:
         raise InputError(path, f"no labels in column {options.label_column!r}")
     return _sorted_classes(names)
 
 
-def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
-    """Yield ``Example``s of a table file; labels as ``label_kind`` (VALUE, CLASS or RESIDUE_LABELS), classes
-    by ``options.classes`` (their index is the class id)."""
+def read_table(path: str | Path, label_kind: LabelKind, options, counts) -> Iterator:
+    """Yield ``Example``s of a table file; labels as ``label_kind``, classes by ``options.classes`` (their index
+    is the class id)."""
     path = Path(path)
     seq_col, label_col, id_col = options.sequence_column, options.label_column, options.id_column
     frame = load_table(path, [id_col, seq_col, label_col], {seq_col: SEQUENCE_SETTING, label_col: LABEL_SETTING})
@@ -232,20 +249,7 @@ def read_table(path: str | Path, label_kind: str, options, counts) -> Iterator:
             example = Example(name, alphabet.encode(residues))
             if _missing(value):
                 raise RecordError(f"no label in column {label_col!r}", "missing label")
-            if label_kind == VALUE:
-                try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    raise RecordError(f"label {value!r} is not a number", "bad label") from None
-                if not math.isfinite(number):
-                    raise RecordError(f"label {value!r} is not a finite number", "bad label")
-                example.value = number
-            elif label_kind == CLASS:
-                example.label = _class_id(_class_text(value), class_ids)
-            else:
-                cells = _residue_classes(value, len(residues))
-                ids_ = [IGNORE_LABEL if c is None else _class_id(c, class_ids) for c in cells]
-                example.labels = np.asarray(ids_, dtype=np.int64)
+            label_kind.set_label(example, value, class_ids)
         except RecordError as exc:
             counts.reject(places.error(row, f"protein {name}: {exc}"), exc.reason, options.on_error)
             continue

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pmlm.alphabet import RESIDUES, UNKNOWN_RESIDUE
 from pmlm.errors import InputError
 from pmlm.tasks.pickles import safe_unpickle
 from pmlm.tasks.structures import (
     CONTACT_THRESHOLD,
     ON_ERROR_CHOICES,
+    SEQ_LETTERS,
     ReadCounts,
     RecordError,
     contact_map,
@@ -46,7 +46,6 @@ from pmlm.tasks.structures import (
     parse_coords,
 )
 
-_SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
 PER_PROTEIN_SUFFIXES = (".npz", ".pkl")
 
 
@@ -65,7 +64,7 @@ def _check_seq(seq) -> str:
         seq = seq.decode("ascii", "replace")
     if not isinstance(seq, str) or not seq:
         raise RecordError("'seq' must be a non-empty amino-acid string", "bad sequence")
-    bad = next((i for i, c in enumerate(seq) if c not in _SEQ_LETTERS), None)
+    bad = next((i for i, c in enumerate(seq) if c not in SEQ_LETTERS), None)
     if bad is not None:
         raise RecordError(f"'seq' has non-residue letter {seq[bad]!r} at position {bad + 1}", "bad sequence")
     return seq
@@ -81,11 +80,6 @@ def _square(value, length: int, key: str) -> np.ndarray:
             f"'{key}' has shape {arr.shape}, expected ({length}, {length}) to match 'seq'", "length mismatch"
         )
     return arr
-
-
-# Which field defines the contacts when several are present, first wins. ESM's pickles hold
-# both ``dist`` and ``coords``; the distance matrix is the one its evaluation reads.
-_CONTACT_SOURCES = ("cb", "distances", "dist", "coords", "contacts")
 
 
 def _from_coords(value, length: int, key: str, threshold: float) -> tuple[np.ndarray, np.ndarray]:
@@ -114,11 +108,13 @@ def _from_labels(value, length: int, key: str, threshold: float) -> tuple[np.nda
     return labels == 1, labels >= 0
 
 
+# Which field defines the contacts when several are present, first wins. ESM's pickles hold
+# both ``dist`` and ``coords``; the distance matrix is the one its evaluation reads.
 _BUILDERS = {
     "cb": _from_coords,
-    "coords": _from_coords,
     "distances": _from_distances,
     "dist": _from_distances,
+    "coords": _from_coords,
     "contacts": _from_labels,
 }
 
@@ -131,11 +127,11 @@ def record_from_fields(fields: dict, default_id: str, threshold: float = CONTACT
     if isinstance(raw_id, np.ndarray):
         raw_id = raw_id.item()
     rec_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-    for key in _CONTACT_SOURCES:
+    for key in _BUILDERS:
         if fields.get(key) is not None:
             contacts, valid = _BUILDERS[key](fields[key], len(seq), key, threshold)
             return ContactRecord(rec_id, seq, contacts, valid)
-    raise RecordError(f"needs one of {', '.join(repr(k) for k in _CONTACT_SOURCES)}", "missing key")
+    raise RecordError(f"needs one of {', '.join(repr(k) for k in _BUILDERS)}", "missing key")
 
 
 def _raptorx_fields(item) -> dict:

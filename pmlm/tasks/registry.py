@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from pmlm.tasks.sequence_tasks import (
     STABILITY_TASK,
 )
 from pmlm.tasks.structures import ReadCounts
-from pmlm.tasks.task import FORMATS, RAPTORX, STRUCTURE_JSONL, TABLE, TAPE, ReadOptions, Task, TaskData
+from pmlm.tasks.task import RAPTORX, STRUCTURE_JSONL, TABLE, TAPE, Example, ReadOptions, Task, TaskData
 
 ENTRY_POINT_GROUP = "pmlm.tasks"
 _TASKS: dict[str, Task] = {}
@@ -39,11 +41,13 @@ def register(task: Task) -> Task:
     """Make ``task`` known by its name; a second task of the same name is an error."""
     if not isinstance(task, Task):
         raise TypeError(f"a task must be a pmlm.tasks.task.Task, got {type(task).__name__}")
-    known = _TASKS.get(task.name)
-    if known is not None and known is not task:
-        raise ValueError(f"a task named {task.name!r} is registered already ({type(known).__name__})")
-    _TASKS[task.name] = task
-    return task
+    return _add(_TASKS, task.name, task, "task")
+
+
+def _add(known: dict, name: str, item, what: str):
+    if known.setdefault(name, item) is not item:
+        raise ValueError(f"a {what} named {name!r} is registered already ({type(known[name]).__name__})")
+    return item
 
 
 def _load_entry_points() -> None:
@@ -85,57 +89,111 @@ for _task in (
     register(_task)
 
 
+@dataclass(frozen=True)
+class TaskFormat:
+    """A format of labelled files (``data.format``). A built-in one is read by the tasks that list it in their
+    ``formats`` (``Task.read``); a plug-in's reads its files itself for the ``tasks`` it names."""
+
+    name: str
+    claims: Callable[[Path], bool]  # whether ``auto`` takes this file (by its name, a JSONL file's first record)
+    expected: tuple[str, ...]  # the names it takes, for the message when no format claims a file
+    read: Callable[..., Iterable[Example]] | None = None  # (path, task, options, counts) -> examples
+    tasks: tuple[str, ...] = ()
+
+    def labels(self, task: Task) -> bool:
+        return self.name in task.formats or task.name in self.tasks
+
+    def examples(self, path: Path, task: Task, options: ReadOptions, counts: ReadCounts) -> Iterable[Example]:
+        if self.read is None:
+            return task.read(path, options, counts)
+        return self.read(path, task, options, counts)
+
+
+_FORMATS: dict[str, TaskFormat] = {}
+
+
+def register_format(fmt: TaskFormat) -> TaskFormat:
+    """Make ``fmt`` known by its name, for ``data.format`` and (after the formats known before it) ``auto``."""
+    return _add(_FORMATS, fmt.name, fmt, "task file format")
+
+
+def format_names() -> tuple[str, ...]:
+    return tuple(_FORMATS)
+
+
+def _named(path: Path, *suffixes: str) -> bool:
+    return path.name.lower().endswith(suffixes)
+
+
+def _jsonl(path: Path) -> bool:
+    return not path.is_dir() and _named(path, ".jsonl", ".jsonl.gz")
+
+
+def _has_dssp(path: Path) -> bool:
+    """Whether a JSONL file's first record carries dssp (structure JSONL; a RaptorX-style set has none)."""
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), "")
+        record = json.loads(first) if first else {}
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(path, f"cannot tell the format from the first record ({exc})", line=1) from None
+    return isinstance(record, dict) and "dssp" in record
+
+
+for _format in (  # in this order: a folder is RaptorX's unless TAPE's LMDB, a JSONL file RaptorX's without dssp
+    TaskFormat(STRUCTURE_JSONL, lambda p: _jsonl(p) and _has_dssp(p), (".jsonl[.gz]",)),
+    TaskFormat(
+        TAPE,
+        lambda p: _named(p, ".lmdb") or (_named(p, ".json", ".json.gz") and not p.is_dir()),
+        (".json[.gz]", ".lmdb"),
+    ),
+    TaskFormat(RAPTORX, lambda p: p.is_dir() or _named(p, ".npz", ".pkl") or _jsonl(p), (".npz", ".pkl", "a folder")),
+    TaskFormat(TABLE, is_table, (".csv[.gz]", ".tsv[.gz]", ".parquet")),
+):
+    register_format(_format)
+
+
 def detect_task_format(path: str | Path) -> str:
-    """structure_jsonl | tape | raptorx | table from the path's name (and a JSONL file's first record)."""
+    """The name of the first registered format that claims ``path`` (the built-ins: structure_jsonl | tape |
+    raptorx | table, from the name and a JSONL file's first record)."""
     path = Path(path)
-    name = path.name.lower()
-    if path.is_dir() and not name.endswith(".lmdb"):
-        return RAPTORX
-    if name.endswith((".npz", ".pkl")):
-        return RAPTORX
-    if name.endswith((".json", ".json.gz", ".lmdb")):
-        return TAPE
-    if is_table(path):
-        return TABLE
-    if name.endswith((".jsonl", ".jsonl.gz")):
-        if not path.exists():
-            raise InputError(path, "no such file or directory")
-        opener = gzip.open if name.endswith(".gz") else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as fh:
-                first = next((line for line in fh if line.strip()), "")
-            record = json.loads(first) if first else {}
-        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(path, f"cannot tell the format from the first record ({exc})", line=1) from None
-        return STRUCTURE_JSONL if isinstance(record, dict) and "dssp" in record else RAPTORX
+    for fmt in _FORMATS.values():
+        if fmt.claims(path):
+            return fmt.name
+    expected = [name for fmt in _FORMATS.values() for name in fmt.expected]
     raise InputError(
         path,
-        "cannot tell the format from the name (expected .jsonl[.gz], .json[.gz], .lmdb, .npz, .pkl, a folder, "
-        ".csv[.gz], .tsv[.gz] or .parquet); set data.format",
+        f"cannot tell the format from the name (expected {', '.join(expected[:-1])} or {expected[-1]}); "
+        "set data.format",
     )
 
 
 def read_task_data(path: str | Path, task: Task | str, options: ReadOptions | None = None, **settings) -> TaskData:
-    """Read the labelled examples of ``task`` from ``path`` (``options`` or ReadOptions' fields as keywords, with
-    ``fmt`` auto by default); bad records raise InputError (or are counted with ``on_error="skip"``)."""
+    """Read the labelled examples of ``task`` (a name: the task with its default settings) from ``path``
+    (``options`` or ReadOptions' fields as keywords, with ``fmt`` auto by default); bad records raise InputError
+    (or are counted with ``on_error="skip"``)."""
     task = task_named(task) if isinstance(task, str) else task
     path = Path(path)
     options = options or ReadOptions(**{"fmt": "auto", **settings})
-    fmt = detect_task_format(path) if options.fmt == "auto" else options.fmt
-    if fmt not in FORMATS:
-        raise ConfigError(f"data.format must be one of auto, {', '.join(FORMATS)}, got {fmt!r}")
-    if fmt not in task.formats:
-        raise InputError(path, f"a {fmt} file has no labels for task {task.name} (it reads {', '.join(task.formats)})")
-    atom = task.contact_atom(path, fmt, options.contact_atom)
-    options = dataclasses.replace(options, fmt=fmt, contact_atom=atom or options.contact_atom)
-    classes = options.classes or task.file_classes(path, options)
-    options = dataclasses.replace(options, classes=classes)
+    name = detect_task_format(path) if options.fmt == "auto" else options.fmt
+    if name not in _FORMATS:
+        raise ConfigError(f"data.format must be one of auto, {', '.join(_FORMATS)}, got {name!r}")
+    fmt = _FORMATS[name]
+    if not fmt.labels(task):
+        reads = ", ".join(f.name for f in _FORMATS.values() if f.labels(task))
+        raise InputError(path, f"a {name} file has no labels for task {task.name} (it reads {reads})")
+    atom = task.contact_atom(path, name)
+    options = dataclasses.replace(options, fmt=name)
+    options = dataclasses.replace(options, classes=options.classes or task.file_classes(path, options))
     counts = ReadCounts()
     examples = []
-    for example in task.read(path, options, counts):
+    for example in fmt.examples(path, task, options, counts):
         examples.append(example)
         if options.limit and len(examples) >= options.limit:
             break
     if not examples:
         raise InputError(path, f"no usable {task.name} examples (read {counts.read}, skipped {counts.n_skipped})")
-    return TaskData(str(path), fmt, task.name, examples, atom, counts, classes)
+    return TaskData(str(path), name, task, examples, atom, counts, options.classes)

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from pmlm import alphabet
 from pmlm.evaluation.metrics import IGNORE_LABEL, q3_accuracy
-from pmlm.model.task_heads import SecondaryStructureHead, TapeConvHead
-from pmlm.tasks.labelled import RESIDUE_LABELS, read_table, table_classes
+from pmlm.model.task_heads import HeadKind, SecondaryStructureHead, TapeConvHead
+from pmlm.tasks.labelled import LabelKind, read_table, table_classes
 from pmlm.tasks.structures import SS3_STATES, read_structure_jsonl, ss3_to_labels
 from pmlm.tasks.tape import SECONDARY_STRUCTURE, read_tape
 from pmlm.tasks.task import STRUCTURE_JSONL, TABLE, TAPE, Example, ReadOptions, Task, padded_labels
@@ -25,31 +25,33 @@ class ResidueClassification(Task):
 
     name = TASK_RESIDUE_CLASSIFICATION
     kind = "residue classes"
-    heads = ("mlp", "conv")
+    heads = (HeadKind.MLP, HeadKind.CONV)
     formats = (TABLE,)
     headline = "accuracy"
     metric_names = ("accuracy", "accuracy_per_protein")
 
     def read(self, path, options: ReadOptions, counts):
-        yield from read_table(path, RESIDUE_LABELS, options, counts)
+        yield from read_table(path, LabelKind.RESIDUE_LABELS, options, counts)
 
     def file_classes(self, path, options: ReadOptions) -> tuple[str, ...] | None:
-        return None if self.num_classes else table_classes(path, RESIDUE_LABELS, options)
+        return None if self.num_classes else table_classes(path, LabelKind.RESIDUE_LABELS, options)
 
     def build_head(self, cfg, hidden: int):
         h = cfg.head
-        if h.kind == "conv":
-            return TapeConvHead(hidden, h.conv_hidden, self.head_outputs(cfg), h.dropout)
-        return SecondaryStructureHead(hidden, h.mlp_hidden, self.head_outputs(cfg), h.dropout)
+        head, width = {
+            HeadKind.MLP: (SecondaryStructureHead, h.mlp_hidden),
+            HeadKind.CONV: (TapeConvHead, h.conv_hidden),
+        }[h.kind]
+        return head(hidden, width, self.head_outputs(cfg), h.dropout)
 
-    def targets(self, examples, windows, length, threshold):
+    def targets(self, examples, windows, length):
         return padded_labels(examples, windows, length), None
 
-    def terms(self, batch, min_separation: int) -> int:
+    def terms(self, batch) -> int:
         """Labelled residues."""
         return int(batch.targets.ne(IGNORE_LABEL).sum())
 
-    def loss(self, logits, batch, min_separation: int, head=None):
+    def loss(self, logits, batch, head=None):
         """Cross-entropy per labelled residue."""
         return F.cross_entropy(
             logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
@@ -58,7 +60,7 @@ class ResidueClassification(Task):
     def output(self, logits, k: int) -> np.ndarray:
         return logits[:k].numpy()  # (k, classes)
 
-    def metrics(self, proteins, threshold: float):
+    def metrics(self, proteins):
         preds, targets = [], []
         for protein, out in proteins:
             preds.append(out.argmax(-1))

@@ -25,8 +25,8 @@ from pmlm import alphabet
 from pmlm.errors import InputError
 from pmlm.evaluation.fitness import spearman
 from pmlm.evaluation.metrics import top1_accuracy
-from pmlm.model.task_heads import SequenceHead, SequenceRegressionHead
-from pmlm.tasks.labelled import CLASS, VALUE, read_table, table_classes
+from pmlm.model.task_heads import HeadKind, SequenceHead, SequenceRegressionHead
+from pmlm.tasks.labelled import LabelKind, read_table, table_classes
 from pmlm.tasks.tape import FLUORESCENCE, NUM_FOLDS, REMOTE_HOMOLOGY, STABILITY, read_tape
 from pmlm.tasks.task import PROTEIN, TABLE, TAPE, Example, ReadOptions, Task
 from pmlm.vocabulary import (
@@ -55,10 +55,10 @@ class PerProtein(Task):
     """What every per-protein task shares: the residues' mean through an MLP head, one term per protein, the
     protein's output over its windows."""
 
-    heads = ("mlp",)
+    heads = (HeadKind.MLP,)
     level = PROTEIN
 
-    def terms(self, batch, min_separation: int) -> int:
+    def terms(self, batch) -> int:
         """Proteins."""
         return batch.targets.numel()
 
@@ -74,22 +74,22 @@ class SequenceClassification(PerProtein):
     metric_names = ("accuracy", "macro_F1")
 
     def read(self, path, options: ReadOptions, counts):
-        yield from read_table(path, CLASS, options, counts)
+        yield from read_table(path, LabelKind.CLASS, options, counts)
 
     def file_classes(self, path, options: ReadOptions) -> tuple[str, ...] | None:
-        return None if self.num_classes else table_classes(path, CLASS, options)
+        return None if self.num_classes else table_classes(path, LabelKind.CLASS, options)
 
     def build_head(self, cfg, hidden: int):
         return SequenceHead(hidden, cfg.head.mlp_hidden, self.head_outputs(cfg), cfg.head.dropout)
 
-    def targets(self, examples, windows, length, threshold):
+    def targets(self, examples, windows, length):
         return np.array([ex.label for ex in examples], dtype=np.int64), None
 
-    def loss(self, logits, batch, min_separation: int, head=None):
+    def loss(self, logits, batch, head=None):
         """Cross-entropy per protein."""
         return F.cross_entropy(logits.float(), batch.targets, reduction="sum")
 
-    def metrics(self, proteins, threshold: float):
+    def metrics(self, proteins):
         preds, labels = [], []
         for protein, out in proteins:
             preds.append(int(out[0].argmax(-1)))
@@ -126,25 +126,25 @@ class SequenceRegression(PerProtein):
     num_classes = 1
 
     def read(self, path, options: ReadOptions, counts):
-        yield from read_table(path, VALUE, options, counts)
+        yield from read_table(path, LabelKind.VALUE, options, counts)
 
     def build_head(self, cfg, hidden: int):
         return SequenceRegressionHead(hidden, cfg.head.mlp_hidden, cfg.head.dropout)
 
-    def prepare_head(self, head, train, cfg) -> None:
+    def prepare_head(self, head, train) -> None:
         """The training set's mean and standard deviation (1 when the values do not vary)."""
         values = np.array([ex.value for ex in train.examples], dtype=np.float64)
         scale = float(values.std()) if values.size > 1 and values.std() > 0 else 1.0
         head.set_scale(float(values.mean()), scale)
 
-    def targets(self, examples, windows, length, threshold):
+    def targets(self, examples, windows, length):
         return np.array([ex.value for ex in examples], dtype=np.float32), None
 
-    def loss(self, logits, batch, min_separation: int, head=None):
+    def loss(self, logits, batch, head=None):
         """Squared error in units of the training set's standard deviation (the head's scale), per protein."""
         return torch.sum(((logits.float() - batch.targets.float()) / head.target_scale.float()) ** 2)
 
-    def metrics(self, proteins, threshold: float):
+    def metrics(self, proteins):
         preds, values = [], []
         for protein, out in proteins:
             preds.append(float(out[0]))

@@ -39,20 +39,8 @@ CONTACT_ATOMS: dict[str, str] = {
 SS3_STATES = "HEC"
 # DSSP 8-state -> 3-state: H, G, I -> H; E, B -> E; everything else (T, S, C, P and the
 # blank / '-' DSSP writes for "no structure") -> C.
-DSSP_TO_SS3: dict[str, str] = {
-    "H": "H",
-    "G": "H",
-    "I": "H",
-    "E": "E",
-    "B": "E",
-    "T": "C",
-    "S": "C",
-    "C": "C",
-    "P": "C",
-    "-": "C",
-    " ": "C",
-}
-_SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
+DSSP_TO_SS3: dict[str, str] = {**dict.fromkeys("HGI", "H"), **dict.fromkeys("EB", "E"), **dict.fromkeys("TSCP- ", "C")}
+SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)  # what a task file's sequence may hold
 _GZIP_MAGIC = b"\x1f\x8b"
 _JSON_NUMBER_TYPES = frozenset({int, float, type(None)})
 ON_ERROR_CHOICES = ("raise", "skip")
@@ -214,7 +202,7 @@ def _parse_structure(obj: dict) -> StructureRecord:
     seq, dssp = obj["seq"], obj["dssp"]
     if not isinstance(seq, str) or not seq:
         raise RecordError("'seq' must be a non-empty string", "bad sequence")
-    bad = sorted(set(seq) - _SEQ_LETTERS)
+    bad = sorted(set(seq) - SEQ_LETTERS)
     if bad:
         pos = next(i for i, c in enumerate(seq) if c in bad)
         raise RecordError(f"'seq' has non-residue letter {seq[pos]!r} at position {pos + 1}", "bad sequence")

@@ -42,16 +42,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pmlm.alphabet import NONSTANDARD_MAP, RESIDUES, UNKNOWN_RESIDUE
+from pmlm.alphabet import NONSTANDARD_MAP
 from pmlm.errors import InputError
 from pmlm.tasks.pickles import lmdb_items
 from pmlm.tasks.structures import (
-    CONTACT_THRESHOLD,
     ON_ERROR_CHOICES,
+    SEQ_LETTERS,
     SS3_STATES,
     ReadCounts,
     RecordError,
-    contact_map,
     open_text,
 )
 
@@ -61,24 +60,9 @@ SECONDARY_STRUCTURE = "secondary_structure"
 REMOTE_HOMOLOGY = "remote_homology"
 FLUORESCENCE = "fluorescence"
 STABILITY = "stability"
-TASK_SPLITS: dict[str, tuple[str, ...]] = {
-    PROTEINNET: ("train", "train_unfiltered", "valid", "test"),
-    SECONDARY_STRUCTURE: ("train", "valid", "casp12", "ts115", "cb513"),
-    REMOTE_HOMOLOGY: ("train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
-    FLUORESCENCE: ("train", "valid", "test"),
-    STABILITY: ("train", "valid", "test"),
-}
-TEST_SPLITS: dict[str, tuple[str, ...]] = {
-    PROTEINNET: ("test",),
-    SECONDARY_STRUCTURE: ("cb513", "casp12", "ts115"),
-    REMOTE_HOMOLOGY: ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
-    FLUORESCENCE: ("test",),
-    STABILITY: ("test",),
-}
 # the key of each regression task's value: a number or a 1-element list, as TAPE stores it
 REGRESSION_KEYS = {FLUORESCENCE: "log_fluorescence", STABILITY: "stability_score"}
 NUM_FOLDS = 1195  # remote homology fold classes
-_SEQ_LETTERS = frozenset(RESIDUES + UNKNOWN_RESIDUE)
 # Consecutive resolved C-alpha atoms sit ~3.8 A apart (2.9 A for cis peptides); a median far
 # outside this window means other units (ProteinNet's raw files store hundredths of A).
 _CA_SPACING_RANGE = (2.0, 6.0)
@@ -92,10 +76,6 @@ class ProteinNetRecord:
     primary: str
     tertiary: np.ndarray  # (L, 3) C-alpha, Angstrom; NaN rows where not valid
     valid_mask: np.ndarray  # (L,) bool: residue resolved
-
-    def contacts(self, threshold: float = CONTACT_THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
-        """(contacts, valid), both (L, L) bool, from C-alpha distances <= threshold."""
-        return contact_map(self.tertiary, threshold)
 
 
 @dataclass
@@ -124,9 +104,6 @@ class RemoteHomologyRecord:
     class_label: int | None = None
 
 
-# ---------------------------------------------------------------- field parsing
-
-
 def _primary(item: dict, counts: ReadCounts) -> str:
     seq = item.get("primary")
     if not isinstance(seq, str) or not seq:
@@ -151,7 +128,7 @@ def residue_string(seq: str, counts: ReadCounts, field: str = "the sequence") ->
     mapped = "".join(NONSTANDARD_MAP.get(c, c) for c in upper)
     if mapped != upper:
         counts.repaired["non-standard residues mapped"] += sum(a != b for a, b in zip(mapped, upper))
-    bad = next((i for i, c in enumerate(mapped) if c not in _SEQ_LETTERS), None)
+    bad = next((i for i, c in enumerate(mapped) if c not in SEQ_LETTERS), None)
     if bad is not None:
         raise RecordError(f"{field} has non-residue letter {seq[bad]!r} at position {bad + 1}", "bad sequence")
     return mapped
@@ -293,9 +270,6 @@ PARSERS = {
     FLUORESCENCE: _regression_parser(FLUORESCENCE),
     STABILITY: _regression_parser(STABILITY),
 }
-
-
-# ---------------------------------------------------------------- containers
 
 
 def _json_items(path: Path) -> Iterator[tuple[int, object]]:

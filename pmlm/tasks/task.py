@@ -1,12 +1,7 @@
 """What a downstream task is: ``Task``, the one type that fine-tuning, evaluation, the heads' scoring and the tables
 ask, never a task's name. A task owns how its labelled files are read, the heads it accepts and builds, the targets
-of a batch, its loss and the count that loss is divided by, what one protein's output is, and its metrics.
-
-Adding a task is one module that defines a ``Task`` and its registration (``pmlm.tasks.registry.register``, or the
-``pmlm.tasks`` entry point of an installed package). The built-in tasks are ``pmlm.tasks.contact_task`` (contact
-maps), ``pmlm.tasks.residue_tasks`` (a class per residue: secondary structure, or a user's labels) and
-``pmlm.tasks.sequence_tasks`` (a class or a value per protein: remote homology, TAPE's fluorescence and stability,
-or a user's labels).
+of a batch, its loss and the count that loss is divided by, what one protein's output is, and its metrics. Adding a
+task is one module that defines a ``Task`` and its registration (``pmlm.tasks.registry``).
 
 The task's data reaches it as ``Example``s: a protein's residues and its label, in the field that the task reads
 (``coords`` / ``contacts`` for contact maps, ``labels`` per residue, ``label`` a class, ``value`` a number).
@@ -14,6 +9,8 @@ The task's data reaches it as ``Example``s: a protein's residues and its label, 
 
 from __future__ import annotations
 
+import abc
+import copy
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,7 +20,8 @@ import numpy as np
 from pmlm.evaluation.metrics import IGNORE_LABEL
 from pmlm.tasks.structures import CONTACT_THRESHOLD, ReadCounts, contact_map
 
-# the formats of labelled files (``data.format``; auto tells them apart by name and content)
+# the built-in formats of labelled files (``data.format``; ``pmlm.tasks.registry`` tells them apart by name and
+# content, and takes a plug-in's own)
 STRUCTURE_JSONL = "structure_jsonl"  # structure JSONL (.jsonl[.gz] whose records carry dssp)
 TAPE = "tape"  # TAPE's JSON (.json[.gz]) or LMDB (.lmdb) split files
 RAPTORX = "raptorx"  # a RaptorX-style contact set (.npz / .pkl, a folder of them, or a .jsonl without dssp)
@@ -66,7 +64,7 @@ class TaskData:
 
     path: str
     format: str
-    task: str
+    task: Task  # as configured for the read (its settings)
     examples: list[Example]
     contact_atom: str | None  # None outside the contact task
     counts: ReadCounts
@@ -77,9 +75,7 @@ class TaskData:
 class ReadOptions:
     """How a task file is read: ``data`` settings of the recipe plus what the head fixes (its classes)."""
 
-    fmt: str  # one of FORMATS (auto resolved by the caller)
-    contact_atom: str = "auto"
-    threshold: float = CONTACT_THRESHOLD
+    fmt: str  # a registered format's name (auto resolved by the caller)
     on_error: str = "raise"
     limit: int | None = None  # the first N proteins only
     num_classes: int | None = None  # a head's classes: labels at or above are an error
@@ -89,27 +85,45 @@ class ReadOptions:
     id_column: str = "id"  # table files: the protein's name (row number when the column is absent)
 
 
-class Task:
-    """A downstream task. Subclasses set the class attributes and implement ``read``, ``build_head``, ``targets``,
-    ``loss``, ``terms``, ``output`` and ``metrics``; the rest has defaults. Heads are torch modules and logits torch
-    tensors; this module itself imports no torch, so that reading a task's files (``pmlm split-table``) needs
-    none."""
+@dataclass(frozen=True)
+class TaskSettings:
+    """What a run or an evaluation sets about its task once, when it configures it (``Task.configure``): how a
+    contact is defined and which pairs the loss scores."""
+
+    contact_atom: str = "auto"  # ``data.contact_atom``: auto = the format's own atom
+    contact_threshold: float = CONTACT_THRESHOLD  # Angstrom; contact when distance <= this
+    min_separation: int = 6  # the loss scores pairs with j - i >= this
+
+
+class Task(abc.ABC):
+    """A downstream task. Subclasses set the class attributes and implement the abstract methods; the rest has
+    defaults. Heads are torch modules and logits torch tensors; this module itself imports no torch, so that
+    reading a task's files (``pmlm split-table``) needs none. A registered task holds the default ``settings``;
+    ``configure`` gives the copy a run or an evaluation works with."""
 
     name: str  # as recipes' ``task``, head.json and the evaluation TSVs spell it
     kind: str  # what it predicts: contact map, residue classes, protein class or protein value
     heads: tuple[str, ...]  # head kinds it accepts; the first is what ``auto`` picks
-    formats: tuple[str, ...]  # the file formats that label it
+    formats: tuple[str, ...]  # the built-in file formats that label it (its ``read`` takes them)
     headline: str  # the metric of validation rows and the one-line summaries
     metric_names: tuple[str, ...]  # the metrics ``metrics`` returns, in table order
     level = RESIDUE  # what one output describes: PAIR (L, L), RESIDUE (L, ...) or PROTEIN (1, ...)
     reads_pairs = False  # its heads read pair features, so M+ (the pair head's first block) applies
     num_classes: int | None = None  # fixed classes (None: ``head.num_classes`` or the training file's)
+    settings = TaskSettings()
 
+    def configure(self, settings: TaskSettings) -> Task:
+        """This task with ``settings`` bound (the registered one keeps the defaults)."""
+        task = copy.copy(self)
+        task.settings = settings
+        return task
+
+    @abc.abstractmethod
     def read(self, path, options: ReadOptions, counts: ReadCounts) -> Iterable[Example]:
-        raise NotImplementedError
+        """The examples of a file in one of the task's ``formats`` (``options.fmt``)."""
 
-    def contact_atom(self, path, fmt: str, requested: str) -> str | None:
-        """The atom that defines a contact in ``path`` (``data.contact_atom``, auto resolved); None for a task
+    def contact_atom(self, path, fmt: str) -> str | None:
+        """The atom that defines a contact in ``path`` (``settings.contact_atom``, auto resolved); None for a task
         without contacts."""
         return None
 
@@ -130,34 +144,35 @@ class Task:
         training file (``data.classes``), else one."""
         return cfg.head.num_classes or self.num_classes or len(cfg.data.classes or ()) or 1
 
+    @abc.abstractmethod
     def build_head(self, cfg, hidden: int):
-        raise NotImplementedError
+        """A fresh head of kind ``cfg.head.kind`` on ``hidden``-wide representations."""
 
-    def prepare_head(self, head, train: TaskData, cfg) -> None:
+    def prepare_head(self, head, train: TaskData) -> None:  # noqa: B027 (a hook: most heads start as built)
         """Set a fresh head's starting point from the training data (a contact prior, a value's scale)."""
 
-    def targets(self, examples: list[Example], windows: list[tuple[int, int]], length: int, threshold: float):
+    @abc.abstractmethod
+    def targets(self, examples: list[Example], windows: list[tuple[int, int]], length: int):
         """(targets, valid or None) as numpy arrays for residues [start, stop) of each example, padded to
         ``length`` residues."""
-        raise NotImplementedError
 
-    def terms(self, batch, min_separation: int) -> int:
+    @abc.abstractmethod
+    def terms(self, batch) -> int:
         """How many terms ``loss`` sums over ``batch``: the count the step's loss is divided by."""
-        raise NotImplementedError
 
-    def loss(self, logits, batch, min_separation: int, head=None):
+    @abc.abstractmethod
+    def loss(self, logits, batch, head=None):
         """The loss of ``batch`` summed over its ``terms`` (0 for an empty selection); ``head``, the head that gave
         ``logits`` (a regression head's scale)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def output(self, logits, k: int) -> np.ndarray:
         """One row's output over its ``k`` residues, the unit that windows of a long protein average: (k, k) per
         pair, (k, ...) per residue, or (1, ...) for the protein."""
-        raise NotImplementedError
 
-    def metrics(self, proteins: Iterable[tuple[Example, np.ndarray]], threshold: float) -> dict[str, tuple]:
+    @abc.abstractmethod
+    def metrics(self, proteins: Iterable[tuple[Example, np.ndarray]]) -> dict[str, tuple]:
         """{metric: (value, n)} of (protein, output over the protein) pairs."""
-        raise NotImplementedError
 
 
 def padded_labels(examples: list[Example], windows: list[tuple[int, int]], length: int) -> np.ndarray:

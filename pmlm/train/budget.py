@@ -27,16 +27,17 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from pmlm.choices import Device, Precision
 from pmlm.config.pretraining import TrainConfig
 from pmlm.errors import ConfigError
 from pmlm.model.config import ModelConfig
 from pmlm.model.fused_ce import CHUNK_BYTES, CLASS_MULTIPLE
+from pmlm.model.objective import Objective
 from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
 from pmlm.tokens import max_residues, round_up
-from pmlm.vocabulary import MLM, PMLM_PAIR_ONLY, TMLM
 
-FP32, BF16, INT64 = 4, 2, 8
+FP32, BF16, INT64 = Precision.FP32.bytes, Precision.BF16.bytes, 8
 NORM_STATS = 2 * FP32  # LayerNorm keeps a mean and a reciprocal std per row
 ADAM_STATE = 2 * FP32  # exp_avg and exp_avg_sq per parameter
 GIB = 2**30
@@ -76,29 +77,33 @@ def largest_micro_batch(cfg: TrainConfig, world_size: int = 1, accumulation: int
 
 
 @dataclass(frozen=True)
-class Precision:
+class Arithmetic:
     """How a step computes: bf16 autocast or fp32, on CUDA or on CPU (their autocast and dropout differ)."""
 
-    bf16: bool
-    device: str = "cuda"
+    precision: Precision  # resolved: fp32 or bf16
+    device: str = Device.CUDA  # a torch device type
 
     @property
     def act(self) -> int:
-        """Bytes per element of matmul inputs and outputs."""
-        return BF16 if self.bf16 else FP32
+        """Bytes per element of matmul inputs and outputs, and of the residual stream (LayerNorms' outputs)."""
+        return self.precision.bytes
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision is Precision.BF16
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == Device.CUDA
 
     def dropout_mask(self, input_bytes: int) -> int:
         """Bytes per element of the mask a dropout keeps: CUDA's is bool, CPU's has its input's dtype."""
-        return 1 if self.device == "cuda" else input_bytes
-
-    def norm_output(self) -> int:
-        """Bytes per element of a LayerNorm's output (the residual stream's dtype: bf16 under autocast)."""
-        return BF16 if self.bf16 else FP32
+        return 1 if self.cuda else input_bytes
 
     def processed(self, batch: MicroBatch) -> int:
         """Tokens each encoder layer processes: a padded batch is packed to its real tokens on CUDA under bf16
         (``attention: auto``), elsewhere every position is computed."""
-        return batch.tokens if self.bf16 and self.device == "cuda" else batch.rows * batch.width
+        return batch.tokens if self.bf16 and self.cuda else batch.rows * batch.width
 
 
 @dataclass(frozen=True)
@@ -107,28 +112,32 @@ class Parameters:
     linear: int  # weights and biases of Linear layers (autocast keeps a bf16 copy of these)
     per_layer: int  # one encoder layer (FSDP gathers one at a time)
 
+    @classmethod
+    def of(cls, model: nn.Module) -> Parameters:
+        """The exact counts of ``model`` (a run's own, or one built on the meta device: ``count_parameters``)."""
+        linear = sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters())
+        per_layer = sum(p.numel() for p in model.encoder.layers[0].parameters()) if model.encoder.layers else 0
+        return cls(sum(p.numel() for p in model.parameters()), linear, per_layer)
 
-def count_parameters(model_cfg: ModelConfig, objective: str) -> Parameters:
-    """Exact parameter counts of the model ``objective`` trains, built on the meta device (no memory, no time)."""
+
+def count_parameters(model_cfg: ModelConfig, objective: Objective) -> Parameters:
+    """The parameters of the model ``objective`` trains, built on the meta device (no memory, no time)."""
     with torch.device("meta"):
-        model = build_model(model_cfg, ObjectiveConfig(name=objective))
-    linear = sum(p.numel() for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters())
-    per_layer = sum(p.numel() for p in model.encoder.layers[0].parameters()) if model.encoder.layers else 0
-    return Parameters(sum(p.numel() for p in model.parameters()), linear, per_layer)
+        return Parameters.of(build_model(model_cfg, ObjectiveConfig(name=objective.name)))
 
 
-def unmodelled(model_cfg: ModelConfig, objective: str) -> str | None:
+def unmodelled(model_cfg: ModelConfig, objective: Objective) -> str | None:
     """Why the memory count does not cover this model, or None."""
-    if objective == TMLM or model_cfg.triple_head:
+    if objective.triple_head:  # build_model leaves out a model.triple_head that the objective does not train
         return "the triple head"
     if model_cfg.product_base or model_cfg.pair_unary:
         return "model.product_base / model.pair_unary"
-    if model_cfg.pair_vocab != "standard" and objective != MLM:
+    if not model_cfg.pair_vocab.residue_pairs and objective.pair_head:
         return "pair_vocab full"
     return None
 
 
-def _mlp_block(rows: int, width: int, first_input: int, activation: str, precision: Precision) -> int:
+def _mlp_block(rows: int, width: int, first_input: int, activation: str, precision: Arithmetic) -> int:
     """Bytes kept by Linear -> activation -> LayerNorm -> (what keeps its output: a Linear's input, or the fused
     output layer's input gradient of the same size) on ``rows`` rows of ``width`` (both heads' shape),
     ``first_input`` bytes per element kept by the first Linear."""
@@ -137,11 +146,11 @@ def _mlp_block(rows: int, width: int, first_input: int, activation: str, precisi
     kept += a * width  # relu keeps its output, gelu its input
     if activation == "gelu":
         kept += a * width  # gelu's output, which the LayerNorm keeps (relu's output is the same tensor)
-    kept += NORM_STATS + precision.norm_output() * width  # statistics; the output's keeper
+    kept += NORM_STATS + a * width  # statistics; the output's keeper
     return rows * kept
 
 
-def encoder_bytes(model_cfg: ModelConfig, batch: MicroBatch, precision: Precision) -> dict[str, int]:
+def encoder_bytes(model_cfg: ModelConfig, batch: MicroBatch, precision: Arithmetic) -> dict[str, int]:
     """Bytes the encoder keeps for the backward: embeddings, every layer, the final LayerNorm."""
     a, C, F, H = precision.act, model_cfg.hidden, model_cfg.ffn, model_cfg.heads
     X = precision.processed(batch)
@@ -158,16 +167,18 @@ def encoder_bytes(model_cfg: ModelConfig, batch: MicroBatch, precision: Precisio
         embed += a * C + NORM_STATS
     if model_cfg.dropout > 0:
         embed += precision.dropout_mask(a) * C  # the embeddings in the stream's dtype
-    final = a * C + NORM_STATS if model_cfg.norm == "pre" else 0
+    final = a * C + NORM_STATS if model_cfg.norm.final else 0
     return {"embeddings": X * embed, "layers": X * layer * model_cfg.num_layers, "final_norm": X * final}
 
 
-def _padded_classes(classes: int, precision: Precision) -> int:
+def _padded_classes(classes: int, precision: Arithmetic) -> int:
     """The fused output layer's class dimension: padded on a GPU (``fused_ce``)."""
-    return round_up(classes, CLASS_MULTIPLE) if precision.device == "cuda" else classes
+    return round_up(classes, CLASS_MULTIPLE) if precision.cuda else classes
 
 
-def head_bytes(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precision: Precision) -> dict[str, int]:
+def head_bytes(
+    model_cfg: ModelConfig, objective: Objective, batch: MicroBatch, precision: Arithmetic
+) -> dict[str, int]:
     """Bytes the token and pair heads and their losses keep: the masked residues' rows gathered once, the token head
     on them and its fp32 log-probabilities, the pair head on their pairs (both orders) and its fused loss's
     gradients; pmlm_pair_only's diagonal through the pair head's logits."""
@@ -175,21 +186,21 @@ def head_bytes(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precis
     N = batch.rows * batch.masked  # masked residues
     out: dict[str, int] = {}
     gathered = N * INT64  # the gather's index (the masked residues' rows)
-    if objective != PMLM_PAIR_ONLY:
+    if objective.token_head:
         token = _mlp_block(N, C, a, model_cfg.activation, precision)  # the gathered rows are its first input
         token += N * (FP32 * 20 + INT64)  # log-probabilities, targets
         out["token_head"] = token + gathered
-    if objective == MLM:
+    if not objective.pair_head:
         return out
     P = batch.pairs
     pair = 2 * P * INT64  # both indices of every pair
-    if objective == PMLM_PAIR_ONLY:
+    if not objective.token_head:
         pair += gathered + N * a * C  # the gathered rows, kept by the difference projection
     pair += P * 3 * a * C  # h_i, h_j and their product (the product projection's input)
     pair += _mlp_block(2 * P, 2 * C, 0, model_cfg.activation, precision)  # both orders' block after the product
     pair += FP32 * (2 * C + 1) * _padded_classes(K, precision)  # the fused output layer's weight and bias gradients
     weight_casts = 1 + -(-max(P, 1) // model_cfg.pair_chunk_size)
-    if objective == PMLM_PAIR_ONLY:
+    if objective.diagonal:
         # the diagonal (i, i), one order: the same block, its logits' fp32 log-probabilities and labels (the
         # marginal it reports is not part of the loss: nothing of it is kept)
         pair += N * INT64 + N * 3 * a * C + _mlp_block(N, 2 * C, 0, model_cfg.activation, precision)
@@ -201,7 +212,7 @@ def head_bytes(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precis
     return out
 
 
-def backward_working_set(model_cfg: ModelConfig, objective: str, batch: MicroBatch, precision: Precision) -> int:
+def backward_working_set(model_cfg: ModelConfig, objective: Objective, batch: MicroBatch, precision: Arithmetic) -> int:
     """What is allocated beside the kept tensors when the step peaks: the encoder's output, which the heads read,
     and the largest transient tensors. With a pair head: one chunk of the fused loss (its fp32 logits,
     probabilities and their gradient, ``fused_ce.CHUNK_BYTES`` each at most) or, at the start of the backward, the
@@ -209,7 +220,7 @@ def backward_working_set(model_cfg: ModelConfig, objective: str, batch: MicroBat
     ffn)."""
     X = precision.processed(batch)
     working = X * model_cfg.hidden * precision.act
-    if objective == MLM:
+    if not objective.pair_head:
         return working + X * model_cfg.ffn * FP32
     rows = 2 * batch.pairs
     chunk = min(rows, max(1, CHUNK_BYTES // (FP32 * _padded_classes(model_cfg.pair_classes, precision))))
@@ -219,23 +230,23 @@ def backward_working_set(model_cfg: ModelConfig, objective: str, batch: MicroBat
 
 
 def peak_memory(
-    cfg: TrainConfig, world_size: int = 1, precision: Precision | None = None, accumulation: int = 1
+    cfg: TrainConfig, params: Parameters, world_size: int = 1, precision: Arithmetic | None = None, accumulation=1
 ) -> dict:
     """Peak bytes per GPU of one training step of ``cfg`` on its largest micro-batch (``world_size x accumulation``
     micro-batches per step), by component.
 
-    ``precision`` defaults to what the recipe runs on a GPU (bf16 autocast unless ``bf16: false``). Parameters,
-    gradients and AdamW state are sharded over ``world_size`` under FSDP (then the gathered layers are added);
-    under DDP every rank holds them whole, plus DDP's gradient buckets."""
-    precision = precision or Precision(bf16=cfg.bf16 is not False)
-    model_cfg, objective = cfg.model_config(), cfg.objective.name
+    ``params``: the model's (``Parameters.of`` the run's own, ``count_parameters`` without one). ``precision``
+    defaults to what the recipe runs on a GPU (bf16 autocast unless ``bf16: false``). Parameters, gradients and
+    AdamW state are sharded over ``world_size`` under FSDP (then the gathered layers are added); under DDP every
+    rank holds them whole, plus DDP's gradient buckets."""
+    precision = precision or Arithmetic(cfg.precision.on(Device.CUDA))
+    model_cfg, objective = cfg.model_config(), cfg.objective.kind
     why = unmodelled(model_cfg, objective)
-    if why is None and precision.device == "cpu" and not precision.bf16 and model_cfg.attention_dropout > 0:
+    if why is None and not precision.cuda and not precision.bf16 and model_cfg.attention_dropout > 0:
         # pmlm.model.dropout_attention keeps every block's probabilities and NumPy masks until the graph is freed
         why = "attention dropout on CPU (its blockwise kernel)"
     if why is not None:
         raise ConfigError(f"the memory estimate does not model {why}")
-    params = count_parameters(model_cfg, objective)
     batch = largest_micro_batch(cfg, world_size, accumulation)
     shards = world_size if cfg.fsdp else 1
     static = {
@@ -254,7 +265,7 @@ def peak_memory(
     parts = {**static, **kept, **working}
     return {
         "micro_batch": dataclasses.asdict(batch),
-        "precision": "bf16" if precision.bf16 else "fp32",
+        "precision": precision.precision,
         "device": precision.device,
         "world_size": world_size,
         "accumulation": accumulation,
@@ -266,7 +277,13 @@ def peak_memory(
 
 
 def model_flops(
-    num_layers: int, hidden: int, ffn: int, objective: str, seq_tokens: list[int], masked: list[int], classes: int = 400
+    num_layers: int,
+    hidden: int,
+    ffn: int,
+    objective: Objective,
+    seq_tokens: list[int],
+    masked: list[int],
+    classes: int = 400,
 ) -> int:
     """Forward + backward model FLOPs of one batch, counted on non-pad tokens only (bench/README.md, "On a GPU")::
 
@@ -279,10 +296,10 @@ def model_flops(
     C, F = hidden, ffn
     T = sum(seq_tokens)
     flops = 6 * num_layers * (4 * C * C + 2 * C * F) * T + 12 * num_layers * C * sum(n * n for n in seq_tokens)
-    if objective != PMLM_PAIR_ONLY:
+    if objective.token_head:
         flops += 6 * (C * C + 20 * C) * sum(masked)
-    if objective != MLM:
-        diagonal = objective == PMLM_PAIR_ONLY
+    if objective.pair_head:
+        diagonal = objective.diagonal
         U = sum(m for m in masked if m >= 2 or diagonal)
         P = sum(m * (m - 1) // 2 + (m if diagonal else 0) for m in masked)
         flops += 6 * (2 * C * C * (U + P) + 2 * C * classes * 2 * P)
@@ -294,7 +311,7 @@ def flops_per_token(cfg: TrainConfig) -> float:
     batch = largest_micro_batch(cfg)
     m = cfg.model_config()
     per_row, masked = [batch.residues + 2] * batch.rows, [batch.masked] * batch.rows
-    flops = model_flops(m.num_layers, m.hidden, m.ffn, cfg.objective.name, per_row, masked, m.pair_classes)
+    flops = model_flops(m.num_layers, m.hidden, m.ffn, cfg.objective.kind, per_row, masked, m.pair_classes)
     return flops / batch.tokens
 
 

@@ -13,6 +13,7 @@ does not depend on how the step is cut into micro-batches and ranks.
 
 from __future__ import annotations
 
+import abc
 import math
 import sys
 from collections.abc import Callable, Iterable
@@ -26,12 +27,12 @@ from torch import nn
 
 from pmlm.progress import Progress
 from pmlm.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from pmlm.train.parallel import agree
 from pmlm.train.run_folder import finished, own_checkpoint, stop_exit, stops_without_progress
 from pmlm.train.runtime import METRICS_CSV, MetricsLog, StopSignals, stop_if_diverged, weights_diverged
+from pmlm.train.step_layout import agree
 
 
-class TrainingRun:
+class TrainingRun(abc.ABC):
     """What a run hands the engine. The engine calls these in the loop's order; a run keeps its own counts."""
 
     command: str  # "pretrain" | "finetune": names the run in its lines
@@ -43,22 +44,22 @@ class TrainingRun:
     validates: bool = True  # whether there is a validation set
     step: int = 0  # optimizer steps done (the engine keeps it current, for the run's error lines)
 
+    @abc.abstractmethod
     def parameters(self) -> Iterable[nn.Parameter]:
         """The parameters whose gradients are clipped together."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def learning_rates(self, step: int) -> dict[str, float]:
         """Set the optimizer's learning rates for optimizer step ``step`` (0-based); returns them by name."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def begin_step(self, step: int) -> None:
         """Draw optimizer step ``step``'s batch (all of its micro-batches) and the counts its loss is divided by."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def micro_batch_loss(self, step: int, micro: int) -> torch.Tensor:
         """Micro-batch ``micro``'s forward pass and its share of the step's loss, the tensor to backward (the run
         adds it to its own sums)."""
-        raise NotImplementedError
 
     def gradient_sync(self, enabled: bool) -> AbstractContextManager:
         """Context of one micro-batch's forward / backward: whether gradients are reduced across ranks."""
@@ -68,35 +69,35 @@ class TrainingRun:
         """Whether the run's own sums are finite (beyond the gradient norm the engine checks)."""
         return True
 
+    @abc.abstractmethod
     def mean_loss(self) -> float | None:
         """Mean training loss since the last metrics row."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def seen(self) -> int:
         """The running count named by ``counted``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def log_train(self, log: MetricsLog | None, step: int, lrs: dict[str, float], grad_norm: float) -> None:
         """Write the training row (``log`` is None off the main rank; ``grad_norm``: the window's mean) and start a
         new window."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def validate(self, log: MetricsLog | None, step: int, lrs: dict[str, float]) -> None:
         """Score the validation set and write its row; the run keeps the scores for its outputs."""
-        raise NotImplementedError
 
     def stop_early(self) -> bool:
         """Whether the run is done before ``total_steps`` (fine-tuning's patience on validation); checked before
         each step, so a resumed run that had stopped stays stopped."""
         return False
 
+    @abc.abstractmethod
     def state(self, step: int) -> tuple[dict, dict] | None:
         """(weights, training state) to save; None off the main rank (every rank calls it: it may be collective)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore(self, ckpt: Checkpoint) -> None:
         """Load a checkpoint into the run's state."""
-        raise NotImplementedError
 
 
 @dataclass

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pmlm.choices import Choice
 from pmlm.errors import ConfigError
 from pmlm.train import COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S, REQUEUE_EXIT_CODE
 from pmlm.train.allocation import (
@@ -58,7 +59,23 @@ NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", 
 # preemption, scancel); INT is forwarded as well so that Ctrl-C reaches workers in their own sessions
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
-MODES = ("exec", "torchrun", "srun")
+
+class LaunchMode(Choice):
+    """How the command runs: ``exec`` becomes this process, ``torchrun`` or ``srun`` (one step) its child."""
+
+    EXEC = "exec"
+    TORCHRUN = "torchrun"
+    SRUN = "srun"
+
+    @property
+    def supervised(self) -> bool:
+        return self is not LaunchMode.EXEC
+
+    @property
+    def srun_step(self) -> bool:
+        return self is LaunchMode.SRUN
+
+
 TORCHRUN_LOGS = "torchrun-logs"  # torchrun's --log-dir, inside the marker folder
 # the wrapper around each node's torchrun and each worker
 WRAPPER_MODULE = "pmlm.train.wrapper"
@@ -66,9 +83,7 @@ WRAPPER_MODULE = "pmlm.train.wrapper"
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """The command to run and how: ``exec`` replaces this process, the others run under supervision."""
-
-    mode: str  # exec | torchrun | srun
+    mode: LaunchMode  # how the command runs
     argv: list[str]
     nodes: int
     procs_per_node: int
@@ -78,11 +93,10 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # set for the command on every node
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ConfigError(f"launch mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        object.__setattr__(self, "mode", LaunchMode.parse(self.mode, "launch mode"))
 
     def describe(self) -> str:
-        where = "inside SLURM's srun step" if self.mode == "srun" else "on this node"
+        where = "inside SLURM's srun step" if self.mode.srun_step else "on this node"
         return f"{self.nodes} node(s) x {self.procs_per_node} process(es), {where}"
 
     @property
@@ -147,10 +161,10 @@ def plan_launch(
         srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
         if alloc.cpus_per_node:
             srun.append(f"--cpus-per-task={alloc.cpus_per_node}")
-        return LaunchPlan("srun", srun + worker, nodes, procs, marker, hosts, rendezvous, env)
+        return LaunchPlan(LaunchMode.SRUN, srun + worker, nodes, procs, marker, hosts, rendezvous, env)
     if marker is None:
-        return LaunchPlan("exec", worker, nodes, procs, None, hosts, None, env)
-    return LaunchPlan("torchrun", worker, nodes, procs, marker, hosts, rendezvous, env)
+        return LaunchPlan(LaunchMode.EXEC, worker, nodes, procs, None, hosts, None, env)
+    return LaunchPlan(LaunchMode.TORCHRUN, worker, nodes, procs, marker, hosts, rendezvous, env)
 
 
 def default_marker_dir(job_id: str | None) -> Path:
@@ -195,7 +209,7 @@ def supervise(plan: LaunchPlan, requeue_job_id: str | None = None) -> int:
         nonlocal stops_to_srun
         if child is None:
             pending.append(signum)
-        elif plan.mode == "srun":
+        elif plan.mode.srun_step:
             # srun relays USR1 to every process of its step, but answers TERM (and a second INT) by killing the
             # step outright: a first TERM / INT goes to it as USR1, so the trainers save and exit 99 (the agents
             # ignore USR1); a second one as TERM
@@ -216,7 +230,7 @@ def supervise(plan: LaunchPlan, requeue_job_id: str | None = None) -> int:
     try:
         try:
             # srun's own stderr passes through here, so that its account of failed tasks can be summed up
-            child = subprocess.Popen(plan.argv, stderr=subprocess.PIPE if plan.mode == "srun" else None)
+            child = subprocess.Popen(plan.argv, stderr=subprocess.PIPE if plan.mode.srun_step else None)
         except FileNotFoundError:
             raise ConfigError(f"{plan.argv[0]} not found on PATH (needed for {plan.mode} mode)") from None
         relay = None
@@ -373,10 +387,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     # for the command and, through srun (which passes this environment on), for every node
     os.environ.update({**extra, **plan.env})
-    if plan.mode != "exec":
+    if plan.mode.supervised:
         _announce(plan, alloc, port_note, join_timeout, collective_timeout)
     say(f"pmlm launch: {plan.describe()}: {shlex.join(plan.argv)}")
-    if plan.mode == "exec":
+    if not plan.mode.supervised:
         # nothing to supervise: the command becomes this process, so its signals and exit code are SLURM's
         sys.stdout.flush()
         os.execv(plan.argv[0], plan.argv)

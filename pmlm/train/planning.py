@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from pmlm.choices import Device, Precision
 from pmlm.errors import ConfigError
-from pmlm.train.budget import GIB, Precision, flops_per_token, peak_memory
+from pmlm.train.budget import GIB, Arithmetic, count_parameters, flops_per_token, peak_memory
 from pmlm.train.jobs import Job
 from pmlm.train.rates import Rate, RateKind, given_rates, job_rate, paper_rate, paper_time
 from pmlm.train.step_layout import CARD_HEADROOM, choose_layout
@@ -56,19 +57,20 @@ def plan_job(job: Job, gpus: int, runtime_min: int | None, warning_s: int, rate:
         "segments": None if not usable_min or usable_min <= 0 else math.ceil(wall_hours * 60 / usable_min),
         "paper": None,
     }
-    chosen = Precision(bf16=cfg.bf16 is not False)
-    row["precision"] = "bf16" if chosen.bf16 else "fp32"
+    chosen, params = Arithmetic(cfg.precision.on(Device.CUDA)), count_parameters(cfg.model_config(), cfg.objective.kind)
+    row["precision"] = chosen.precision
     row["cards"], row["memory"] = {}, None
     for card, size in CARD_BYTES.items():
         try:
-            layout = choose_layout(cfg, gpus, size, chosen)
+            layout = choose_layout(cfg, gpus, size, chosen, params)
         except ConfigError as exc:  # no micro-batch fits
             row["cards"][card] = {"fits": False, "note": str(exc)}
             continue
         split = {"micro_batch": layout.micro_tokens, "accumulation": layout.accumulation}
         try:
             memory = {
-                p: peak_memory(cfg, gpus, Precision(bf16=p == "bf16"), layout.accumulation) for p in ("bf16", "fp32")
+                p: peak_memory(cfg, params, gpus, Arithmetic(p), layout.accumulation)
+                for p in (Precision.BF16, Precision.FP32)
             }
         except ConfigError as exc:  # a recipe the estimate does not model
             row["cards"][card] = {**split, "peak_gib": None, "fits": None, "note": layout.note or str(exc)}

@@ -1,15 +1,10 @@
-"""Pre-training: process-group set-up, shard streams, the encoder and its objective wrapped in DDP / FSDP, AdamW;
-the loop itself is the engine's (``train.engine``), handed this module's ``PretrainRun``.
+"""Pre-training's entry: ``train`` reads the recipe in one place (the device and the model on it, the run's record, the
+process group and the step layout, the shard streams, the objective wrapped in DDP / FSDP, AdamW) and hands the
+engine's loop (``train.engine.fit``) this module's ``PretrainRun``; ARCHITECTURE.md, "How a step flows", follows a step.
 
-Every rank reads the same stream and masks each step's whole batch; its micro-batches are its row ranges of that
-batch (``train.step_layout``), and each returns its share of the step's loss, divided by the step's sample sizes
-(``model.objectives``): the recipe's ``tokens_per_step`` trains the same model whatever the number of ranks and the
-micro-batch.
-
-Runs as a single process or under ``torchrun`` (RANK / WORLD_SIZE / LOCAL_RANK from the
-environment; gloo on CPU, NCCL on CUDA). Resumes from the newest complete checkpoint in
-``out_dir`` by itself, and on SIGTERM / SIGUSR1 saves at the next step boundary and exits
-with ``REQUEUE_EXIT_CODE`` so a scheduler can requeue the job.
+Runs as a single process or under ``torchrun`` (RANK / WORLD_SIZE / LOCAL_RANK from the environment; gloo on CPU,
+NCCL on CUDA). Resumes from the newest checkpoint of this run in ``out_dir`` by itself, and on SIGTERM / SIGUSR1
+saves at the next step boundary and exits with ``REQUEUE_EXIT_CODE`` so a scheduler can requeue the job.
 """
 
 from __future__ import annotations
@@ -28,33 +23,34 @@ from torch import nn
 from pmlm.artefacts import manifest_digest
 from pmlm.config.pretraining import NOT_IN_FINGERPRINT, TrainConfig
 from pmlm.errors import ConfigError
+from pmlm.files import run_record
+from pmlm.model.objective import ObjectiveOutputs
 from pmlm.model.objectives import mask_batch, objective_outputs, sample_sizes
 from pmlm.model.step_inputs import StepInputs
-from pmlm.pretrained import build_model, pick_device
+from pmlm.pretrained import build_model, device_for
 from pmlm.tokens import trimmed_width
-from pmlm.train.budget import Precision
+from pmlm.train.budget import Arithmetic, Parameters
 from pmlm.train.checkpoint import Checkpoint, capture_rng, gather_states, load_states, restore_rng
 from pmlm.train.engine import TrainingRun, fit
 from pmlm.train.loader import Batch, ShardStream, count_residues
-from pmlm.train.parallel import (
+from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
+from pmlm.train.run_folder import INDUCTOR_CACHE, SCORES_JSON, TENSORBOARD_DIR, publish_metrics, write_outputs
+from pmlm.train.runtime import DTYPES, StopSignals, derived_seed
+from pmlm.train.runtime import autocast as precision_context
+from pmlm.train.step_layout import (
+    StepLayout,
+    card_memory,
+    choose_layout,
     clean_name,
     gradient_sync,
     is_communication_failure,
     join_process_group,
     lost_ranks,
+    part_outputs,
     replicate,
+    step_parts,
+    to_device,
 )
-from pmlm.train.reporting import CSV_FIELDS, TrainWindow, log_row, step_sums, validation_metrics
-from pmlm.train.run_folder import (
-    INDUCTOR_CACHE,
-    SCORES_JSON,
-    TENSORBOARD_DIR,
-    publish_metrics,
-    run_record,
-    write_outputs,
-)
-from pmlm.train.runtime import StopSignals, autocast_factory, derived_seed, precision, uses_bf16
-from pmlm.train.step_layout import StepLayout, card_memory, choose_layout, part_outputs, step_parts, to_device
 
 # independent random streams derived from (seed, rank, stream); 2 is the validation masks' (train.reporting). The
 # masks' stream is the same on every rank (rank 0's): each rank masks the whole step's batch
@@ -78,7 +74,7 @@ class PretrainingObjective(nn.Module):
         self.model = model
         self.objective = objective
 
-    def forward(self, inputs: StepInputs, sizes: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, inputs: StepInputs, sizes: torch.Tensor) -> ObjectiveOutputs:
         """A micro-batch's outputs, its loss divided by the step's sample sizes ``sizes`` (``objective_outputs``)."""
         return objective_outputs(self.model, inputs, self.objective, sizes)
 
@@ -166,9 +162,8 @@ class PretrainRun(TrainingRun):
 
     def validate(self, log, step: int, lrs: dict[str, float]) -> None:
         # plain module: FSDP's own hooks gather the shards, DDP's hooks are not needed
-        cfg = self.cfg
         self.valid_metrics = validation_metrics(
-            self.objective, self.valid_stream, cfg, self.device, self.autocast, self.rank, self.layout, self.dtype
+            self.objective, self.valid_stream, self.cfg, self.device, self.autocast, self.rank, self.layout, self.dtype
         )
         if log is not None:
             log.write(*log_row("valid", step, self.train_stream.epoch, lrs["lr"], self.valid_metrics))
@@ -178,11 +173,9 @@ class PretrainRun(TrainingRun):
         the same on every rank, the dropout streams each rank's own); rank 0 gets the whole state."""
         model_state, optim_state = gather_states(self.fsdp_module, self.objective.model, self.optimizer)
         mine = {"rng": capture_rng(), "generator": self.generator.get_state(), "loader": self.train_stream.state_dict()}
-        ranks = [None] * self.world
+        ranks = [mine] * self.world  # every rank's, once gathered
         if self.world > 1:
             dist.all_gather_object(ranks, mine)
-        else:
-            ranks = [mine]
         if self.rank != 0:
             return None
         state = {
@@ -238,7 +231,7 @@ def train(
     out_dir = Path(out_dir)
     scores_path = Path(scores_path) if scores_path else out_dir / SCORES_JSON
 
-    # -- init: processes, devices, precision, signals ------------------------------------------------
+    # -- init: the device, the model on it, the run's record, the processes, the signals ---------------
     # the caching allocator grows segments in place instead of retrying allocations of changing micro-batches; read
     # when CUDA first allocates, so it is set before (a user's own setting wins)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -247,33 +240,34 @@ def train(
         # run pays the cold build
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(out_dir.resolve() / INDUCTOR_CACHE))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)), option="device:")
+    device = device_for(cfg.device, int(os.environ.get("LOCAL_RANK", 0)), option="device:")
+    # identical initial weights on every rank; built before the step layout, which sizes the micro-batch for it
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model_config(), cfg.objective).to(device)
+    arithmetic = cfg.precision.on(device.type)
+    # what determines the result: the settings (the batch, not how it is split), the shards' content, the precision
+    record = run_record(cfg.to_dict(), NOT_IN_FINGERPRINT, shards=manifest_digest(shards_dir), precision=arithmetic)
+    model.encoder.attention = cfg.attention
     # FSDP also runs at world size 1 under torchrun (MASTER_ADDR set), so its code path runs on one GPU
     distributed = world > 1 or (cfg.fsdp and "MASTER_ADDR" in os.environ)
     own_group = distributed and join_process_group(device)
     stop = StopSignals().install()
     train_stream = wrapped = run = None
     try:
-        autocast = autocast_factory(device, cfg.bf16)
+        autocast = precision_context(arithmetic, device)
         if device.type == "cuda":
             torch.set_float32_matmul_precision("high")
 
         # -- data: the step's batch from the recipe, its micro-batches from the hardware -------------------
-        precise = Precision(bf16=uses_bf16(device, cfg.bf16), device=device.type)
-        dtype = torch.bfloat16 if precise.bf16 else torch.float32
-        layout = choose_layout(cfg, world, card_memory(device), precise)
+        dtype = DTYPES[arithmetic]
+        layout = choose_layout(
+            cfg, world, card_memory(device), Arithmetic(arithmetic, device.type), Parameters.of(model)
+        )
         train_stream, valid_stream = _streams(cfg, shards_dir)
         if rank == 0:
             print(_layout_line(layout), file=sys.stderr)
-        # what determines the result: the settings (the batch, not how it is split), the shards' content, the
-        # precision
-        shards, arithmetic = manifest_digest(shards_dir), precision(device, cfg.bf16)
-        record = run_record(cfg.to_dict(), NOT_IN_FINGERPRINT, shards=shards, precision=arithmetic)
 
-        # -- model: identical initial weights on every rank, then DDP / FSDP; AdamW ------------------
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model_config(), cfg.objective).to(device)
-        model.encoder.attention = cfg.attention
+        # -- the objective around the model, DDP / FSDP; AdamW -------------------------------------------
         objective = PretrainingObjective(model, cfg.objective)
         use_fsdp = cfg.fsdp and distributed
         wrapped, optimizer = _wrap(objective, cfg, device, rank, world, use_fsdp)
@@ -359,7 +353,8 @@ def _streams(cfg: TrainConfig, shards_dir: str | Path) -> tuple[ShardStream, Sha
 def _wrap(
     objective: PretrainingObjective, cfg: TrainConfig, device, rank: int, world: int, use_fsdp: bool
 ) -> tuple[nn.Module, torch.optim.AdamW]:
-    """The module the loop calls (FSDP-sharded, DDP-wrapped or the objective itself) and its AdamW."""
+    """The module the loop calls (FSDP-sharded, DDP-wrapped or the objective itself) and its AdamW, with weight
+    decay on matrices only; the learning rate is set by hand from the schedule."""
     model = objective.model
     decay = {name for name, p in objective.named_parameters() if p.dim() >= 2}  # matrices; not biases / norms
     wrapped = replicate(objective, model.encoder.layers, device, rank, world, use_fsdp)
@@ -370,13 +365,8 @@ def _wrap(
             raise ConfigError(f"cuda_graphs needs a CUDA device, and this run trains on {device.type}")
         options = {"mode": "reduce-overhead"} if cfg.cuda_graphs else {}
         model.encoder.compile_encoder(per_layer=use_fsdp, static=cfg.cuda_graphs, **options)
-    return wrapped, _adamw(wrapped, decay, cfg, device)
-
-
-def _adamw(wrapped: nn.Module, decay: set[str], cfg: TrainConfig, device) -> torch.optim.AdamW:
-    """AdamW with decay on the ``decay`` parameters only; the learning rate is set by hand from the schedule."""
     named = [(clean_name(n), p) for n, p in wrapped.named_parameters() if p.requires_grad]
-    return torch.optim.AdamW(
+    return wrapped, torch.optim.AdamW(
         [
             {"params": [p for n, p in named if n in decay], "weight_decay": cfg.optim.weight_decay},
             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},

@@ -86,17 +86,16 @@ def job_rate(job: Job, rates: dict[str, dict[str, MeasuredRate]], root: str | Pa
         recipe = job.recipe if preset == job.preset else Path(root) / "config" / "train" / f"{preset}.yaml"
         if not recipe.exists():
             continue
-        for measured_objective, rate in entries.items():
-            other = recipe_job(recipe, objective if measured_objective == ANY_OBJECTIVE else measured_objective).config
-            preference = (preset != job.preset, measured_objective not in (objective, ANY_OBJECTIVE))
+        for key, rate in entries.items():
+            measured = {ANY_OBJECTIVE: objective}.get(key, key)  # the flat form's rate is every objective's
+            other = recipe_job(recipe, measured).config
+            preference = (preset != job.preset, measured != objective)
             flop_rate = rate.tokens_per_second * flops_per_token(other)
-            candidates.append(
-                (*preference, abs(_matmul_weights(other) - size), flop_rate, preset, measured_objective, rate)
-            )
+            candidates.append((*preference, abs(_matmul_weights(other) - size), flop_rate, preset, key, rate))
     if not candidates:
         return None
-    *_, flop_rate, preset, measured_objective, rate = min(candidates, key=lambda c: c[:3])
-    name = "" if measured_objective == ANY_OBJECTIVE else f" {measured_objective}"
+    *_, flop_rate, preset, key, rate = min(candidates, key=lambda c: c[:3])
+    name = {ANY_OBJECTIVE: ""}.get(key, f" {key}")
     how = (
         f"given as {GIVEN} {preset}{name.replace(' ', '/')}"
         if rate.source == GIVEN

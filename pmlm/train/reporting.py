@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pmlm.config.pretraining import TrainConfig
+from pmlm.model.objective import ObjectiveOutputs
 from pmlm.model.objectives import mask_batch, sample_sizes
 from pmlm.train.loader import ShardStream
 from pmlm.train.runtime import derived_seed
@@ -56,24 +57,24 @@ COUNTS = ("mlm_total", "pair_total", "triple_total")
 VALID_STREAM = 2  # random stream (see runtime.derived_seed) of the validation masks
 
 
-def step_sums(out: dict, loss: torch.Tensor, device) -> torch.Tensor:
+def step_sums(out: ObjectiveOutputs, loss: torch.Tensor, device) -> torch.Tensor:
     """One micro-batch's contribution to SUMS (``loss``: the one it backwards), without a host sync; the step's
     residues and the step itself are counted by ``count_step``."""
     nothing = torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack(
         [
             loss.detach().double(),
-            out["l_mlm"].double() * out["mlm_total"],
-            out["mlm_correct"].double(),
-            out["mlm_total"].double(),
-            out["l_pmlm"].double() * out["pair_total"],
-            out["pair_correct"].double(),
-            out["pair_total"].double(),
+            out.l_mlm.double() * out.mlm_total,
+            out.mlm_correct.double(),
+            out.mlm_total.double(),
+            out.l_pmlm.double() * out.pair_total,
+            out.pair_correct.double(),
+            out.pair_total.double(),
             nothing,
             nothing,
-            out["l_tmlm"].double() * out["triple_total"],
-            out["triple_correct"].double(),
-            out["triple_total"].double(),
+            out.l_tmlm.double() * out.triple_total,
+            out.triple_correct.double(),
+            out.triple_total.double(),
         ]
     )
 

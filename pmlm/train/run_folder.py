@@ -30,11 +30,10 @@ import torch.distributed as dist
 
 from pmlm.artefacts import write_encoder
 from pmlm.errors import ConfigError, PmlmError
-from pmlm.files import atomic_output, canonical_sha256, file_digest
+from pmlm.files import atomic_output, file_digest
 from pmlm.train import METRICS_CSV, REQUEUE_EXIT_CODE
 from pmlm.train.checkpoint import CHECKPOINTS, RUN_FILE, checkpoint_root, latest_checkpoint
 from pmlm.version import versions
-from pmlm.vocabulary import TMLM
 
 NO_PROGRESS_LIMIT = 2  # stops in a row without a newer checkpoint before the trainer gives up on requeues
 STOPS_FILE = "stops.json"
@@ -55,26 +54,6 @@ _KEPT_STOPS = 20
 
 class NoProgress(PmlmError):
     """Stopped NO_PROGRESS_LIMIT times in a row without saving a newer checkpoint: a requeue would not help."""
-
-
-def flatten(values: dict, prefix: str = "") -> dict:
-    """Nested dicts -> one level of dotted keys (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``)."""
-    flat = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def run_record(config: dict, excluded: tuple[str, ...], **inputs) -> dict:
-    """What determines a run's result: ``config`` (a config tree's ``to_dict()``) without its ``excluded`` keys
-    (a key excludes the keys under it), plus ``inputs`` (content hashes, the precision); and its fingerprint."""
-    settings = {k: v for k, v in flatten(config).items() if not any(k == x or k.startswith(x + ".") for x in excluded)}
-    settings.update(inputs)
-    return {"fingerprint": canonical_sha256(settings, default=str), "settings": settings}
 
 
 def content_digest(path: str | Path) -> str:
@@ -268,8 +247,7 @@ def write_outputs(
             for k in ("l_mlm", "l_pmlm", "acc_mlm", "acc_pmlm", "dacc", "mlm_total", "pair_total")
         },
     }
-    if cfg.objective.name == TMLM:
-        scores.update({k: valid_metrics.get(k) for k in ("l_tmlm", "acc_tmlm", "triple_total")})
+    scores.update({k: valid_metrics.get(k) for k in cfg.objective.kind.extra_scores})
     with atomic_output(scores_path) as tmp:
         Path(tmp).write_text(json.dumps(scores, indent=2) + "\n")
     if final_path is not None:

@@ -1,5 +1,5 @@
-"""The pieces of a training run around the engine's loop (``train.engine``): autocast precision (and the precision a
-trained model is evaluated at), the stop signals, the divergence stop, the ``metrics.csv`` (+ TensorBoard) log and the
+"""The pieces of a training run around the engine's loop (``train.engine``): the precision a trained model is
+evaluated at, the stop signals, the divergence stop, the ``metrics.csv`` (+ TensorBoard) log and the
 per-rank random streams' seeds."""
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from pmlm.choices import Device, Precision
 from pmlm.errors import ConfigError, PmlmError
 from pmlm.files import atomic_output
 from pmlm.train import METRICS_CSV as METRICS_CSV  # the log's name, re-exported for train.engine
 from pmlm.train.checkpoint import latest_checkpoint
-from pmlm.vocabulary import BF16, FP32, PRECISIONS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -30,50 +29,36 @@ class TrainingDiverged(PmlmError):
     """The loss or gradient became NaN / inf; the run stops without saving."""
 
 
-def uses_bf16(device: torch.device, bf16: bool | str) -> bool:
-    """Whether a run autocasts to bf16: ``bf16`` true, or ``auto`` on CUDA (CUDA only)."""
-    use_bf16 = device.type == "cuda" if bf16 == "auto" else bf16
-    if use_bf16 and device.type != "cuda":
-        raise ConfigError("bf16 autocast is supported on CUDA only; set bf16: false (or auto) for CPU runs")
-    return use_bf16
+DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}  # what a precision's forward passes compute in
 
 
-def precision(device: torch.device, bf16: bool | str) -> str:
-    """The arithmetic a run's forward passes use, as its fingerprint records it: ``bf16`` or ``fp32``."""
-    return BF16 if uses_bf16(device, bf16) else FP32
-
-
-def autocast_factory(device: torch.device, bf16: bool | str) -> Callable[[], AbstractContextManager]:
-    """A fresh autocast context per forward: bf16 per ``uses_bf16``, else none."""
-    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if uses_bf16(device, bf16) else nullcontext
-
-
-class EvaluationPrecision(NamedTuple):
-    """The precision a trained model's forward passes use when it is evaluated, scored or embedded."""
-
-    name: str  # fp32 or bf16, as the outputs record it
-    autocast: Callable[[], AbstractContextManager]  # a fresh context per forward pass
+def autocast(precision: Precision, device: torch.device) -> Callable[[], AbstractContextManager]:
+    """A fresh context per forward pass: bf16 autocast under ``precision`` on ``device`` (``Precision.on``), else
+    none."""
+    if precision.on(device.type) is Precision.FP32:
+        return nullcontext
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def evaluation_precision(
-    device: torch.device, recorded: str, asked: str = "auto", *, trained: str, command: str
-) -> EvaluationPrecision:
-    """The precision to evaluate at: ``asked`` (``--precision``), or with ``auto`` the one the run ``recorded``
-    (``pmlm.artefacts.recorded_precision``), so a model is read in the arithmetic it was trained in. bf16 runs on
-    CUDA only: asked for on another device it is an error; merely recorded, ``command`` says once on stderr that
-    ``trained`` (``the head``, ``the encoder``) is read in fp32 there."""
-    if asked not in PRECISIONS:
-        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {asked!r}")
-    name = recorded if asked == "auto" else asked
-    if name == BF16 and device.type != "cuda":
-        if asked == BF16:
+    device: torch.device, recorded: Precision, asked: Precision = Precision.AUTO, *, trained: str, command: str
+) -> Precision:
+    """The precision a trained model's forward passes use when it is evaluated, scored or embedded: ``asked``
+    (``--precision``), or with ``auto`` the one the run ``recorded`` (``pmlm.artefacts.recorded_precision``), so a
+    model is read in the arithmetic it was trained in. bf16 runs on CUDA only: asked for on another device it is an
+    error; merely recorded, ``command`` says once on stderr that ``trained`` (``the head``, ``the encoder``) is read
+    in fp32 there."""
+    asked = Precision.parse(asked, "--precision")  # the Python API's name
+    chosen = recorded if asked is Precision.AUTO else asked
+    if chosen is Precision.BF16 and device.type != Device.CUDA:
+        if asked is Precision.BF16:
             raise ConfigError(f"--precision bf16 needs a CUDA device, and this runs on {device.type}; use fp32 or auto")
         print(
             f"{command}: {trained} was trained in bf16, which runs on CUDA only: computing in fp32 on {device.type}",
             file=sys.stderr,
         )
-        name = FP32
-    return EvaluationPrecision(name, autocast_factory(device, name == BF16))
+        chosen = Precision.FP32
+    return chosen
 
 
 class StopSignals:

@@ -9,7 +9,7 @@ rule synthesize_families:
     output:
         directory(f"{COEVOLUTION_DIR}/seed{{seed}}/synth"),
     params:
-        args=coevolution_synth_args,
+        args=coevolution_study.synth_args,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/synthesize_families.log",
     benchmark:
@@ -33,8 +33,8 @@ rule tokenize_families:
         valid=f"{COEVOLUTION_DIR}/seed{{seed}}/split/valid.fasta",
         shards=directory(f"{COEVOLUTION_DIR}/seed{{seed}}/shards"),
     params:
-        split=coevolution_split_args,
-        shards=coevolution_shard_args,
+        split=coevolution_study.split_args,
+        shards=coevolution_study.shard_args,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/tokenize_families.log",
     benchmark:
@@ -55,7 +55,7 @@ rule tokenize_families:
 rule pretrain_coevolution:
     input:
         shards=f"{COEVOLUTION_DIR}/seed{{seed}}/shards",
-        recipe=coevolution_recipe,
+        recipe=coevolution_study.recipe,
     output:
         weights=protected(f"{COEVOLUTION_DIR}/seed{{seed}}/{{objective}}/model.safetensors"),
         info=protected(f"{COEVOLUTION_DIR}/seed{{seed}}/{{objective}}/model.json"),
@@ -63,7 +63,7 @@ rule pretrain_coevolution:
     params:
         # checkpoints stay outside the declared outputs so a killed job resumes from its last step-N/
         run_dir=f"{COEVOLUTION_DIR}/runs/seed{{seed}}/{{objective}}",
-        overrides=coevolution_pretrain_overrides,
+        overrides=coevolution_study.pretrain_overrides,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/pretrain_{{objective}}.log",
     benchmark:
@@ -84,15 +84,15 @@ rule pretrain_coevolution:
 
 rule evaluate_coevolution:
     input:
-        unpack(coevolution_encoders),
+        unpack(coevolution_study.encoders),
         synth=f"{COEVOLUTION_DIR}/seed{{seed}}/synth",
     output:
         json=f"{COEVOLUTION_DIR}/seed{{seed}}/results.json",
         tsv=f"{COEVOLUTION_DIR}/seed{{seed}}/results.tsv",
     params:
         prefix=output_prefix,
-        args=coevolution_evaluate_args,
-        tmlm=coevolution_tmlm_flag,
+        args=coevolution_study.evaluate_args,
+        tmlm=coevolution_study.tmlm_flag,
     log:
         f"{COEVOLUTION_LOGS}/seed{{seed}}/evaluate_coevolution.log",
     benchmark:
@@ -111,7 +111,7 @@ rule evaluate_coevolution:
 
 rule report_coevolution:
     input:
-        coevolution_results(),
+        coevolution_study.results(),
     output:
         multiext(f"{COEVOLUTION_DIR}/coevolution", ".md", ".csv", ".tex"),
         report(
@@ -153,4 +153,4 @@ rule report_coevolution:
 
 rule coevolution:
     input:
-        coevolution_targets(),
+        coevolution_study.targets(),

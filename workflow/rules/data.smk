@@ -5,8 +5,8 @@ rule fetch_source:
     output:
         "resources/sources/{source}/{filename}",
     params:
-        url=fetch_url,
-        checksums=checksum_args,
+        url=sources.fetch_url,
+        checksums=sources.checksum_args,
     log:
         "logs/fetch/{source}/{filename}.log",
     wildcard_constraints:
@@ -20,7 +20,7 @@ rule fetch_source:
 
 rule extract_member:
     input:
-        downloaded_archive,
+        sources.downloaded_archive,
     output:
         "resources/sources/{source}/members/{member}",
     log:
@@ -36,13 +36,13 @@ rule extract_member:
 
 rule ingest_sequences:
     input:
-        dataset_sources,
+        datasets.dataset_sources,
     output:
         fasta=f"{RESULTS}/data/{{dataset}}/clean.fasta",
         stats=f"{RESULTS}/data/{{dataset}}/ingest_stats.json",
     params:
-        policy=ingest_args,
-        formats=ingest_formats,
+        policy=datasets.ingest_args,
+        formats=datasets.ingest_formats,
     log:
         f"{LOGS}/ingest/{{dataset}}.log",
     benchmark:
@@ -60,7 +60,7 @@ rule ingest_sequences:
 rule split_clusters:
     input:
         fasta=rules.ingest_sequences.output.fasta,
-        references=decontamination_sources,
+        references=datasets.decontamination_sources,
     # the split FASTAs are kept (about the clean FASTA's size again): a temporary split would be planned again by any
     # rerun of tokenize_shards (another shard count, row-group size or compression), re-clustering UniRef50
     output:
@@ -69,8 +69,8 @@ rule split_clusters:
         stats=f"{RESULTS}/data/{{dataset}}/split/split_stats.json",
     params:
         out_dir=output_dir,
-        options=split_args,
-        references=decontamination_args,
+        options=datasets.split_args,
+        references=datasets.decontamination_args,
     log:
         f"{LOGS}/split/{{dataset}}.log",
     benchmark:
@@ -96,13 +96,13 @@ rule tokenize_shards:
     output:
         directory(f"{RESULTS}/data/{{dataset}}/shards"),
     params:
-        layout=tokenize_args,
+        layout=datasets.tokenize_args,
     log:
         f"{LOGS}/tokenize/{{dataset}}.log",
     benchmark:
         f"{BENCH}/tokenize/{{dataset}}.tsv"
     resources:
-        mem_mb=tokenize_mem_mb,
+        mem_mb=rule_resources.tokenize_mem_mb,
         runtime=tokenize_runtime,
     conda:
         "../../envs/pmlm.yaml"
@@ -113,4 +113,4 @@ rule tokenize_shards:
 
 rule data:
     input:
-        data_targets(),
+        datasets.targets(),

@@ -18,7 +18,7 @@ rule expect_local_file:
 
 rule split_structures:
     input:
-        structure_source,
+        task_data.structure_source,
     output:
         train=f"{RESULTS}/tasks/{{taskdata}}/train.jsonl",
         valid=f"{RESULTS}/tasks/{{taskdata}}/valid.jsonl",
@@ -26,7 +26,7 @@ rule split_structures:
         stats=f"{RESULTS}/tasks/{{taskdata}}/structure_split_stats.json",
     params:
         out_dir=output_dir,
-        options=structure_split_args,
+        options=task_data.structure_split_args,
     log:
         f"{LOGS}/split_structures/{{taskdata}}.log",
     benchmark:
@@ -44,16 +44,16 @@ rule split_structures:
 
 rule finetune:
     input:
-        unpack(finetune_inputs),
+        unpack(runs.finetune_inputs),
     output:
-        head=protected(f"{finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.safetensors"),
-        info=protected(f"{finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.json"),
+        head=protected(f"{paths.finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.safetensors"),
+        info=protected(f"{paths.finetune_dir(*ENCODER_WILDCARDS, '{ft}')}/head.json"),
         # the finished run's metrics log, copied from its run folder at the end (see rule pretrain)
-        metrics=finetune_metrics_path(*ENCODER_WILDCARDS, "{ft}"),
+        metrics=paths.finetune_metrics_path(*ENCODER_WILDCARDS, "{ft}"),
     params:
         # checkpoints outside the declared outputs: a killed job resumes where it stopped
-        run_dir=finetune_run_dir(*ENCODER_WILDCARDS, "{ft}"),
-        overrides=finetune_overrides,
+        run_dir=paths.finetune_run_dir(*ENCODER_WILDCARDS, "{ft}"),
+        overrides=runs.finetune_overrides,
         # as for pre-training: in a SLURM batch job (`mpi`, see profiles/slurm) the trainer runs in its own srun
         # step, so SLURM's time-limit warning reaches it and not Snakemake, and a saved job is requeued in place
         launcher=finetune_launcher,
@@ -80,12 +80,12 @@ rule finetune:
 
 rule evaluate:
     input:
-        unpack(evaluate_inputs),
+        unpack(runs.evaluate_inputs),
     output:
-        evaluation_path(*ENCODER_WILDCARDS, "{ft}"),
+        paths.evaluation_path(*ENCODER_WILDCARDS, "{ft}"),
     params:
         tests=test_args,
-        label=model_label,
+        label=encoders.model_label,
     log:
         f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
     benchmark:
@@ -104,12 +104,12 @@ rule evaluate:
 
 rule evaluate_unsupervised:
     input:
-        unpack(unsupervised_inputs),
+        unpack(runs.unsupervised_inputs),
     output:
-        evaluation_path(*ENCODER_WILDCARDS, readout_run("{readout}")),
+        paths.evaluation_path(*ENCODER_WILDCARDS, readout_run("{readout}")),
     params:
         tests=test_args,
-        label=model_label,
+        label=encoders.model_label,
     log:
         f"{LOGS}/evaluate/{{dataset}}/{{objective}}-{{preset}}/{readout_run('{readout}')}.log",
     benchmark:
@@ -130,13 +130,13 @@ rule evaluate_unsupervised:
 
 rule aggregate_tables:
     input:
-        [tsv for _, tsv in evaluation_results()],
+        runs.evaluation_tsvs(),
     output:
-        downstream_tables(),
+        runs.downstream_tables(),
         # the form the report shows (each table once; Markdown, CSV and LaTeX stay outputs)
         [
             report(
-                f"{table_prefix(t)}.html",
+                f"{paths.table_prefix(t)}.html",
                 caption="../report/downstream_tables.rst",
                 category="Downstream tasks",
                 labels={"item": f"table: {t.replace('_', ' ')}"},
@@ -144,9 +144,9 @@ rule aggregate_tables:
             for t in RESULT_TABLES
         ],
     params:
-        results=table_args,
+        results=runs.table_args,
         out_dir=output_dir,
-        test_label=FINETUNE["test_label"],
+        test_label=runs.finetune["test_label"],
     log:
         f"{LOGS}/tables/aggregate_tables.log",
     conda:
@@ -159,4 +159,4 @@ rule aggregate_tables:
 
 rule downstream:
     input:
-        downstream_targets(),
+        runs.targets(),

@@ -7,47 +7,47 @@
 
 checkpoint shard_fasta:
     input:
-        inference_fasta,
+        inference.fasta,
     output:
-        directory(INFERENCE_SHARDS),
-    params:
-        args=shard_fasta_args,
+        directory(inference.shards),
     log:
         f"{LOGS}/inference/shard_fasta.log",
     benchmark:
         f"{BENCH}/inference/shard_fasta.tsv"
+    conda:
+        "../../envs/pmlm.yaml"
     threads: 1
     resources:
         mem_mb=shard_fasta_mem_mb,
         runtime=shard_fasta_runtime,
-    conda:
-        "../../envs/pmlm.yaml"
+    params:
+        args=inference.shard_fasta_args,
     shell:
         "python -m pmlm shard-fasta {input:q} -o {output:q} {params.args} 2> {log:q}"
 
 
 rule embed_shard:
     input:
-        fasta=f"{INFERENCE_SHARDS}/{{shard}}.fasta",
-        model=inference_encoder_weights,
+        fasta=f"{inference.shards}/{{shard}}.fasta",
+        model=inference.encoder_weights,
     output:
-        residues=temp(inference_part(OUTPUT_EMBEDDINGS)),
-        sequences=temp(inference_part(OUTPUT_EMBEDDINGS, PER_SEQUENCE)),
-    params:
-        args=embed_args,
+        residues=temp(inference.part(OUTPUT_EMBEDDINGS)),
+        sequences=temp(inference.part(OUTPUT_EMBEDDINGS, PER_SEQUENCE)),
     log:
         f"{LOGS}/inference/{{encoder}}/{OUTPUT_EMBEDDINGS}/{{shard}}.log",
     benchmark:
         f"{BENCH}/inference/{{encoder}}/{OUTPUT_EMBEDDINGS}/{{shard}}.tsv"
     wildcard_constraints:
-        encoder=one_of(INFERENCE["encoders"]),
+        encoder=one_of(inference.section["encoders"]),
         shard=r"\d+",
+    conda:
+        "../../envs/pmlm.yaml"
     threads: 1
     # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-    conda:
-        "../../envs/pmlm.yaml"
+    params:
+        args=inference.shard_args(OUTPUT_EMBEDDINGS),
     shell:
         "OMP_NUM_THREADS={threads} python -m pmlm embed {input.model:q} {input.fasta:q} -o {output.residues:q} "
         "--per-sequence {output.sequences:q} {params.args} 2> {log:q}"
@@ -55,25 +55,25 @@ rule embed_shard:
 
 rule score_shard:
     input:
-        fasta=f"{INFERENCE_SHARDS}/{{shard}}.fasta",
-        model=inference_encoder_weights,
+        fasta=f"{inference.shards}/{{shard}}.fasta",
+        model=inference.encoder_weights,
     output:
-        temp(inference_part(OUTPUT_SUBSTITUTIONS)),
-    params:
-        args=score_args,
+        temp(inference.part(OUTPUT_SUBSTITUTIONS)),
     log:
         f"{LOGS}/inference/{{encoder}}/{OUTPUT_SUBSTITUTIONS}/{{shard}}.log",
     benchmark:
         f"{BENCH}/inference/{{encoder}}/{OUTPUT_SUBSTITUTIONS}/{{shard}}.tsv"
     wildcard_constraints:
-        encoder=one_of(INFERENCE["encoders"]),
+        encoder=one_of(inference.section["encoders"]),
         shard=r"\d+",
+    conda:
+        "../../envs/pmlm.yaml"
     threads: 1
     # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-    conda:
-        "../../envs/pmlm.yaml"
+    params:
+        args=inference.shard_args(OUTPUT_SUBSTITUTIONS),
     shell:
         "OMP_NUM_THREADS={threads} python -m pmlm score {input.model:q} --saturation --sequence {input.fasta:q} "
         "-o {output:q} {params.args} 2> {log:q}"
@@ -81,25 +81,25 @@ rule score_shard:
 
 rule contacts_shard:
     input:
-        fasta=f"{INFERENCE_SHARDS}/{{shard}}.fasta",
-        model=inference_encoder_weights,
+        fasta=f"{inference.shards}/{{shard}}.fasta",
+        model=inference.encoder_weights,
     output:
-        temp(inference_part(OUTPUT_CONTACTS)),
-    params:
-        args=contacts_args,
+        temp(inference.part(OUTPUT_CONTACTS)),
     log:
         f"{LOGS}/inference/{{encoder}}/{OUTPUT_CONTACTS}/{{shard}}.log",
     benchmark:
         f"{BENCH}/inference/{{encoder}}/{OUTPUT_CONTACTS}/{{shard}}.tsv"
     wildcard_constraints:
-        encoder=one_of(INFERENCE["encoders"]),
+        encoder=one_of(inference.section["encoders"]),
         shard=r"\d+",
+    conda:
+        "../../envs/pmlm.yaml"
     threads: 1
     # one GPU here; under --profile slurm the profile decides (docs/slurm.md, "Resources")
     resources:
         gpu=1,
-    conda:
-        "../../envs/pmlm.yaml"
+    params:
+        args=inference.shard_args(OUTPUT_CONTACTS),
     shell:
         "OMP_NUM_THREADS={threads} python -m pmlm contacts {input.model:q} {input.fasta:q} -o {output:q} "
         "{params.args} 2> {log:q}"
@@ -107,29 +107,29 @@ rule contacts_shard:
 
 rule gather_embeddings:
     input:
-        shards=INFERENCE_SHARDS,
+        shards=inference.shards,
         # the encoder: its sha256 checked against the parts' (and its training, if any, known before the shards)
-        model=inference_encoder_weights,
-        residues=inference_parts(OUTPUT_EMBEDDINGS),
-        sequences=inference_parts(OUTPUT_EMBEDDINGS, PER_SEQUENCE),
+        model=inference.encoder_weights,
+        residues=inference.parts(OUTPUT_EMBEDDINGS),
+        sequences=inference.parts(OUTPUT_EMBEDDINGS, PER_SEQUENCE),
     output:
-        residues=inference_file("{encoder}", OUTPUT_EMBEDDINGS),
-        sequences=inference_file("{encoder}", OUTPUT_EMBEDDINGS, PER_SEQUENCE),
-    params:
-        parts=gathered_parts_dir,
-        output=OUTPUT_EMBEDDINGS,
+        residues=inference.file("{encoder}", OUTPUT_EMBEDDINGS),
+        sequences=inference.file("{encoder}", OUTPUT_EMBEDDINGS, PER_SEQUENCE),
     log:
         f"{LOGS}/inference/{{encoder}}/gather_{OUTPUT_EMBEDDINGS}.log",
     benchmark:
         f"{BENCH}/inference/{{encoder}}/gather_{OUTPUT_EMBEDDINGS}.tsv"
     wildcard_constraints:
-        encoder=one_of(INFERENCE["encoders"]),
+        encoder=one_of(inference.section["encoders"]),
+    conda:
+        "../../envs/pmlm.yaml"
     threads: 1
     resources:
         mem_mb=gather_mem_mb,
         runtime=gather_runtime,
-    conda:
-        "../../envs/pmlm.yaml"
+    params:
+        parts=inference.gathered_parts_dir,
+        output=OUTPUT_EMBEDDINGS,
     shell:
         "python -m pmlm gather {params.output} --shards {input.shards:q} --parts {params.parts:q} "
         "--model {input.model:q} -o {output.residues:q} 2> {log:q}"
@@ -137,27 +137,27 @@ rule gather_embeddings:
 
 rule gather_inference:
     input:
-        shards=INFERENCE_SHARDS,
-        model=inference_encoder_weights,
+        shards=inference.shards,
+        model=inference.encoder_weights,
         # the wildcard's output
-        parts=inference_parts(None),
+        parts=inference.parts(None),
     output:
-        inference_file("{encoder}", "{kind}"),
-    params:
-        parts=gathered_parts_dir,
+        inference.file("{encoder}", "{kind}"),
     log:
         f"{LOGS}/inference/{{encoder}}/gather_{{kind}}.log",
     benchmark:
         f"{BENCH}/inference/{{encoder}}/gather_{{kind}}.tsv"
     wildcard_constraints:
-        encoder=one_of(INFERENCE["encoders"]),
+        encoder=one_of(inference.section["encoders"]),
         kind=one_of(ONE_FILE_OUTPUTS),
+    conda:
+        "../../envs/pmlm.yaml"
     threads: 1
     resources:
         mem_mb=gather_mem_mb,
         runtime=gather_runtime,
-    conda:
-        "../../envs/pmlm.yaml"
+    params:
+        parts=inference.gathered_parts_dir,
     shell:
         "python -m pmlm gather {wildcards.kind} --shards {input.shards:q} --parts {params.parts:q} "
         "--model {input.model:q} -o {output:q} 2> {log:q}"
@@ -165,4 +165,4 @@ rule gather_inference:
 
 rule inference:
     input:
-        inference_targets(),
+        inference.targets(),

@@ -3,21 +3,21 @@
 
 rule pretrain:
     input:
-        shards=dataset_shards,
-        recipe=recipe_file,
+        shards=datasets.dataset_shards,
+        recipe=encoders.recipe_file,
     output:
-        weights=protected(f"{model_dir(*ENCODER_WILDCARDS)}/model.safetensors"),
-        info=protected(f"{model_dir(*ENCODER_WILDCARDS)}/model.json"),
-        scores=f"{model_dir(*ENCODER_WILDCARDS)}/final_scores.json",
+        weights=protected(f"{paths.model_dir(*ENCODER_WILDCARDS)}/model.safetensors"),
+        info=protected(f"{paths.model_dir(*ENCODER_WILDCARDS)}/model.json"),
+        scores=f"{paths.model_dir(*ENCODER_WILDCARDS)}/final_scores.json",
         # the finished run's metrics log, which the training curves read: the trainer copies its run folder's log
         # here at the end (--metrics). The run folder's own log, which it appends to across resumes and requeues,
         # stays undeclared, so a failed or requeued job (Snakemake restores or removes its outputs) loses no row
-        metrics=pretrain_metrics_path(*ENCODER_WILDCARDS),
+        metrics=paths.pretrain_metrics_path(*ENCODER_WILDCARDS),
     params:
         # checkpoints and TensorBoard events live outside the declared outputs, so a killed or requeued job
         # resumes from its last step-N/ checkpoint instead of starting over
-        run_dir=pretrain_run_dir(*ENCODER_WILDCARDS),
-        overrides=pretrain_overrides,
+        run_dir=paths.pretrain_run_dir(*ENCODER_WILDCARDS),
+        overrides=encoders.pretrain_overrides,
         # `pmlm launch`: one trainer per GPU on every node of the job; in a SLURM batch job (the `mpi`
         # resource, see profiles/slurm) it starts its own srun step, so SLURM's warning signal reaches
         # the trainers and not the shell or Snakemake around them, and requeues the job when they saved
@@ -28,8 +28,8 @@ rule pretrain:
         f"{BENCH}/pretrain/{{dataset}}/{{objective}}-{{preset}}.tsv"
     # a configured dataset and recipe: never a released encoder's folder (rule import_release writes those)
     wildcard_constraints:
-        dataset=one_of(DATASETS),
-        preset=one_of(PRETRAIN["recipes"]),
+        dataset=one_of(datasets.datasets),
+        preset=one_of(encoders.pretrain["recipes"]),
     # A trainer stopped by SIGUSR1/SIGTERM (time-limit warning, preemption) saves a checkpoint and exits
     # with 99; under the SLURM profile `pmlm launch --requeue` then puts the job back in its queue under the
     # same id and it resumes (docs/slurm.md), as often as it takes. Retries are for real failures (a crash, a
@@ -55,18 +55,18 @@ rule pretrain:
 
 rule tabulate_pretrain_scores:
     input:
-        weights=pretrained_targets(),
+        weights=encoders.pretrained_targets(),
     output:
-        multiext(table_prefix(TABLE_PRETRAIN_SCORES), ".md", ".csv", ".tex"),
+        multiext(paths.table_prefix(TABLE_PRETRAIN_SCORES), ".md", ".csv", ".tex"),
         # the form the report shows (each table once; Markdown, CSV and LaTeX stay outputs)
         html=report(
-            f"{table_prefix(TABLE_PRETRAIN_SCORES)}.html",
+            f"{paths.table_prefix(TABLE_PRETRAIN_SCORES)}.html",
             caption="../report/pretrain_scores.rst",
             category="Pre-training",
             labels={"figure": "table: validation losses and accuracies"},
         ),
     params:
-        models=pretrain_table_args,
+        models=encoders.pretrain_table_args,
         prefix=output_prefix,
     log:
         f"{LOGS}/tables/pretrain_scores.log",
@@ -78,8 +78,8 @@ rule tabulate_pretrain_scores:
 
 rule plot_kl_histogram:
     input:
-        weights=[pretrained_weights(m) for m in kl_models()],
-        shards=[shards_dir(d) for d in kl_datasets()],
+        weights=[encoders.pretrained_weights(m) for m in encoders.kl_models()],
+        shards=[paths.shards_dir(d) for d in encoders.kl_datasets()],
     output:
         f"{RESULTS}/figures/kl_histogram.png",
         report(
@@ -90,15 +90,15 @@ rule plot_kl_histogram:
         ),
         summary=f"{RESULTS}/figures/kl_histogram.json",
     params:
-        args=kl_args,
+        args=encoders.kl_args,
         prefix=output_prefix,
     log:
         f"{LOGS}/figures/kl_histogram.log",
     benchmark:
         f"{BENCH}/figures/kl_histogram.tsv"
     resources:
-        mem_mb=for_kl_models(8000, 16000),
-        runtime=for_kl_models(60, 180),
+        mem_mb=rule_resources.for_kl_models(8000, 16000),
+        runtime=rule_resources.for_kl_models(60, 180),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -107,4 +107,4 @@ rule plot_kl_histogram:
 
 rule pretraining:
     input:
-        pretraining_targets(),
+        encoders.targets(),

@@ -6,12 +6,12 @@
 
 checkpoint select_proteingym_assays:
     input:
-        reference=proteingym_reference,
-        archive=proteingym_archive,
+        reference=proteingym.reference,
+        archive=proteingym.archive,
     output:
-        PROTEINGYM_SELECTION,
+        proteingym.selection,
     params:
-        args=proteingym_select_args,
+        args=proteingym.select_args,
     log:
         f"{LOGS}/proteingym/select_assays.log",
     conda:
@@ -23,20 +23,20 @@ checkpoint select_proteingym_assays:
 
 rule score_proteingym_assay:
     input:
-        unpack(proteingym_score_inputs),
+        unpack(proteingym.score_inputs),
     output:
-        tsv=f"{PROTEINGYM_DIR}/scores/{{dataset}}/{{objective}}-{{preset}}/{{assay}}.tsv",
-        json=f"{PROTEINGYM_DIR}/scores/{{dataset}}/{{objective}}-{{preset}}/{{assay}}.json",
+        tsv=f"{proteingym.dir}/scores/{{dataset}}/{{objective}}-{{preset}}/{{assay}}.tsv",
+        json=f"{proteingym.dir}/scores/{{dataset}}/{{objective}}-{{preset}}/{{assay}}.json",
     params:
         prefix=output_prefix,
-        args=proteingym_score_args,
+        args=proteingym.score_args,
     log:
         f"{LOGS}/proteingym/{{dataset}}/{{objective}}-{{preset}}/{{assay}}.log",
     benchmark:
         f"{BENCH}/proteingym/{{dataset}}/{{objective}}-{{preset}}/{{assay}}.tsv"
     wildcard_constraints:
         # the encoders of pretrain.models, trained or released (whose dataset need not be a configured one)
-        dataset=one_of(sorted({m["dataset"] for m in proteingym_encoders()})),
+        dataset=one_of(sorted({m["dataset"] for m in proteingym.scoring_encoders()})),
         assay=r"[A-Za-z0-9_.+-]+",
     threads: 1
     resources:
@@ -53,13 +53,13 @@ rule score_proteingym_assay:
 
 rule aggregate_proteingym:
     input:
-        assays=PROTEINGYM_SELECTION,
-        scores=proteingym_score_files,
+        assays=proteingym.selection,
+        scores=proteingym.score_files,
     output:
-        summary=f"{PROTEINGYM_DIR}/summary.tsv",
-        assays=f"{PROTEINGYM_DIR}/summary_assays.tsv",
+        summary=f"{proteingym.dir}/summary.tsv",
+        assays=f"{proteingym.dir}/summary_assays.tsv",
     params:
-        encoders=proteingym_aggregate_args,
+        encoders=proteingym.aggregate_args,
         prefix=output_prefix,
     log:
         f"{LOGS}/proteingym/aggregate.log",
@@ -107,7 +107,7 @@ rule tabulate_proteingym:
         ),
     params:
         table_prefix=output_prefix,
-        figure_prefix=proteingym_figure_prefix,
+        figure_prefix=proteingym.figure_prefix,
     log:
         f"{LOGS}/proteingym/tables.log",
     conda:
@@ -119,4 +119,4 @@ rule tabulate_proteingym:
 
 rule proteingym:
     input:
-        proteingym_targets(),
+        proteingym.targets(),

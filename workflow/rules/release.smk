@@ -11,21 +11,21 @@ ruleorder: import_huggingface > pretrain
 
 rule import_release:
     input:
-        released_checkpoint,
+        encoders.released_checkpoint,
     output:
-        weights=protected(f"{encoder_dir('{release}')}/model.safetensors"),
-        info=protected(f"{encoder_dir('{release}')}/model.json"),
+        weights=protected(f"{paths.encoder_dir('{release}')}/model.safetensors"),
+        info=protected(f"{paths.encoder_dir('{release}')}/model.json"),
     params:
         out_dir=output_dir,
-        objective=release_objective,
+        objective=encoders.release_objective,
     log:
         f"{LOGS}/import/{{release}}.log",
     benchmark:
         f"{BENCH}/import/{{release}}.tsv"
     wildcard_constraints:
-        release=one_of([encoder_id(m) for m in checkpoint_releases()]),
+        release=one_of([encoder_id(m) for m in encoders.checkpoint_releases()]),
     resources:
-        mem_mb=import_mem_mb,
+        mem_mb=rule_resources.import_mem_mb,
         runtime=per_attempt(60),
     conda:
         "../../envs/pmlm.yaml"
@@ -35,23 +35,23 @@ rule import_release:
 
 rule import_huggingface:
     input:
-        transformers_inputs,
+        encoders.transformers_inputs,
     output:
-        weights=protected(f"{encoder_dir('{release}')}/model.safetensors"),
-        info=protected(f"{encoder_dir('{release}')}/model.json"),
+        weights=protected(f"{paths.encoder_dir('{release}')}/model.safetensors"),
+        info=protected(f"{paths.encoder_dir('{release}')}/model.json"),
     params:
-        model=transformers_model,
-        revision=transformers_revision,
+        model=encoders.transformers_model,
+        revision=encoders.transformers_revision,
         out_dir=output_dir,
-        objective=release_objective,
+        objective=encoders.release_objective,
     log:
         f"{LOGS}/import/{{release}}.log",
     benchmark:
         f"{BENCH}/import/{{release}}.tsv"
     wildcard_constraints:
-        release=one_of([encoder_id(m) for m in transformers_releases()]),
+        release=one_of([encoder_id(m) for m in encoders.transformers_releases()]),
     resources:
-        mem_mb=import_mem_mb,
+        mem_mb=rule_resources.import_mem_mb,
         runtime=per_attempt(60),
     conda:
         "../../envs/pmlm.yaml"

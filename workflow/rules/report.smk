@@ -6,7 +6,7 @@
 rule plot_pretrain_curves:
     input:
         # the runs' metrics logs, outputs of rule pretrain: complete once its job is done
-        metrics=[pretrain_metrics(m) for m in trained_models()],
+        metrics=[encoders.pretrain_metrics(m) for m in encoders.trained_models()],
     output:
         png=f"{RESULTS}/figures/pretrain_curves.png",
         svg=report(
@@ -16,7 +16,7 @@ rule plot_pretrain_curves:
             labels={"figure": "training curves"},
         ),
     params:
-        runs=pretrain_curve_args,
+        runs=report_inputs.pretrain_curve_args,
         prefix=output_prefix,
     log:
         f"{LOGS}/report/pretrain_curves.log",
@@ -28,7 +28,7 @@ rule plot_pretrain_curves:
 
 rule plot_finetune_curves:
     input:
-        metrics=[finetune_metrics(m, ft) for m, ft in finetuned_runs()],
+        metrics=[runs.finetune_metrics(m, ft) for m, ft in runs.finetuned_runs()],
     output:
         png=f"{RESULTS}/figures/finetune_curves.png",
         svg=report(
@@ -38,7 +38,7 @@ rule plot_finetune_curves:
             labels={"item": "fine-tuning curves"},
         ),
     params:
-        runs=finetune_curve_args,
+        runs=report_inputs.finetune_curve_args,
         prefix=output_prefix,
     log:
         f"{LOGS}/report/finetune_curves.log",
@@ -51,18 +51,18 @@ rule plot_finetune_curves:
 # a contact run's head on the first chains of its first test set
 rule plot_contact_maps:
     input:
-        unpack(contact_map_inputs),
+        unpack(report_inputs.contact_map_inputs),
     output:
-        png=f"{contact_map_prefix(*ENCODER_WILDCARDS, '{ft}')}.png",
+        png=f"{paths.contact_map_prefix(*ENCODER_WILDCARDS, '{ft}')}.png",
         svg=report(
-            f"{contact_map_prefix(*ENCODER_WILDCARDS, '{ft}')}.svg",
+            f"{paths.contact_map_prefix(*ENCODER_WILDCARDS, '{ft}')}.svg",
             caption="../report/contact_maps.rst",
             category="Contact maps",
             labels={"encoder": "{objective}-{preset}@{dataset}", "run": "{ft}"},
         ),
     params:
-        chains=CONTACT_MAPS["chains"],
-        label=model_label,
+        chains=report_inputs.contact_maps["chains"],
+        label=encoders.model_label,
         prefix=output_prefix,
     log:
         f"{LOGS}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.log",
@@ -70,8 +70,8 @@ rule plot_contact_maps:
         f"{BENCH}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{{ft}}.tsv"
     threads: 1
     resources:
-        mem_mb=by_encoder(4000, 16000),
-        runtime=by_encoder(20, 60),
+        mem_mb=rule_resources.by_encoder(4000, 16000),
+        runtime=rule_resources.by_encoder(20, 60),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -83,18 +83,18 @@ rule plot_contact_maps:
 # test set; named beside the contact runs' maps (readout_run: unsupervised-pair-kl)
 rule plot_readout_contact_maps:
     input:
-        unpack(readout_map_inputs),
+        unpack(report_inputs.readout_map_inputs),
     output:
-        png=f"{contact_map_prefix(*ENCODER_WILDCARDS, readout_run('{readout}'))}.png",
+        png=f"{paths.contact_map_prefix(*ENCODER_WILDCARDS, readout_run('{readout}'))}.png",
         svg=report(
-            f"{contact_map_prefix(*ENCODER_WILDCARDS, readout_run('{readout}'))}.svg",
+            f"{paths.contact_map_prefix(*ENCODER_WILDCARDS, readout_run('{readout}'))}.svg",
             caption="../report/contact_maps.rst",
             category="Contact maps",
             labels={"encoder": "{objective}-{preset}@{dataset}", "run": readout_run("{readout}")},
         ),
     params:
-        chains=CONTACT_MAPS["chains"],
-        label=model_label,
+        chains=report_inputs.contact_maps["chains"],
+        label=encoders.model_label,
         prefix=output_prefix,
     log:
         f"{LOGS}/report/contact_maps/{{dataset}}/{{objective}}-{{preset}}/{readout_run('{readout}')}.log",
@@ -104,8 +104,8 @@ rule plot_readout_contact_maps:
         objective=one_of(PAIR_OBJECTIVES),
     threads: 1
     resources:
-        mem_mb=by_encoder(4000, 16000),
-        runtime=by_encoder(20, 60),
+        mem_mb=rule_resources.by_encoder(4000, 16000),
+        runtime=rule_resources.by_encoder(20, 60),
     conda:
         "../../envs/pmlm.yaml"
     shell:
@@ -116,7 +116,7 @@ rule plot_readout_contact_maps:
 
 rule plot_precision_by_separation:
     input:
-        [tsv for _, tsv in contact_results()],
+        report_inputs.contact_tsvs(),
     output:
         png=f"{RESULTS}/figures/precision_by_separation.png",
         svg=report(
@@ -125,17 +125,17 @@ rule plot_precision_by_separation:
             category="Contact maps",
             labels={"encoder": "all", "run": "precision by separation"},
         ),
-        table=multiext(table_prefix(TABLE_PRECISION_BY_SEPARATION), ".csv", ".md", ".tex"),
+        table=multiext(paths.table_prefix(TABLE_PRECISION_BY_SEPARATION), ".csv", ".md", ".tex"),
         html=report(
-            f"{table_prefix(TABLE_PRECISION_BY_SEPARATION)}.html",
+            f"{paths.table_prefix(TABLE_PRECISION_BY_SEPARATION)}.html",
             caption="../report/precision_by_separation.rst",
             category="Downstream tasks",
             labels={"item": "table: precision by separation"},
         ),
     params:
-        results=separation_args,
+        results=report_inputs.separation_args,
         prefix=output_prefix,
-        table_prefix=lambda wildcards, output: os.path.splitext(output.table[0])[0],
+        table_prefix=named_output_prefix("table"),
     log:
         f"{LOGS}/report/precision_by_separation.log",
     conda:
@@ -148,14 +148,14 @@ rule plot_precision_by_separation:
 rule record_run_info:
     output:
         html=report(
-            f"{REPORT_DIR}/run_info.html",
+            f"{paths.report_dir}/run_info.html",
             caption="../report/run_info.rst",
             category="Run",
             labels={"page": "configuration and versions"},
         ),
-        json=f"{REPORT_DIR}/run_info.json",
+        json=f"{paths.report_dir}/run_info.json",
     params:
-        config=run_config_json,
+        config=report_inputs.run_config_json,
         snakemake_version=SNAKEMAKE_VERSION,
         prefix=output_prefix,
     log:

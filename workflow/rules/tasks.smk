@@ -4,7 +4,7 @@
 
 rule split_table:
     input:
-        table_source,
+        task_data.table_source,
     output:
         train=f"{RESULTS}/tasks/{{tabledata}}/train.parquet",
         valid=f"{RESULTS}/tasks/{{tabledata}}/valid.parquet",
@@ -12,7 +12,7 @@ rule split_table:
         stats=f"{RESULTS}/tasks/{{tabledata}}/table_split_stats.json",
     params:
         out_dir=output_dir,
-        options=table_split_args,
+        options=task_data.table_split_args,
     log:
         f"{LOGS}/split_table/{{tabledata}}.log",
     benchmark:
@@ -30,22 +30,22 @@ rule split_table:
 
 rule task_table:
     input:
-        task_table_inputs,
+        runs.task_table_inputs,
     output:
-        [f"{table_prefix('{taskrun}')}.{ext}" for ext in ("md", "csv", "tex")],
+        [f"{paths.table_prefix('{taskrun}')}.{ext}" for ext in ("md", "csv", "tex")],
         report(
-            f"{table_prefix('{taskrun}')}.html",
+            f"{paths.table_prefix('{taskrun}')}.html",
             caption="../report/downstream_tables.rst",
             category="Downstream tasks",
             labels={"item": "table: {taskrun}"},
         ),
     params:
-        results=task_table_args,
+        results=result_args,
         prefix=output_prefix,
     log:
         f"{LOGS}/tables/task_{{taskrun}}.log",
     wildcard_constraints:
-        taskrun=one_of(task_table_runs()),
+        taskrun=one_of(runs.task_table_runs()),
     conda:
         "../../envs/pmlm.yaml"
     shell:

@@ -1,4 +1,5 @@
-"""Result tables: paper rows beside ours, formats, and the pre-training scores assembled from sidecars."""
+"""The result tables (`pmlm tables`, pmlm/reports/results.py): paper rows beside ours, the formats, and the
+pre-training scores assembled from sidecars. The report that shows them: tests/test_report.py."""
 
 import csv
 import json
