@@ -97,30 +97,29 @@ def resume_case(tmp_path_factory):
     return shards, cfg_path, ref
 
 
-def test_pretraining_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, resume_case):
-    shards, cfg_path, ref = resume_case
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        _pretrain_cli(shards, out, cfg_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=SUBPROCESS_ENV,
-    )
-    _wait_for(lambda: _steps_logged(out) >= 8, proc, "step 8")
+def _sigterm_then_resume(command: list[str], out: Path, at: int, total: int) -> int:
+    """Run ``command``, send it SIGTERM once ``at`` steps are logged, check that it saved a checkpoint and asked for
+    a requeue, then run it again to the end and check that it resumed from that checkpoint; its step is returned."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    _wait_for(lambda: _steps_logged(out) >= at, proc, f"step {at}")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == REQUEUE_EXIT_CODE, err
     assert "SIGTERM received" in err
     stopped = load_checkpoint(latest_checkpoint(out)).step
-    assert 8 <= stopped < RESUME_STEPS
+    assert at <= stopped < total
     assert not (out / "final").exists()
 
-    done = subprocess.run(
-        _pretrain_cli(shards, out, cfg_path), capture_output=True, text=True, timeout=300, env=SUBPROCESS_ENV
-    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr
     assert f"resuming from {out / 'checkpoints' / f'step-{stopped}'}" in done.stderr
+    return stopped
+
+
+def test_pretraining_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tmp_path, resume_case):
+    shards, cfg_path, ref = resume_case
+    out = tmp_path / "run"
+    _sigterm_then_resume(_pretrain_cli(shards, out, cfg_path), out, at=8, total=RESUME_STEPS)
     _assert_same_weights(ref / "final" / "model.safetensors", out / "final" / "model.safetensors")
     # the log reads as one run: each step once, identical losses
     assert [r["step"] for r in metrics_rows(out)] == [str(s) for s in range(1, RESUME_STEPS + 1)]
@@ -236,27 +235,7 @@ def test_finetuning_sigterm_saves_exits_for_requeue_and_resumes_bit_identical(tm
     )
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        _finetune_cli(case, out, cfg_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=SUBPROCESS_ENV,
-    )
-    _wait_for(lambda: _steps_logged(out) >= 5, proc, "step 5")
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == REQUEUE_EXIT_CODE, err
-    assert "SIGTERM received" in err
-    stopped = load_checkpoint(latest_checkpoint(out)).step
-    assert 5 <= stopped < total
-    assert not (out / "final").exists()
-
-    done = subprocess.run(
-        _finetune_cli(case, out, cfg_path), capture_output=True, text=True, timeout=300, env=SUBPROCESS_ENV
-    )
-    assert done.returncode == 0, done.stderr
-    assert f"resuming from {out / 'checkpoints' / f'step-{stopped}'}" in done.stderr
+    _sigterm_then_resume(_finetune_cli(case, out, cfg_path), out, at=5, total=total)
     a, b = load_file(ref / "final" / "head.safetensors"), load_file(out / "final" / "head.safetensors")
     assert a.keys() == b.keys() and any(k.endswith("running_mean") for k in a)
     for key in a:

@@ -6,8 +6,6 @@ the objective."""
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-
 from pmlm.errors import ConfigError
 from pmlm.model.config import RELEASED_LAYERS
 from pmlm.model.mlm_objective import MLM_OBJECTIVE
@@ -15,10 +13,10 @@ from pmlm.model.objective import Objective
 from pmlm.model.pair_only_objective import PAIR_ONLY_OBJECTIVE
 from pmlm.model.pmlm_objective import PMLM_OBJECTIVE
 from pmlm.model.tmlm_objective import TMLM_OBJECTIVE
+from pmlm.plugins import add_once, load_entry_points
 
 ENTRY_POINT_GROUP = "pmlm.objectives"
 _OBJECTIVES: dict[str, Objective] = {}
-_entry_points_loaded = False
 
 
 def register(objective: Objective) -> Objective:
@@ -26,24 +24,13 @@ def register(objective: Objective) -> Objective:
     objective of the same name is an error."""
     if not isinstance(objective, Objective):
         raise TypeError(f"an objective must be a pmlm.model.objective.Objective, got {type(objective).__name__}")
-    known = _OBJECTIVES.get(objective.name)
-    if known is not None and known is not objective:
-        raise ValueError(f"an objective named {objective.name!r} is registered already ({type(known).__name__})")
-    _OBJECTIVES[objective.name] = objective
+    add_once(_OBJECTIVES, objective.name, objective, "an objective")
     RELEASED_LAYERS.setdefault(objective.name, dict(RELEASED_LAYERS[objective.layers]))
     return objective
 
 
 def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            register(point.load())
-        except Exception as exc:  # a broken plugin names itself in one line
-            raise ConfigError(f"objective plug-in {point.name} ({point.value}): cannot load: {exc}") from None
+    load_entry_points(ENTRY_POINT_GROUP, register, "objective")
 
 
 def objective_names() -> tuple[str, ...]:

@@ -15,10 +15,10 @@ import gzip
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from pmlm.errors import ConfigError, InputError
+from pmlm.plugins import add_once, load_entry_points
 from pmlm.tasks.contact_task import CONTACT
 from pmlm.tasks.labelled import is_table
 from pmlm.tasks.residue_tasks import RESIDUE_CLASSIFICATION, SS3
@@ -34,32 +34,17 @@ from pmlm.tasks.task import RAPTORX, STRUCTURE_JSONL, TABLE, TAPE, Example, Read
 
 ENTRY_POINT_GROUP = "pmlm.tasks"
 _TASKS: dict[str, Task] = {}
-_entry_points_loaded = False
 
 
 def register(task: Task) -> Task:
     """Make ``task`` known by its name; a second task of the same name is an error."""
     if not isinstance(task, Task):
         raise TypeError(f"a task must be a pmlm.tasks.task.Task, got {type(task).__name__}")
-    return _add(_TASKS, task.name, task, "task")
-
-
-def _add(known: dict, name: str, item, what: str):
-    if known.setdefault(name, item) is not item:
-        raise ValueError(f"a {what} named {name!r} is registered already ({type(known[name]).__name__})")
-    return item
+    return add_once(_TASKS, task.name, task, "a task")
 
 
 def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            register(point.load())
-        except Exception as exc:  # a broken plugin names itself in one line
-            raise ConfigError(f"task plug-in {point.name} ({point.value}): cannot load: {exc}") from None
+    load_entry_points(ENTRY_POINT_GROUP, register, "task")
 
 
 def task_names() -> tuple[str, ...]:
@@ -114,7 +99,7 @@ _FORMATS: dict[str, TaskFormat] = {}
 
 def register_format(fmt: TaskFormat) -> TaskFormat:
     """Make ``fmt`` known by its name, for ``data.format`` and (after the formats known before it) ``auto``."""
-    return _add(_FORMATS, fmt.name, fmt, "task file format")
+    return add_once(_FORMATS, fmt.name, fmt, "a task file format")
 
 
 def format_names() -> tuple[str, ...]:
