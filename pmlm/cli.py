@@ -37,7 +37,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "figures and pages of the workflow report: training curves, contact maps, precision by separation, run information",
     "summary": "a run's last screen: its tables and where they are, headline numbers beside the paper's, the report command",
     "synth": "sample synthetic protein families from Potts models with planted couplings",
-    "coevolution": "planted-coupling read-outs and supervised contacts of MLM vs PMLM encoders",
+    "coevolution": "the co-evolution study: MLM vs PMLM encoders read out on planted couplings at equal compute",
     "finetune": "fine-tune a task head on a pre-trained encoder",
     "evaluate": "evaluate a fine-tuned head or the pair head's unsupervised contacts",
     "embed": "per-residue and per-sequence embeddings of a FASTA file (Parquet)",

@@ -1,25 +1,28 @@
 """Learning curves of planted-coupling recovery: how an encoder's double-mutant epistasis approaches the exact
 Potts values as it trains, for one or more variants of a pre-training recipe.
 
-Samples a family with ``pmlm synth``, splits it with ``pmlm coevolution split``, tokenizes it, then trains each
-variant with ``pmlm pretrain``'s own loop and reads it out every ``--eval-every`` steps on the same held-out
-sequences (``pmlm.coevolution.epistasis``: Spearman of predicted against exact epistasis on planted pairs,
-mean |epistasis| on planted and on unplanted pairs, conditional pair log-loss gap to the exact entropy).
-Training time per variant (wall and process CPU time) is measured without the read-outs. One JSON object per
-read-out is appended to ``--out``.
+Samples a family with ``pmlm synth``, splits it per sequence (``pmlm.coevolution.heldout``), tokenizes it, then
+trains each variant with ``pmlm pretrain``'s own loop and reads it out every ``--eval-every`` steps on the same
+held-out sequences with every zero-shot read-out of ``pmlm coevolution curves``
+(``pmlm.coevolution.curve_readouts.encoder_records``). One JSON object per variant and read-out step is appended to
+``--out``: three Spearman figures of the pair joint's epistasis against the exact values (as ``pmlm score``
+computes it, at planted pairs and at every pair; the joint's own double difference at planted pairs; None without
+a pair head), the size of its epistasis, every read-out's metrics under ``readouts``, and the training time so far
+(wall and process CPU time, read-outs excluded).
 
     .venv/bin/python scripts/coupling_curves.py --out curves.jsonl --steps 1500 --eval-every 250 \\
         --variant base --variant mask30:objective.mask_prob=0.3 --variant wide:model.overrides.hidden=128
 
 A variant is NAME or NAME:KEY=VALUE,KEY=VALUE (``--set`` keys of ``pmlm pretrain``, applied after ``--set``).
-With ``--families N`` every read-out is the mean over the N families (each family's shard mixed into one run,
-as the study trains).
+With ``--families N`` every figure is the mean over the N families (each family's shard mixed into one run, as
+the study trains).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -33,10 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pmlm.cli import main as pmlm_main  # noqa: E402
-from pmlm.coevolution.epistasis import family_readouts, summarise_readouts  # noqa: E402
-from pmlm.coevolution.heldout import StudyConfig, load_families  # noqa: E402
+from pmlm.coevolution.curve_readouts import encoder_records, family_targets  # noqa: E402
+from pmlm.coevolution.curves_config import CurveEvaluation  # noqa: E402
+from pmlm.coevolution.heldout import SplitConfig, load_families, split_records  # noqa: E402
+from pmlm.coevolution.measures import epistasis_measures  # noqa: E402
 from pmlm.config.pretraining import TrainConfig  # noqa: E402
-from pmlm.synth.parameters import PARAMS_DIR, read_potts  # noqa: E402
+from pmlm.synth.synthesize import FASTA_NAME  # noqa: E402
 from pmlm.train.pretrain import TrainHooks, train  # noqa: E402
 from pmlm.vocabulary import PMLM  # noqa: E402
 
@@ -89,21 +94,9 @@ def prepare(work: Path, args) -> Path:
         if args.edges is not None:
             flags += ["--edges", str(args.edges)]
         assert pmlm_main(flags) == 0
-        assert (
-            pmlm_main(
-                [
-                    "coevolution",
-                    "split",
-                    "--synth",
-                    str(synth),
-                    "--train",
-                    str(work / "train.fasta"),
-                    "--valid",
-                    str(work / "valid.fasta"),
-                ]
-            )
-            == 0
-        )
+        with open(work / "train.fasta", "w") as train_fh, open(work / "valid.fasta", "w") as valid_fh:
+            for seq_id, family, sequence, _, held_out in split_records(synth / FASTA_NAME, SplitConfig()):
+                (valid_fh if held_out else train_fh).write(f">{seq_id} cluster={family} family={family}\n{sequence}\n")
         assert (
             pmlm_main(
                 [
@@ -125,10 +118,26 @@ def prepare(work: Path, args) -> Path:
     return synth
 
 
+def mean_records(per_family: list[list[tuple[str, str, float]]]) -> dict[str, dict[str, float | None]]:
+    """{readout: {metric: mean over the families that have a value}} (None where none has)."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for records in per_family:
+        for readout, metric, value in records:
+            values.setdefault(readout, {}).setdefault(metric, []).append(value)
+    return {
+        readout: {
+            m: (float(np.mean(f)) if (f := [v for v in vs if not math.isnan(v)]) else None) for m, vs in ms.items()
+        }
+        for readout, ms in values.items()
+    }
+
+
 def run_variant(name: str, overrides: list[str], synth: Path, work: Path, args, out) -> None:
-    families = load_families(synth, StudyConfig())
-    potts = [read_potts(synth / PARAMS_DIR / f"{family.name}.safetensors") for family in families]
-    rows = [family.heldout[: args.eval_sequences].astype(np.int64) for family in families]
+    ev = CurveEvaluation(sequences=args.eval_sequences)
+    targets = [family_targets(family, "family", ev, seed=0) for family in load_families(synth, SplitConfig())]
+    exact = [
+        epistasis_measures(t.exact_eps, t.rows, t.pairs, t.groups, t.exact_eps)["mean_abs_planted"] for t in targets
+    ]
     sets = [
         f"objective.name={args.objective}",
         f"optim.total_steps={args.steps}",
@@ -148,29 +157,22 @@ def run_variant(name: str, overrides: list[str], synth: Path, work: Path, args, 
         clock["cpu"] += time.process_time() - clock["cpu_mark"]
         was_training = model.training
         model.eval()
-        result = summarise_readouts(
-            [
-                family_readouts({name: model}, m, r, substitution=model.token_head is not None)
-                for m, r in zip(potts, rows)
-            ]
-        )
+        readouts = mean_records([encoder_records(model, t, ev) for t in targets])
         model.train(was_training)
-        eps = result["epistasis"][name]
-        loss = result["pair_logloss"][name]
+        score, joint = readouts.get("pair_joint_score", {}), readouts.get("pair_joint", {})
         record = {
             "variant": name,
             "overrides": overrides,
             "step": step,
             "train_s": round(clock["train"], 1),
             "train_cpu_s": round(clock["cpu"], 1),
-            "spearman_planted": eps["score"].get("spearman_planted"),
-            "spearman_planted_joint": eps["joint"].get("spearman_planted"),
-            "spearman_all": eps["score"].get("spearman_all"),
-            "mean_abs_planted": eps["score"].get("mean_abs_planted"),
-            "mean_abs_unplanted": eps["score"].get("mean_abs_unplanted"),
-            "exact_mean_abs_planted": eps["score"].get("exact_mean_abs_planted"),
-            "substitution": eps.get("substitution"),
-            "pair_logloss": loss,
+            "spearman_planted": score.get("spearman_planted"),
+            "spearman_planted_joint": joint.get("spearman_planted"),
+            "spearman_all": score.get("spearman_all"),
+            "mean_abs_planted": score.get("mean_abs_planted"),
+            "mean_abs_unplanted": score.get("mean_abs_unplanted"),
+            "exact_mean_abs_planted": float(np.mean(exact)),
+            "readouts": readouts,
             "family": {
                 "families": args.families,
                 "length": args.length,
@@ -180,16 +182,17 @@ def run_variant(name: str, overrides: list[str], synth: Path, work: Path, args, 
                 "seed": args.seed,
             },
         }
-        if "triple_epistasis" in result and name in result["triple_epistasis"]:
-            record["triple_epistasis"] = result["triple_epistasis"][name]
-            record["triple_logloss"] = result["triple_logloss"][name]
         out.write(json.dumps(record) + "\n")
         out.flush()
+
+        def show(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+
         print(
-            f"{name} step {step}: spearman planted {record['spearman_planted']:.3f} (joint "
-            f"{record['spearman_planted_joint']:.3f}), |eps| planted {record['mean_abs_planted']:.3f} unplanted "
-            f"{record['mean_abs_unplanted']:.3f} (exact {record['exact_mean_abs_planted']:.3f}), substitution "
-            f"{(record['substitution'] or {}).get('spearman_planted', float('nan')):.3f}, "
+            f"{name} step {step}: spearman planted {show(record['spearman_planted'])} (joint "
+            f"{show(record['spearman_planted_joint'])}), |eps| planted {show(record['mean_abs_planted'])} unplanted "
+            f"{show(record['mean_abs_unplanted'])} (exact {record['exact_mean_abs_planted']:.3f}), substitution "
+            f"{show(readouts.get('substitution', {}).get('spearman_planted'))}, "
             f"train {clock['train']:.0f} s ({clock['cpu']:.0f} CPU-s)",
             file=sys.stderr,
             flush=True,

@@ -462,7 +462,7 @@ CONCEPT_NAMES = (
     "objective", "attention", "pair_vocab", "precision", "readout", "marginal", "double", "triple", "mode", "norm",
     "output", "kind", "layout",
 )  # fmt: skip
-MAX_CONCEPT_COMPARISONS = 25  # the four left: hf_remote's norm (remote code imports no pmlm) and coevolution's arms
+MAX_CONCEPT_COMPARISONS = 25  # the three left: hf_remote's norm (remote code imports no pmlm) and the study's MLM arm
 
 
 def _concept(node: ast.AST) -> bool:
@@ -541,3 +541,22 @@ def test_workflow_lib_within_the_size_bars():
             if isinstance(node, functions) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
                 over.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
     assert not over, "\n".join(over)
+
+
+MAX_COEVOLUTION_LINES = 2000  # one co-evolution study: one configuration, one read-out path, one report
+
+
+def test_one_coevolution_study():
+    """One study in pmlm/coevolution/ within its size bar, and no second path beside it."""
+    package = REPO / "pmlm" / "coevolution"
+    lines = sum(len(p.read_text().splitlines()) for p in package.glob("*.py"))
+    assert lines <= MAX_COEVOLUTION_LINES, f"pmlm/coevolution/ is {lines} lines (at most {MAX_COEVOLUTION_LINES})"
+    import argparse
+
+    from pmlm.cli import build_parser
+
+    def subcommands(parser: argparse.ArgumentParser) -> dict:
+        found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return found[0].choices if found else {}
+
+    assert set(subcommands(subcommands(build_parser())["coevolution"])) == {"curves", "curves-report"}

@@ -21,7 +21,6 @@ from pmlm.coevolution.curve_report import BEGIN, END, Results, markdown, markers
 from pmlm.coevolution.curves import COLUMNS, read_rows, write_rows
 from pmlm.coevolution.curves_config import CurveEvaluation, CurvesConfig
 from pmlm.coevolution.heldout import FamilyData
-from pmlm.coevolution.pseudolikelihood import FittedPotts, fit_pseudolikelihood
 from pmlm.errors import ConfigError, InputError
 from pmlm.evaluation.metrics import top_k_precision
 from pmlm.model.config import model_config
@@ -29,6 +28,7 @@ from pmlm.model.objectives import ObjectiveConfig
 from pmlm.pretrained import build_model
 from pmlm.synth.exact import pair_epistasis, pair_log_conditional
 from pmlm.synth.potts import PottsConfig, PottsModel, family_rng, generate_family
+from pmlm.synth.pseudolikelihood import FittedPotts, fit_pseudolikelihood
 from pmlm.vocabulary import MLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def dense(model: PottsModel) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pseudolikelihood_loss(sequences: np.ndarray, fields: np.ndarray, couplings: np.ndarray, penalty: float) -> float:
-    """The objective of pmlm.coevolution.pseudolikelihood's docstring, written out with NumPy: the mean over sequences
+    """The objective of pmlm.synth.pseudolikelihood's docstring, written out with NumPy: the mean over sequences
     of sum_i -log softmax_a(h_i(a) + sum_(j != i) J_ij(a, x_j)) at x_i, plus ``penalty`` (||h||^2 + ||J||^2);
     couplings (L, L, q, q) [i, j, a, b]."""
     n, length = sequences.shape
@@ -159,7 +159,8 @@ def test_config_refuses_bad_input_in_one_line(tmp_path):
         ({"groups": {"L40": {"length": 20}}}, "length must be > 24"),
         ({"groups": {"L40": {"lenght": 40}}}, "unknown key"),
         ({"evaluate": {"token_contacts": "all"}}, "token_contacts must be one of"),
-        ({"arms": {"mlm": {"objective": "tmlm"}}}, "tmlm is read out by pmlm coevolution"),
+        ({"groups": {"L40": {"length": 40, "triplets": -1}}}, "triplets must be >= 0"),
+        ({"arms": {"mlm": {"objective": "mlm"}, "x": {"objective": "cbow"}}}, "objective must be one of"),
     ]
     for change, needle in cases:
         path = tmp_path / "bad.yaml"
@@ -168,6 +169,11 @@ def test_config_refuses_bad_input_in_one_line(tmp_path):
             CurvesConfig.from_yaml(path)
         assert main(["coevolution", "curves", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+    # a workflow config's coevolution: section is the same study, read by both entry points
+    (tmp_path / "workflow.yaml").write_text(yaml.safe_dump({"run": "x", "coevolution": base}))
+    assert CurvesConfig.from_yaml(tmp_path / "workflow.yaml", ["steps=[20]"]) == CurvesConfig.from_dict(
+        {**base, "steps": [20]}
+    )
 
 
 def test_the_answer_pairs_each_pmlm_arm_with_the_mlm_on_the_same_units(tmp_path):
@@ -237,9 +243,17 @@ def test_ci_study_writes_every_readout_resumes_and_reports(tmp_path):
                 "jacobian_apc",
                 "attention_apc",
                 "supervised_m",
+                "chain_rule_kl",
             }
             if pair:
-                expected |= {"pair_joint", "pair_joint_score", "pair_mi_apc", "pair_kl_apc", "supervised_mplus"}
+                expected |= {
+                    "pair_joint",
+                    "pair_joint_score",
+                    "pair_mi_apc",
+                    "pair_kl_apc",
+                    "supervised_mplus",
+                    "pair_kl",
+                }
             found = {
                 r
                 for (a, s, r, _), units in res.values.items()
@@ -279,6 +293,43 @@ def test_ci_study_writes_every_readout_resumes_and_reports(tmp_path):
         == 0
     )
     assert (tmp_path / "r.md").read_text() == markdown(res)
+
+
+# Three-body terms and the Triple MLM through the same study, one unit at a time as the workflow's rules run it.
+def test_units_one_by_one_with_triplets_and_a_triple_mlm(tmp_path):
+    study = {
+        "seeds": [2],
+        "groups": {"T32": {"length": 32, "families": 2, "triplets": 2, "triplet_strength": 3.0}},
+        "sequences": 300,
+        "recipe": str(ROOT / "config" / "train" / "coevolution_tiny.yaml"),
+        "set": {"tokens_per_step": 1024, "optim.warmup_steps": 2, "eval_batches": 1},
+        "arms": {"mlm": {"objective": "mlm"}, "tmlm": {"objective": "tmlm"}},
+        "steps": [10],
+        "evaluate": {"sequences": 2, "head_steps": 5},
+        "baselines": {"plm_iterations": 5},
+    }
+    config, out = tmp_path / "study.yaml", tmp_path / "out"
+    config.write_text(yaml.safe_dump({"run": "triplets", "coevolution": study}))
+    base = ["coevolution", "curves", "--config", str(config), "--out", str(out)]
+    assert main([*base, "--prepare", "3"]) == 2 and main([*base, "--unit", "seed2-T32-pmlm"]) == 2  # not the study's
+    assert main([*base, "--prepare", "2"]) == 0 and not (out / "units").exists()
+    names = ["seed2-all-mlm", "seed2-all-tmlm", "seed2-baseline"]
+    for name in names:
+        assert main([*base, "--unit", name]) == 0
+    assert sorted(p.name for p in (out / "units").iterdir()) == [f"{n}.tsv" for n in sorted(names)]
+    assert main([*base, "--collect", "--no-figure"]) == 0
+    res = Results(read_rows(out / "curves.tsv"))
+    assert len(res.group) == 2
+    # without a triple head the third-order epistasis is exactly 0; the Triple MLM's joint and the MLM's product
+    # are scored against the exact triple conditional
+    assert set(res.units("mlm", 10, "triple_joint", "mean_abs_planted").values()) == {0.0}
+    assert len(res.units("tmlm", 10, "triple_joint", "spearman_planted")) == 2
+    assert all(v > 0 for v in res.units("tmlm", 10, "triple_joint", "mean_abs_planted").values())
+    for arm, readout in (("tmlm", "triple_joint"), ("tmlm", "triple_pairs"), ("mlm", "triple_product")):
+        assert all(v > 0 for v in res.units(arm, 10, readout, "gap_planted").values()), (arm, readout)
+    assert all(v > 0 for v in res.units("baseline", 0, "exact", "triple_mean_abs_planted").values())
+    block = (out / "curves.md").read_text()
+    assert "third-order epistasis rho, planted triplets" in block and "exact triple conditional entropy" in block
 
 
 def test_the_shipped_page_shows_what_the_shipped_run_wrote():

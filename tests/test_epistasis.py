@@ -1,6 +1,6 @@
-"""The study's exact read-outs (pmlm.coevolution.epistasis) end to end with an oracle encoder whose heads emit the
-Potts model's exact conditionals: rank correlation 1 and a zero log-loss gap; the same oracle with its pair (or
-triple) joint transposed is caught. The training labels of pairs and triples against brute-force conditionals
+"""The study's exact read-outs (``pmlm.coevolution.curve_readouts``) end to end with an oracle encoder whose heads
+emit the Potts model's exact conditionals: rank correlation 1 and a zero log-loss gap; the same oracle with its pair
+(or triple) joint transposed is caught. The training labels of pairs and triples against brute-force conditionals
 of a fully enumerable model: the loss of the exact joint is the exact conditional log-loss, a transposed joint
 costs more."""
 
@@ -15,6 +15,7 @@ from conftest import site_log_conditionals
 from tiny_models import masked_pair_loss, upper_pairs
 
 from pmlm import alphabet
+from pmlm.coevolution import curve_readouts
 from pmlm.coevolution.conditionals import (
     chain_rule_joint,
     jacobian_epistasis,
@@ -22,7 +23,9 @@ from pmlm.coevolution.conditionals import (
     substitution_epistasis,
     substitution_log_conditionals,
 )
-from pmlm.coevolution.epistasis import family_readouts
+from pmlm.coevolution.curve_readouts import encoder_records, family_targets
+from pmlm.coevolution.curves_config import CurveEvaluation
+from pmlm.coevolution.heldout import FamilyData
 from pmlm.coevolution.measures import rank_correlation
 from pmlm.model.objectives import IGNORE_INDEX
 from pmlm.model.triple import triple_labels, triple_loss
@@ -97,41 +100,46 @@ def family():
     return generate_family("f", cfg, family_rng(2, 0))
 
 
-# fp32 logits of size ~10 carry ~1e-6 of rounding: far below the spread of the exact values
-def test_an_exact_oracle_scores_one_and_a_transposed_joint_is_caught(family):
-    models = {
-        "oracle": Oracle(family.model),
-        "transposed": Oracle(family.model, transpose=True, rotate=True),
-        "independent": Oracle(family.model, triple=False),
-    }
-    models["independent"].pair_head = None  # scores doubles additively, as an MLM
-    rows = family.sequences[:3].astype(np.int64)
+def _records(model, family, monkeypatch) -> dict[tuple[str, str], float]:
+    """Every read-out of ``pmlm coevolution curves`` of ``model`` on three sequences of the family, as
+    {(readout, metric): value}. The oracle has no attention to replay: that read-out is left out."""
+    monkeypatch.setattr(curve_readouts, "attention_contact_scores", lambda model, rows, batch: np.zeros((20, 20)))
+    contacts = family.model.contact_map()
+    data = FamilyData("f", family.sequences[3:], family.sequences[:3], contacts, ["a", "b", "c"], family.model)
+    ev = CurveEvaluation(sequences=3, long_separation=12, batch_rows=256)
     with torch.no_grad():
-        out = family_readouts(models, family.model, rows, substitution=True)
-    assert out["pairs"]["planted"] == 12 and out["triples"] == {"planted": 2, "control": 2}
-    exact = out["epistasis"]["oracle"]
-    for kind in ("score", "joint", "substitution"):
-        assert exact[kind]["spearman_planted"] > 0.9999, kind
-        assert exact[kind]["spearman_unplanted"] is None  # the truth is exactly 0 there
-        assert exact[kind]["mean_abs_unplanted"] < 1e-4 < 0.5 < exact[kind]["exact_mean_abs_planted"]
-    for group, losses in out["pair_logloss"]["oracle"]["joint"].items():
-        assert abs(losses["gap"]) < 1e-4 and losses["entropy"] > 0.5, group
+        records = encoder_records(model, family_targets(data, "g", ev, seed=0), ev)
+    return {(readout, metric): value for readout, metric, value in records}
+
+
+# fp32 logits of size ~10 carry ~1e-6 of rounding: far below the spread of the exact values
+def test_an_exact_oracle_scores_one_and_a_transposed_joint_is_caught(family, monkeypatch):
+    exact = _records(Oracle(family.model), family, monkeypatch)
+    for readout in ("pair_joint_score", "pair_joint", "substitution", "chain_rule", "jacobian"):
+        assert exact[readout, "spearman_planted"] > 0.9999, readout
+        assert exact[readout, "mean_abs_unplanted"] < 1e-4 < 0.5 < exact[readout, "mean_abs_planted"], readout
+    for readout in ("pair_joint", "chain_rule"):
+        assert abs(exact[readout, "gap_planted"]) < 1e-4 and abs(exact[readout, "gap_unplanted"]) < 1e-4, readout
     # the product of the exact marginals misses exactly the planted dependence
-    product = out["pair_logloss"]["oracle"]["product"]
-    assert product["planted"]["gap"] > 0.01 and abs(product["unplanted"]["gap"]) < 1e-4
-    triple = out["triple_epistasis"]["oracle"]
-    assert triple["spearman_planted"] > 0.9999 and triple["mean_abs_control"] < 1e-4
-    assert abs(out["triple_logloss"]["oracle"]["joint"]["planted"]["gap"]) < 1e-4
+    assert exact["product", "gap_planted"] > 0.01 and abs(exact["product", "gap_unplanted"]) < 1e-4
+    # the exact joint departs from independence at planted pairs only
+    assert exact["pair_kl", "median_planted"] > 0.01 > 1e-4 > exact["pair_kl", "median_unplanted"]
+    assert exact["triple_joint", "spearman_planted"] > 0.9999 and exact["triple_joint", "mean_abs_control"] < 1e-4
+    assert exact["triple_joint", "mean_abs_planted"] > 0.5
+    assert abs(exact["triple_joint", "gap_planted"]) < 1e-4 and abs(exact["triple_joint", "gap_control"]) < 1e-4
     # pairs cannot say what a three-body term adds: the pairwise composition misses it on planted triplets only
-    composed = out["triple_logloss"]["oracle"]["pairs"]
-    assert composed["planted"]["gap"] > 0.01 and abs(composed["control"]["gap"]) < 1e-4
-    wrong = out["epistasis"]["transposed"]
-    assert wrong["joint"]["spearman_planted"] < 0.5 and wrong["score"]["spearman_planted"] < 0.5
-    assert out["pair_logloss"]["transposed"]["joint"]["planted"]["gap"] > 0.1
-    assert out["triple_epistasis"]["transposed"]["spearman_planted"] < 0.5
-    additive = out["epistasis"]["independent"]
-    assert additive["score"]["spearman_planted"] == 0.0 and additive["score"]["mean_abs_planted"] == 0.0
-    assert out["triple_epistasis"]["independent"]["spearman_planted"] == 0.0
+    assert exact["triple_pairs", "gap_planted"] > 0.01 and abs(exact["triple_pairs", "gap_control"]) < 1e-4
+    wrong = _records(Oracle(family.model, transpose=True, rotate=True), family, monkeypatch)
+    assert wrong["pair_joint", "spearman_planted"] < 0.5 and wrong["pair_joint_score", "spearman_planted"] < 0.5
+    assert wrong["pair_joint", "gap_planted"] > 0.1
+    assert wrong["triple_joint", "spearman_planted"] < 0.5 and wrong["triple_joint", "gap_planted"] > 0.1
+    assert wrong["substitution", "spearman_planted"] > 0.9999  # the token head is still exact
+    independent = Oracle(family.model, triple=False)
+    independent.pair_head = None  # an MLM: no joint of its own, epistasis from the token head only
+    additive = _records(independent, family, monkeypatch)
+    assert not {r for r, _ in additive} & {"pair_joint", "pair_joint_score", "pair_kl"}
+    assert additive["triple_joint", "spearman_planted"] == 0.0 and additive["triple_joint", "mean_abs_planted"] == 0.0
+    assert additive["jacobian", "spearman_planted"] > 0.9999
 
 
 def test_substitution_chain_rule_and_jacobian_of_an_exact_oracle_are_exact(family):

@@ -197,7 +197,6 @@ CPU = ("--device", "cpu")
 PRETRAIN = lambda i: ["pretrain", "--config", i["recipe"], "--shards", i["shards"]]  # noqa: E731
 FINETUNE = lambda i: ["finetune", "--config", i["recipe"], "--encoder", i["encoder"], "--train", i["structures"]]  # noqa: E731
 CURVES = lambda i: ["coevolution", "curves", "--config", i["recipe"]]  # noqa: E731
-COEVOLUTION = lambda i: ["coevolution", "--synth", i["synth"], "--mlm", i["encoder"], "--pmlm", i["encoder"]]  # noqa: E731
 PG_TABLES = lambda i: ["proteingym", "tables", "--summary", i["pg_summary"], "--assays-scored", i["pg_assays_scored"]]  # noqa: E731
 
 CASES = [
@@ -281,34 +280,6 @@ CASES = [
         (".yaml",),
     ),
     Case("synth", "folder", "--out", lambda i, t: ["synth", "--out", t, *i["synth_args"]]),
-    Case(
-        "coevolution",
-        "prefix",
-        "--out-prefix",
-        lambda i, t: [*COEVOLUTION(i), *CPU, "--out-prefix", t],
-        (".json", ".tsv"),
-    ),
-    Case(
-        "coevolution split",
-        "file",
-        "--train",
-        lambda i, t: ["coevolution", "split", "--synth", i["synth"], "--train", t, "--valid", "valid.fasta"],
-        (".fasta",),
-    ),
-    Case(
-        "coevolution split --valid",
-        "file",
-        "--valid",
-        lambda i, t: ["coevolution", "split", "--synth", i["synth"], "--train", "train.fasta", "--valid", t],
-        (".fasta",),
-    ),
-    Case(
-        "coevolution report",
-        "prefix",
-        "--out-prefix",
-        lambda i, t: ["coevolution", "report", "--results", i["coevolution_result"], "--out-prefix", t],
-        (*TABLE, *FIGURE, "_supervised.csv", "_exact.csv"),
-    ),
     Case("coevolution curves", "run", "--out", lambda i, t: [*CURVES(i), "--out", t]),
     Case(
         "coevolution curves --figure",
@@ -527,10 +498,8 @@ RERUN_EXEMPT = {
     "finetune": "a training run (tests/test_finetune.py resumes one)",
     "finetune --final": "a training run",
     "finetune --metrics": "a training run",
-    "coevolution": "the study's read-outs take about a minute on the tiniest encoders",
     "coevolution curves": "trains encoders (tests/test_coevolution_curves.py)",
     "coevolution curves --figure": "trains encoders",
-    "coevolution report": "reads a study's results, a minute each to make (tests/test_coevolution.py reports some)",
     "coevolution curves-report": "reads the curves' results (tests/test_coevolution_curves.py makes some)",
     "coevolution curves-report --figure": "reads the curves' results",
 }
@@ -553,8 +522,6 @@ OUTPUT_OPTIONS = {
     *("-o", "--out", "--output", "--out-dir", "--out-prefix", "--table-prefix", "--figure-prefix", "--figure"),
     *("--per-sequence", "--final", "--scores", "--metrics", "--stats", "--marker-dir", "--doc"),
 }
-# options spelled as inputs elsewhere that are outputs of these commands
-OUTPUT_OPTIONS_OF = {"coevolution split": {"--train", "--valid"}}
 
 
 def output_options() -> dict[tuple[str, str], set[str]]:
@@ -571,7 +538,7 @@ def output_options() -> dict[tuple[str, str], set[str]]:
                     walk(sub, f"{words} {name}")
                 continue
             spellings = set(action.option_strings)
-            named = spellings & (OUTPUT_OPTIONS | OUTPUT_OPTIONS_OF.get(words, set()))
+            named = spellings & OUTPUT_OPTIONS
             if named:
                 found[words, max(spellings, key=len)] = spellings
 
@@ -597,7 +564,7 @@ def test_every_option_that_names_an_output_is_held_to_the_rule():
     known = {(words, s) for (words, _), spellings in options.items() for s in spellings}
     assert not sorted(covered - known), "Cases or NOT_TARGETS naming options the CLI does not have"
     assert set(RERUN_EXEMPT) <= set(IDS) and {name for name, _ in TAKEN} <= set(IDS)
-    assert ("embed", "--out") in options and ("coevolution split", "--train") in options  # the walk finds them
+    assert ("embed", "--out") in options and ("report run-info", "--out-prefix") in options  # the walk finds them
 
 
 @pytest.fixture(scope="module")
@@ -645,8 +612,7 @@ def inputs(tmp_path_factory):
     recipe = root / "recipe.yaml"
     recipe.write_text("{}\n")  # never read: every pretrain / finetune / curves case is refused before its config
     synth_args = ["--families", "2", "--length", "24", "--sequences", "20", "--chains", "2", "--burn-in", "2"]
-    assert main(["synth", "--out", str(root / "synth"), *synth_args]) == 0
-    result, curves = root / "seed0.json", root / "curves.tsv"  # never read: those cases are refused before
+    curves = root / "curves.tsv"  # never read: the curves-report cases are refused before
     # ProteinGym: the reference and archive of one assay, its selection, scores, summary and aggregate
     pg = root / "proteingym"
     pg.mkdir()
@@ -685,8 +651,6 @@ def inputs(tmp_path_factory):
         "pdb_dir": pdb_dir,
         "chains": chains,
         "recipe": recipe,
-        "synth": root / "synth",
-        "coevolution_result": result,
         "curves_tsv": curves,
         "throughput_result": result_file(root / "throughput.json"),
         "pg_reference": reference,

@@ -122,7 +122,7 @@ def test_one_place_decides_what_each_job_gets():
     does not touch. Every job rule has a benchmark."""
     local = local_rules()
     jobs = {name: rule for name, rule in read_rules().items() if name not in local}
-    assert {"evaluate_unsupervised", "split_structures", "synthesize_families", "tokenize_families"} <= jobs.keys()
+    assert {"evaluate_unsupervised", "split_structures", "prepare_coevolution", "run_coevolution_unit"} <= jobs.keys()
     per_rule = _yaml(SLURM_PROFILE)["set-resources"]
     assert set(per_rule) == set(GPU_RULES) <= jobs.keys()
     for name in GPU_RULES:

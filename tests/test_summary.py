@@ -109,6 +109,12 @@ def test_unreadable_table_is_a_note_and_an_empty_run_says_so(tmp_path):
     (tmp_path / "empty").mkdir()
     assert "No tables under" in summary_text(tmp_path / "empty")
     assert summary_text(tmp_path / "none") == f"No results under {tmp_path / 'none'} yet."
+    # a co-evolution study's page is named (its tables are Markdown, not one CSV each)
+    (tmp_path / "empty" / "coevolution").mkdir()
+    (tmp_path / "empty" / "coevolution" / "curves.md").write_text("| read-out |\n")
+    assert f"tables (its answer with paired tests, curves, baselines, cost): {tmp_path}" in summary_text(
+        tmp_path / "empty"
+    )
 
 
 def test_command_prints_the_screen_and_a_missing_folder_is_one_line(tmp_path, capsys):

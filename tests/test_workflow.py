@@ -81,37 +81,61 @@ def test_paper_config_shows_every_job_of_the_reproduction():
     assert features["pfam/pmlm-base/secondary_structure"] == "auto"
 
 
-def test_coevolution_study_dag():
-    proc = snakemake("-n", "coevolution", "--configfile", "config/coevolution.yaml")
+def _coevolution_dry_run(configfile: str) -> tuple[dict[str, int], str]:
+    proc = snakemake("-n", "-p", "coevolution", "--configfile", configfile)
     assert proc.returncode == 0, proc.stderr
-    counts = job_counts(proc.stdout)
-    assert counts["synthesize_families"] == 3 and counts["evaluate_coevolution"] == 3  # one per seed
-    assert counts["pretrain_coevolution"] == 6  # an MLM and a PMLM encoder per seed
+    return job_counts(proc.stdout), proc.stdout
+
+
+def test_coevolution_study_dag():
+    """One prepare job per seed, one job per unit (an arm of a seed, a seed's baselines), one report; every job runs
+    `pmlm coevolution curves` on the study's folder with the whole study as JSON."""
+    counts, out = _coevolution_dry_run("config/coevolution.yaml")
+    assert counts["prepare_coevolution"] == 3  # seeds 1, 2, 3
+    assert counts["run_coevolution_unit"] == 3 * 2 + 3  # MLM and PMLM per seed, and each seed's baselines
     assert counts["report_coevolution"] == 1
-    assert "results/synthetic/coevolution/coevolution.md" in proc.stdout
-    assert "results/synthetic/coevolution/coevolution_supervised.md" in proc.stdout
+    folder = "results/synthetic/coevolution"
+    assert f"--out {folder} --prepare 2" in out
+    for unit in ("seed1-all-mlm", "seed3-all-pmlm", "seed2-baseline"):
+        assert f"--out {folder} --unit {unit}" in out and f"{folder}/units/{unit}.tsv" in out
+    assert f"--out {folder} --collect" in out
+    for name in ("curves.tsv", "sequences.tsv", "curves.md", "curves.svg"):
+        assert f"{folder}/{name}" in out
+    study = json.loads(re.search(r"--config-json '(\{.*?\})' ", out).group(1))
+    assert study["steps"] == [1500] and study["groups"]["L32"]["families"] == 4
+    assert study["recipe"] == str(REPO / "config" / "train" / "coevolution_tiny.yaml")  # the workflow's own
+    # logs and benchmarks stay outside the study's folder, which the command keeps for itself
+    assert "logs/synthetic/coevolution/units/seed1-all-mlm.log" in out
+    assert "benchmarks/synthetic/coevolution/units/seed1-all-mlm.tsv" in out
 
 
 def test_coevolution_large_study_dag():
-    """The GPU-sized study validates against the schema and passes its read-out settings to the evaluation."""
-    proc = snakemake("-n", "-p", "coevolution", "--configfile", "config/coevolution_large.yaml")
-    assert proc.returncode == 0, proc.stderr
-    assert job_counts(proc.stdout)["pretrain_coevolution"] == 6
-    assert "results/coevolution_large/coevolution/coevolution_supervised.md" in proc.stdout
-    assert "--sequences 16 --chain-rule 1 --head-steps 500 --device auto" in proc.stdout
-    assert "--families 16 --length 64 --sequences 5000 --coupling-strength 1.0" in proc.stdout
+    """The GPU-sized study validates against the schema and hands its read-out settings to every unit."""
+    counts, out = _coevolution_dry_run("config/coevolution_large.yaml")
+    assert counts["prepare_coevolution"] == 3 and counts["run_coevolution_unit"] == 9
+    study = json.loads(re.search(r"--config-json '(\{.*?\})' ", out).group(1))
+    assert study["evaluate"]["token_contacts"] == "masked" and study["evaluate"]["sequences"] == 16
+    group = study["groups"]["L64"]
+    assert (group["length"], group["families"], group["coupling_strength"]) == (64, 16, 1.0)
+    assert study["steps"] == [8000] and study["sequences"] == 5000
+    assert "results/coevolution_large/coevolution/curves.md" in out
 
 
 def test_coevolution_triplets_study_dag():
-    """Three-body families and a Triple MLM per seed: three encoders per seed, the TMLM handed to the evaluation,
-    the exact read-outs' table among the report's outputs."""
-    proc = snakemake("-n", "-p", "coevolution", "--configfile", "config/coevolution_triplets.yaml")
-    assert proc.returncode == 0, proc.stderr
-    assert job_counts(proc.stdout)["pretrain_coevolution"] == 9  # MLM, PMLM and TMLM for each of 3 seeds
-    assert "--set objective.name=tmlm" in proc.stdout
-    assert "--tmlm results/coevolution_triplets/coevolution/seed1/tmlm/model.safetensors" in proc.stdout
-    assert "--triplets 4 --triplet-strength 3.0" in proc.stdout
-    assert "results/coevolution_triplets/coevolution/coevolution_exact.md" in proc.stdout
+    """Three-body families and a Triple MLM per seed: three arms per seed, each its own unit."""
+    counts, out = _coevolution_dry_run("config/coevolution_triplets.yaml")
+    assert counts["prepare_coevolution"] == 3
+    assert counts["run_coevolution_unit"] == 3 * 3 + 3  # MLM, PMLM and TMLM for each of 3 seeds, and the baselines
+    for seed in (1, 2, 3):
+        assert f"--unit seed{seed}-all-tmlm" in out
+    study = json.loads(re.search(r"--config-json '(\{.*?\})' ", out).group(1))
+    assert study["groups"]["L32"]["triplets"] == 4 and study["groups"]["L32"]["triplet_strength"] == 3.0
+    assert "results/coevolution_triplets/coevolution/curves.md" in out
+
+
+def test_no_coevolution_section_no_study():
+    counts, _ = _coevolution_dry_run("config/config.yaml")
+    assert "run_coevolution_unit" not in counts and "prepare_coevolution" not in counts
 
 
 @pytest.mark.parametrize(

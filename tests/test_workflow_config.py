@@ -21,6 +21,7 @@ from snakemake.utils import validate
 from workflow_rules import workflow_config
 
 from pmlm.cli import build_parser
+from pmlm.coevolution.curves_config import CurvesConfig
 from pmlm.data.normalise import IngestPolicy
 from pmlm.errors import ConfigError
 
@@ -38,7 +39,7 @@ def section(path: str) -> dict:
 
 
 def subparser(command: str) -> argparse.ArgumentParser:
-    """The parser of ``pmlm <command>`` (``coevolution split``: a sub-subcommand)."""
+    """The parser of ``pmlm <command>`` (``coevolution curves``: a sub-subcommand)."""
     words = command.split()
     parser = build_parser(words[0])
     for word in words:
@@ -52,20 +53,15 @@ def option_defaults(parser: argparse.ArgumentParser) -> dict[str, object]:
 
 
 # (command, schema section whose keys the workflow passes as that command's --flags): split_args,
-# tokenize_args, structure_split_args, kl_args (common.smk) and coevolution_flags (common_coevolution.smk)
+# tokenize_args, structure_split_args, kl_args (common.smk). The coevolution section is no command's flags but one
+# CurvesConfig, handed over whole (test_the_coevolution_section_is_the_study_config).
 FILLED_FROM_CONFIG = [
     ("split", "$defs/cluster"),
     ("tokenize", "$defs/shards"),
     ("split-structures", "properties/task_data/additionalProperties/properties/split"),
     ("kl", "properties/pretrain/properties/kl"),
-    ("coevolution split", "properties/coevolution/properties/split"),
-    ("coevolution", "properties/coevolution/properties/split"),
-    ("coevolution", "properties/coevolution/properties/evaluate"),
-    ("tokenize", "properties/coevolution/properties/shards"),
 ]
-# the study's shards are a different layout on purpose (one family per shard, small row groups): the
-# workflow always passes them, so only `pmlm tokenize`'s data-stage defaults must agree with its schema
-OWN_DEFAULTS = {("tokenize", "properties/coevolution/properties/shards")}
+OWN_DEFAULTS: set[tuple[str, str]] = set()  # (command, section) whose command defaults may differ on purpose
 # keys the workflow reads itself, not flags of the command (kl.datasets: which --valid sets it passes)
 WORKFLOW_KEYS = {("kl", "datasets")}
 
@@ -131,7 +127,9 @@ def test_validate_fills_the_nested_defaults_the_rules_read():
         "coverage": 0.5,
     }
     assert config["coevolution"]["recipe"] == "config/train/coevolution_tiny.yaml"
-    assert config["coevolution"]["shards"]["num_shards"] == 4 and config["coevolution"]["evaluate"]["k_divisor"] == 5
+    assert (
+        config["coevolution"]["evaluate"]["k_divisor"] == 5 and config["coevolution"]["groups"]["L40"]["length"] == 40
+    )
     # a dataset's own section is completed from the schema too, so it replaces the global one as a whole
     # (common.smk's dataset_setting): its valid_fraction and the schema's decontamination identity
     assert config["datasets"]["d"]["cluster"]["valid_fraction"] == 0.03
@@ -147,6 +145,22 @@ def test_validate_fills_the_nested_defaults_the_rules_read():
         }
     )["finetune"]["runs"]
     assert runs["x"]["encoders"] == []
+
+
+def test_the_coevolution_section_is_the_study_config():
+    """The schema describes CurvesConfig's keys with its defaults: a section the schema completes is the study
+    `pmlm coevolution curves` builds from it (the defaults cannot drift), every study config's included; a config
+    without the section has none, so no study."""
+    assert _validated({"coevolution": {}})["coevolution"] == CurvesConfig().to_dict()
+    arms = {"mlm": {"objective": "mlm"}, "tmlm": {"objective": "tmlm", "set": {"seed": 2}}}
+    assert _validated({"coevolution": {"arms": arms, "groups": {"A": {}}}})["coevolution"] == (
+        CurvesConfig.from_dict({"arms": arms, "groups": {"A": {}}}).to_dict()
+    )
+    for path in sorted((REPO / "config").glob("coevolution*.yaml")):
+        text = yaml.safe_load(path.read_text())
+        if "coevolution" in text:  # a workflow config (a bare study file is pmlm coevolution curves' alone)
+            assert _validated(text)["coevolution"] == CurvesConfig.from_yaml(path).to_dict(), path.name
+    assert "coevolution" not in _validated({})
 
 
 def test_invalid_config_is_one_line_naming_the_key():

@@ -1,5 +1,5 @@
 """An encoder's conditionals at masked (and substituted) sites of one held-out sequence, the raw material of the
-exact read-outs (``pmlm.coevolution.epistasis``) and of the learning curves (``pmlm.coevolution.curve_readouts``).
+study's exact read-outs (``pmlm.coevolution.curve_readouts``).
 
 For a sequence x (residue classes, (L,)):
 

@@ -1,20 +1,21 @@
 """The tables and the figure of ``pmlm coevolution curves``, made from its ``curves.tsv`` alone: the answer at the
 last budget (each PMLM arm minus the MLM per read-out, paired over (seed, family) with a sign-flip permutation
-p-value, ``pmlm.coevolution.report.paired_test``), the curves' points, the classical baselines per family group,
+p-value, ``paired_test``), the curves' points, the classical baselines per family group,
 each arm's cost, and the read-outs per family group. ``markdown`` is the block ``docs/coevolution.md`` carries
 between its markers (``write_doc`` replaces it), so the page's numbers are the run's and a test can regenerate them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from pmlm.coevolution.curves import ALL, BASELINE_ARM
-from pmlm.coevolution.report import paired_test
+from pmlm.coevolution.curves import ALL
+from pmlm.coevolution.curves_config import BASELINE_ARM
 from pmlm.errors import InputError
 from pmlm.figures import pyplot, save_figure
 from pmlm.files import atomic_output
@@ -29,6 +30,8 @@ def markers(name: str = DOC_BLOCK) -> tuple[str, str]:
 
 
 BEGIN, END = markers()
+EXACT_MAX_PAIRS = 16  # up to 2^16 sign patterns enumerated
+PERMUTATION_DRAWS = 100_000
 # the answer's rows: (label, metric, PMLM's read-out, MLM's read-out); higher is better unless the label says so
 COMPARISONS = (
     ("epistasis rho, planted pairs: pair joint vs MLM token head by substitution", "spearman_planted", "pair_joint", "substitution"),
@@ -47,6 +50,11 @@ COMPARISONS = (
     ("contacts top-#edges, supervised linear head: PMLM on M+ vs MLM on M", "p_edges", "supervised_mplus", "supervised_m"),
     ("contacts top-#edges, supervised linear head on M", "p_edges", "supervised_m", "supervised_m"),
     ("contacts long-range P@L/5, supervised: PMLM on M+ vs MLM on M", "p_l5_long", "supervised_mplus", "supervised_m"),
+    ("epistasis rho, every pair |i-j| >= min_separation: pair joint as pmlm score vs MLM Jacobian", "spearman_all", "pair_joint_score", "jacobian"),
+    ("KL to independence, median planted / median unplanted: pair head vs MLM chain rule", "median_ratio", "pair_kl", "chain_rule_kl"),
+    ("third-order epistasis rho, planted triplets: triple joint (0 without a triple head)", "spearman_planted", "triple_joint", "triple_joint"),
+    ("triple log-loss gap, planted triplets (nats; lower is better): triple joint vs MLM product", "gap_planted", "triple_joint", "triple_product"),
+    ("the same, a pair head's pairwise composition vs MLM product", "gap_planted", "triple_pairs", "triple_product"),
 )  # fmt: skip
 # the curves' table and the figure: (read-out, metric, title)
 CURVES = (
@@ -58,6 +66,9 @@ CURVES = (
     ("jacobian_apc", "p_edges", "contacts top-#edges, token head Jacobian + APC"),
     ("supervised_mplus", "p_edges", "contacts top-#edges, supervised head on M+"),
     ("supervised_m", "p_edges", "contacts top-#edges, supervised head on M"),
+    ("pair_kl", "median_ratio", "KL to independence, median planted / median unplanted, pair head"),
+    ("chain_rule_kl", "median_ratio", "KL to independence, median planted / median unplanted, token head chain rule"),
+    ("triple_joint", "spearman_planted", "third-order epistasis rho, planted triplets, triple joint"),
 )
 BASELINES = (
     ("exact_couplings_apc", "p_edges", "exact couplings, Frobenius + APC (ceiling): top-#edges"),
@@ -70,6 +81,8 @@ BASELINES = (
     ("plm", "gap_planted", "pseudo-likelihood fit: pair log-loss gap, planted pairs (nats)"),
     ("exact", "entropy_planted", "exact pair conditional entropy, planted pairs (nats)"),
     ("exact", "mean_abs_planted", "exact mean abs epistasis, planted pairs"),
+    ("exact", "triple_entropy_planted", "exact triple conditional entropy, planted triplets (nats)"),
+    ("exact", "triple_mean_abs_planted", "exact mean abs third-order epistasis, planted triplets"),
 )
 
 
@@ -109,6 +122,39 @@ class Results:
         return [a for a in self.arms if a != MLM]
 
 
+def paired_test(a: np.ndarray, b: np.ndarray, seed: int = 0) -> dict:
+    """Two-sided sign-flip permutation test of mean(a - b) = 0 on paired scores, with the paired t statistic: under
+    the null each difference is as likely negated; exact over all 2^n sign patterns for n <= ``EXACT_MAX_PAIRS``,
+    else ``PERMUTATION_DRAWS`` seeded random patterns, p = (hits + 1) / (draws + 1). The t statistic's p-value is
+    not reported (the permutation p-value needs no normality)."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = int(d.size)
+    if n == 0:
+        return {"pairs": 0, "mean_difference": None, "t": None, "p": None, "p_method": None, "wins": 0, "losses": 0}
+    sd = float(np.std(d, ddof=1)) if n > 1 else 0.0
+    t = float(d.mean() / (sd / math.sqrt(n))) if sd > 0 else None
+    observed = abs(d.sum())
+    if n <= EXACT_MAX_PAIRS:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # (2^n, n): every sign pattern
+        method = f"exact sign-flip over {2**n} patterns"
+        hits, draws = int((np.abs(signs @ d) >= observed - 1e-12).sum()), 2**n
+        p = hits / draws
+    else:
+        signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(PERMUTATION_DRAWS, n))
+        hits = int((np.abs(signs @ d) >= observed - 1e-12).sum())
+        method = f"sign-flip, {PERMUTATION_DRAWS} seeded random patterns"
+        p = (hits + 1) / (PERMUTATION_DRAWS + 1)
+    return {
+        "pairs": n,
+        "mean_difference": float(d.mean()),
+        "t": t,
+        "p": float(p),
+        "p_method": method,
+        "wins": int((d > 0).sum()),
+        "losses": int((d < 0).sum()),
+    }
+
+
 def _mean_std(values) -> str:
     values = [v for v in values if not math.isnan(v)]
     if not values:
@@ -117,14 +163,12 @@ def _mean_std(values) -> str:
     return f"{np.mean(values):.3f}{std}"
 
 
-def _p(value: float) -> str:
-    return f"{value:.2g}"
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [f"| {' | '.join(head)} |", "|" + "---|" * len(head), *(f"| {' | '.join(row)} |" for row in rows)]
 
 
 def answer_table(res: Results, step: int) -> list[str]:
-    arms = res.pmlm_arms()
-    head = ["read-out", MLM] + [c for a in arms for c in (a, f"{a} minus {MLM} (p; wins/losses)")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    arms, rows = res.pmlm_arms(), []
     for label, metric, pmlm_readout, mlm_readout in COMPARISONS:
         base = res.units(MLM, step, mlm_readout, metric)
         if not base:
@@ -138,30 +182,27 @@ def answer_table(res: Results, step: int) -> list[str]:
                 continue
             test = paired_test(np.array([mine[u] for u in shared]), np.array([base[u] for u in shared]))
             cells.append(_mean_std(mine[u] for u in shared))
-            cells.append(f"{test['mean_difference']:+.3f} (p {_p(test['p'])}; {test['wins']}/{test['losses']})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            cells.append(f"{test['mean_difference']:+.3f} (p {test['p']:.2g}; {test['wins']}/{test['losses']})")
+        rows.append(cells)
+    return _table(["read-out", MLM] + [c for a in arms for c in (a, f"{a} minus {MLM} (p; wins/losses)")], rows)
 
 
 def curves_table(res: Results) -> list[str]:
-    head = ["read-out", "arm"] + [f"step {s:,}" for s in res.steps]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for readout, metric, title in CURVES:
-        for arm in res.arms:
-            cells = [_mean_std(res.units(arm, s, readout, metric).values()) for s in res.steps]
-            if any(c != "–" for c in cells):
-                lines.append("| " + " | ".join([title, arm, *cells]) + " |")
-    return lines
+    rows = []
+    for (readout, metric, title), arm in itertools.product(CURVES, res.arms):
+        cells = [_mean_std(res.units(arm, s, readout, metric).values()) for s in res.steps]
+        if any(c != "–" for c in cells):
+            rows.append([title, arm, *cells])
+    return _table(["read-out", "arm"] + [f"step {s:,}" for s in res.steps], rows)
 
 
 def baselines_table(res: Results) -> list[str]:
-    head = ["baseline", *res.groups, "all families"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for readout, metric, title in BASELINES:
-        cells = [_mean_std(res.units(BASELINE_ARM, 0, readout, metric, g).values()) for g in res.groups]
-        cells.append(_mean_std(res.units(BASELINE_ARM, 0, readout, metric).values()))
-        lines.append("| " + " | ".join([title, *cells]) + " |")
-    return lines
+        cells = [_mean_std(res.units(BASELINE_ARM, 0, readout, metric, g).values()) for g in (*res.groups, None)]
+        if cells[-1] != "–":  # a study without three-body terms has no triple baselines
+            rows.append([title, *cells])
+    return _table(["baseline", *res.groups, "all families"], rows)
 
 
 def _run_mean(res: Results, encoder: str, arm: str, step: int, metric: str) -> float:
@@ -176,21 +217,24 @@ def cost_table(res: Results) -> list[str]:
     last = res.last
     gpu = any(v == 1.0 for arm in res.arms for v in res.units(arm, last, "training", "on_gpu").values())
     metric, label = ("wall_s", "GPU wall-s per step") if gpu else ("cpu_s", "CPU-s per step")
-    lines = [
-        f"| encoder | arm | GFLOPs per step | relative to MLM | {label} | relative to MLM |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for encoder in res.encoders:
         mlm_flops = _run_mean(res, encoder, MLM, 0, "flops_per_step")
         mlm_time = _run_mean(res, encoder, MLM, last, metric) / last
         for arm in res.arms:
             flops = _run_mean(res, encoder, arm, 0, "flops_per_step")
             seconds = _run_mean(res, encoder, arm, last, metric) / last
-            lines.append(
-                f"| {encoder} | {arm} | {flops / 1e9:.3f} | {flops / mlm_flops:.2f} | {seconds:.4f} "
-                f"| {seconds / mlm_time:.2f} |"
+            rows.append(
+                [
+                    encoder,
+                    arm,
+                    f"{flops / 1e9:.3f}",
+                    f"{flops / mlm_flops:.2f}",
+                    f"{seconds:.4f}",
+                    f"{seconds / mlm_time:.2f}",
+                ]
             )
-    return lines
+    return _table(["encoder", "arm", "GFLOPs per step", "relative to MLM", label, "relative to MLM"], rows)
 
 
 def group_table(res: Results, step: int) -> list[str]:
@@ -200,13 +244,11 @@ def group_table(res: Results, step: int) -> list[str]:
         ("pair_mi_apc", "p_edges", "pair MI + APC, top-#edges"),
         ("jacobian_apc", "p_edges", "Jacobian + APC, top-#edges"),
     )
-    head = ["family group", "arm"] + [title for *_, title in picks]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for group in res.groups:
-        for arm in res.arms:
-            cells = [_mean_std(res.units(arm, step, r, m, group).values()) for r, m, _ in picks]
-            lines.append("| " + " | ".join([group, arm, *cells]) + " |")
-    return lines
+    rows = [
+        [group, arm, *(_mean_std(res.units(arm, step, r, m, group).values()) for r, m, _ in picks)]
+        for group, arm in itertools.product(res.groups, res.arms)
+    ]
+    return _table(["family group", "arm"] + [title for *_, title in picks], rows)
 
 
 def markdown(res: Results) -> str:

@@ -1,18 +1,20 @@
-"""``pmlm coevolution curves``: the paper's question on exact ground truth at equal compute. Per seed, Potts families
-of every group (``CurvesConfig.groups``) are sampled, split per sequence and tokenized; one encoder per arm (MLM,
-PMLM with the paper's pair head, PMLM with the product base, ...) trains on all of them with the same recipe, batch
-and steps (``pmlm.train``'s loop), and at every budget in ``steps`` every read-out of
-``pmlm.coevolution.curve_readouts`` runs on the same held-out sequences; the classical baselines (the exact
-couplings, a pseudo-likelihood Potts fit, MSA MI + APC) run once per family.
+"""``pmlm coevolution curves``, the co-evolution study: the paper's question on exact ground truth at equal compute.
+Per seed, Potts families of every group (``CurvesConfig.groups``) are sampled, split per sequence and tokenized; one
+encoder per arm (MLM, PMLM with the paper's pair head, PMLM with the product base, a Triple MLM, ...) trains on all
+of them with the same recipe, batch and steps (``pmlm.train``'s loop), and at every budget in ``steps`` (one budget:
+at the end of training only) every read-out of ``pmlm.coevolution.curve_readouts`` runs on the same held-out
+sequences; the classical baselines (the exact couplings, a pseudo-likelihood Potts fit, MSA MI + APC) run once per
+family.
 
-Work is split into units, each one process (``jobs`` at once): a seed's baselines, and one arm of one seed. A unit
-writes ``units/<unit>.tsv`` atomically when it is done, so a rerun skips finished units and redoes the others
-from the start; ``curves.tsv`` is their rows in a fixed order. An arm also rewrites ``units/<unit>.partial.tsv``
-after each budget's read-outs, so a run cut short by a time limit keeps the budgets it reached: ``collect_rows``
-(``pmlm coevolution curves --collect``) reports them beside the units that ended. Each arm's cost is measured
-beside its read-outs: process CPU- and wall-seconds of training alone (read-outs excluded; on a GPU the wall time
-counts) and the FLOPs of one optimizer step on a batch of each group's length (``torch.utils.flop_counter``,
-forward and backward).
+Work is split into units: a seed's baselines, and one arm of one seed. ``run_curves`` runs each in its own process
+(``jobs`` at once); the workflow's ``coevolution`` target runs one per job, after a job per seed that prepares its
+families. A unit writes ``units/<unit>.tsv`` atomically when it is done, so a rerun skips finished units and redoes
+the others from the start; ``curves.tsv`` is their rows in a fixed order. An arm also rewrites
+``units/<unit>.partial.tsv`` after each budget's read-outs, so a run cut short by a time limit keeps the budgets it
+reached: ``collect_rows`` (``pmlm coevolution curves --collect``) reports them beside the units that ended. Each
+arm's cost is measured beside its read-outs: process CPU- and wall-seconds of training alone (read-outs excluded; on
+a GPU the wall time counts) and the FLOPs of one optimizer step on a batch of each group's length
+(``torch.utils.flop_counter``, forward and backward).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,8 @@ from pmlm.coevolution.curve_readouts import (
     family_targets,
     supervised_records,
 )
-from pmlm.coevolution.curves_config import CurvesConfig
-from pmlm.coevolution.heldout import FamilyData, StudyConfig, load_families, split_records
-from pmlm.coevolution.pseudolikelihood import fit_pseudolikelihood
+from pmlm.coevolution.curves_config import BASELINE_ARM, RESULTS_TSV, SEQUENCES_TSV, CurvesConfig, Unit
+from pmlm.coevolution.heldout import FamilyData, SplitConfig, load_families, split_records
 from pmlm.coevolution.readouts import residue_ids
 from pmlm.config.pretraining import TrainConfig
 from pmlm.data.shards import tokenize
@@ -49,28 +49,15 @@ from pmlm.files import atomic_output
 from pmlm.model.objectives import pretraining_losses
 from pmlm.pretrained import build_model
 from pmlm.synth.potts import PottsConfig
+from pmlm.synth.pseudolikelihood import fit_pseudolikelihood
 from pmlm.synth.synth_config import SynthConfig
 from pmlm.synth.synthesize import FASTA_NAME, synthesize
 from pmlm.tokens import batch_tokens
 from pmlm.train.pretrain import TrainHooks, train
 
 COLUMNS = ("seed", "group", "family", "arm", "step", "readout", "metric", "value")
-RESULTS_TSV = "curves.tsv"
-SEQUENCES_TSV = "sequences.tsv"  # the held-out sequence ids every read-out of a family used
-BASELINE_ARM = "baseline"  # the arm column of the baselines' rows (step 0)
 ALL = "-"  # the family column of rows about a whole run (its cost; the group column names the encoder)
 SEED_STRIDE = 1000  # group g of seed s is sampled with pmlm synth --seed SEED_STRIDE * s + g
-
-
-@dataclass(frozen=True)
-class Unit:
-    seed: int
-    encoder: str | None  # None: the seed's baselines
-    arm: str | None
-
-    @property
-    def name(self) -> str:
-        return f"seed{self.seed}-{self.encoder}-{self.arm}" if self.arm else f"seed{self.seed}-{BASELINE_ARM}"
 
 
 def synth_seed(seed: int, group_index: int) -> int:
@@ -81,7 +68,7 @@ def prepare_seed(cfg: CurvesConfig, seed: int, out: Path) -> None:
     """Sample every group's families of ``seed``, split them and tokenize one shard per family for each encoder;
     idempotent."""
     data = out / "data" / f"seed{seed}"
-    split = StudyConfig(valid_fraction=cfg.valid_fraction, split_seed=cfg.split_seed)
+    split = SplitConfig(valid_fraction=cfg.valid_fraction, split_seed=cfg.split_seed)
     index = {name: g for g, name in enumerate(cfg.groups)}
     for encoder, names in cfg.encoders().items():
         shards = data / encoder / "shards"
@@ -101,6 +88,8 @@ def prepare_seed(cfg: CurvesConfig, seed: int, out: Path) -> None:
                     num_sequences=cfg.sequences,
                     edges=group.edges,
                     coupling_strength=group.coupling_strength,
+                    triplets=group.triplets,
+                    triplet_strength=group.triplet_strength,
                 )
                 synth = SynthConfig(
                     families=group.families, seed=synth_seed(seed, index[name]), prefix=f"{name}-", potts=potts
@@ -117,7 +106,7 @@ def seed_families(
     cfg: CurvesConfig, seed: int, out: Path, groups: list[str] | None = None
 ) -> list[tuple[str, FamilyData]]:
     """(group, family) of every family of ``seed`` (of ``groups`` only, if given), in the config's group order."""
-    split = StudyConfig(valid_fraction=cfg.valid_fraction, split_seed=cfg.split_seed)
+    split = SplitConfig(valid_fraction=cfg.valid_fraction, split_seed=cfg.split_seed)
     data = out / "data" / f"seed{seed}" / "synth"
     return [(name, f) for name in groups or cfg.groups for f in load_families(data / name, split)]
 
@@ -288,18 +277,11 @@ def unit_files(out: Path, unit: Unit) -> tuple[Path, Path]:
     return out / "units" / f"{unit.name}.tsv", out / "units" / f"{unit.name}.partial.tsv"
 
 
-def plan_units(cfg: CurvesConfig) -> list[Unit]:
-    """Every unit in the order they start and their rows are reported: the longest first (every arm of every
-    seed), then the baselines."""
-    units = [Unit(seed, e, arm) for arm in cfg.arms for seed in cfg.seeds for e in cfg.encoders()]
-    return units + [Unit(seed, None, None) for seed in cfg.seeds]
-
-
 def collect_rows(cfg: CurvesConfig, out: str | Path) -> tuple[list[tuple], dict[str, str]]:
     """The rows of every unit that has ended and of the budgets that the others reached (their partial files), in
-    ``plan_units`` order; and each unit's state: ``done``, ``stopped after step N`` or ``missing``."""
+    ``CurvesConfig.units`` order; and each unit's state: ``done``, ``stopped after step N`` or ``missing``."""
     rows, states = [], {}
-    for unit in plan_units(cfg):
+    for unit in cfg.units():
         done, partial = unit_files(Path(out), unit)
         if done.exists():
             rows += read_rows(done)
@@ -331,7 +313,7 @@ def run_curves(cfg: CurvesConfig, out: str | Path, recipe_root: str | Path = "."
     out = Path(out)
     for seed in cfg.seeds:
         prepare_seed(cfg, seed, out)
-    units = plan_units(cfg)
+    units = cfg.units()
     todo = [u for u in units if not unit_files(out, u)[0].exists()]
     config = cfg.to_dict()
     if cfg.jobs == 1:

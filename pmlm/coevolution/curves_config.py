@@ -1,19 +1,37 @@
-"""What the equal-compute learning curves of ``pmlm coevolution curves`` compute: the family groups drawn per seed,
-the encoders trained on them (arms: an objective and recipe overrides, one shared recipe), the budgets at which
-every read-out runs, and the classical baselines (``config/coevolution_curves*.yaml``; every key below)."""
+"""The co-evolution study's one configuration format (``pmlm coevolution curves --config`` and the workflow's
+``coevolution:`` section): the family groups drawn per seed, the encoders trained on them (arms: an objective and
+recipe overrides, one shared recipe), the budgets at which every read-out runs (one budget: read out at the end of
+training only), and the classical baselines (``config/coevolution*.yaml``; every key below)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from pmlm.config.tree import YamlConfig, build_dataclass, require
 from pmlm.errors import ConfigError
-from pmlm.vocabulary import MLM, OBJECTIVES, PMLM, TMLM
+from pmlm.vocabulary import MLM, OBJECTIVES, PMLM
 
+RESULTS_TSV = "curves.tsv"  # a study's rows (pmlm.coevolution.curves)
+SEQUENCES_TSV = "sequences.tsv"  # the held-out sequence ids every read-out of a family used
+BASELINE_ARM = "baseline"  # the arm column of the baselines' rows (step 0)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")  # family group names become family-name prefixes
 _ARM = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 TOKEN_CONTACTS = ("jacobian", "masked")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one process (one workflow job) runs: one arm of one encoder of one seed, or a seed's baselines."""
+
+    seed: int
+    encoder: str | None  # None: the seed's baselines
+    arm: str | None
+
+    @property
+    def name(self) -> str:
+        return f"seed{self.seed}-{self.encoder}-{self.arm}" if self.arm else f"seed{self.seed}-{BASELINE_ARM}"
 
 
 @dataclass
@@ -27,8 +45,11 @@ class FamilyGroup:
     # groups naming the same encoder train one encoder per arm and seed together (their shards mixed); the
     # supervised contact head is fitted on half of an encoder's families and scores the other half
     encoder: str = "all"
+    triplets: int = 0  # planted three-body terms per family (pmlm synth --triplets): the triple read-outs
+    triplet_strength: float = 2.0  # K bonus (nats) of each favoured residue triple
 
     def __post_init__(self) -> None:
+        require(self.triplets >= 0, "triplets", "must be >= 0", self.triplets)
         require(self.length > 24, "length", "must be > 24 (long-range pairs |i-j| >= 24 must exist)", self.length)
         require(self.coupling_strength > 0, "coupling_strength", "must be > 0", self.coupling_strength)
         require(self.families >= 1, "families", "must be >= 1", self.families)
@@ -46,7 +67,6 @@ class Arm:
 
     def __post_init__(self) -> None:
         require(self.objective in OBJECTIVES, "objective", f"must be one of {', '.join(OBJECTIVES)}", self.objective)
-        require(self.objective != TMLM, "objective", "tmlm is read out by pmlm coevolution, not here", self.objective)
 
     def overrides(self) -> list[str]:
         return [f"objective.name={self.objective}"] + [f"{k}={v}" for k, v in self.set.items()]
@@ -90,7 +110,7 @@ class CurveEvaluation:
 
 @dataclass
 class Baselines:
-    """The pseudo-likelihood Potts fit of each family's training sequences (``pmlm.coevolution.pseudolikelihood``)."""
+    """The pseudo-likelihood Potts fit of each family's training sequences (``pmlm.synth.pseudolikelihood``)."""
 
     plm_iterations: int = 100  # L-BFGS iterations
     plm_lambda_fields: float = 0.01
@@ -105,7 +125,11 @@ class Baselines:
 @dataclass
 class CurvesConfig(YamlConfig):
     """The whole study: per seed, the families of every group, one encoder per arm trained on all of them with the
-    same recipe, batch and steps, read out at every budget in ``steps``."""
+    same recipe, batch and steps, read out at every budget in ``steps``. A file is the study itself or a workflow
+    config whose ``coevolution:`` section is (``snakemake coevolution --configfile F`` and ``pmlm coevolution curves
+    --config F`` read the same file)."""
+
+    section: ClassVar[str] = "coevolution"
 
     seeds: list = field(default_factory=lambda: [1, 2, 3])  # family draws and training seeds
     groups: dict = field(default_factory=lambda: {"L40": {}})  # name -> FamilyGroup keys
@@ -168,3 +192,16 @@ class CurvesConfig(YamlConfig):
         for name, group in self.groups.items():
             out.setdefault(group.encoder, []).append(name)
         return out
+
+    def units(self) -> list[Unit]:
+        """Every unit in the order they start and their rows are reported: the longest first (every arm of every
+        seed), then the baselines."""
+        units = [Unit(seed, e, arm) for arm in self.arms for seed in self.seeds for e in self.encoders()]
+        return units + [Unit(seed, None, None) for seed in self.seeds]
+
+    def unit(self, name: str) -> Unit:
+        """The unit called ``name`` (``seed1-L40-pmlm``, ``seed1-baseline``)."""
+        units = {u.name: u for u in self.units()}
+        if name not in units:
+            raise ConfigError(f"unit {name!r} is not one of this study's: {', '.join(units)}")
+        return units[name]

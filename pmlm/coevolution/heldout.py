@@ -1,5 +1,11 @@
 """The planted-coupling study's data: which sequences of each ``pmlm synth`` family are held out, and
-the families read back with their planted contacts (see ``pmlm.coevolution.evaluate`` for the split rule).
+the families read back with their planted contacts and Potts models.
+
+The split: every family contributes sequences to both sides, a sequence held out when a hash of (split seed,
+sequence id) falls below ``valid_fraction`` (per sequence, deterministic, independent of file order). Encoders
+train on the other sequences of the same families (the couplings are per family, so held-out sequences of unseen
+families would test nothing learnable); every model read-out uses held-out sequences only, the baselines that fit
+an alignment the training sequences.
 """
 
 from __future__ import annotations
@@ -23,40 +29,15 @@ _LETTER_CLASS[np.frombuffer(RESIDUES.encode("ascii"), dtype=np.uint8)] = np.aran
 
 
 @dataclass
-class StudyConfig:
-    """How held-out sequences are chosen and how much of them each read-out uses."""
+class SplitConfig:
+    """Which sequences of each family are held out: a hash of (split seed, sequence id) below ``valid_fraction``."""
 
     valid_fraction: float = 0.1  # share of each family's sequences held out (per-sequence hash draw)
-    split_seed: int = 0  # seed of that draw; the split rule and this evaluation must agree
-    seed: int = 0  # the study seed: recorded with the results; orders the contact head's folds, seeds its fit
-    # held-out sequences per family, the same first ones for every read-out (pair head, chain rule,
-    # attention, supervised contact head), so no read-out is averaged over more data than another
-    sequences: int = 8
-    chain_rule: int = 1  # 1: the token head's chain-rule joint too (41 forwards per pair); 0 skips it
-    min_separation: int = 6  # contact metrics and KL groups use pairs with |i-j| >= this
-    k_divisor: int = 5  # P@L/k
-    head_steps: int = 300  # full-batch Adam steps of the supervised contact head
-    head_lr: float = 1e-2  # its learning rate
-    head_dropout: float = 0.0  # dropout on its pair features (TAPE's fine-tuning uses 0.5 on far more data)
-    batch_rows: int = 4096  # sequences per forward pass (bounds memory)
-    # 1: epistasis and conditional log-loss against the exact Potts values (pmlm.coevolution.epistasis); 0 skips
-    exact: int = 1
-    # 1: also the token heads' epistasis by substitution (40 forwards per pair, planted and as many other pairs)
-    substitution: int = 0
+    split_seed: int = 0  # seed of that draw
 
     def __post_init__(self) -> None:
         if not 0.0 < self.valid_fraction < 1.0:
-            raise ConfigError(f"valid_fraction (--valid-fraction) must be in (0, 1), got {self.valid_fraction}")
-        for name in ("chain_rule", "exact", "substitution"):
-            if getattr(self, name) not in (0, 1):
-                raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be 0 or 1, got {getattr(self, name)}")
-        for name in ("sequences", "min_separation", "k_divisor", "head_steps", "batch_rows"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
-        if not self.head_lr > 0:
-            raise ConfigError(f"head_lr (--head-lr) must be > 0, got {self.head_lr}")
-        if not 0.0 <= self.head_dropout < 1.0:
-            raise ConfigError(f"head_dropout (--head-dropout) must be in [0, 1), got {self.head_dropout}")
+            raise ConfigError(f"valid_fraction must be in (0, 1), got {self.valid_fraction}")
 
 
 @dataclass
@@ -70,7 +51,7 @@ class FamilyData:
     heldout_ids: list[str]  # (M,) sequence ids of ``heldout``, in file order
     potts: PottsModel | None = None  # the family's model (params/<family>.safetensors), None if not written
 
-    def evaluation_rows(self, cfg: StudyConfig) -> tuple[np.ndarray, list[str]]:
+    def evaluation_rows(self, cfg) -> tuple[np.ndarray, list[str]]:
         """The held-out sequences every read-out uses: the first ``cfg.sequences`` in file order, (n, L), and ids."""
         n = min(cfg.sequences, len(self.heldout))
         return self.heldout[:n], self.heldout_ids[:n]
@@ -98,13 +79,13 @@ def read_family_records(fasta: str | Path):
         yield rec.id, family, rec.sequence, rec.line
 
 
-def split_records(fasta: str | Path, cfg: StudyConfig):
+def split_records(fasta: str | Path, cfg: SplitConfig):
     """Yield (id, family, sequence, line, held_out) for every record of the FASTA."""
     for seq_id, family, sequence, line in read_family_records(fasta):
         yield seq_id, family, sequence, line, seeded_draw(seq_id, cfg.split_seed) < cfg.valid_fraction
 
 
-def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
+def load_families(synth_dir: str | Path, cfg: SplitConfig) -> list[FamilyData]:
     """Read ``pmlm synth`` output, split each family, attach its planted contacts."""
     synth_dir = Path(synth_dir)
     fasta = synth_dir / FAMILIES_FASTA
@@ -137,7 +118,7 @@ def load_families(synth_dir: str | Path, cfg: StudyConfig) -> list[FamilyData]:
             side = "training" if not train else "held-out"
             raise ConfigError(
                 f"family {name} has no {side} sequences at valid_fraction {cfg.valid_fraction}; "
-                "change --valid-fraction or sample more sequences"
+                "change valid_fraction or sample more sequences"
             )
         length = lengths[name]
         edges, _ = read_contacts(synth_dir / CONTACTS_DIR / f"{name}.tsv", length)

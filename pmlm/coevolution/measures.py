@@ -1,6 +1,6 @@
 """How an encoder's epistasis and conditionals are scored against a Potts model's exact values: Spearman's rank
 correlation over the double mutants of each pair, mean |epistasis|, and the conditional log-loss with its gap to
-the exact entropy (``pmlm.coevolution.epistasis`` and ``pmlm.coevolution.curve_readouts`` report them).
+the exact entropy (``pmlm.coevolution.curve_readouts`` reports them).
 
 Pair epistasis of (i:a, j:b), a != x_i, b != x_j, as ``pmlm score`` computes it (``score``): the pair joint's
 log P(a, b) - log P(x_i, x_j) minus the two single scores; an encoder without a pair head scores doubles
@@ -141,16 +141,6 @@ def group_losses(exact_log: np.ndarray, model_log: np.ndarray, masks: dict[str, 
 def product_log_joint(marginals: np.ndarray) -> np.ndarray:
     """log P(x_i = a) + log P(x_j = b), (..., 20, 20), of marginals (..., 2, 20): the independent joint."""
     return marginals[..., 0, :, None] + marginals[..., 1, None, :]
-
-
-def pair_logloss(outs: list[SequenceOutputs], groups: dict, exact_log: np.ndarray) -> dict:
-    """Log-loss per group of the pair head's joint (``joint``) and of the token head's product (``product``)."""
-    out = {}
-    if outs[0].pair_joint is not None:
-        out["joint"] = group_losses(exact_log, np.stack([o.pair_joint for o in outs]), groups)
-    if outs[0].pair_marginals is not None:
-        out["product"] = group_losses(exact_log, product_log_joint(np.stack([o.pair_marginals for o in outs])), groups)
-    return out
 
 
 def exact_pair_values(potts: PottsModel, rows: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

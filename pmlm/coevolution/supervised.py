@@ -14,17 +14,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pmlm.coevolution.heldout import FamilyData, StudyConfig
-from pmlm.coevolution.readouts import model_device, precisions, sequence_tokens
+from pmlm.coevolution.curves_config import CurveEvaluation
+from pmlm.coevolution.heldout import FamilyData
+from pmlm.coevolution.readouts import model_device, sequence_tokens
 from pmlm.model.task_heads import ContactLinearHead, TaskModel, set_contact_prior
-from pmlm.vocabulary import FEATURES_M, FEATURES_M_PLUS, MLM, PMLM, TASK_CONTACT
+from pmlm.vocabulary import TASK_CONTACT
 
-# (read-out, model, TaskModel features)
-HEADS = (
-    ("supervised_m", MLM, FEATURES_M),
-    ("supervised_m", PMLM, FEATURES_M),
-    ("supervised_mplus", PMLM, FEATURES_M_PLUS),
-)
 PAIR_CHUNK_ELEMENTS = 1 << 26  # one chunk at the study's sizes: no activation checkpointing
 
 
@@ -37,7 +32,7 @@ def family_folds(names: list[str], seed: int) -> list[list[str]]:
     return [sorted(order[:half]), sorted(order[half:])]
 
 
-def _batch(family: FamilyData, cfg: StudyConfig, min_separation: int, device: torch.device):
+def _batch(family: FamilyData, cfg: CurveEvaluation, min_separation: int, device: torch.device):
     """Tokens (n, L + 2), residue mask (n, L), labels (n, L, L), the scored-pair mask (L, L) and the
     sequence ids of one family's evaluation sequences."""
     rows, ids = family.evaluation_rows(cfg)
@@ -49,7 +44,7 @@ def _batch(family: FamilyData, cfg: StudyConfig, min_separation: int, device: to
     return tokens, mask, labels, scored, ids
 
 
-def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: StudyConfig, seed: int) -> TaskModel:
+def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: CurveEvaluation, seed: int) -> TaskModel:
     """A linear contact head on a frozen encoder, fitted by full-batch Adam on the families ``train``.
 
     Loss: binary cross-entropy over pairs |i-j| >= min_separation of every evaluation sequence, each
@@ -79,7 +74,7 @@ def fit_contact_head(encoder, features: str, train: list[FamilyData], cfg: Study
 
 
 @torch.no_grad()
-def family_scores(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tuple[np.ndarray, list[str]]:
+def family_scores(model: TaskModel, family: FamilyData, cfg: CurveEvaluation) -> tuple[np.ndarray, list[str]]:
     """The head's contact scores on each evaluation sequence of ``family``, (n, L, L), and their ids."""
     tokens, mask, _, _, ids = _batch(family, cfg, cfg.min_separation, model_device(model.encoder))
     parts = [
@@ -89,16 +84,8 @@ def family_scores(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tup
     return np.concatenate(parts), ids
 
 
-def family_precision(model: TaskModel, family: FamilyData, cfg: StudyConfig) -> tuple[dict[str, float], list[str]]:
-    """Precisions of the head on each evaluation sequence of ``family``, averaged over the sequences,
-    and the ids of those sequences."""
-    scores, ids = family_scores(model, family, cfg)
-    per_sequence = [precisions(s, family.contacts, cfg.min_separation, cfg.k_divisor) for s in scores]
-    return {key: float(np.mean([p[key] for p in per_sequence])) for key in per_sequence[0]}, ids
-
-
 def fold_heads(models: dict, families: list[FamilyData], cfg, seed: int, heads):
-    """The paper's protocol, one code path for both runs of the study: per fold, a head per (read-out, model,
+    """The paper's protocol: per fold, a head per (read-out, model,
     features) of ``heads`` fitted on the fold's families; yields (read-out, model, head, the other fold's families).
     ``cfg``: the read-out settings (sequences, min_separation, head_steps, head_lr, head_dropout, batch_rows). The
     head of each (read-out, fold) starts from the same seed for every encoder, so heads differ only in features."""
@@ -108,16 +95,3 @@ def fold_heads(models: dict, families: list[FamilyData], cfg, seed: int, heads):
         for readout, name, features in heads:
             head = fit_contact_head(models[name], features, [by_name[f] for f in fit_on], cfg, seed=seed * 1000 + k)
             yield readout, name, head, [by_name[f] for f in score_on]
-
-
-def supervised_contacts(families: list[FamilyData], models: dict, cfg: StudyConfig) -> tuple[dict, list, dict]:
-    """Every family scored by heads fitted on the other fold: family -> read-out -> model -> precisions,
-    the two folds, and family -> read-out -> the sequence ids each score averaged over."""
-    out: dict[str, dict] = {}
-    used: dict[str, dict[str, list[str]]] = {}
-    for readout, name, head, score_on in fold_heads(models, families, cfg, cfg.seed, HEADS):
-        for f in score_on:
-            scores, ids = family_precision(head, f, cfg)
-            out.setdefault(f.name, {}).setdefault(readout, {})[name] = scores
-            used.setdefault(f.name, {})[readout] = ids
-    return out, family_folds([f.name for f in families], cfg.seed), used

@@ -1,102 +1,39 @@
-"""``pmlm coevolution``: planted-coupling read-outs of an MLM and a PMLM encoder on held-out sequences of
-synthetic Potts families, and the supervised contact head on held-out families (``split`` makes the
-training / held-out FASTAs, ``report`` aggregates seeds; ``curves`` runs the learning curves at equal compute and
-``curves-report`` makes their tables, figure and documentation block). Engines: ``pmlm.coevolution.evaluate`` (split,
-read-outs), ``pmlm.coevolution.report``, ``pmlm.coevolution.curves`` and ``pmlm.coevolution.curve_report``."""
+"""``pmlm coevolution``: the co-evolution study on exact ground truth. ``curves`` samples Potts families, trains one
+encoder per arm (MLM, PMLM, ...) with the same recipe and reads every one out at every budget (one budget: at the
+end of training only), ``curves-report`` makes the tables, figure and documentation block from its ``curves.tsv``.
+The workflow's ``coevolution`` target runs the same study one unit per job (``--prepare``, ``--unit``,
+``--collect``). Engines: ``pmlm.coevolution.curves`` and ``pmlm.coevolution.curve_report``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from pmlm.errors import ConfigError
 from pmlm.outputs import FILE_OVERWRITE_HELP
 
-TABLE = (".csv", ".md", ".tex", ".html")
 FIGURE = (".png", ".svg")
 # what `coevolution curves --out DIR` keeps there (pmlm.coevolution.curves): its data, runs, units, results
 CURVES_RUN_NAMES = ("data", "runs", "units", "curves.tsv", "sequences.tsv", "curves.md", "curves.png", "curves.svg")
 CURVES_RUN_NAMES += ("*.log",)
 
-# StudyConfig field -> (type, help); defaults live in pmlm.coevolution.heldout.StudyConfig (run()
-# fills every flag left out), so they are stated once
-STUDY_FLAGS: dict[str, tuple[type, str]] = {
-    "seed": (int, "study seed, recorded with the results; orders the contact head's family folds and seeds its fit"),
-    "valid_fraction": (float, "share of each family's sequences held out; must match the split step"),
-    "split_seed": (int, "seed of the held-out draw; must match the split step"),
-    "sequences": (int, "held-out sequences per family, the same ones for every read-out (default 8)"),
-    "chain_rule": (int, "1: also the token head's chain-rule joint (41 forwards per pair); 0 skips it (default 1)"),
-    "min_separation": (int, "pairs with |i-j| below this are not scored (default 6)"),
-    "k_divisor": (int, "P@L/k (default 5)"),
-    "head_steps": (int, "full-batch Adam steps of the supervised contact head (default 300)"),
-    "head_lr": (float, "learning rate of the supervised contact head (default 0.01)"),
-    "head_dropout": (float, "dropout on the supervised head's pair features (default 0)"),
-    "batch_rows": (int, "sequences per forward pass, bounds memory (default 4096)"),
-    "exact": (
-        int,
-        "1: epistasis and conditional log-loss against the families' exact Potts values; 0 skips it (default 1)",
-    ),
-    "substitution": (int, "1: also the token heads' epistasis by substitution (40 forwards per pair) (default 0)"),
-}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
-        "Subcommands: 'split' writes the training / held-out FASTAs; 'report' aggregates seeds; 'curves' runs the "
-        "learning curves of MLM and PMLM at equal compute (config/coevolution_curves.yaml); 'curves-report' "
-        "remakes their tables, figure and documentation block from curves.tsv."
+        "Subcommands: 'curves' runs the study (config/coevolution*.yaml: MLM and PMLM arms at equal compute, read "
+        "out at every budget); 'curves-report' remakes its tables, figure and documentation block from curves.tsv."
     )
-    p.add_argument("--synth", metavar="DIR", help="pmlm synth output (families.fasta, contacts/)")
-    p.add_argument("--mlm", metavar="WEIGHTS", help="MLM encoder (model.safetensors with its .json, or its folder)")
-    p.add_argument("--pmlm", metavar="WEIGHTS", help="PMLM encoder (model.safetensors with its .json, or its folder)")
-    p.add_argument("--tmlm", metavar="WEIGHTS", help="optional Triple MLM encoder, read out beside the two")
-    p.add_argument("--out-prefix", metavar="PREFIX", help="writes PREFIX.json and PREFIX.tsv")
-    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
-    p.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where the encoders run: auto (CUDA when available), cpu or cuda (default: auto)",
-    )
-    for name, (kind, help_text) in STUDY_FLAGS.items():
-        p.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            type=kind,
-            default=None,
-            metavar=kind.__name__.upper(),
-            help=help_text,
-        )
-    sub = p.add_subparsers(dest="action", metavar="{split,report,curves,curves-report}")
-    s = sub.add_parser("split", help="split pmlm synth sequences into training and held-out FASTAs")
-    s.add_argument("--synth", required=True, metavar="DIR", help="pmlm synth output folder")
-    s.add_argument("--train", required=True, metavar="FASTA", help="training sequences (cluster=family headers)")
-    s.add_argument("--valid", required=True, metavar="FASTA", help="held-out sequences")
-    for name in ("valid_fraction", "split_seed"):
-        kind, help_text = STUDY_FLAGS[name]
-        s.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            type=kind,
-            default=None,
-            metavar=kind.__name__.upper(),
-            help=f"{help_text} (default: 0.1 and 0)",
-        )
-    s.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
-    r = sub.add_parser("report", help="aggregate per-seed results into tables and a figure")
-    r.add_argument("--results", required=True, nargs="+", metavar="JSON", help="per-seed results of pmlm coevolution")
-    r.add_argument(
-        "--out-prefix",
-        required=True,
-        metavar="PREFIX",
-        help="writes PREFIX.{csv,md,tex,html,png,svg}, PREFIX_supervised.{csv,md,tex,html} and "
-        "PREFIX_exact.{csv,md,tex,html}",
-    )
-    r.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
-
+    sub = p.add_subparsers(dest="action", metavar="{curves,curves-report}", required=True)
     c = sub.add_parser("curves", help="learning curves of MLM and PMLM at equal compute on exact ground truth")
-    c.add_argument("--config", required=True, metavar="YAML", help="the study (config/coevolution_curves.yaml)")
+    given = c.add_mutually_exclusive_group(required=True)
+    given.add_argument(
+        "--config",
+        metavar="YAML",
+        help="the study (config/coevolution*.yaml): its keys, or a workflow config with a coevolution: section",
+    )
+    given.add_argument("--config-json", metavar="JSON", help="the study as one JSON object (the workflow's rules)")
     c.add_argument(
         "--out",
         required=True,
@@ -110,6 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train nothing: report the units that ended and the budgets the others reached (a run stopped by a "
         "time limit), each unit's state on stderr",
+    )
+    step = c.add_mutually_exclusive_group()
+    step.add_argument(
+        "--prepare", type=int, metavar="SEED", help="only sample, split and tokenize the families of one seed"
+    )
+    step.add_argument(
+        "--unit",
+        metavar="NAME",
+        help="only run one unit (seed1-L40-pmlm: one arm of one seed; seed1-baseline), its seed prepared before",
     )
     _report_flags(c)
     cr = sub.add_parser("curves-report", help="tables, figure and documentation block from a curves.tsv")
@@ -138,20 +84,8 @@ def targets(args: argparse.Namespace) -> None:
     """Check the action's output targets before any work (pmlm.outputs); ``--doc`` is a page whose marked block
     is replaced in place, by design (pmlm.coevolution.curve_report.write_doc)."""
     # on use, as the engines: building the parsers stays light (pmlm/commands/__init__.py)
-    from pmlm.outputs import file_target, prefix_targets, run_folder_target
+    from pmlm.outputs import prefix_targets, run_folder_target
 
-    if args.action == "split":
-        for option, path in (("--train", args.train), ("--valid", args.valid)):
-            file_target(path, suffixes=(".fasta",), option=option, what="FASTA", overwrite=args.overwrite)
-        return
-    if args.action == "report":
-        suffixes = [*TABLE, *FIGURE, *(f"_supervised{t}" for t in TABLE), *(f"_exact{t}" for t in TABLE)]
-        prefix_targets(args.out_prefix, suffixes, overwrite=args.overwrite)
-        return
-    if args.action is None:
-        if args.out_prefix:
-            prefix_targets(args.out_prefix, (".json", ".tsv"), overwrite=args.overwrite)
-        return
     figure = () if args.no_figure else FIGURE
     if args.action == "curves":
         run_folder_target(args.out, command="pmlm coevolution curves", names=CURVES_RUN_NAMES)
@@ -161,25 +95,63 @@ def targets(args: argparse.Namespace) -> None:
         prefix_targets(args.figure, figure, option="--figure", overwrite=args.overwrite)
 
 
-def _curves(args: argparse.Namespace) -> int:
+def study_config(args: argparse.Namespace):
+    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
+    from pmlm.coevolution.curves_config import CurvesConfig
+    from pmlm.config.tree import apply_override
+
+    if args.config:
+        return CurvesConfig.from_yaml(args.config, args.set)
+    try:
+        values = json.loads(args.config_json)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config-json: not valid JSON: {exc.msg}") from None
+    if not isinstance(values, dict):
+        raise ConfigError("--config-json: expected one JSON object of study settings")
+    for item in args.set:
+        apply_override(values, item)
+    return CurvesConfig.from_dict(values)
+
+
+def run(args: argparse.Namespace) -> int:
     # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
     from pmlm.coevolution.curve_report import Results, markdown, plot_curves, write_doc
-    from pmlm.coevolution.curves import collect_rows, read_rows, run_curves, write_results
-    from pmlm.coevolution.curves_config import CurvesConfig
+    from pmlm.coevolution.curves import (
+        collect_rows,
+        prepare_seed,
+        read_rows,
+        run_curves,
+        run_unit,
+        write_results,
+    )
     from pmlm.files import atomic_output
 
+    targets(args)
     if args.action == "curves":
-        cfg = CurvesConfig.from_yaml(args.config, args.set)
+        cfg = study_config(args)
+        out = Path(args.out)
+        if args.prepare is not None:
+            if args.prepare not in cfg.seeds:
+                raise ConfigError(f"--prepare {args.prepare}: not one of the study's seeds {cfg.seeds}")
+            prepare_seed(cfg, args.prepare, out)
+            print(f"coevolution curves: seed {args.prepare} prepared in {out / 'data'}", file=sys.stderr)
+            return 0
+        if args.unit:
+            unit = cfg.unit(args.unit)
+            prepare_seed(cfg, unit.seed, out)
+            done = run_unit(cfg.to_dict(), unit, str(out), ".")
+            print(f"coevolution curves: unit {unit.name} -> {done}", file=sys.stderr)
+            return 0
         if args.collect:
-            rows, states = collect_rows(cfg, args.out)
+            rows, states = collect_rows(cfg, out)
             for name, state in states.items():
                 print(f"coevolution curves: {name}: {state}", file=sys.stderr)
             if not rows:
                 raise ConfigError(f"{args.out}: no unit of this config has reached a budget yet")
-            results = write_results(cfg, Path(args.out), rows)
+            results = write_results(cfg, out, rows)
         else:
-            results = run_curves(cfg, args.out)
-        prefix = Path(args.out) / "curves"
+            results = run_curves(cfg, out)
+        prefix = out / "curves"
     else:
         results, prefix = Path(args.results), Path(args.out_prefix)
     res = Results(read_rows(results), results)
@@ -195,69 +167,4 @@ def _curves(args: argparse.Namespace) -> int:
         changed = write_doc(args.doc, block, args.doc_block)
         paths.append(f"{args.doc} ({'updated' if changed else 'unchanged'})")
     print(f"coevolution {args.action}: {results} -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    return 0
-
-
-def run(args: argparse.Namespace) -> int:
-    # engine imports on use, so that the parsers stay light (pmlm/commands/__init__.py)
-    from pmlm.coevolution.heldout import StudyConfig
-
-    # the study flags given; a flag left out keeps the StudyConfig default
-    given = {k: getattr(args, k, None) for k in StudyConfig.__dataclass_fields__}
-    cfg = StudyConfig(**{k: v for k, v in given.items() if v is not None})
-    targets(args)
-    if args.action in ("curves", "curves-report"):
-        return _curves(args)
-    if args.action == "split":
-        from pmlm.coevolution.evaluate import split_study
-
-        counts = split_study(args.synth, args.train, args.valid, cfg)
-        print(f"coevolution split: {counts['train']} training, {counts['valid']} held-out sequences", file=sys.stderr)
-        return 0
-    if args.action == "report":
-        from pmlm.coevolution.exact_report import write_exact_table
-        from pmlm.coevolution.report import (
-            MIN_SEEDS,
-            load_results,
-            plot_report,
-            write_report_table,
-            write_supervised_table,
-        )
-
-        prefix = args.out_prefix
-        docs = load_results(args.results)
-        paths = (
-            write_report_table(docs, prefix)
-            + write_supervised_table(docs, prefix)
-            + write_exact_table(docs, prefix + "_exact")
-            + plot_report(docs, prefix)
-        )
-        if len(docs) < MIN_SEEDS:
-            print(
-                f"coevolution report: note: {len(docs)} seed(s); the study calls for at least {MIN_SEEDS}",
-                file=sys.stderr,
-            )
-        print(f"coevolution report: {len(docs)} seed(s) -> {', '.join(str(p) for p in paths)}", file=sys.stderr)
-        return 0
-    missing = [
-        flag
-        for flag, value in (
-            ("--synth", args.synth),
-            ("--mlm", args.mlm),
-            ("--pmlm", args.pmlm),
-            ("--out-prefix", args.out_prefix),
-        )
-        if not value
-    ]
-    if missing:
-        raise ConfigError(f"missing {', '.join(missing)} (or give a subcommand: split, report)")
-    from pmlm.coevolution.evaluate import evaluate_study
-    from pmlm.coevolution.study import headline
-    from pmlm.pretrained import encoder_weights
-
-    # each encoder's weights, their folder or model.json: one reading everywhere, checked before any work
-    mlm, pmlm = encoder_weights(args.mlm), encoder_weights(args.pmlm)
-    tmlm = encoder_weights(args.tmlm) if args.tmlm else None
-    document = evaluate_study(args.synth, mlm, pmlm, args.out_prefix, cfg, tmlm=tmlm, device=args.device)
-    print(f"coevolution: seed {cfg.seed}: {headline(document['summary'])} -> {args.out_prefix}.json", file=sys.stderr)
     return 0

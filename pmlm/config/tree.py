@@ -41,6 +41,9 @@ class YamlConfig:
             mark = getattr(exc, "problem_mark", None)
             where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
             raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        section = getattr(cls, "section", None)  # a config that may sit in a section of a larger file
+        if section and isinstance(values, dict) and isinstance(values.get(section), dict):
+            values = values[section]
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of settings at the top level")
         for item in overrides:

@@ -7,7 +7,7 @@ the run's wall time.
 what the rules wrote, CSV tables and metrics logs, with the standard library: no torch, nothing to wait for.
 
 A table is a ``.csv`` with a ``.md`` beside it (``pmlm.reports.tables.write_table`` writes the four forms) under
-``RESULTS_DIR/tables`` or ``RESULTS_DIR/coevolution``; the tables of the paper's kinds get their headline columns
+``RESULTS_DIR/tables`` (the co-evolution study's page, ``RESULTS_DIR/coevolution/curves.md``, is named); the tables of the paper's kinds get their headline columns
 (``HEADLINES``), our rows first, then for each objective among ours (the model name up to its first ``-``: MLM,
 PMLM) the paper's first row of that objective, so ``PMLM-tiny`` is read beside ``PMLM-base``. Other tables are
 listed with their row counts.
@@ -35,7 +35,8 @@ from pmlm.vocabulary import (
 )
 
 DEFAULT_REPORT_COMMAND = "snakemake --report report.html"
-TABLE_DIRS = ("tables", "coevolution")  # under the results folder, where the rules write tables
+TABLE_DIRS = ("tables",)  # under the results folder, where the rules write tables
+STUDY_REPORT = ("coevolution", "curves.md")  # the co-evolution study's tables, one Markdown page
 WIDTH = 118  # of the screen's lines
 NAME_WIDTH = 26  # table names are padded to this
 TASK_TABLE_COLUMNS = {"test_set", "n", "precision"}  # what marks a task's own table (its metrics between)
@@ -184,6 +185,11 @@ def _table_lines(results: Path, started: float | None) -> list[str]:
         for table in tables:
             earlier = started is not None and table.stat().st_mtime < started
             lines += _one_table(table, " (from an earlier run)" if earlier else "")
+    study = results.joinpath(*STUDY_REPORT)
+    if study.is_file():
+        lines.append(
+            f"The co-evolution study's tables (its answer with paired tests, curves, baselines, cost): {study}"
+        )
     return lines or [f"No tables under {results} yet."]
 
 

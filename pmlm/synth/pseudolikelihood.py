@@ -1,5 +1,6 @@
-"""The classical baseline of the co-evolution study: a Potts model fitted to a family's training sequences by
-pseudo-likelihood (plmDCA's symmetric estimator, GREMLIN's objective), written with torch.
+"""A Potts model fitted to a family's sequences by pseudo-likelihood (plmDCA's symmetric estimator, GREMLIN's
+objective), written with torch: the co-evolution study's classical baseline, beside the sampler and the exact
+conditionals of ``pmlm.synth``.
 
 Minimises ``(1/N) sum_n sum_i -log P(x_i^n | x_-i^n) + lambda_h ||h||^2 + lambda_J ||J||^2`` over fields h (L, q)
 and couplings J (L, q, L, q), J symmetric (J_ij(a, b) = J_ji(b, a)) with zero blocks on the diagonal, by L-BFGS
